@@ -1,0 +1,87 @@
+"""The root Typer app: registers the commands, the config file, and the error boundary in main()."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from . import __version__
+from .errors import EXIT_INTERRUPTED, MlxcelError
+from .commands import bench, chat, generate, run, serve
+
+app = typer.Typer(
+    name="mlxcel",
+    help="Fast LLM decoding on MLX with speculative decoding (prompt lookup, draft models).",
+    no_args_is_help=True,
+    add_completion=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"mlxcel-py {__version__}")
+        raise typer.Exit()
+
+
+def _option_kinds() -> dict[str, dict[str, tuple[str, bool]]]:
+    import click
+
+    group = typer.main.get_command(app)
+    kinds: dict[str, dict[str, tuple[str, bool]]] = {}
+    for name, cmd in group.commands.items():  # type: ignore[attr-defined]
+        table = {}
+        for p in cmd.params:
+            if not isinstance(p, click.Option) or p.name is None:
+                continue
+            t = p.type
+            kind = ("bool" if isinstance(t, click.types.BoolParamType) or p.is_flag else
+                    "int" if isinstance(t, click.types.IntParamType) else
+                    "float" if isinstance(t, click.types.FloatParamType) else "str")
+            table[p.name] = (kind, bool(p.multiple))
+        kinds[name] = table
+    return kinds
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    config: Annotated[Optional[Path], typer.Option("--config", envvar="MLXCEL_CONFIG", help="TOML file of option defaults (default ~/.config/mlxcel/config.toml).")] = None,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
+) -> None:
+    """Fast LLM decoding on MLX: prompt lookup and draft-model speculation, exact output."""
+    from . import config_file, ui
+
+    path = config or config_file.default_path()
+    if config is None and not path.exists():
+        return
+    with ui.exit_on_error():
+        data = config_file.load_toml(path)
+        ctx.default_map = config_file.default_maps(path, data, _option_kinds())
+
+
+app.command("generate", help=generate.__doc__, epilog=generate.EPILOG)(generate.generate)
+app.command("gen", hidden=True)(generate.generate)
+app.command("run", help=run.__doc__, epilog=run.EPILOG)(run.run)
+app.command("chat", help=chat.__doc__, epilog=chat.EPILOG)(chat.chat)
+app.command("serve", help=serve.__doc__, epilog=serve.EPILOG)(serve.serve)
+app.command("bench", help=bench.__doc__, epilog=bench.EPILOG)(bench.bench)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.stderr.write("\ninterrupted\n")
+        sys.exit(EXIT_INTERRUPTED)
+    except MlxcelError as exc:  # raised outside a command's boundary
+        sys.stderr.write(f"error: {exc.message}\n")
+        sys.exit(exc.exit_code)
+    except Exception:
+        if os.environ.get("MLXCEL_DEBUG"):
+            raise
+        raise

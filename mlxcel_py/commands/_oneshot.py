@@ -1,0 +1,83 @@
+"""One completion from a prompt to stdout: shared by `generate -p` and `run -p`."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from .. import ui
+from ..errors import MlxcelError, UsageError
+from ..options import RunConfig
+from ..prompting import prompt_ids
+from ..session import Session, describe_draft, open_session
+from ..text import TextStream
+from ._report import print_profile, summary_lines
+
+
+def read_prompt(prompt: str) -> str:
+    if prompt == "-":
+        if sys.stdin is None or sys.stdin.closed:
+            raise UsageError("-p -: no standard input to read the prompt from")
+        text = sys.stdin.read()
+        if not text.strip():
+            raise UsageError("-p -: standard input was empty; pipe the prompt in (cat file | mlxcel generate -p -)")
+        return text
+    if not prompt.strip():
+        raise UsageError("-p/--prompt is empty; pass the prompt text, or '-' to read it from stdin")
+    return prompt
+
+
+def run_oneshot(run: RunConfig) -> None:
+    opts = run.options
+    g = opts.generation
+    text = read_prompt(g.prompt or "")
+    session = open_session(run, say=ui.info if (g.verbose or g.profile) else _say_model_only)
+    tok = session.tokenizer
+    ids = prompt_ids(tok, text, system=g.system, chat_template=g.chat_template)
+    eng = session.engine
+    if len(ids) >= eng.context_length:
+        raise MlxcelError(f"the prompt has {len(ids)} tokens, which fills the model's context window "
+                          f"({eng.context_length}); shorten the prompt")
+    warm = eng.warmup(ids, sampling=opts.sampling,
+                      calibrate=run.draft.kind == "prompt-lookup" and run.draft.lookup.policy == "cost")
+    if g.verbose or g.profile:
+        ui.info(describe_draft(run.draft) + f"; warmup {warm * 1000:.0f} ms")
+    gen = eng.generate(ids, max_tokens=g.max_tokens, sampling=opts.sampling, min_tokens=g.min_tokens,
+                       ignore_eos=g.ignore_eos)
+    gen.stats.warmup_s = warm
+    stream = TextStream(gen, tok, g.stop)
+    start = time.perf_counter()
+    last = ""
+    for piece in stream:
+        ui.write_out(piece.text)
+        last = piece.text or last
+    if not last.endswith("\n"):
+        ui.write_out("\n")
+    elapsed = time.perf_counter() - start
+    st = gen.stats
+    if g.profile:
+        print_profile(st, session, finish_reason=stream.finish_reason)
+    for line in summary_lines(st, elapsed):
+        ui.info(line)
+    if g.verify_exact and run.draft.enabled:
+        _verify_exact(session, ids, gen.tokens, run)
+
+
+def _say_model_only(line: str) -> None:
+    if line.startswith("model: default model"):
+        ui.info(line)
+
+
+def _verify_exact(session: Session, ids: list[int], spec_tokens: list[int], run: RunConfig) -> None:
+    from ..exactness import first_divergence
+
+    g = run.options.generation
+    plain = session.engine.generate(ids, max_tokens=len(spec_tokens) if spec_tokens else g.max_tokens,
+                                    sampling=run.options.sampling, min_tokens=g.min_tokens,
+                                    ignore_eos=g.ignore_eos, speculative=False)
+    plain_tokens = [e.token for e in plain]
+    report = first_divergence(session.engine.model, ids, spec_tokens, plain_tokens)
+    if report is None:
+        ui.info(f"[verify-exact] speculative output equals plain output ({len(spec_tokens)} tokens)")
+    else:
+        ui.warn(report.describe(session.tokenizer))

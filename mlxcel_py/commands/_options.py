@@ -1,0 +1,174 @@
+"""Every command-line option, defined once as an Annotated alias, and the mapping to options.py.
+
+Commands declare parameters with these aliases and hand their values to `build_options`, which
+returns the frozen CommandOptions the validation layer checks. Defaults come from options.py.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+
+from .. import options as O
+
+MODEL = "Model"
+GEN = "Generation"
+SAMPLING = "Sampling"
+SPEC = "Speculative decoding"
+LOOKUP = "Prompt lookup"
+SERVER = "Server"
+RUNTIME = "Runtime (Linux CPU fast path)"
+
+ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Model: an mlx-lm folder, a .gguf file, or an owner/name repo id. Default: the embedded SmolLM2-135M-Instruct.", rich_help_panel=MODEL)]
+ModelArg = Annotated[Optional[str], typer.Argument(metavar="[MODEL]", help="Model folder, .gguf file or owner/name (default: the embedded SmolLM2-135M-Instruct).", show_default=False)]
+RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hugging Face revision (repo ids only).", rich_help_panel=MODEL)]
+DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", "--model-draft", "-md", help="Smaller causal LM sharing the target's tokenizer, used as a full-model drafter.", rich_help_panel=MODEL)]
+NoBlasOpt = Annotated[bool, typer.Option("--no-blas", help="Keep MLX's bundled reference BLAS instead of loading OpenBLAS (Linux CPU).", rich_help_panel=RUNTIME)]
+NoDequantizeOpt = Annotated[bool, typer.Option("--no-dequantize", help="Keep quantized weights on the CPU instead of dequantizing to float32.", rich_help_panel=RUNTIME)]
+
+PromptOpt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text; '-' reads it from stdin. Without it: interactive chat.", rich_help_panel=GEN)]
+MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", metavar="N", help="Most tokens to generate; -1: until EOS or the context window.", rich_help_panel=GEN)]
+MinTokensOpt = Annotated[int, typer.Option("--min-tokens", metavar="N", help="Suppress EOS until this many tokens were generated.", rich_help_panel=GEN)]
+ProfileOpt = Annotated[bool, typer.Option("--profile", help="Print a timing breakdown on stderr.", rich_help_panel=GEN)]
+NoChatTemplateOpt = Annotated[bool, typer.Option("--no-chat-template", help="Feed the raw prompt (no chat template).", rich_help_panel=GEN)]
+SystemOpt = Annotated[Optional[str], typer.Option("--system", help="System message for the chat template.", rich_help_panel=GEN)]
+StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable); output ends before it.", rich_help_panel=GEN)]
+IgnoreEosOpt = Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence tokens.", rich_help_panel=GEN)]
+ImageOpt = Annotated[Optional[list[str]], typer.Option("--image", help="Image input (accepted to be refused: text models only).", rich_help_panel=GEN)]
+AudioOpt = Annotated[Optional[list[str]], typer.Option("--audio", help="Audio input (accepted to be refused).", rich_help_panel=GEN)]
+VideoOpt = Annotated[Optional[list[str]], typer.Option("--video", help="Video input (accepted to be refused).", rich_help_panel=GEN)]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Say which model, BLAS and weight dtype are in use.", rich_help_panel=GEN)]
+VerifyExactOpt = Annotated[bool, typer.Option("--verify-exact", help="Rerun plainly and report the first token where speculative and plain output differ.", rich_help_panel=SPEC)]
+
+TempOpt = Annotated[float, typer.Option("--temp", "-t", "--temperature", metavar="FLOAT", help="Sampling temperature; 0 is greedy.", rich_help_panel=SAMPLING)]
+TopPOpt = Annotated[float, typer.Option("--top-p", metavar="FLOAT", help="Nucleus sampling mass; 1.0 is off.", rich_help_panel=SAMPLING)]
+TopKOpt = Annotated[int, typer.Option("--top-k", metavar="K", help="Sample from the K most likely tokens; 0 is off.", rich_help_panel=SAMPLING)]
+MinPOpt = Annotated[float, typer.Option("--min-p", metavar="FLOAT", help="Drop tokens below min-p times the top probability; 0 is off.", rich_help_panel=SAMPLING)]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", "-s", help="Random seed; a seeded speculative run repeats the plain run's draws.", rich_help_panel=SAMPLING)]
+RepetitionPenaltyOpt = Annotated[float, typer.Option("--repetition-penalty", "--repeat-penalty", metavar="FLOAT", help="Penalty for repeated tokens; 1.0 is off.", rich_help_panel=SAMPLING)]
+RepeatLastNOpt = Annotated[int, typer.Option("--repeat-last-n", metavar="N", help="Tokens the repetition penalty looks back over; -1 whole context, 0 off.", rich_help_panel=SAMPLING)]
+
+DraftKindOpt = Annotated[Optional[str], typer.Option("--draft-kind", envvar="MLXCEL_DRAFT_KIND", metavar="KIND", help="Drafter: full-model | prompt-lookup (serve) | mtp | dflash | suffix.", rich_help_panel=SPEC)]
+DraftBlockSizeOpt = Annotated[Optional[int], typer.Option("--draft-block-size", "--draft-max", metavar="N", help="Proposal width (full-model default 4; serve prompt lookup default 7).", rich_help_panel=SPEC)]
+SpecTypeOpt = Annotated[Optional[str], typer.Option("--spec-type", metavar="TYPE", help="llama-server selector: none turns speculation off; draft-simple = full-model.", rich_help_panel=SPEC)]
+PpSizeOpt = Annotated[int, typer.Option("--pp-size", metavar="N", help="Pipeline-parallel stages (accepted to be refused above 1).", rich_help_panel=SPEC)]
+
+PromptLookupOpt = Annotated[bool, typer.Option("--prompt-lookup", help="Prompt-lookup speculation (n-gram drafts from the prompt and output).", rich_help_panel=LOOKUP)]
+NgramMaxOpt = Annotated[Optional[int], typer.Option("--prompt-lookup-ngram-max", metavar="N", help=f"Longest suffix n-gram matched (default {O.DEFAULT_NGRAM_MAX}, at most {O.NGRAM_MAX_LIMIT}).", rich_help_panel=LOOKUP)]
+NgramMinOpt = Annotated[Optional[int], typer.Option("--prompt-lookup-ngram-min", metavar="N", help=f"Shortest suffix n-gram matched (default {O.DEFAULT_NGRAM_MIN}).", rich_help_panel=LOOKUP)]
+MaxDraftOpt = Annotated[Optional[int], typer.Option("--prompt-lookup-max-draft", metavar="N", help=f"Most tokens proposed per round (default {O.DEFAULT_MAX_DRAFT}, at most {O.MAX_DRAFT_LIMIT}); the verify block is one wider.", rich_help_panel=LOOKUP)]
+NoAdaptiveOpt = Annotated[bool, typer.Option("--prompt-lookup-no-adaptive", help="Propose the maximum every round (for A/B measurement).", rich_help_panel=LOOKUP)]
+PolicyOpt = Annotated[Optional[str], typer.Option("--prompt-lookup-policy", metavar="auto|graded|gated|cost", help="Draft policy (default auto: gated on CUDA, graded elsewhere; cost: break-even governor from measured verify costs).", rich_help_panel=LOOKUP)]
+
+HostOpt = Annotated[str, typer.Option("--host", help="Address to bind.", rich_help_panel=SERVER)]
+PortOpt = Annotated[int, typer.Option("--port", help="Port; 0 picks a free one (printed at startup).", rich_help_panel=SERVER)]
+MaxBatchOpt = Annotated[int, typer.Option("--prompt-lookup-max-batch", metavar="N", help="Verify rounds run only while at most N requests are active.", rich_help_panel=SERVER)]
+NoBatchOpt = Annotated[bool, typer.Option("--no-batch", help="Serve requests strictly one at a time, with no speculation.", rich_help_panel=SERVER)]
+KvUnifiedOpt = Annotated[bool, typer.Option("--kv-unified", "-kvu", help="Unified KV budget (accepted; turns verify rounds off, as in mlxcel).", rich_help_panel=SERVER)]
+WarmupOpt = Annotated[bool, typer.Option("--warmup/--no-warmup", help="Warm every verify width at startup.", rich_help_panel=SERVER)]
+ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="Require 'Authorization: Bearer KEY'.", rich_help_panel=SERVER)]
+AliasOpt = Annotated[Optional[str], typer.Option("--alias", "-a", help="Model id reported by /v1/models.", rich_help_panel=SERVER)]
+
+
+def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
+    """Map one command's parameter values onto the frozen CommandOptions."""
+    g = params.get
+    return O.CommandOptions(
+        command=command,
+        model=O.ModelOptions(
+            model=g("model"), revision=g("revision"), draft_model=g("draft_model"),
+            blas=not g("no_blas", False), dequantize=not g("no_dequantize", False),
+        ),
+        generation=O.GenerationOptions(
+            prompt=g("prompt"), max_tokens=g("max_tokens", O.DEFAULT_MAX_TOKENS), min_tokens=g("min_tokens", 0),
+            stop=tuple(g("stop") or ()), ignore_eos=g("ignore_eos", False),
+            chat_template=not g("no_chat_template", False), system=g("system"),
+            images=tuple(g("image") or ()), audio=tuple(g("audio") or ()), video=tuple(g("video") or ()),
+            profile=g("profile", False), verbose=g("verbose", False), verify_exact=g("verify_exact", False),
+        ),
+        sampling=O.SamplingOptions(
+            temp=g("temp", O.DEFAULT_TEMP), top_p=g("top_p", O.DEFAULT_TOP_P), top_k=g("top_k", O.DEFAULT_TOP_K),
+            min_p=g("min_p", O.DEFAULT_MIN_P), seed=g("seed"),
+            repetition_penalty=g("repetition_penalty", O.DEFAULT_REPETITION_PENALTY),
+            repeat_last_n=g("repeat_last_n", O.DEFAULT_REPEAT_LAST_N),
+        ),
+        spec=O.SpecOptions(
+            draft_kind=g("draft_kind"), draft_block_size=g("draft_block_size"), spec_type=g("spec_type"),
+            pp_size=g("pp_size", 1),
+            lookup=O.PromptLookupOptions(
+                enabled=g("prompt_lookup", False), ngram_max=g("prompt_lookup_ngram_max"),
+                ngram_min=g("prompt_lookup_ngram_min"), max_draft=g("prompt_lookup_max_draft"),
+                no_adaptive=g("prompt_lookup_no_adaptive", False), policy=g("prompt_lookup_policy"),
+            ),
+        ),
+        server=O.ServerOptions(
+            host=g("host", O.DEFAULT_HOST), port=g("port", O.DEFAULT_PORT),
+            prompt_lookup_max_batch=g("prompt_lookup_max_batch", O.DEFAULT_PROMPT_LOOKUP_MAX_BATCH),
+            no_batch=g("no_batch", False), kv_unified=g("kv_unified", False), warmup=g("warmup", True),
+            api_key=g("api_key"), alias=g("alias"),
+        ),
+    )
+
+
+# ---- parameter groups: commands are assembled from these, so each flag is declared once ----
+import inspect  # noqa: E402
+
+_P = inspect.Parameter
+
+
+def _kw(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+    return _P(name, _P.KEYWORD_ONLY, annotation=annotation, default=default)
+
+
+MODEL_PARAMS = [
+    _kw("model", ModelOpt, None), _kw("revision", RevisionOpt, None), _kw("draft_model", DraftModelOpt, None),
+]
+RUNTIME_PARAMS = [_kw("no_blas", NoBlasOpt, False), _kw("no_dequantize", NoDequantizeOpt, False)]
+GENERATION_PARAMS = [
+    _kw("prompt", PromptOpt, None), _kw("max_tokens", MaxTokensOpt, O.DEFAULT_MAX_TOKENS),
+    _kw("min_tokens", MinTokensOpt, 0), _kw("profile", ProfileOpt, False),
+    _kw("no_chat_template", NoChatTemplateOpt, False), _kw("system", SystemOpt, None),
+    _kw("stop", StopOpt, None), _kw("ignore_eos", IgnoreEosOpt, False), _kw("image", ImageOpt, None),
+    _kw("audio", AudioOpt, None), _kw("video", VideoOpt, None), _kw("verbose", VerboseOpt, False),
+]
+SAMPLING_PARAMS = [
+    _kw("temp", TempOpt, O.DEFAULT_TEMP), _kw("top_p", TopPOpt, O.DEFAULT_TOP_P),
+    _kw("top_k", TopKOpt, O.DEFAULT_TOP_K), _kw("min_p", MinPOpt, O.DEFAULT_MIN_P), _kw("seed", SeedOpt, None),
+    _kw("repetition_penalty", RepetitionPenaltyOpt, O.DEFAULT_REPETITION_PENALTY),
+    _kw("repeat_last_n", RepeatLastNOpt, O.DEFAULT_REPEAT_LAST_N),
+]
+SPEC_PARAMS = [
+    _kw("draft_kind", DraftKindOpt, None), _kw("draft_block_size", DraftBlockSizeOpt, None),
+    _kw("spec_type", SpecTypeOpt, None), _kw("verify_exact", VerifyExactOpt, False), _kw("pp_size", PpSizeOpt, 1),
+]
+LOOKUP_PARAMS = [
+    _kw("prompt_lookup", PromptLookupOpt, False), _kw("prompt_lookup_ngram_max", NgramMaxOpt, None),
+    _kw("prompt_lookup_ngram_min", NgramMinOpt, None), _kw("prompt_lookup_max_draft", MaxDraftOpt, None),
+    _kw("prompt_lookup_no_adaptive", NoAdaptiveOpt, False), _kw("prompt_lookup_policy", PolicyOpt, None),
+]
+SERVER_PARAMS = [
+    _kw("host", HostOpt, O.DEFAULT_HOST), _kw("port", PortOpt, O.DEFAULT_PORT),
+    _kw("prompt_lookup_max_batch", MaxBatchOpt, O.DEFAULT_PROMPT_LOOKUP_MAX_BATCH),
+    _kw("no_batch", NoBatchOpt, False), _kw("kv_unified", KvUnifiedOpt, False), _kw("warmup", WarmupOpt, True),
+    _kw("api_key", ApiKeyOpt, None), _kw("alias", AliasOpt, None),
+]
+ALL_MODEL_SIDE = MODEL_PARAMS + GENERATION_PARAMS + SAMPLING_PARAMS + SPEC_PARAMS + LOOKUP_PARAMS + RUNTIME_PARAMS
+
+
+def with_params(params: list[inspect.Parameter]):
+    """Give a `def cmd(**params)` function the signature Typer reads its options from."""
+
+    def deco(fn):
+        fn.__signature__ = inspect.Signature(params)
+        return fn
+
+    return deco
+
+
+def positional_model(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
+    """`run MODEL`: the model as an optional positional argument instead of -m."""
+    rest = [p for p in params if p.name != "model"]
+    return [_P("model", _P.POSITIONAL_OR_KEYWORD, annotation=ModelArg, default=None)] + [
+        p.replace(kind=_P.KEYWORD_ONLY) for p in rest
+    ]

@@ -1,0 +1,52 @@
+"""Summary line and `--profile` table for one generation (stderr)."""
+
+from __future__ import annotations
+
+from .. import ui
+from ..stats import GenerationStats
+
+
+def summary_lines(st: GenerationStats, elapsed_s: float) -> list[str]:
+    rate = st.generated_tokens / elapsed_s if elapsed_s > 0 else 0.0
+    lines = [f"[Generated {st.generated_tokens} tokens in {elapsed_s:.2f}s = {rate:.2f} tok/s]"]
+    if st.draft_kind == "prompt-lookup":
+        lines.append(st.lookup_summary_line())
+    elif st.draft_kind:
+        lines.append(f"[Speculative acceptance] rule={st.acceptance_rule} kind={st.draft_kind} rounds={st.rounds} "
+                     f"drafted_rounds={st.drafted_rounds} proposed={st.proposed} accepted={st.accepted} "
+                     f"acceptance_rate={st.acceptance_rate:.4f} mean_accepted_len={st.mean_accepted_prefix:.4f}")
+    return lines
+
+
+def print_profile(st: GenerationStats, session, *, finish_reason: str | None) -> None:
+    ms = lambda s: f"{s * 1000:.2f} ms"  # noqa: E731
+    rows = [
+        ("Prompt tokens", str(st.prompt_tokens)),
+        ("Cached prompt tokens", str(st.cached_tokens)),
+        ("Generated tokens", str(st.generated_tokens)),
+        ("Prefill", f"{ms(st.prefill_s)} ({st.prefill_tps:.2f} tok/s)"),
+        ("Decode", f"{ms(st.decode_s)} ({st.decode_tps:.2f} tok/s)"),
+        ("TTFT", ms(st.ttft_s)),
+        ("Peak memory", f"{st.peak_memory_bytes / 2**20:.1f} MiB"),
+        ("Finish reason", str(finish_reason)),
+        ("BLAS", session.blas.name + (f" ({session.blas.path})" if session.blas.path else "")),
+        ("Weights", session.target.dtype),
+        ("Warmup", ms(st.warmup_s)),
+    ]
+    if st.draft_kind:
+        rows += [
+            ("Drafter", f"{st.draft_kind} (policy {st.policy})"),
+            ("Acceptance rule", str(st.acceptance_rule)),
+            ("Rounds", str(st.rounds)),
+            ("Drafted rounds", str(st.drafted_rounds)),
+            ("Paused rounds", str(st.paused_rounds)),
+            ("Proposed", str(st.proposed)),
+            ("Accepted", str(st.accepted)),
+            ("Acceptance rate", f"{st.acceptance_rate:.4f}"),
+            ("Mean accepted prefix", f"{st.mean_accepted_prefix:.3f}"),
+            ("Tokens per verify", f"{st.tokens_per_forward:.3f}"),
+            ("Draft", ms(st.draft_s)),
+            ("Verify", ms(st.verify_s)),
+            ("Rollback", ms(st.rollback_s)),
+        ]
+    ui.profile_table(rows)

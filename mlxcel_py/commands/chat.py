@@ -1,0 +1,20 @@
+"""Chat with the model in the terminal (streaming, /help, /clear, /bye, \"\"\" blocks)."""
+
+from __future__ import annotations
+
+from .. import fastpath, ui
+from ..validate import validate
+from ._options import ALL_MODEL_SIDE, build_options, with_params
+
+EPILOG = "Examples:\n\n  mlxcel chat\n\n  printf 'Hi\\nTell me a joke\\n' | mlxcel chat -n 64"
+
+
+@with_params(ALL_MODEL_SIDE)
+def chat(**params) -> None:
+    """Chat with the model in the terminal (streaming, /help, /clear, /bye, \"\"\" blocks)."""
+    with ui.exit_on_error():
+        cfg = validate(build_options("chat", params))
+        fastpath.prepare((cfg).options.model.blas)
+        from ._repl import run_chat
+
+        run_chat(cfg)

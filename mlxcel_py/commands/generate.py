@@ -1,0 +1,30 @@
+"""Generate text for a prompt (-p) to stdout; without -p, an interactive chat."""
+
+from __future__ import annotations
+
+from .. import fastpath, ui
+from ..validate import validate
+from ._options import ALL_MODEL_SIDE, build_options, with_params
+
+EPILOG = (
+    "Examples:\n\n"
+    "  mlxcel generate -p 'Fix the typos: teh cat' --prompt-lookup\n\n"
+    "  cat notes.txt | mlxcel generate -p - --prompt-lookup --profile\n\n"
+    "  mlxcel generate -m ./Llama-3.1-8B --draft-model ./Llama-3.2-1B -p 'Hello'"
+)
+
+
+@with_params(ALL_MODEL_SIDE)
+def generate(**params) -> None:
+    """Generate text for a prompt (-p) to stdout; without -p, an interactive chat."""
+    with ui.exit_on_error():
+        run = validate(build_options("generate", params))
+        fastpath.prepare((run).options.model.blas)
+        if run.options.generation.prompt is None:
+            from ._repl import run_chat
+
+            run_chat(run)
+            return
+        from ._oneshot import run_oneshot
+
+        run_oneshot(run)

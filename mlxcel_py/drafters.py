@@ -1,0 +1,110 @@
+"""Drafters: where proposals come from. Each returns token ids (and q rows when it sampled).
+
+- PromptLookupDrafter: n-gram lookup over prompt + generated text (one-hot proposals).
+- FullModelDrafter: a smaller causal LM sharing the target's tokenizer, run autoregressively from
+  its own caches; argmax drafts when greedy, samples from its filtered distribution q otherwise
+  (then the verifier applies the lossless p/q rule). Rejected drafts leave its cache through the
+  same prefix trim the target uses.
+The engine calls begin() once per request, propose() before a round, commit() after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import mlx.core as mx
+
+from .cache import SequenceCache
+from .prompt_lookup import PromptLookupIndex
+from .sampling import Decider
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    q: mx.array | None = None  # (len(tokens), V) proposal distribution, None for one-hot drafts
+
+
+class Drafter(Protocol):
+    kind: str
+
+    def begin(self, context: Sequence[int]) -> None: ...
+
+    def propose(self, context: Sequence[int], limit: int, decider: Decider) -> Proposal: ...
+
+    def commit(self, context: Sequence[int]) -> None: ...
+
+    def shadow(self, limit: int) -> list[int]: ...
+
+
+class PromptLookupDrafter:
+    kind = "prompt-lookup"
+
+    def __init__(self, ngram_min: int, ngram_max: int):
+        self.index = PromptLookupIndex(ngram_min, ngram_max)
+
+    def begin(self, context: Sequence[int]) -> None:
+        self.index.reset(context)
+
+    def commit(self, context: Sequence[int]) -> None:
+        self.index.extend(context[len(self.index.tokens) :])
+
+    def propose(self, context: Sequence[int], limit: int, decider: Decider) -> Proposal:
+        self.commit(context)
+        return Proposal(self.index.find(limit))
+
+    def shadow(self, limit: int) -> list[int]:
+        return self.index.find(limit)
+
+
+class FullModelDrafter:
+    kind = "full-model"
+
+    def __init__(self, model: Any, target_vocab: int | None = None):
+        self.model = model
+        self.cache = SequenceCache(model)
+        self.target_vocab = target_vocab
+
+    def begin(self, context: Sequence[int]) -> None:
+        n = self.cache.reuse_prefix(context)
+        rest = list(context[n:-1])
+        for i in range(0, len(rest), 2048):
+            chunk = rest[i : i + 2048]
+            self.model(mx.array([chunk], dtype=mx.int32), cache=self.cache.layers)
+            mx.eval([c.state for c in self.cache.layers])
+            self.cache.appended(chunk)
+
+    def commit(self, context: Sequence[int]) -> None:
+        pass  # propose() trims to the common prefix with the committed context
+
+    def shadow(self, limit: int) -> list[int]:
+        return []
+
+    def propose(self, context: Sequence[int], limit: int, decider: Decider) -> Proposal:
+        n = self.cache.reuse_prefix(context)
+        feed = list(context[n:])
+        x = mx.array([feed], dtype=mx.int32)
+        picks: list[mx.array] = []
+        rows: list[mx.array] = []
+        start = len(context) - decider.prompt_len
+        # The chain stays lazy: each step's input is the previous step's (unevaluated) pick,
+        # so k draft steps cost one synchronisation instead of k.
+        for i in range(limit):
+            logits = self.model(x, cache=self.cache.layers)[0, -1:].astype(mx.float32)
+            if decider.greedy:
+                t = mx.argmax(logits, axis=-1)
+            else:
+                q = decider.probs(logits)
+                rows.append(q)
+                t = mx.random.categorical(mx.log(q), key=decider.key(start + i, salt=3))
+            picks.append(t)
+            x = t.reshape(1, 1).astype(mx.int32)
+        tokens_arr = mx.concatenate(picks)
+        q_all = mx.concatenate(rows, axis=0) if rows else None
+        if q_all is not None and self.target_vocab and q_all.shape[-1] < self.target_vocab:
+            q_all = mx.pad(q_all, [(0, 0), (0, self.target_vocab - q_all.shape[-1])])
+        mx.eval(tokens_arr, *( [q_all] if q_all is not None else []))
+        tokens = tokens_arr.tolist()
+        self.cache.appended(feed + tokens[:-1])
+        return Proposal(tokens, q_all)

@@ -1,0 +1,251 @@
+"""The speculative engine: prefill, plain decode, verify rounds, rollback, policies, warmup.
+
+Token ids in, TokenEvents out; no CLI, UI or server imports. One Engine per loaded target model;
+`generate()` returns a Generation (an iterator of TokenEvent with `.stats` and `.finish_reason`).
+Each round: ask the policy for a budget (capped so no round passes max_tokens), ask the drafter
+for a proposal, then either a plain step (no proposal) or `verify.verify_round`. EOS inside an
+accepted block ends output exactly where plain decoding would; a consumer that stops early
+(stop strings) simply closes the iterator, and only emitted tokens are counted as accepted.
+The cache holds every committed token except the newest, which is the next round's first input.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import mlx.core as mx
+
+from .cache import SequenceCache
+from .drafters import Drafter, FullModelDrafter, PromptLookupDrafter
+from .options import DraftConfig, SamplingOptions
+from .policy import CostPolicy, make_policy
+from .sampling import Decider
+from .stats import GenerationStats
+from .verify import RULE_GREEDY, RULE_PQ, RULE_SAMPLER_MATCH, forward, verify_round
+
+PREFILL_CHUNK = 2048
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token: int
+    from_draft: bool
+
+
+def on_cuda() -> bool:
+    try:
+        return mx.default_device() == mx.gpu and mx.cuda.is_available()
+    except AttributeError:
+        return False
+
+
+class Generation:
+    """One request's token stream. Iterate it once; read `stats` and `finish_reason` after."""
+
+    def __init__(self, engine: "Engine", prompt: Sequence[int], *, max_tokens: int, sampling: SamplingOptions,
+                 min_tokens: int = 0, ignore_eos: bool = False, speculative: bool = True,
+                 reuse_cache: bool = False):
+        self.engine = engine
+        self.prompt = list(prompt)
+        self.max_tokens = max_tokens
+        self.sampling = sampling
+        self.min_tokens = min_tokens
+        self.ignore_eos = ignore_eos
+        self.speculative = speculative and engine.draft.enabled
+        self.reuse_cache = reuse_cache
+        self.stats = GenerationStats(prompt_tokens=len(self.prompt))
+        self.finish_reason: str | None = None
+        self.tokens: list[int] = []
+        self._iter = self._run()
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        return self._iter
+
+    def __next__(self) -> TokenEvent:
+        return next(self._iter)
+
+    def close(self) -> None:
+        self._iter.close()
+
+    # ---------------------------------------------------------------------------------------
+    def _run(self) -> Iterator[TokenEvent]:
+        eng = self.engine
+        st = self.stats
+        if not self.prompt:
+            raise ValueError("empty prompt")
+        decider = Decider(self.sampling, eos_ids=eng.eos_ids, prompt_len=len(self.prompt),
+                          min_tokens=self.min_tokens, ignore_eos=self.ignore_eos, vocab_size=eng.vocab_size)
+        mx.reset_peak_memory()
+        t0 = time.perf_counter()
+        cache = eng.sequence_cache(self.reuse_cache)
+        st.cached_tokens = cache.reuse_prefix(self.prompt)
+        rest = self.prompt[st.cached_tokens : -1]
+        for i in range(0, len(rest), PREFILL_CHUNK):
+            forward(eng.model, cache, rest[i : i + PREFILL_CHUNK])
+            mx.eval([c.state for c in cache.layers])
+        st.prefill_s = time.perf_counter() - t0
+
+        history = list(self.prompt)
+        drafter: Drafter | None = None
+        policy = None
+        if self.speculative:
+            td = time.perf_counter()
+            drafter = eng.make_drafter()
+            drafter.begin(history)
+            policy = eng.make_policy()
+            st.draft_kind = drafter.kind
+            st.policy = policy.name
+            st.draft_s += time.perf_counter() - td
+        st.acceptance_rule = RULE_GREEDY if decider.greedy else RULE_SAMPLER_MATCH
+        eos = set() if self.ignore_eos else set(eng.eos_ids)
+        shadow: list[int] = []
+        shadow_pos = 0
+        t_decode = time.perf_counter()
+        emitted = 0
+        try:
+            while emitted < self.max_tokens:
+                draft: list[int] = []
+                q = None
+                if drafter is not None:
+                    budget = min(policy.budget(), self.max_tokens - emitted - 1)
+                    if budget > 0:
+                        td = time.perf_counter()
+                        proposal = drafter.propose(history, budget, decider)
+                        draft, q = proposal.tokens, proposal.q
+                        st.draft_s += time.perf_counter() - td
+                    elif policy.paused:
+                        st.paused_rounds += 1
+                        if policy.shadow_len and not shadow:
+                            shadow, shadow_pos = drafter.shadow(policy.shadow_len), len(history)
+                if draft:
+                    tv = time.perf_counter()
+                    verdict = verify_round(eng.model, cache, history, draft, decider, q)
+                    st.verify_s += time.perf_counter() - tv
+                    if verdict.rule == RULE_PQ:
+                        st.acceptance_rule = RULE_PQ
+                    st.drafted_rounds += 1
+                    st.proposed += len(draft)
+                    policy.drafted(len(draft), verdict.accepted)
+                    new, n_from_draft = verdict.tokens, verdict.accepted
+                else:
+                    logits = forward(eng.model, cache, history[-1:])
+                    new, n_from_draft = decider.decide(logits, history, history[-1:]), 0
+                    if policy is not None:
+                        policy.plain()
+                st.rounds += 1
+                for i, tok in enumerate(new):
+                    if tok in eos and emitted >= self.min_tokens:
+                        self.finish_reason = "stop"
+                        return
+                    history.append(tok)
+                    self.tokens.append(tok)
+                    emitted += 1
+                    st.generated_tokens = emitted
+                    if i < n_from_draft:
+                        st.accepted += 1
+                    if emitted == 1:
+                        st.ttft_s = time.perf_counter() - t0
+                    yield TokenEvent(tok, i < n_from_draft)
+                if shadow:
+                    # gated policy: a paused lookup resumes once its shadow proposal comes true
+                    got = history[shadow_pos : shadow_pos + len(shadow)]
+                    if got != shadow[: len(got)]:
+                        shadow = []
+                    elif len(got) == len(shadow):
+                        policy.shadow_confirmed()
+                        st.shadow_confirmations += 1
+                        shadow = []
+                if drafter is not None:
+                    drafter.commit(history)
+            self.finish_reason = "length"
+        finally:
+            st.decode_s = time.perf_counter() - t_decode
+            st.peak_memory_bytes = mx.get_peak_memory()
+
+
+class Engine:
+    """A loaded target (and optional draft) model plus the speculative configuration."""
+
+    def __init__(self, model: Any, *, eos_ids: Sequence[int], vocab_size: int | None = None,
+                 context_length: int = 4096, draft: DraftConfig | None = None, draft_model: Any = None):
+        self.model = model
+        self.eos_ids = tuple(sorted(set(eos_ids)))
+        self.vocab_size = vocab_size
+        self.context_length = context_length
+        self.draft = draft or DraftConfig()
+        self.draft_model = draft_model
+        self.verify_cost: list[float] | None = None
+        self._cache: SequenceCache | None = None
+
+    # -- per-request pieces --------------------------------------------------------------------
+    def sequence_cache(self, reuse: bool) -> SequenceCache:
+        if not reuse or self._cache is None:
+            self._cache = SequenceCache(self.model)
+        return self._cache
+
+    def make_drafter(self) -> Drafter:
+        d = self.draft
+        if d.kind == "prompt-lookup":
+            return PromptLookupDrafter(d.lookup.ngram_min, d.lookup.ngram_max)
+        if d.kind == "full-model":
+            if self.draft_model is None:
+                raise RuntimeError("full-model drafting needs a draft model")
+            if not hasattr(self, "_full_drafter"):
+                self._full_drafter = FullModelDrafter(self.draft_model, self.vocab_size)
+            return self._full_drafter
+        raise RuntimeError(f"no drafter for kind {d.kind!r}")
+
+    def make_policy(self):
+        d = self.draft
+        if d.kind == "prompt-lookup":
+            return make_policy(d.lookup.policy, d.lookup.max_draft, adaptive=d.lookup.adaptive,
+                               on_cuda=on_cuda(), verify_cost=self.verify_cost)
+        return make_policy("fixed", d.block_size, adaptive=False)
+
+    def resolve_max_tokens(self, max_tokens: int, prompt_len: int) -> int:
+        room = max(self.context_length - prompt_len, 0)
+        return room if max_tokens < 0 else min(max_tokens, room)
+
+    def generate(self, prompt: Sequence[int], *, max_tokens: int, sampling: SamplingOptions | None = None,
+                 min_tokens: int = 0, ignore_eos: bool = False, speculative: bool = True,
+                 reuse_cache: bool = False) -> Generation:
+        return Generation(self, prompt, max_tokens=self.resolve_max_tokens(max_tokens, len(prompt)),
+                          sampling=sampling or SamplingOptions(), min_tokens=min_tokens,
+                          ignore_eos=ignore_eos, speculative=speculative, reuse_cache=reuse_cache)
+
+    # -- warmup and calibration ----------------------------------------------------------------
+    def warmup(self, prompt: Sequence[int] | None = None, *, sampling: SamplingOptions | None = None,
+               calibrate: bool = False) -> float:
+        """One forward at every verify width 1..max_draft+1 (and the sampler), then discard.
+
+        With calibrate=True the widths are timed a second time and `verify_cost[w]` (relative
+        to one plain step) feeds the cost-aware policy.
+        """
+        start = time.perf_counter()
+        widths = list(range(1, (self.draft.max_draft + 1 if self.draft.enabled else 1) + 1))
+        tokens = list(prompt[:32]) if prompt else [0, 1, 2, 3]
+        cache = SequenceCache(self.model)
+        forward(self.model, cache, tokens)
+        mx.eval([c.state for c in cache.layers])
+        decider = Decider(sampling or SamplingOptions(), eos_ids=self.eos_ids, prompt_len=len(tokens),
+                          vocab_size=self.vocab_size)
+        times = {}
+        for rep in range(2 if calibrate else 1):
+            for w in widths:
+                t = time.perf_counter()
+                for _ in range(3 if rep else 1):
+                    logits = forward(self.model, cache, [tokens[-1]] * w)
+                    decider.decide(logits, tokens, [tokens[-1]] * w)
+                    cache.truncate(len(cache.tokens) - w)
+                times[w] = (time.perf_counter() - t) / (3 if rep else 1)
+        if self.draft.kind == "full-model" and self.draft_model is not None:
+            dcache = SequenceCache(self.draft_model)
+            self.draft_model(mx.array([tokens]), cache=dcache.layers)
+            mx.eval(mx.argmax(self.draft_model(mx.array([[tokens[-1]]]), cache=dcache.layers), axis=-1))
+        if calibrate:
+            base = times[1]
+            self.verify_cost = [0.0] + [times[w] / base for w in widths]
+        mx.clear_cache()
+        return time.perf_counter() - start

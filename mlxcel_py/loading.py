@@ -1,0 +1,165 @@
+"""Model resolution and loading: `--model`/`--draft-model` string -> ready mlx-lm model + tokenizer.
+
+Owns: telling a local folder, a GGUF file, a Hugging Face repo id and the default model apart;
+checking `config.json` before any weight is read; loading through `mlx_lm.load`; the CPU dtype
+choice (dequantize to float32); and the checks that need a model (trimmable caches). Every
+library failure becomes a one-line ModelError here, so no traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import default_model, fastpath, gguf
+from .errors import ModelError
+
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """Where a model's files are, before anything heavy is read."""
+
+    path: Path
+    source: str  # human text: "local folder ...", "GGUF ... (converted)", "default model ..."
+    config: dict = field(repr=False, hash=False, compare=False, default_factory=dict)
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    resolved: ResolvedModel
+    dtype: str
+    load_seconds: float
+
+    @property
+    def config(self) -> dict:
+        return self.resolved.config
+
+    @property
+    def context_length(self) -> int:
+        cfg = self.config
+        for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+            if isinstance(cfg.get(key), int) and cfg[key] > 0:
+                return cfg[key]
+        return 4096
+
+    @property
+    def vocab_size(self) -> int | None:
+        v = self.config.get("vocab_size")
+        return v if isinstance(v, int) else None
+
+
+def read_config(folder: Path, *, what: str = "--model") -> dict:
+    """Parse and sanity-check `folder/config.json`; the errors name the file and the fix."""
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise ModelError(
+            f"{what} {folder}: no config.json in this folder, so it is not an mlx-lm model folder",
+            hint="pass a folder made by mlx_lm.convert, a .gguf file, or an owner/name repo id",
+        )
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelError(f"{what} {cfg_path}: malformed JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise ModelError(f"{what} {cfg_path}: expected a JSON object, got {type(cfg).__name__}")
+    if "model_type" not in cfg:
+        raise ModelError(f"{what} {cfg_path}: no 'model_type' key, so the architecture is unknown")
+    return cfg
+
+
+def resolve(spec: str | None, *, revision: str | None = None, what: str = "--model") -> ResolvedModel:
+    """Find a model's folder without reading weights (GGUF files are converted here, once)."""
+    cache_root = fastpath.cache_dir()
+    if spec is None:
+        path = default_model.default_gguf()
+        folder = gguf.ensure_converted(path, cache_root)
+        source = f"default model {default_model.DEFAULT_MODEL_NAME} (from the {default_model.DEFAULT_MODEL_PACKAGE} wheel, {path.name}, converted in {folder})"
+        return ResolvedModel(folder, source, read_config(folder, what=what))
+    p = Path(spec).expanduser()
+    if p.exists():
+        if revision is not None:
+            raise ModelError(f"--revision applies to repo ids, not to the local path {spec}", exit_code=2)
+        if p.is_file():
+            with open(p, "rb") as fh:
+                magic = fh.read(4)
+            if magic != b"GGUF":
+                raise ModelError(f"{what} {spec}: a file that is not GGUF; pass a model folder or a .gguf file")
+            folder = gguf.ensure_converted(p.resolve(), cache_root)
+            return ResolvedModel(folder, f"GGUF file {p} (converted in {folder})", read_config(folder, what=what))
+        return ResolvedModel(p, f"local folder {p}", read_config(p, what=what))
+    if REPO_ID.match(spec) and not spec.startswith("."):
+        folder = _hub_snapshot(spec, revision, what)
+        return ResolvedModel(folder, f"Hugging Face cache {spec} ({folder})", read_config(folder, what=what))
+    raise ModelError(
+        f"{what} {spec}: no such file or folder",
+        hint="pass an mlx-lm model folder, a .gguf file, or an owner/name repo id (omit --model for the default model)",
+    )
+
+
+def _hub_snapshot(repo_id: str, revision: str | None, what: str = "--model") -> Path:
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns, local_files_only=True))
+    except Exception:
+        pass
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
+    except Exception as exc:
+        reason = type(exc).__name__
+        raise ModelError(
+            f"{what} {repo_id}: not in the local Hugging Face cache and could not be downloaded ({reason})",
+            hint=f"run `huggingface-cli download {repo_id}` where the hub is reachable, or pass a local folder",
+        ) from None
+
+
+def check_trimmable(model: Any, *, what: str = "the target model") -> None:
+    """Speculation rolls rejected drafts back with a cache trim; refuse models that cannot."""
+    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+    if not can_trim_prompt_cache(make_prompt_cache(model)):
+        raise ModelError(
+            f"{what} keeps state that a cache trim cannot roll back (recurrent, hybrid or rotating "
+            "caches), so a rejected draft cannot be undone",
+            hint="decode without speculation (drop --prompt-lookup / --draft-model)",
+        )
+
+
+def _cpu_dtype(model: Any, dequantize: bool) -> str:
+    """On the CPU, float32 dense weights are the fast path (quantized and half matmuls are slow)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.utils import dequantize_model
+
+    quantized = any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
+    on_cpu = mx.default_device() == mx.cpu
+    if not (on_cpu and dequantize):
+        return "quantized (as stored)" if quantized else "as stored"
+    if quantized:
+        dequantize_model(model)
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    return "float32 (dequantized for the CPU)" if quantized else "float32"
+
+
+def load(resolved: ResolvedModel, *, dequantize: bool = True) -> LoadedModel:
+    """Read weights and tokenizer of a resolved model."""
+    import mlx_lm
+
+    start = time.perf_counter()
+    try:
+        model, tokenizer = mlx_lm.load(str(resolved.path))
+    except (ValueError, FileNotFoundError, KeyError, OSError, ImportError) as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelError(f"cannot load {resolved.path}: {text}") from None
+    dtype = _cpu_dtype(model, dequantize)
+    return LoadedModel(model, tokenizer, resolved, dtype, time.perf_counter() - start)

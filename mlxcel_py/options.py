@@ -1,0 +1,159 @@
+"""Frozen option objects: what the user asked for, after parsing, before validation.
+
+Defaults live here once (DEFAULT_*), read by the Typer options, the server schemas and the
+validation layer alike. No typer, no mlx: this module and `validate` stay importable without MLX,
+so `--help`, completion and flag checks are fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_MAX_TOKENS = -1  # -1: until EOS or the context window, like mlxcel
+DEFAULT_TEMP = 0.0
+DEFAULT_TOP_P = 1.0
+DEFAULT_TOP_K = 0
+DEFAULT_MIN_P = 0.0
+DEFAULT_REPETITION_PENALTY = 1.0
+DEFAULT_REPEAT_LAST_N = -1  # -1: whole context, 0: off
+
+DEFAULT_NGRAM_MAX = 3
+DEFAULT_NGRAM_MIN = 2
+DEFAULT_MAX_DRAFT = 7
+DEFAULT_POLICY = "auto"
+NGRAM_MAX_LIMIT = 16
+MAX_DRAFT_LIMIT = 64
+DEFAULT_FULL_MODEL_BLOCK = 4
+DEFAULT_SERVER_LOOKUP_BLOCK = 7
+DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 2
+
+POLICIES = ("auto", "graded", "gated", "cost")
+DRAFT_KINDS = ("full-model", "prompt-lookup", "mtp", "dflash", "suffix")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    model: str | None = None  # None: the embedded default model
+    revision: str | None = None
+    draft_model: str | None = None
+    blas: bool = True
+    dequantize: bool = True
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    temp: float = DEFAULT_TEMP
+    top_p: float = DEFAULT_TOP_P
+    top_k: int = DEFAULT_TOP_K
+    min_p: float = DEFAULT_MIN_P
+    seed: int | None = None
+    repetition_penalty: float = DEFAULT_REPETITION_PENALTY
+    repeat_last_n: int = DEFAULT_REPEAT_LAST_N
+
+    @property
+    def greedy(self) -> bool:
+        return self.temp == 0.0
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    prompt: str | None = None  # None: interactive chat; "-": read stdin
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    chat_template: bool = True
+    system: str | None = None
+    images: tuple[str, ...] = ()
+    audio: tuple[str, ...] = ()
+    video: tuple[str, ...] = ()
+    profile: bool = False
+    verbose: bool = False
+    verify_exact: bool = False
+
+
+@dataclass(frozen=True)
+class PromptLookupOptions:
+    """As parsed: None means the flag was not given (so "requires --prompt-lookup" can be checked)."""
+
+    enabled: bool = False
+    ngram_max: int | None = None
+    ngram_min: int | None = None
+    max_draft: int | None = None
+    no_adaptive: bool = False
+    policy: str | None = None
+
+
+@dataclass(frozen=True)
+class SpecOptions:
+    draft_kind: str | None = None
+    draft_block_size: int | None = None
+    spec_type: str | None = None
+    lookup: PromptLookupOptions = field(default_factory=PromptLookupOptions)
+    pp_size: int = 1
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    prompt_lookup_max_batch: int = DEFAULT_PROMPT_LOOKUP_MAX_BATCH
+    no_batch: bool = False
+    kv_unified: bool = False
+    warmup: bool = True
+    api_key: str | None = None
+    alias: str | None = None
+
+
+@dataclass(frozen=True)
+class CommandOptions:
+    """Everything one command invocation asked for."""
+
+    command: str  # generate | run | chat | serve | bench
+    model: ModelOptions = field(default_factory=ModelOptions)
+    generation: GenerationOptions = field(default_factory=GenerationOptions)
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    spec: SpecOptions = field(default_factory=SpecOptions)
+    server: ServerOptions = field(default_factory=ServerOptions)
+
+
+# ---- validated, resolved configuration handed to loading and the engine ----
+
+
+@dataclass(frozen=True)
+class LookupConfig:
+    ngram_min: int = DEFAULT_NGRAM_MIN
+    ngram_max: int = DEFAULT_NGRAM_MAX
+    max_draft: int = DEFAULT_MAX_DRAFT
+    adaptive: bool = True
+    policy: str = DEFAULT_POLICY
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """The drafter a command runs with, or kind=None for plain decoding."""
+
+    kind: str | None = None  # None | "prompt-lookup" | "full-model"
+    lookup: LookupConfig = field(default_factory=LookupConfig)
+    draft_model: str | None = None
+    block_size: int = DEFAULT_FULL_MODEL_BLOCK
+
+    @property
+    def enabled(self) -> bool:
+        return self.kind is not None
+
+    @property
+    def max_draft(self) -> int:
+        return self.lookup.max_draft if self.kind == "prompt-lookup" else self.block_size
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The validated result of one command's options."""
+
+    options: CommandOptions
+    draft: DraftConfig
+    max_tokens: int  # -1 resolved later against the context window

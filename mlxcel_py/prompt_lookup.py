@@ -1,0 +1,62 @@
+"""Prompt-lookup drafter: propose the continuation of the latest earlier match of the context suffix.
+
+Pure Python over token ids (no MLX). Matching follows mlxcel: suffix n-grams from ngram_max down
+to ngram_min, the most recent earlier occurrence that has at least one follower, never the suffix
+itself; up to `limit` followers, capped at the end of the context. An incremental index (one dict
+per n, n-gram -> latest start with a follower) answers like a rescan at O(1) per new token.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+class PromptLookupIndex:
+    def __init__(self, ngram_min: int = 2, ngram_max: int = 3):
+        if ngram_min < 1 or ngram_max < ngram_min:
+            raise ValueError(f"bad n-gram range {ngram_min}..{ngram_max}")
+        self.ngram_min = ngram_min
+        self.ngram_max = ngram_max
+        self.tokens: list[int] = []
+        self._latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(ngram_min, ngram_max + 1)}
+
+    def reset(self, tokens: Sequence[int]) -> None:
+        self.tokens = []
+        for table in self._latest.values():
+            table.clear()
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        toks = self.tokens
+        for t in tokens:
+            i = len(toks)  # position of the new token: it becomes the follower of n-grams ending at i-1
+            toks.append(t)
+            for n, table in self._latest.items():
+                if i >= n:
+                    table[tuple(toks[i - n : i])] = i - n
+
+    def find(self, limit: int) -> list[int]:
+        """Followers of the latest earlier occurrence of the longest matching suffix (<= limit)."""
+        toks = self.tokens
+        size = len(toks)
+        if limit <= 0:
+            return []
+        for n in range(min(self.ngram_max, size - 1), self.ngram_min - 1, -1):
+            start = self._latest[n].get(tuple(toks[size - n :]))
+            if start is not None:
+                begin = start + n
+                return toks[begin : min(begin + limit, size)]
+        return []
+
+
+def find_by_scan(tokens: Sequence[int], ngram_min: int, ngram_max: int, limit: int) -> list[int]:
+    """Reference implementation (a rescan) that the index must agree with; used by tests."""
+    size = len(tokens)
+    if limit <= 0:
+        return []
+    for n in range(min(ngram_max, size - 1), ngram_min - 1, -1):
+        suffix = list(tokens[size - n :])
+        for start in range(size - n - 1, -1, -1):  # start + n < size: at least one follower
+            if list(tokens[start : start + n]) == suffix:
+                return list(tokens[start + n : min(start + n + limit, size)])
+    return []

@@ -1,0 +1,118 @@
+"""Per-request token decisions: logits rows -> tokens, identical for plain steps and verify rows.
+
+A `Decider` is built once per request from SamplingOptions. It applies the logits processors
+(repetition penalty, EOS masking for --ignore-eos/--min-tokens) at the same positions plain
+decoding would, then picks a token per row. Randomness is keyed by the generated-token index
+(seed, index), not by a global stream, so a seeded speculative run draws exactly the numbers the
+plain run draws at each position: with sampler-match acceptance the outputs are identical.
+It also exposes the filtered target distribution p, which lossless p/q acceptance needs.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Sequence
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_repetition_penalty
+
+from .options import SamplingOptions
+
+_WHOLE_CONTEXT = 1 << 30
+
+
+class Decider:
+    """Turns target logits into tokens for one request (sampler-match rule)."""
+
+    def __init__(
+        self,
+        sampling: SamplingOptions,
+        *,
+        eos_ids: Sequence[int] = (),
+        prompt_len: int = 0,
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
+        vocab_size: int | None = None,
+    ):
+        self.sampling = sampling
+        self.greedy = sampling.temp == 0.0
+        self.prompt_len = prompt_len
+        self.min_tokens = min_tokens
+        self.ignore_eos = ignore_eos
+        self.eos = mx.array(sorted(eos_ids), dtype=mx.int32) if eos_ids else None
+        self.vocab_size = vocab_size
+        seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(6), "little")
+        self.seed = seed
+        self._penalty: Callable | None = None
+        if sampling.repetition_penalty not in (0.0, 1.0) and sampling.repeat_last_n != 0:
+            n = sampling.repeat_last_n if sampling.repeat_last_n > 0 else _WHOLE_CONTEXT
+            self._penalty = make_repetition_penalty(sampling.repetition_penalty, n)
+        self._filters: list[Callable[[mx.array], mx.array]] = []
+        if 0.0 < sampling.top_p < 1.0:
+            self._filters.append(lambda x: apply_top_p(x, sampling.top_p))
+        if sampling.min_p > 0.0:
+            self._filters.append(lambda x: apply_min_p(x, sampling.min_p))
+        if sampling.top_k > 0 and (vocab_size is None or sampling.top_k < vocab_size):
+            self._filters.append(lambda x: apply_top_k(x, sampling.top_k))
+
+    # -- processors -------------------------------------------------------------------------
+    @property
+    def has_processors(self) -> bool:
+        return self._penalty is not None or (self.eos is not None and (self.ignore_eos or self.min_tokens > 0))
+
+    def _process(self, logits: mx.array, history: Sequence[int]) -> mx.array:
+        """logits: (1, V) for the token that follows `history` (prompt + generated so far)."""
+        if self._penalty is not None and history:
+            logits = self._penalty(mx.array(history[-self._window(len(history)) :], dtype=mx.int32), logits)
+        generated = len(history) - self.prompt_len
+        if self.eos is not None and (self.ignore_eos or generated < self.min_tokens):
+            logits = logits.at[:, self.eos].add(-mx.inf)
+        return logits
+
+    def _window(self, n: int) -> int:
+        last = self.sampling.repeat_last_n
+        return n if last < 0 else min(n, last)
+
+    # -- distributions ----------------------------------------------------------------------
+    def filtered_logprobs(self, logits: mx.array) -> mx.array:
+        """Sampler's distribution (log space, before temperature), rows independent: (R, V)."""
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        for f in self._filters:
+            logprobs = f(logprobs)
+        return logprobs
+
+    def probs(self, logits: mx.array) -> mx.array:
+        """The filtered, tempered distribution p that sampling draws from: (R, V), float32."""
+        lp = self.filtered_logprobs(logits.astype(mx.float32))
+        return mx.softmax(lp * (1.0 / self.sampling.temp), axis=-1)
+
+    def key(self, index: int, salt: int = 0) -> mx.array:
+        """PRNG key of generated-token `index` (salt separates independent uses)."""
+        return mx.random.key((self.seed * 1_000_003 + index * 7 + salt) & 0x7FFF_FFFF_FFFF_FFFF)
+
+    # -- decisions --------------------------------------------------------------------------
+    def processed_rows(self, logits: mx.array, history: Sequence[int], inputs: Sequence[int]) -> mx.array:
+        """Apply processors to each row. Row r follows history + inputs[1:r+1]."""
+        if not self.has_processors:
+            return logits
+        rows = []
+        hist = list(history)
+        for r in range(logits.shape[0]):
+            if r > 0:
+                hist.append(inputs[r])
+            rows.append(self._process(logits[r : r + 1], hist))
+        return mx.concatenate(rows, axis=0)
+
+    def decide(self, logits: mx.array, history: Sequence[int], inputs: Sequence[int]) -> list[int]:
+        """Token for every row of `logits` (R, V); `inputs` are the tokens fed (inputs[0] = last).
+
+        Returns the R tokens the target's own sampler picks; callers compare drafts to them.
+        """
+        logits = self.processed_rows(logits, history, inputs)
+        if self.greedy:
+            return mx.argmax(logits, axis=-1).tolist()
+        lp = self.filtered_logprobs(logits)
+        start = len(history) - self.prompt_len
+        scaled = lp * (1.0 / self.sampling.temp)
+        picks = [mx.random.categorical(scaled[r], key=self.key(start + r)) for r in range(lp.shape[0])]
+        return mx.stack(picks).tolist()

@@ -1,0 +1,89 @@
+"""From a validated RunConfig to a ready Engine: resolve, preflight, load, check, build.
+
+Shared by generate, run, chat, serve and bench so every command loads models and refuses bad
+pairings the same way. Config-level refusals (missing/malformed config.json, drafter vocabulary,
+DFlash folders) happen before any weight is read; model-level ones (trimmable caches, token-id
+maps) right after loading, before generation. Reports progress through a `say` callback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import fastpath, loading
+from .errors import ModelError
+from .options import DraftConfig, RunConfig
+from .validate import preflight_draft
+
+
+@dataclass
+class Session:
+    target: loading.LoadedModel
+    draft: loading.LoadedModel | None
+    engine: Any  # engine.Engine
+    blas: fastpath.BlasState
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+
+def _check_token_ids(target_tok: Any, draft_tok: Any, draft_path: Any) -> None:
+    """Same vocabulary size proves nothing; the id of every drafter token must match the target's."""
+    tv = target_tok.get_vocab() if hasattr(target_tok, "get_vocab") else None
+    dv = draft_tok.get_vocab() if hasattr(draft_tok, "get_vocab") else None
+    if tv is None or dv is None:
+        return
+    mismatched = [t for t, i in dv.items() if tv.get(t) != i]
+    if mismatched:
+        example = mismatched[0]
+        raise ModelError(
+            f"--draft-model {draft_path}: its tokenizer maps {len(mismatched)} token(s) to different ids than the "
+            f"target's (e.g. {example!r}: drafter {dv[example]}, target {tv.get(example)}); pick a drafter from "
+            f"the target's family"
+        )
+
+
+def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None) -> Session:
+    blas = fastpath.prepare(run.options.model.blas)
+    mopts = run.options.model
+    resolved = loading.resolve(mopts.model, revision=mopts.revision)
+    draft_resolved = None
+    if run.draft.kind == "full-model":
+        draft_resolved = loading.resolve(run.draft.draft_model, what="--draft-model")
+        preflight_draft(resolved.config, draft_resolved.path)
+    say(f"model: {resolved.source}")
+    target = loading.load(resolved, dequantize=mopts.dequantize)
+    say(f"loaded in {target.load_seconds:.2f}s; weights {target.dtype}; BLAS {blas.name}"
+        + (f" ({blas.path})" if blas.path else f" ({blas.note})"))
+    draft = None
+    if draft_resolved is not None:
+        draft = loading.load(draft_resolved, dequantize=mopts.dequantize)
+        _check_token_ids(target.tokenizer, draft.tokenizer, run.draft.draft_model)
+        loading.check_trimmable(draft.model, what="the draft model")
+        say(f"draft model: {draft_resolved.source} ({draft.dtype})")
+    if run.draft.enabled:
+        loading.check_trimmable(target.model)
+    from .engine import Engine
+
+    engine = Engine(
+        target.model,
+        eos_ids=target.tokenizer.eos_token_ids,
+        vocab_size=target.vocab_size,
+        context_length=target.context_length,
+        draft=run.draft,
+        draft_model=draft.model if draft else None,
+    )
+    return Session(target, draft, engine, blas)
+
+
+def describe_draft(draft: DraftConfig, policy_name: str | None = None) -> str:
+    if draft.kind == "prompt-lookup":
+        lk = draft.lookup
+        pol = policy_name or lk.policy
+        return (f"speculative=prompt-lookup (max_draft={lk.max_draft}, ngram={lk.ngram_min}..{lk.ngram_max}, "
+                f"policy={pol if lk.adaptive else 'fixed'})")
+    if draft.kind == "full-model":
+        return f"speculative=full-model (draft_model={draft.draft_model}, block_size={draft.block_size})"
+    return "speculative=off"

@@ -1,0 +1,71 @@
+"""Counters and timings of one generation, and the derived figures `--profile` and `timings` show."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from a reused cache
+    generated_tokens: int = 0
+    prefill_s: float = 0.0
+    ttft_s: float = 0.0
+    decode_s: float = 0.0
+    peak_memory_bytes: int = 0
+    # speculation
+    draft_kind: str | None = None
+    policy: str | None = None
+    acceptance_rule: str | None = None
+    rounds: int = 0  # target forwards after prefill (plain steps and verify rounds)
+    drafted_rounds: int = 0
+    paused_rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0  # accepted draft tokens that were emitted
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    rollback_s: float = 0.0
+    shadow_confirmations: int = 0
+    warmup_s: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted_prefix(self) -> float:
+        return self.accepted / self.drafted_rounds if self.drafted_rounds else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.generated_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def prefill_tps(self) -> float:
+        n = self.prompt_tokens - self.cached_tokens
+        return n / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.generated_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            acceptance_rate=self.acceptance_rate,
+            mean_accepted_prefix=self.mean_accepted_prefix,
+            tokens_per_forward=self.tokens_per_forward,
+            prefill_tps=self.prefill_tps,
+            decode_tps=self.decode_tps,
+        )
+        return d
+
+    def lookup_summary_line(self) -> str:
+        """mlxcel's `[Prompt lookup] ...` line (tokens_per_forward over decode forwards)."""
+        return (
+            f"[Prompt lookup] rounds={self.rounds} drafted_rounds={self.drafted_rounds} "
+            f"paused_rounds={self.paused_rounds} proposed={self.proposed} accepted={self.accepted} "
+            f"acceptance_rate={self.acceptance_rate:.4f} tokens_per_forward={self.tokens_per_forward:.4f} "
+            f"shadow_confirmations={self.shadow_confirmations}"
+        )

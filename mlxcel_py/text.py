@@ -1,0 +1,83 @@
+"""Token events -> text pieces: streaming detokenization and stop strings.
+
+A stop string ends the output before the string (OpenAI / llama-server semantics), also when it
+arrives inside an accepted draft block; text that could still become a stop string is held back
+until it cannot. Closing the token iterator ends the engine's generation where the text ended.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+if TYPE_CHECKING:
+    from .engine import Generation
+
+
+@dataclass(frozen=True)
+class TextPiece:
+    text: str
+    tokens: int  # tokens emitted so far
+
+
+class TextStream:
+    """Iterate text pieces of a Generation; `finish_reason` and `stop_word` when done."""
+
+    def __init__(self, generation: "Generation", tokenizer, stop: Sequence[str] = ()):
+        self.generation = generation
+        self.detok = tokenizer.detokenizer
+        self.stop = [s for s in stop if s]
+        self.finish_reason: str | None = None
+        self.stop_word: str | None = None
+        self.text = ""
+
+    def __iter__(self) -> Iterator[TextPiece]:
+        self.detok.reset()
+        pending = ""
+        count = 0
+        hold = max((len(s) for s in self.stop), default=0) - 1
+        try:
+            for event in self.generation:
+                count += 1
+                self.detok.add_token(event.token)
+                pending += self.detok.last_segment
+                if self.stop:
+                    cut = self._find_stop(pending)
+                    if cut is not None:
+                        piece = pending[:cut]
+                        self.text += piece
+                        if piece:
+                            yield TextPiece(piece, count)
+                        self.finish_reason = "stop"
+                        return
+                    safe = len(pending) - hold if hold > 0 else len(pending)
+                    if safe <= 0:
+                        continue
+                    piece, pending = pending[:safe], pending[safe:]
+                else:
+                    piece, pending = pending, ""
+                if piece:
+                    self.text += piece
+                    yield TextPiece(piece, count)
+            self.detok.finalize()
+            pending += self.detok.last_segment
+            if self.stop:
+                cut = self._find_stop(pending)
+                if cut is not None:
+                    pending = pending[:cut]
+                    self.finish_reason = "stop"
+            if pending:
+                self.text += pending
+                yield TextPiece(pending, count)
+            if self.finish_reason is None:
+                self.finish_reason = self.generation.finish_reason
+        finally:
+            self.generation.close()
+
+    def _find_stop(self, text: str) -> int | None:
+        best = None
+        for s in self.stop:
+            i = text.find(s)
+            if i >= 0 and (best is None or i < best):
+                best, self.stop_word = i, s
+        return best

@@ -1,0 +1,245 @@
+"""The validation layer: parsed options -> a validated RunConfig, or a UsageError (exit 2).
+
+Pure (no MLX, no Typer). Every documented incompatible combination is refused here, before any
+model loads, with one line that names the flags and the fix. docs/validation.md lists each rule
+and tests/test_validate.py has a test per rule. Model-dependent checks (vocab, trimmable caches,
+DFlash folders, config.json) live in `preflight`, which reads config files but no weights.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from .errors import ModelError, UsageError
+from .options import (
+    DEFAULT_FULL_MODEL_BLOCK,
+    DEFAULT_MAX_DRAFT,
+    DEFAULT_NGRAM_MAX,
+    DEFAULT_NGRAM_MIN,
+    DEFAULT_POLICY,
+    DEFAULT_SERVER_LOOKUP_BLOCK,
+    DRAFT_KINDS,
+    MAX_DRAFT_LIMIT,
+    NGRAM_MAX_LIMIT,
+    POLICIES,
+    CommandOptions,
+    DraftConfig,
+    LookupConfig,
+    RunConfig,
+)
+
+LLAMA_NGRAM_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+LLAMA_SPEC_TYPES = ("none", "draft-simple", "draft-mtp", "draft-dflash", "draft-eagle3", "draft-dspark",
+                    "draft-mtp-adaptive", *LLAMA_NGRAM_SPEC_TYPES)
+NOT_IMPLEMENTED_KINDS = ("mtp", "dflash", "suffix")
+
+
+def _lookup_tuning_flags(opts: CommandOptions) -> list[str]:
+    lk = opts.spec.lookup
+    given = []
+    if lk.ngram_max is not None:
+        given.append("--prompt-lookup-ngram-max")
+    if lk.ngram_min is not None:
+        given.append("--prompt-lookup-ngram-min")
+    if lk.max_draft is not None:
+        given.append("--prompt-lookup-max-draft")
+    if lk.no_adaptive:
+        given.append("--prompt-lookup-no-adaptive")
+    if lk.policy is not None:
+        given.append("--prompt-lookup-policy")
+    return given
+
+
+def validate_lookup_bounds(ngram_min: int, ngram_max: int, max_draft: int, *, flag: str = "--prompt-lookup-max-draft") -> None:
+    if ngram_min < 1:
+        raise UsageError("--prompt-lookup-ngram-min must be at least 1")
+    if ngram_max > NGRAM_MAX_LIMIT:
+        raise UsageError(f"--prompt-lookup-ngram-max ({ngram_max}) must be at most {NGRAM_MAX_LIMIT}")
+    if ngram_max < ngram_min:
+        raise UsageError(
+            f"--prompt-lookup-ngram-max ({ngram_max}) must be >= --prompt-lookup-ngram-min ({ngram_min})"
+        )
+    if max_draft < 1:
+        raise UsageError(f"{flag} must be at least 1")
+    if max_draft > MAX_DRAFT_LIMIT:
+        raise UsageError(f"{flag} ({max_draft}) must be at most {MAX_DRAFT_LIMIT}")
+
+
+def _sampling(opts: CommandOptions) -> None:
+    s = opts.sampling
+    if s.temp < 0:
+        raise UsageError(f"--temp must be >= 0 (0 is greedy), got {s.temp}")
+    if not 0.0 < s.top_p <= 1.0:
+        raise UsageError(f"--top-p must be in (0, 1], got {s.top_p}")
+    if s.top_k < 0:
+        raise UsageError(f"--top-k must be >= 0 (0 turns it off), got {s.top_k}")
+    if not 0.0 <= s.min_p <= 1.0:
+        raise UsageError(f"--min-p must be in [0, 1], got {s.min_p}")
+    if s.repetition_penalty <= 0:
+        raise UsageError(f"--repetition-penalty must be > 0 (1.0 turns it off), got {s.repetition_penalty}")
+    if s.repeat_last_n < -1:
+        raise UsageError(f"--repeat-last-n must be -1 (whole context), 0 (off) or positive, got {s.repeat_last_n}")
+    if s.seed is not None and s.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {s.seed}")
+
+
+def _generation(opts: CommandOptions) -> None:
+    g = opts.generation
+    if g.max_tokens < -1:
+        raise UsageError(f"--max-tokens must be -1 (until EOS or the context window) or >= 0, got {g.max_tokens}")
+    if g.min_tokens < 0:
+        raise UsageError(f"--min-tokens must be >= 0, got {g.min_tokens}")
+    if g.max_tokens >= 0 and g.min_tokens > g.max_tokens:
+        raise UsageError(f"--min-tokens ({g.min_tokens}) must not exceed --max-tokens ({g.max_tokens})")
+    if g.images or g.audio or g.video:
+        flag = "--image" if g.images else "--audio" if g.audio else "--video"
+        raise UsageError(f"{flag}: multimodal input is not supported by mlxcel-py's text models; drop {flag}")
+
+
+def _spec_type(opts: CommandOptions, kind: str | None, draft_model: str | None) -> tuple[str | None, str | None, bool]:
+    """Apply llama-server's --spec-type: returns (kind, draft_model, speculation_off)."""
+    st = opts.spec.spec_type
+    if st is None:
+        return kind, draft_model, False
+    values = [v.strip() for v in st.split(",") if v.strip()]
+    for v in values:
+        if v not in LLAMA_SPEC_TYPES:
+            raise UsageError(f"--spec-type {v} is not a llama-server speculation type mlxcel-py recognizes; "
+                             f"accepted: none, draft-simple")
+    if "none" in values and len(values) > 1:
+        raise UsageError("--spec-type none cannot be combined with another type; pick one")
+    if len(set(values)) > 1:
+        raise UsageError(f"--spec-type {st}: one speculative subsystem per run; pick one type")
+    v = values[0]
+    if v == "none":
+        return None, None, True
+    if v in LLAMA_NGRAM_SPEC_TYPES:
+        raise UsageError(f"--spec-type {v} is not supported: llama-server's n-gram modes have no mlxcel-py "
+                         f"equivalent; use --draft-kind prompt-lookup (serve) or --prompt-lookup (generate)")
+    if v == "draft-simple":
+        if kind not in (None, "full-model"):
+            raise UsageError(f"--spec-type draft-simple conflicts with --draft-kind {kind}: pick one")
+        return "full-model", draft_model, False
+    raise UsageError(f"--spec-type {v} is not supported: mlxcel-py has no {v.removeprefix('draft-')} drafter; "
+                     f"use --spec-type draft-simple with --draft-model, or drop the flag")
+
+
+def validate(opts: CommandOptions) -> RunConfig:
+    """Check one command's options; return the resolved run configuration."""
+    cmd = opts.command
+    _sampling(opts)
+    _generation(opts)
+    spec = opts.spec
+    lk = spec.lookup
+    tuning = _lookup_tuning_flags(opts)
+    kind = spec.draft_kind
+    draft_model = opts.model.draft_model
+
+    if kind is not None and kind not in DRAFT_KINDS:
+        raise UsageError(f'--draft-kind="{kind}" is not recognised; accepted values: {", ".join(DRAFT_KINDS)}')
+    if spec.draft_block_size is not None and spec.draft_block_size < 1:
+        raise UsageError(f"--draft-block-size must be at least 1, got {spec.draft_block_size}")
+    if spec.draft_block_size is not None and spec.draft_block_size > MAX_DRAFT_LIMIT:
+        raise UsageError(f"--draft-block-size ({spec.draft_block_size}) must be at most {MAX_DRAFT_LIMIT}")
+    if spec.pp_size < 1:
+        raise UsageError(f"--pp-size must be at least 1, got {spec.pp_size}")
+
+    if lk.enabled and cmd not in ("generate", "bench"):
+        raise UsageError(f"--prompt-lookup is a generate option; on {cmd} use "
+                         + ("--draft-kind prompt-lookup" if cmd == "serve" else "mlxcel generate -p TEXT --prompt-lookup"))
+    if tuning and not lk.enabled:
+        raise UsageError(f"{tuning[0]} requires --prompt-lookup; add --prompt-lookup or drop {tuning[0]}")
+    if lk.enabled and draft_model:
+        raise UsageError("--prompt-lookup conflicts with --draft-model: prompt lookup takes no drafter checkpoint; "
+                         "drop one of them")
+    if kind == "prompt-lookup" and cmd in ("generate", "run", "chat", "bench"):
+        raise UsageError("--draft-kind=prompt-lookup takes no drafter checkpoint; pass --prompt-lookup instead "
+                         "(see --prompt-lookup-* for its settings)")
+    if kind == "prompt-lookup" and draft_model:
+        raise UsageError("prompt-lookup takes no draft model; remove --draft-model/--model-draft")
+
+    kind, draft_model, spec_off = _spec_type(opts, kind, draft_model)
+    if spec_off:
+        return RunConfig(opts, DraftConfig(), opts.generation.max_tokens)
+
+    if lk.enabled:
+        g = opts.generation
+        if g.prompt is None and cmd == "generate":
+            raise UsageError("--prompt-lookup needs a one-shot prompt (-p/--prompt); interactive chat does not "
+                             "support prompt lookup")
+        if spec.pp_size > 1:
+            raise UsageError("--prompt-lookup does not support pipeline parallelism (--pp-size > 1); drop one")
+        cfg = LookupConfig(
+            ngram_min=lk.ngram_min if lk.ngram_min is not None else DEFAULT_NGRAM_MIN,
+            ngram_max=lk.ngram_max if lk.ngram_max is not None else DEFAULT_NGRAM_MAX,
+            max_draft=lk.max_draft if lk.max_draft is not None else DEFAULT_MAX_DRAFT,
+            adaptive=not lk.no_adaptive,
+            policy=lk.policy or DEFAULT_POLICY,
+        )
+        if cfg.policy not in POLICIES:
+            raise UsageError(f"--prompt-lookup-policy {cfg.policy} is not one of {', '.join(POLICIES)}")
+        if cfg.ngram_min < 1:
+            raise UsageError("--prompt-lookup-ngram-min must be at least 1")
+        if lk.ngram_min is not None and lk.ngram_max is None and cfg.ngram_min > cfg.ngram_max:
+            cfg = replace(cfg, ngram_max=min(cfg.ngram_min, NGRAM_MAX_LIMIT))
+        validate_lookup_bounds(cfg.ngram_min, cfg.ngram_max, cfg.max_draft)
+        return RunConfig(opts, DraftConfig(kind="prompt-lookup", lookup=cfg), opts.generation.max_tokens)
+
+    if kind == "prompt-lookup":  # serve
+        if opts.server.prompt_lookup_max_batch < 1:
+            raise UsageError("--prompt-lookup-max-batch must be at least 1")
+        block = spec.draft_block_size if spec.draft_block_size is not None else DEFAULT_SERVER_LOOKUP_BLOCK
+        cfg = LookupConfig(max_draft=block)
+        return RunConfig(opts, DraftConfig(kind="prompt-lookup", lookup=cfg), opts.generation.max_tokens)
+
+    if kind in NOT_IMPLEMENTED_KINDS:
+        raise UsageError(f"--draft-kind {kind} is not available in mlxcel-py yet; use --draft-kind full-model "
+                         f"with --draft-model, or prompt lookup")
+    if kind == "full-model" and not draft_model:
+        raise UsageError("--draft-kind full-model needs --draft-model PATH")
+    if draft_model:
+        if spec.pp_size > 1:
+            raise UsageError("--draft-model does not support pipeline parallelism (--pp-size > 1); drop one")
+        block = spec.draft_block_size if spec.draft_block_size is not None else DEFAULT_FULL_MODEL_BLOCK
+        return RunConfig(opts, DraftConfig(kind="full-model", draft_model=draft_model, block_size=block),
+                         opts.generation.max_tokens)
+    if spec.pp_size > 1:
+        raise UsageError("--pp-size > 1: pipeline parallelism is not available in mlxcel-py (one device); drop --pp-size")
+    return RunConfig(opts, DraftConfig(), opts.generation.max_tokens)
+
+
+def _read_json(path: Path, what: str) -> dict:
+    cfg = path / "config.json"
+    if not cfg.is_file():
+        raise ModelError(f"{what} {path}: no config.json in this folder")
+    try:
+        data = json.loads(cfg.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelError(f"{what} {cfg}: malformed JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ModelError(f"{what} {cfg}: expected a JSON object")
+    return data
+
+
+def is_dflash_config(cfg: dict) -> bool:
+    return "dflash_config" in cfg or "DFlashDraftModel" in (cfg.get("architectures") or [])
+
+
+def preflight_draft(target_cfg: dict, draft_path: Path) -> dict:
+    """Config-level drafter checks that run before any weight loads; returns the drafter config."""
+    cfg = _read_json(draft_path, "--draft-model")
+    if is_dflash_config(cfg):
+        raise ModelError(f"--draft-model {draft_path} is a DFlash speculative drafter, not a standalone model; "
+                         f"mlxcel-py has no DFlash round loop (pass a small causal LM as --draft-model)")
+    tv, dv = target_cfg.get("vocab_size"), cfg.get("vocab_size")
+    if not isinstance(tv, int):
+        raise ModelError("the target model's config.json declares no vocab_size, so a drafter cannot be checked "
+                         "against it")
+    if not isinstance(dv, int):
+        raise ModelError(f"--draft-model {draft_path}: config.json declares no vocab_size")
+    if dv > tv:
+        raise ModelError(f"--draft-model {draft_path}: vocabulary ({dv}) is larger than the target's ({tv}); "
+                         f"the drafter must share the target's tokenizer")
+    return cfg

@@ -1,0 +1,90 @@
+"""One verify round, shared by every drafter and by the offline and server paths.
+
+Feed `[last, d1..dk]` in one forward, decide each position with the request's Decider, keep the
+longest accepted prefix plus the target's own next token (the replacement at the first rejection,
+or a bonus token after a full block), and roll the cache back by exactly the rejected count.
+Rules: sampler-match for one-hot drafts (prompt lookup, argmax drafters): accept d_i iff it equals
+the target's own draw at that position, which is lossless and, with position-keyed randomness,
+reproduces the plain run token for token. Lossless p/q (Leviathan/Chen) for drafters that sampled
+from a distribution q: accept with probability min(1, p/q), else draw from norm(max(0, p - q)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import mlx.core as mx
+
+from .cache import SequenceCache
+from .sampling import Decider
+
+RULE_GREEDY = "greedy-argmax"
+RULE_SAMPLER_MATCH = "sampler-match"
+RULE_PQ = "lossless-p/q"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: int
+    tokens: list[int]  # draft[:accepted] + [the target's own token]
+    rule: str
+
+
+def forward(model: Any, cache: SequenceCache, inputs: Sequence[int]) -> mx.array:
+    """Run `inputs` through the model on top of `cache`; returns logits (len(inputs), V)."""
+    logits = model(mx.array([list(inputs)], dtype=mx.int32), cache=cache.layers)
+    cache.appended(inputs)
+    return logits[0]
+
+
+def verify_round(
+    model: Any,
+    cache: SequenceCache,
+    history: Sequence[int],
+    draft: Sequence[int],
+    decider: Decider,
+    q: mx.array | None = None,
+) -> Verdict:
+    """history ends with `last` (not yet in cache); returns what to commit. Cache ends consistent."""
+    inputs = [history[-1], *draft]
+    logits = forward(model, cache, inputs)
+    if q is not None and not decider.greedy:
+        accepted, token = _accept_pq(logits, history, inputs, draft, decider, q)
+        rule = RULE_PQ
+    else:
+        targets = decider.decide(logits, history, inputs)
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == targets[accepted]:
+            accepted += 1
+        token = targets[accepted]
+        rule = RULE_GREEDY if decider.greedy else RULE_SAMPLER_MATCH
+    # the cache now holds last + all drafts; keep last + the accepted ones
+    cache.truncate(len(cache.tokens) - (len(draft) - accepted))
+    return Verdict(accepted, list(draft[:accepted]) + [token], rule)
+
+
+def _accept_pq(logits, history, inputs, draft, decider: Decider, q: mx.array) -> tuple[int, int]:
+    k = len(draft)
+    rows = decider.processed_rows(logits, history, inputs)
+    p = decider.probs(rows)  # (k+1, V)
+    start = len(history) - decider.prompt_len
+    d = mx.array(list(draft), dtype=mx.int32)
+    p_d = mx.take_along_axis(p[:k], d[:, None], axis=-1)[:, 0]
+    q_d = mx.take_along_axis(q, d[:, None], axis=-1)[:, 0]
+    u = mx.stack([mx.random.uniform(key=decider.key(start + i, salt=1)) for i in range(k)])
+    # accept iff u * q(d) < p(d)  <=>  u < min(1, p/q), without dividing by a zero q
+    ok = (u * q_d < p_d).tolist()
+    accepted = 0
+    while accepted < k and ok[accepted]:
+        accepted += 1
+    index = start + accepted
+    if accepted == k:  # bonus token: an ordinary draw from p, the same one plain sampling makes
+        lp = mx.log(p[k])
+        return accepted, mx.random.categorical(lp, key=decider.key(index)).item()
+    residual = mx.maximum(p[accepted] - q[accepted], 0.0)
+    total = residual.sum()
+    # p == q at this row leaves no residual mass; then any draw from p is exact
+    dist = mx.where(total > 0, residual / mx.maximum(total, 1e-30), p[accepted])
+    token = mx.random.categorical(mx.log(dist), key=decider.key(index, salt=2)).item()
+    return accepted, token
