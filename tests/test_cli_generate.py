@@ -1,0 +1,111 @@
+"""`mlxcel generate` end to end in a subprocess: stdout clean, errors one line, real model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import mlxcel_cmd
+
+
+def mlxcel(args, env, input=None, timeout=300):
+    return subprocess.run(mlxcel_cmd() + args, capture_output=True, text=True, env=env, input=input, timeout=timeout)
+
+
+def test_help_lists_documented_flags_for_all_commands(cli_env):
+    common = ["--model", "--draft-model", "--max-tokens", "--profile", "--no-chat-template", "--system", "--stop",
+              "--ignore-eos", "--min-tokens", "--image", "--audio", "--video", "--temp", "--top-p", "--top-k",
+              "--min-p", "--seed", "--repetition-penalty", "--repeat-last-n", "--draft-kind", "--draft-block-size",
+              "--spec-type", "--prompt-lookup", "--prompt-lookup-ngram-max", "--prompt-lookup-ngram-min",
+              "--prompt-lookup-max-draft", "--prompt-lookup-no-adaptive", "--prompt-lookup-policy", "--pp-size",
+              "--revision", "--no-blas", "--no-dequantize"]
+    server = ["--host", "--port", "--prompt-lookup-max-batch", "--no-batch", "--kv-unified"]
+    for cmd, extra in [("generate", ["--prompt"]), ("run", ["--prompt"]), ("chat", ["--prompt"]), ("serve", server)]:
+        r = mlxcel([cmd, "--help"], {**cli_env, "COLUMNS": "200"})
+        assert r.returncode == 0
+        flags = common if cmd != "serve" else [f for f in common if f not in (
+            "--profile", "--no-chat-template", "--system", "--stop", "--ignore-eos", "--min-tokens", "--image",
+            "--audio", "--video")]
+        for flag in flags + extra:
+            assert flag in r.stdout, (cmd, flag)
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["-m", "/nonexistent/model"], "no such file or folder"),
+    (["-m", "{empty}"], "no config.json in this folder"),
+    (["-m", "{badjson}"], "malformed JSON"),
+    (["-m", "{badgguf}"], "GGUF architecture 'gpt2' is not supported"),
+    (["-m", "someone/not-cached-model"], "not in the local Hugging Face cache"),
+    (["--max-tokens", "-5"], "--max-tokens must be -1"),
+    (["--temp", "-1"], "--temp must be >= 0"),
+])
+def test_bad_inputs_one_line_error(args, fragment, cli_env, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    gg = tmp_path / "m.gguf"
+    _write_gguf(gg, arch="gpt2")
+    args = [a.format(empty=empty, badjson=bad, badgguf=gg) for a in args]
+    r = mlxcel(["generate", "-p", "hello", "-n", "4"] + args, cli_env)
+    assert r.returncode in (1, 2)
+    assert r.stdout == ""
+    assert "Traceback" not in r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and fragment in errors[0], r.stderr
+
+
+def _write_gguf(path, arch):
+    import mlx.core as mx
+
+    mx.save_gguf(str(path), {"token_embd.weight": mx.zeros((4, 4))}, {"general.architecture": arch})
+
+
+@pytest.mark.real
+def test_pipeline_stdout_is_only_the_completion(cli_env):
+    r = subprocess.run(
+        " ".join(mlxcel_cmd()) + " generate -p - --prompt-lookup -n 24 | wc -w",
+        shell=True, capture_output=True, text=True, env=cli_env, input="Fix: teh cat\n", timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.strip()) > 0
+    assert "[Prompt lookup] rounds=" in r.stderr
+
+
+@pytest.mark.real
+def test_profile_and_summary_go_to_stderr(cli_env, workloads):
+    prompt = workloads[0]["prompt"]
+    r = mlxcel(["generate", "-p", prompt, "--prompt-lookup", "--profile", "-n", "48", "--verbose"], cli_env)
+    assert r.returncode == 0, r.stderr
+    for key in ("Prompt tokens", "Generated tokens", "Prefill", "Decode", "TTFT", "Peak memory", "BLAS",
+                "Weights", "Rounds", "Drafted rounds", "Paused rounds", "Proposed", "Accepted", "Acceptance rate",
+                "Mean accepted prefix", "Tokens per verify", "Draft", "Verify", "Rollback"):
+        assert key in r.stderr, key
+    assert "[Prompt lookup] rounds=" in r.stderr
+    assert "Profile" not in r.stdout and "[Generated" not in r.stdout
+    assert "openblas" in r.stderr and "float32" in r.stderr
+
+
+@pytest.mark.real
+def test_generate_greedy_equals_mlx_lm_generate(cli_env, real):
+    """Token for token against stock mlx-lm on the same weights (quantized, as stored)."""
+    import mlx_lm
+    from mlx_lm.sample_utils import make_sampler
+
+    model, tok = mlx_lm.load(str(real.resolved.path))
+    for text in ["Write a haiku about the sea.", "List three prime numbers and explain why."]:
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        ref = mlx_lm.generate(model, tok, ids, max_tokens=32, sampler=make_sampler(0.0))
+        r = mlxcel(["generate", "-p", text, "-n", "32", "--no-dequantize"], cli_env)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.rstrip("\n") == ref.rstrip("\n")
+
+
+@pytest.mark.real
+def test_stop_string_ends_output_before_it(cli_env):
+    r = mlxcel(["generate", "-p", "Count from 1 to 20, separated by commas.", "-n", "60", "--stop", "7"], cli_env)
+    assert r.returncode == 0, r.stderr
+    assert "7" not in r.stdout and "6" in r.stdout

@@ -1,0 +1,168 @@
+"""Speculative == plain, token for token, on tiny random models; rollback keeps caches exact."""
+
+from __future__ import annotations
+
+import random
+
+import mlx.core as mx
+import pytest
+
+from mlxcel_py.cache import SequenceCache
+from mlxcel_py.engine import Engine
+from mlxcel_py.options import DraftConfig, LookupConfig, SamplingOptions
+from mlxcel_py.sampling import Decider
+from mlxcel_py.verify import forward, verify_round
+
+POLICIES = [("auto", True), ("graded", True), ("gated", True), ("cost", True), ("graded", False)]
+
+
+def engine_for(lm, draft=None, draft_model=None):
+    return Engine(lm.model, eos_ids=lm.tokenizer.eos_token_ids, vocab_size=lm.vocab_size,
+                  context_length=lm.context_length, draft=draft or DraftConfig(), draft_model=draft_model)
+
+
+def lookup(policy="auto", adaptive=True, max_draft=7, lo=2, hi=3):
+    return DraftConfig(kind="prompt-lookup", lookup=LookupConfig(ngram_min=lo, ngram_max=hi, max_draft=max_draft,
+                                                                  adaptive=adaptive, policy=policy))
+
+
+def prompts(n, seed=0):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        base = [rng.randint(0, 255) for _ in range(rng.randint(4, 24))]
+        out.append(base + base[: rng.randint(2, len(base))] + [rng.randint(0, 255) for _ in range(3)] + base)
+    return out
+
+
+def run(eng, prompt, **kw):
+    g = eng.generate(prompt, **kw)
+    toks = [e.token for e in g]
+    return toks, g
+
+
+@pytest.mark.parametrize("policy,adaptive", POLICIES)
+def test_greedy_prompt_lookup_equals_plain(tiny, policy, adaptive):
+    plain = engine_for(tiny)
+    spec = engine_for(tiny, lookup(policy, adaptive))
+    spec.warmup(calibrate=policy == "cost")
+    proposed = accepted = 0
+    for p in prompts(12, seed=hash(policy) % 100):
+        a, _ = run(plain, p, max_tokens=40)
+        b, g = run(spec, p, max_tokens=40)
+        assert a == b
+        assert g.stats.generated_tokens == len(b)
+        proposed += g.stats.proposed
+        accepted += g.stats.accepted
+    # both paths ran: some drafts accepted, some rejected
+    assert accepted > 0
+    assert proposed > accepted
+
+
+def test_seeded_sampling_speculative_equals_plain(tiny):
+    """Position-keyed draws: sampler-match reproduces the plain run exactly at any temperature."""
+    plain = engine_for(tiny)
+    spec = engine_for(tiny, lookup("graded", adaptive=False))
+    for temp, top_p in [(0.7, 1.0), (1.0, 0.9), (1.5, 1.0)]:
+        s = SamplingOptions(temp=temp, top_p=top_p, seed=123)
+        for p in prompts(5, seed=7):
+            a, _ = run(plain, p, max_tokens=30, sampling=s)
+            b, g = run(spec, p, max_tokens=30, sampling=s)
+            assert a == b
+    c, _ = run(plain, prompts(1)[0], max_tokens=30, sampling=SamplingOptions(temp=1.0, seed=124))
+    d, _ = run(plain, prompts(1)[0], max_tokens=30, sampling=SamplingOptions(temp=1.0, seed=123))
+    assert c != d  # the seed matters
+
+
+def test_repetition_penalty_applied_at_same_positions(tiny):
+    s = SamplingOptions(repetition_penalty=1.3, repeat_last_n=16)
+    plain = engine_for(tiny)
+    spec = engine_for(tiny, lookup("graded", adaptive=False))
+    for p in prompts(6, seed=3):
+        assert run(plain, p, max_tokens=30, sampling=s)[0] == run(spec, p, max_tokens=30, sampling=s)[0]
+
+
+def test_max_tokens_inside_block_and_zero(tiny):
+    plain = engine_for(tiny)
+    spec = engine_for(tiny, lookup("graded", adaptive=False))
+    p = prompts(1, seed=5)[0]
+    for n in (0, 1, 2, 5, 13):
+        a, ga = run(plain, p, max_tokens=n)
+        b, gb = run(spec, p, max_tokens=n)
+        assert a == b and len(b) == n and gb.finish_reason == "length"
+    _, g0 = run(spec, p, max_tokens=0)
+    assert g0.stats.rounds == 0
+
+
+def test_eos_inside_accepted_block_stops_where_plain_stops(tiny):
+    """Make some token EOS; plain and speculative runs must end at the same place."""
+    base = engine_for(tiny)
+    p = prompts(1, seed=11)[0]
+    toks, _ = run(base, p, max_tokens=40)
+    eos = toks[len(toks) // 2]
+    plain = Engine(tiny.model, eos_ids=[eos], vocab_size=tiny.vocab_size, context_length=2048)
+    spec = Engine(tiny.model, eos_ids=[eos], vocab_size=tiny.vocab_size, context_length=2048,
+                  draft=lookup("graded", adaptive=False))
+    a, ga = run(plain, p, max_tokens=40)
+    b, gb = run(spec, p, max_tokens=40)
+    assert a == b and ga.finish_reason == gb.finish_reason == "stop"
+    assert eos not in b
+    # --ignore-eos and --min-tokens mask EOS the same way in both
+    a, _ = run(plain, p, max_tokens=40, ignore_eos=True)
+    b, _ = run(spec, p, max_tokens=40, ignore_eos=True)
+    assert a == b and len(a) == 40 and eos not in a
+
+
+def test_verify_round_rollback_leaves_offsets_equal_to_committed(tiny):
+    model = tiny.model
+    p = prompts(1, seed=2)[0]
+    cache = SequenceCache(model)
+    forward(model, cache, p[:-1])
+    history = list(p)
+    dec = Decider(SamplingOptions(), prompt_len=len(p))
+    rng = random.Random(0)
+    for _ in range(20):
+        draft = [rng.randint(0, 255) for _ in range(rng.randint(1, 7))]
+        v = verify_round(model, cache, history, draft, dec)
+        history += v.tokens
+        # cache holds every committed token except the newest
+        assert cache.layers[0].offset == len(history) - 1 == len(cache.tokens)
+        assert cache.tokens == history[:-1]
+
+
+def test_rollback_then_regenerate_matches_first_run(tiny):
+    model = tiny.model
+    p = prompts(1, seed=4)[0]
+    cache = SequenceCache(model)
+    forward(model, cache, p)
+    first = forward(model, cache, [1, 2, 3])
+    cache.truncate(len(p))
+    again = forward(model, cache, [1, 2, 3])
+    assert mx.allclose(first, again, atol=1e-5).item()
+
+
+def test_untrimmable_model_is_refused():
+    from mlx_lm.models.cache import ArraysCache
+
+    from mlxcel_py import loading
+    from mlxcel_py.errors import ModelError
+
+    class Recurrent:
+        layers = [0]
+
+        def make_cache(self):
+            return [ArraysCache(1)]
+
+    with pytest.raises(ModelError, match="cannot roll back"):
+        loading.check_trimmable(Recurrent())
+
+
+def test_prompt_cache_reuse_across_turns(tiny):
+    eng = engine_for(tiny)
+    p = prompts(1, seed=9)[0]
+    first, _ = run(eng, p, max_tokens=10, reuse_cache=True)
+    second_prompt = p + first + [5, 6, 7]
+    b, g = run(eng, second_prompt, max_tokens=10, reuse_cache=True)
+    assert g.stats.cached_tokens >= len(p) + len(first) - 1
+    fresh, _ = run(engine_for(tiny), second_prompt, max_tokens=10)
+    assert b == fresh

@@ -1,0 +1,90 @@
+from mlxcel_py.policy import CostPolicy, FixedPolicy, GatedPolicy, GradedPolicy, make_policy
+
+
+def test_graded_starts_full_and_stays_full_on_hits():
+    p = GradedPolicy(7)
+    assert p.budget() == 7
+    p.drafted(7, 7)
+    assert p.budget() == 7
+
+
+def test_graded_shrinks_with_ema_and_pauses_after_three_misses_doubling_to_32():
+    p = GradedPolicy(7)
+    for _ in range(20):
+        p.drafted(7, 1)
+    assert p.budget() == 4  # ema -> 1: round(2*1)+2
+    pauses = []
+    for _ in range(7):
+        for _ in range(3):
+            assert p.budget() > 0
+            p.drafted(p.budget(), 0)
+        n = 0
+        while p.budget() == 0:
+            p.plain()
+            n += 1
+        pauses.append(n)
+    assert pauses == [4, 8, 16, 32, 32, 32, 32]
+    p.drafted(2, 1)  # a landing round resets the pause length
+    for _ in range(3):
+        p.drafted(p.budget(), 0)
+    n = 0
+    while p.budget() == 0:
+        p.plain()
+        n += 1
+    assert n == 4
+
+
+def test_non_adaptive_always_max():
+    p = make_policy("graded", 7, adaptive=False)
+    assert isinstance(p, FixedPolicy)
+    for _ in range(5):
+        p.drafted(7, 0)
+        assert p.budget() == 7
+
+
+def test_auto_picks_gated_on_cuda_graded_elsewhere():
+    assert isinstance(make_policy("auto", 7, on_cuda=True), GatedPolicy)
+    assert isinstance(make_policy("auto", 7, on_cuda=False), GradedPolicy)
+
+
+def test_gated_probation_full_blocks_and_shadow_resume():
+    p = GatedPolicy(7)
+    assert p.budget() == 2  # narrow, on probation
+    p.drafted(2, 2)  # whole narrow block lands: probation ends
+    p.drafted(2, 2)
+    assert p.budget() == 7  # ema >= 1.5 -> full block
+    for _ in range(3):
+        p.drafted(7, 0)
+    assert p.paused and p.budget() == 0
+    p.shadow_confirmed()
+    assert not p.paused and p.budget() == 2 and p.probation
+    p.drafted(2, 0)  # a miss on probation pauses at once
+    assert p.paused
+
+
+def test_cost_policy_stops_drafting_below_break_even_and_probes():
+    # verify cost grows fast with width: drafting only pays with high acceptance
+    costs = [0.0, 1.0] + [1.0 + 0.3 * w for w in range(1, 8)]
+    p = CostPolicy(7, costs)
+    assert p.budget() > 0  # prior alpha 0.5
+    for _ in range(10):
+        p.drafted(p.budget() or 2, 0)
+    assert p.budget() == 0 and p.paused
+    probes = 0
+    for _ in range(40):
+        if p.budget() > 0:
+            probes += 1
+            p.drafted(2, 0)
+        else:
+            p.plain()
+    assert 2 <= probes <= 8
+    for _ in range(10):
+        p.drafted(7, 7)
+    assert p.budget() >= 5 and not p.paused
+
+
+def test_cost_policy_cheap_verify_uses_wide_blocks():
+    p = CostPolicy(7, [0.0, 1.0] + [1.0 + 0.02 * w for w in range(1, 8)])
+    for _ in range(10):
+        p.drafted(7, 7)
+    assert p.budget() == 7

@@ -1,0 +1,68 @@
+import random
+
+import pytest
+
+from mlxcel_py.prompt_lookup import PromptLookupIndex, find_by_scan
+
+
+def index_of(tokens, lo=2, hi=3):
+    ix = PromptLookupIndex(lo, hi)
+    ix.reset(tokens)
+    return ix
+
+
+def test_proposes_followers_of_latest_match():
+    #          0  1  2  3  4  5  6  7  8
+    tokens = [1, 2, 3, 4, 9, 1, 2, 3, 5, 7, 1, 2, 3]
+    # suffix (1,2,3) occurs at 0 and 5; the latest earlier one (5) is followed by 5, 7, 1, ...
+    assert index_of(tokens).find(3) == [5, 7, 1]
+
+
+def test_capped_by_limit_and_context_end():
+    tokens = [1, 2, 3, 4, 1, 2]
+    assert index_of(tokens).find(1) == [3]
+    assert index_of(tokens).find(10) == [3, 4, 1, 2]
+
+
+def test_longest_suffix_wins_and_falls_back_to_shorter():
+    tokens = [7, 2, 3, 8, 1, 2, 3, 9, 5, 2, 3]
+    # 3-gram (5,2,3) never occurred before; 2-gram (2,3) latest earlier at 5 -> follower 9
+    assert index_of(tokens).find(2) == [9, 5]
+    tokens = [1, 2, 3, 4, 7, 2, 3, 5, 1, 2, 3]
+    # 3-gram (1,2,3) at 0 beats the later 2-gram (2,3) at 5
+    assert index_of(tokens).find(1) == [4]
+
+
+def test_never_matches_itself_and_short_contexts():
+    assert index_of([1, 2, 3]).find(4) == []
+    assert index_of([]).find(4) == []
+    assert index_of([5]).find(4) == []
+    assert index_of([1, 2, 3, 4]).find(0) == []
+
+
+def test_default_min_two_skips_unigrams():
+    tokens = [1, 5, 2, 1]
+    assert index_of(tokens).find(3) == []
+    assert index_of(tokens, lo=1, hi=3).find(3) == [5, 2, 1]
+
+
+def test_repeated_run():
+    tokens = [4, 4, 4, 4, 4]
+    assert index_of(tokens).find(3) == [4]  # latest earlier (4,4,4) starts at 1, one follower
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_index_equals_scan_also_when_extended_in_blocks(seed):
+    rng = random.Random(seed)
+    lo = rng.randint(1, 3)
+    hi = rng.randint(lo, 5)
+    tokens = [rng.randint(0, 5) for _ in range(rng.randint(0, 60))]
+    ix = PromptLookupIndex(lo, hi)
+    ix.reset(tokens[:10])
+    pos = 10
+    while pos <= len(tokens):
+        for limit in (1, 3, 7):
+            assert ix.find(limit) == find_by_scan(tokens[:pos], lo, hi, limit)
+        step = rng.randint(1, 4)
+        ix.extend(tokens[pos : pos + step])
+        pos += step

@@ -1,0 +1,34 @@
+"""The real default model: speculative == plain token for token, every policy, full-accept path."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxcel_py.options import SamplingOptions
+from mlxcel_py.prompting import prompt_ids
+from test_engine import engine_for, lookup, run
+
+pytestmark = pytest.mark.real
+
+
+@pytest.mark.parametrize("policy,adaptive", [("auto", True), ("gated", True), ("cost", True), ("graded", False)])
+def test_prompt_lookup_equals_plain_on_workloads(real, workloads, policy, adaptive):
+    plain = engine_for(real)
+    spec = engine_for(real, lookup(policy, adaptive))
+    spec.warmup(calibrate=policy == "cost")
+    accepted = 0
+    for item in workloads[::4]:  # one of each kind and several sources
+        ids = prompt_ids(real.tokenizer, item["prompt"])
+        a, _ = run(plain, ids, max_tokens=48)
+        b, g = run(spec, ids, max_tokens=48)
+        assert a == b, item["source"]
+        accepted += g.stats.accepted
+    assert accepted > 0
+
+
+def test_seeded_sampling_equals_plain_on_real_model(real, workloads):
+    s = SamplingOptions(temp=0.8, top_p=0.95, seed=7)
+    plain = engine_for(real)
+    spec = engine_for(real, lookup("graded", adaptive=False))
+    ids = prompt_ids(real.tokenizer, workloads[0]["prompt"])
+    assert run(plain, ids, max_tokens=40, sampling=s)[0] == run(spec, ids, max_tokens=40, sampling=s)[0]

@@ -1,0 +1,101 @@
+"""One test per validation rule: exit code 2, the message, and no model loaded (docs/validation.md)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from mlxcel_py import loading
+from mlxcel_py.cli import app
+
+RULES = [
+    # (argv, message fragment)
+    (["generate", "-p", "x", "--prompt-lookup", "--draft-model", "d"], "--prompt-lookup conflicts with --draft-model"),
+    (["generate", "-p", "x", "--draft-kind", "prompt-lookup"], "--draft-kind=prompt-lookup takes no drafter checkpoint; pass --prompt-lookup"),
+    (["generate", "-p", "x", "--prompt-lookup-ngram-max", "4"], "--prompt-lookup-ngram-max requires --prompt-lookup"),
+    (["generate", "-p", "x", "--prompt-lookup-ngram-min", "1"], "--prompt-lookup-ngram-min requires --prompt-lookup"),
+    (["generate", "-p", "x", "--prompt-lookup-max-draft", "4"], "--prompt-lookup-max-draft requires --prompt-lookup"),
+    (["generate", "-p", "x", "--prompt-lookup-no-adaptive"], "--prompt-lookup-no-adaptive requires --prompt-lookup"),
+    (["generate", "-p", "x", "--prompt-lookup-policy", "gated"], "--prompt-lookup-policy requires --prompt-lookup"),
+    (["generate", "--prompt-lookup"], "interactive chat does not support prompt lookup"),
+    (["chat", "--prompt-lookup"], "--prompt-lookup is a generate option"),
+    (["run", "--prompt-lookup", "-p", "x"], "--prompt-lookup is a generate option"),
+    (["generate", "-p", "x", "--prompt-lookup", "--image", "a.png"], "--image: multimodal input is not supported"),
+    (["generate", "-p", "x", "--prompt-lookup", "--audio", "a.wav"], "--audio: multimodal input is not supported"),
+    (["generate", "-p", "x", "--prompt-lookup", "--video", "a.mp4"], "--video: multimodal input is not supported"),
+    (["generate", "-p", "x", "--prompt-lookup", "--pp-size", "2"], "--prompt-lookup does not support pipeline parallelism"),
+    (["generate", "-p", "x", "--pp-size", "2"], "pipeline parallelism is not available"),
+    (["serve", "--draft-kind", "prompt-lookup", "--draft-model", "d"], "prompt-lookup takes no draft model"),
+    (["serve", "--spec-type", "ngram-mod"], "--spec-type ngram-mod is not supported"),
+    (["serve", "--spec-type", "ngram-simple"], "--spec-type ngram-simple is not supported"),
+    (["serve", "--spec-type", "draft-mtp"], "--spec-type draft-mtp is not supported"),
+    (["serve", "--spec-type", "bogus"], "not a llama-server speculation type"),
+    (["serve", "--spec-type", "none,draft-simple"], "--spec-type none cannot be combined"),
+    (["serve", "--spec-type", "draft-simple", "--draft-kind", "dflash"], "--spec-type draft-simple conflicts with --draft-kind dflash"),
+    (["serve", "--draft-kind", "prompt-lookup", "--prompt-lookup-max-batch", "0"], "--prompt-lookup-max-batch must be at least 1"),
+    (["generate", "-p", "x", "--prompt-lookup", "--prompt-lookup-ngram-min", "0"], "--prompt-lookup-ngram-min must be at least 1"),
+    (["generate", "-p", "x", "--prompt-lookup", "--prompt-lookup-ngram-max", "17"], "must be at most 16"),
+    (["generate", "-p", "x", "--prompt-lookup", "--prompt-lookup-ngram-min", "3", "--prompt-lookup-ngram-max", "2"], "must be >= --prompt-lookup-ngram-min"),
+    (["generate", "-p", "x", "--prompt-lookup", "--prompt-lookup-max-draft", "0"], "--prompt-lookup-max-draft must be at least 1"),
+    (["generate", "-p", "x", "--prompt-lookup", "--prompt-lookup-max-draft", "65"], "must be at most 64"),
+    (["generate", "-p", "x", "--prompt-lookup", "--prompt-lookup-policy", "fastest"], "--prompt-lookup-policy fastest is not one of"),
+    (["generate", "-p", "x", "--draft-model", "d", "--draft-block-size", "0"], "--draft-block-size must be at least 1"),
+    (["generate", "-p", "x", "--draft-kind", "full-model"], "--draft-kind full-model needs --draft-model"),
+    (["generate", "-p", "x", "--draft-kind", "eagle"], '--draft-kind="eagle" is not recognised'),
+    (["generate", "-p", "x", "--draft-kind", "mtp", "--draft-model", "d"], "--draft-kind mtp is not available"),
+    (["generate", "-p", "x", "--max-tokens", "-5"], "--max-tokens must be -1"),
+    (["generate", "-p", "x", "--temp", "-1"], "--temp must be >= 0"),
+    (["generate", "-p", "x", "--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["generate", "-p", "x", "--top-k", "-1"], "--top-k must be >= 0"),
+    (["generate", "-p", "x", "--min-p", "2"], "--min-p must be in [0, 1]"),
+    (["generate", "-p", "x", "--repetition-penalty", "0"], "--repetition-penalty must be > 0"),
+    (["generate", "-p", "x", "--min-tokens", "9", "-n", "3"], "--min-tokens (9) must not exceed --max-tokens (3)"),
+]
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    calls = []
+
+    def forbidden(*a, **k):
+        calls.append(a)
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(loading, "resolve", forbidden)
+    monkeypatch.setattr(loading, "load", forbidden)
+    return calls
+
+
+@pytest.mark.parametrize("argv,message", RULES, ids=[" ".join(r[0][:4]) + f" #{i}" for i, r in enumerate(RULES)])
+def test_rule(argv, message, no_loading, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    assert "Traceback" not in result.output
+    assert len([ln for ln in result.stderr.splitlines() if ln.startswith("error:")]) == 1
+    assert no_loading == []
+
+
+def test_every_rule_is_documented():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "validation.md").read_text()
+    for _, message in RULES:
+        assert message.split(" (")[0].strip('"') in doc or message in doc, message
+
+
+def test_spec_type_none_turns_speculation_off_and_draft_simple_maps_to_full_model():
+    from mlxcel_py.commands._options import build_options
+    from mlxcel_py.validate import validate
+
+    off = validate(build_options("serve", {"spec_type": "none", "draft_model": "d"}))
+    assert not off.draft.enabled
+    simple = validate(build_options("serve", {"spec_type": "draft-simple", "draft_model": "d"}))
+    assert simple.draft.kind == "full-model" and simple.draft.block_size == 4
+    pl = validate(build_options("serve", {"draft_kind": "prompt-lookup", "draft_block_size": 5}))
+    assert pl.draft.kind == "prompt-lookup" and pl.draft.lookup.max_draft == 5
+    g = validate(build_options("generate", {"prompt": "x", "prompt_lookup": True}))
+    assert (g.draft.lookup.ngram_min, g.draft.lookup.ngram_max, g.draft.lookup.max_draft) == (2, 3, 7)
+    auto = validate(build_options("generate", {"prompt": "x", "draft_model": "d"}))
+    assert auto.draft.kind == "full-model"  # auto-detected full-model drafter
