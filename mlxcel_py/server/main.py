@@ -1,0 +1,66 @@
+"""`mlxcel serve` / `mlxcel-server`: load once, warm up, bind (port 0 = ephemeral), run uvicorn."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+from .. import ui
+from ..options import RunConfig
+from ..session import describe_draft, open_session
+
+
+def run_server(run: RunConfig) -> None:
+    import uvicorn
+
+    from .app import create_app
+    from .worker import Worker
+
+    opts = run.options
+    srv = opts.server
+    session = open_session(run, say=ui.info)
+    speculative = run.draft.enabled and not srv.no_batch and not srv.kv_unified
+    line = describe_draft(run.draft)
+    if run.draft.kind == "prompt-lookup":
+        line = line.rstrip(")") + f", max_batch={srv.prompt_lookup_max_batch})"
+    if run.draft.enabled and not speculative:
+        line += " [verify rounds off: " + ("--no-batch" if srv.no_batch else "--kv-unified") + "]"
+    worker = Worker(session.engine, session.tokenizer, speculative_allowed=speculative)
+    worker.start(warmup=srv.warmup)
+    if worker.warmup_error:
+        ui.warn(f"warmup failed: {worker.warmup_error}")
+    from ..default_model import DEFAULT_MODEL_NAME
+
+    model_id = srv.alias or (DEFAULT_MODEL_NAME if opts.model.model is None else session.target.resolved.path.name)
+    app = create_app(session, worker, defaults=opts.sampling, max_tokens=opts.generation.max_tokens,
+                     model_id=model_id, api_key=srv.api_key)
+    family = socket.AF_INET6 if ":" in srv.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((srv.host, srv.port))
+    except OSError as exc:
+        from ..errors import MlxcelError
+
+        raise MlxcelError(f"--host {srv.host} --port {srv.port}: cannot bind ({exc.strerror})") from None
+    port = sock.getsockname()[1]
+    ui.info(line)
+    ui.err().print(f"mlxcel serve: model {model_id} listening on http://{srv.host}:{port}", markup=False)
+    sys.stderr.flush()
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        worker.stop()
+
+
+def server_main() -> None:
+    """The `mlxcel-server` console script: the serve flags, no subcommand."""
+    import typer
+
+    from ..commands.serve import serve
+
+    app = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help", "--usage"]})
+    app.command(help=serve.__doc__)(serve)
+    app()

@@ -1,0 +1,189 @@
+"""The real server over real sockets: openai client, raw HTTP, SSE, timings, errors, load."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from conftest import ROOT, mlxcel_cmd
+
+pytestmark = pytest.mark.real
+COPY_PROMPT = ("Repeat this list exactly, one item per line: apples, pears, plums, cherries, grapes, "
+               "lemons, limes, oranges, peaches, apricots.")
+
+
+def start_server(env, *args):
+    proc = subprocess.Popen(mlxcel_cmd() + ["serve", "--port", "0", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 180
+    lines = []
+    while time.time() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+        if m:
+            return proc, f"http://127.0.0.1:{m.group(1)}", lines
+    proc.kill()
+    raise RuntimeError("server did not start: " + "".join(lines))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    import os
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path_factory.mktemp("cfg")))
+    proc, url, lines = start_server(env, "--draft-kind", "prompt-lookup")
+    yield url, lines, env
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def post(url, body, raw=False):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, (r.read() if raw else json.loads(r.read()))
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def get(url):
+    with urllib.request.urlopen(url, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def test_startup_line_names_the_drafter(server):
+    _, lines, _ = server
+    assert any("speculative=prompt-lookup (max_draft=7" in ln and "max_batch=2" in ln for ln in lines)
+
+
+def test_openai_client_chat_stream_and_completion(server):
+    from openai import OpenAI
+
+    url, _, _ = server
+    client = OpenAI(base_url=url + "/v1", api_key="none")
+    models = client.models.list()
+    mid = models.data[0].id
+    chat = client.chat.completions.create(model=mid, messages=[{"role": "user", "content": COPY_PROMPT}],
+                                          max_tokens=40, temperature=0)
+    text = chat.choices[0].message.content
+    assert text and chat.usage.completion_tokens > 0
+    stream = client.chat.completions.create(model=mid, messages=[{"role": "user", "content": COPY_PROMPT}],
+                                            max_tokens=40, temperature=0, stream=True)
+    pieces, finish = [], None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert "".join(pieces) == text and finish in ("stop", "length")
+    comp = client.completions.create(model=mid, prompt="1, 2, 3, 4, 5,", max_tokens=10, temperature=0)
+    assert comp.choices[0].text
+
+
+def test_timings_draft_counters_on_copy_prompt_none_on_plain(server):
+    url, _, _ = server
+    body = {"messages": [{"role": "user", "content": COPY_PROMPT}], "max_tokens": 48, "temperature": 0}
+    status, r = post(url + "/v1/chat/completions", body)
+    assert status == 200
+    t = r["timings"]
+    assert t["draft_kind"] == "prompt-lookup" and t["draft_rounds"] > 0 and t["draft_n"] >= t["draft_n_accepted"] > 0
+    assert t["predicted_n"] == r["usage"]["completion_tokens"]
+    status, plain = post(url + "/v1/chat/completions", {**body, "logprobs": True})  # ineligible: decodes plainly
+    assert status == 200 and "draft_n" not in plain["timings"]
+    assert plain["choices"][0]["message"]["content"] == r["choices"][0]["message"]["content"]
+    # native route carries the same counters; its stream ends with the full object, no [DONE]
+    status, n = post(url + "/completion", {"prompt": "a b c d a b c d a b c d a b", "n_predict": 16})
+    assert status == 200 and list(n)[:3] == ["index", "content", "tokens"] and "timings" in n
+    status, raw = post(url + "/completion", {"prompt": "a b c d a b c d", "n_predict": 8, "stream": True}, raw=True)
+    frames = [json.loads(x[6:]) for x in raw.decode().split("\n\n") if x.startswith("data: ")]
+    assert frames[-1]["stop"] is True and "timings" in frames[-1] and b"[DONE]" not in raw
+
+
+def test_chat_stream_final_chunk_carries_timings(server):
+    url, _, _ = server
+    status, raw = post(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": COPY_PROMPT}],
+                                                      "max_tokens": 32, "temperature": 0, "stream": True}, raw=True)
+    frames = [x[6:] for x in raw.decode().split("\n\n") if x.startswith("data: ")]
+    assert frames[-1] == "[DONE]"
+    chunks = [json.loads(f) for f in frames[:-1]]
+    with_finish = [c for c in chunks if c["choices"][0]["finish_reason"]]
+    assert len(with_finish) == 1 and "timings" in with_finish[0]
+    assert all("timings" not in c for c in chunks if not c["choices"][0]["finish_reason"])
+
+
+def test_http_greedy_equals_cli_generate_with_and_without_speculation(server):
+    url, _, env = server
+    status, r = post(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": COPY_PROMPT}],
+                                                    "max_tokens": 40, "temperature": 0})
+    http_text = r["choices"][0]["message"]["content"]
+    for extra in ([], ["--prompt-lookup"]):
+        out = subprocess.run(mlxcel_cmd() + ["generate", "-p", COPY_PROMPT, "-n", "40", *extra],
+                             capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.rstrip("\n") == http_text.rstrip("\n")
+
+
+@pytest.mark.parametrize("body,status,etype", [
+    (b"{not json", 400, "invalid_request_error"),
+    ({"messages": "hi"}, 400, "invalid_request_error"),
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "invalid_request_error"),
+    ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-9"}, 404, "not_found_error"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -5}, 400, "invalid_request_error"),
+    ({"messages": [{"role": "user", "content": "word " * 9000}]}, 400, "exceed_context_size_error"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
+     "invalid_request_error"),
+])
+def test_bad_requests_get_4xx_and_server_keeps_serving(server, body, status, etype):
+    url, _, _ = server
+    code, r = post(url + "/v1/chat/completions", body)
+    assert code == status
+    assert set(r["error"]) == {"message", "type", "code"} and r["error"]["type"] == etype
+    assert get(url + "/health")["status"] == "ok"
+
+
+def test_tokenize_roundtrip(server):
+    url, _, _ = server
+    _, t = post(url + "/tokenize", {"content": "hello world"})
+    _, d = post(url + "/detokenize", {"tokens": t["tokens"]})
+    assert d["content"] == "hello world"
+
+
+def test_disconnect_mid_stream_frees_the_worker(server):
+    import http.client
+
+    url, _, _ = server
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", "/v1/chat/completions", json.dumps({
+        "messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 2000,
+        "stream": True, "ignore_eos": True}), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    resp.read1(200)
+    conn.close()
+    start = time.time()
+    code, r = post(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert code == 200
+    assert time.time() - start < 60  # did not wait for 2000 tokens
+    deadline = time.time() + 10
+    while get(url + "/health")["batch"]["active_sequences"] and time.time() < deadline:
+        time.sleep(0.2)
+    assert get(url + "/health")["batch"]["active_sequences"] == 0
+
+
+def test_load_script_8_clients_x_5_requests(server):
+    url, _, _ = server
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "load_test.py"), "--url", url, "--clients", "8",
+                        "--requests", "5", "--max-tokens", "6"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "40 ok, 0 errors" in r.stdout and "/health: ok" in r.stdout
