@@ -29,19 +29,17 @@ def _version(value: bool) -> None:
 
 
 def _option_kinds() -> dict[str, dict[str, tuple[str, bool]]]:
-    import click
-
     group = typer.main.get_command(app)
     kinds: dict[str, dict[str, tuple[str, bool]]] = {}
     for name, cmd in group.commands.items():  # type: ignore[attr-defined]
         table = {}
         for p in cmd.params:
-            if not isinstance(p, click.Option) or p.name is None:
+            if p.param_type_name != "option" or p.name is None:
                 continue
-            t = p.type
-            kind = ("bool" if isinstance(t, click.types.BoolParamType) or p.is_flag else
-                    "int" if isinstance(t, click.types.IntParamType) else
-                    "float" if isinstance(t, click.types.FloatParamType) else "str")
+            ann = p.type_descriptor.annotation  # typer 0.29 keeps the Python type here
+            if p.multiple and getattr(ann, "__args__", None):
+                ann = ann.__args__[0]
+            kind = {bool: "bool", int: "int", float: "float"}.get(ann, "bool" if p.is_flag else "str")
             table[p.name] = (kind, bool(p.multiple))
         kinds[name] = table
     return kinds
