@@ -134,6 +134,27 @@ def check_trimmable(model: Any, *, what: str = "the target model") -> None:
         )
 
 
+def check_trimmable_config(config: dict, *, what: str = "the target model") -> None:
+    """The trimmable-cache check on a weightless instance, so it runs before any weight loads."""
+    from mlx_lm.utils import _get_classes
+
+    try:
+        model_cls, args_cls = _get_classes(config)
+        model = model_cls(args_cls.from_dict(config))
+    except Exception:  # unknown architectures fail later, in load(), with their own message
+        return
+    check_trimmable(model, what=what)
+
+
+def load_tokenizer_only(resolved: ResolvedModel):
+    from mlx_lm.utils import load_tokenizer
+
+    try:
+        return load_tokenizer(resolved.path, eos_token_ids=resolved.config.get("eos_token_id"))
+    except Exception as exc:
+        raise ModelError(f"cannot load the tokenizer in {resolved.path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+
+
 def _cpu_dtype(model: Any, dequantize: bool) -> str:
     """On the CPU, float32 dense weights are the fast path (quantized and half matmuls are slow)."""
     import mlx.core as mx

@@ -53,6 +53,11 @@ def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None)
     if run.draft.kind == "full-model":
         draft_resolved = loading.resolve(run.draft.draft_model, what="--draft-model")
         preflight_draft(resolved.config, draft_resolved.path)
+        _check_token_ids(loading.load_tokenizer_only(resolved), loading.load_tokenizer_only(draft_resolved),
+                         run.draft.draft_model)
+        loading.check_trimmable_config(draft_resolved.config, what="the draft model")
+    if run.draft.enabled:
+        loading.check_trimmable_config(resolved.config)
     say(f"model: {resolved.source}")
     target = loading.load(resolved, dequantize=mopts.dequantize)
     say(f"loaded in {target.load_seconds:.2f}s; weights {target.dtype}; BLAS {blas.name}"
@@ -60,7 +65,6 @@ def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None)
     draft = None
     if draft_resolved is not None:
         draft = loading.load(draft_resolved, dequantize=mopts.dequantize)
-        _check_token_ids(target.tokenizer, draft.tokenizer, run.draft.draft_model)
         loading.check_trimmable(draft.model, what="the draft model")
         say(f"draft model: {draft_resolved.source} ({draft.dtype})")
     if run.draft.enabled:

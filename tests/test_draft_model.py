@@ -1,0 +1,229 @@
+"""Full-model drafter: greedy equivalence, full-accept and rejection paths, lossless sampling
+(chi-square), and startup refusals that happen before the target's weights load."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections import Counter
+
+import mlx.core as mx
+import pytest
+
+from conftest import make_tiny_model, write_byte_tokenizer
+from mlxcel_py import loading
+from mlxcel_py.commands._options import build_options
+from mlxcel_py.engine import Engine
+from mlxcel_py.errors import ModelError
+from mlxcel_py.options import DraftConfig, SamplingOptions
+from mlxcel_py.prompting import prompt_ids
+from mlxcel_py.session import open_session
+from mlxcel_py.validate import validate
+from test_engine import engine_for, prompts, run
+
+ALPHA = 0.001  # significance level of the distribution tests
+EOS = 258  # <|im_end|> in the tiny models' byte tokenizer
+
+
+def full(block=4, path="draft"):
+    return DraftConfig(kind="full-model", draft_model=path, block_size=block)
+
+
+@pytest.fixture(scope="module")
+def tiny_draft(tiny_draft_dir):
+    return loading.load(loading.resolve(str(tiny_draft_dir)))
+
+
+@pytest.fixture(scope="module")
+def near_draft(tmp_path_factory):
+    """The target's weights at a different scale: q is close to p but not equal, so both the
+    accept and the residual branch of the p/q rule carry weight in the distribution tests."""
+    d = make_tiny_model(tmp_path_factory.mktemp("near") / "model", seed=1, scale=2.0)
+    return loading.load(loading.resolve(str(d)))
+
+
+@pytest.mark.parametrize("block", [1, 2, 4, 7])
+def test_greedy_tiny_pair_equals_plain(tiny, tiny_draft, block):
+    plain = engine_for(tiny)
+    spec = engine_for(tiny, full(block), draft_model=tiny_draft.model)
+    for p in prompts(8, seed=block):
+        a, _ = run(plain, p, max_tokens=30)
+        b, g = run(spec, p, max_tokens=30)
+        assert a == b
+        assert g.stats.acceptance_rule == "greedy-argmax" and g.stats.drafted_rounds > 0
+
+
+def test_target_drafting_for_itself_accepts_everything(tiny):
+    spec = engine_for(tiny, full(4), draft_model=tiny.model)
+    a, _ = run(engine_for(tiny), prompts(1)[0], max_tokens=40)
+    b, g = run(spec, prompts(1)[0], max_tokens=40)
+    assert a == b and g.stats.accepted == g.stats.proposed > 0
+
+
+@pytest.mark.real
+def test_default_model_self_draft_and_truncated_copy(real):
+    ids = prompt_ids(real.tokenizer, "Explain why the sky is blue in two sentences.")
+    plain, _ = run(engine_for(real), ids, max_tokens=40)
+    same, g = run(engine_for(real, full(4), draft_model=real.model), ids, max_tokens=40)
+    assert same == plain and g.stats.acceptance_rate > 0.95  # full-accept path
+    cut = loading.load(real.resolved)
+    cut.model.model.layers = cut.model.model.layers[:6]  # untrained truncated copy: rejection path
+    low, g2 = run(engine_for(real, full(4), draft_model=cut.model), ids, max_tokens=40)
+    assert low == plain and g2.stats.acceptance_rate < 0.5 and g2.stats.proposed > g2.stats.accepted
+
+
+def chi2_sf(x: float, k: int) -> float:
+    """Upper tail of chi-square with k dof (Wilson-Hilferty normal approximation)."""
+    z = ((x / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def chi2_gof(counts: Counter, probs: dict, n: int) -> float:
+    bins, other_o, other_e = [], 0, 0.0
+    for t, p in probs.items():
+        if n * p >= 5:
+            bins.append((counts.get(t, 0), n * p))
+        else:
+            other_o += counts.get(t, 0)
+            other_e += n * p
+    other_o += sum(c for t, c in counts.items() if t not in probs)
+    if other_e >= 5:
+        bins.append((other_o, other_e))
+    stat = sum((o - e) ** 2 / e for o, e in bins)
+    return chi2_sf(stat, max(len(bins) - 1, 1))
+
+
+def exact_first_token_probs(lm, prefix, s: SamplingOptions) -> dict:
+    from mlxcel_py.sampling import Decider
+
+    logits = lm.model(mx.array([prefix]))[0, -1:]
+    p = Decider(s, prompt_len=len(prefix)).probs(logits)[0].tolist()
+    return {i: v for i, v in enumerate(p) if v > 0}
+
+
+@pytest.mark.parametrize("s", [SamplingOptions(temp=0.7), SamplingOptions(temp=1.0),
+                               SamplingOptions(temp=1.0, top_p=0.9), SamplingOptions(temp=1.5, top_k=20)],
+                         ids=["t0.7", "t1.0", "t1.0-top_p0.9", "t1.5-top_k20"])
+def test_lossless_pq_matches_target_distribution(tiny, near_draft, s):
+    """First and second tokens under p/q acceptance follow the target's own sampling distribution."""
+    prefix = prompts(1, seed=21)[0][:12]
+    spec = engine_for(tiny, full(2), draft_model=near_draft.model)
+    plain = engine_for(tiny)
+    n = 1500
+    firsts, pairs_spec, pairs_plain, rules = Counter(), Counter(), Counter(), set()
+    for seed in range(n):
+        t, g = run(spec, prefix, max_tokens=2, sampling=SamplingOptions(**{**s.__dict__, "seed": seed}))
+        rules.add(g.stats.acceptance_rule)
+        firsts[t[0] if t else EOS] += 1  # an empty output means the first token was EOS
+        pairs_spec[tuple(t)] += 1
+        u, _ = run(plain, prefix, max_tokens=2, sampling=SamplingOptions(**{**s.__dict__, "seed": 10**6 + seed}))
+        pairs_plain[tuple(u)] += 1
+    assert rules == {"lossless-p/q"}
+    assert 0.1 < spec_accept_rate(spec, prefix, s) < 0.95  # both branches of the rule ran
+    assert chi2_gof(firsts, exact_first_token_probs(tiny, prefix, s), n) > ALPHA
+    # two-sample test on the joint (first, second) distribution against plain sampling
+    keys = [k for k in set(pairs_spec) | set(pairs_plain) if pairs_spec[k] + pairs_plain[k] >= 10]
+    rest_s = n - sum(pairs_spec[k] for k in keys)
+    rest_p = n - sum(pairs_plain[k] for k in keys)
+    table = [(pairs_spec[k], pairs_plain[k]) for k in keys] + ([(rest_s, rest_p)] if rest_s + rest_p >= 10 else [])
+    stat = sum((a - b) ** 2 / (a + b) for a, b in table)
+    assert chi2_sf(stat, max(len(table) - 1, 1)) > ALPHA
+
+
+def spec_accept_rate(eng, prefix, s) -> float:
+    acc = prop = 0
+    for seed in range(50):
+        _, g = run(eng, prefix, max_tokens=8, sampling=SamplingOptions(**{**s.__dict__, "seed": seed}))
+        acc, prop = acc + g.stats.accepted, prop + g.stats.proposed
+    return acc / prop
+
+
+def test_sampler_match_distribution_for_one_hot_drafts(tiny):
+    """Prompt lookup (one-hot drafts, sampler-match) keeps the first-token distribution too."""
+    from test_engine import lookup
+
+    s = SamplingOptions(temp=1.0)
+    prefix = prompts(1, seed=22)[0][:12]
+    spec = engine_for(tiny, lookup("graded", adaptive=False))
+    n = 1500
+    outs = (run(spec, prefix, max_tokens=1, sampling=SamplingOptions(temp=1.0, seed=i))[0] for i in range(n))
+    firsts = Counter(o[0] if o else EOS for o in outs)
+    assert chi2_gof(firsts, exact_first_token_probs(tiny, prefix, s), n) > ALPHA
+
+
+# ---- refusals, before the target's weights load --------------------------------------------
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    def forbidden(*a, **k):
+        raise AssertionError("weights were loaded")
+
+    monkeypatch.setattr(loading, "load", forbidden)
+
+
+def session_for(target, draft):
+    return open_session(validate(build_options("generate", {"prompt": "x", "model": str(target), "draft_model": str(draft)})))
+
+
+def copy_model(src, dst, edit=None):
+    shutil.copytree(src, dst)
+    if edit:
+        cfg = json.loads((dst / "config.json").read_text())
+        edit(cfg)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_refuses_larger_drafter_vocab(tiny_dir, tiny_draft_dir, tmp_path, no_weights):
+    d = copy_model(tiny_draft_dir, tmp_path / "d", lambda c: c.update(vocab_size=999))
+    with pytest.raises(ModelError, match=r"vocabulary \(999\) is larger than the target's \(260\)"):
+        session_for(tiny_dir, d)
+
+
+def test_refuses_config_without_vocab_size(tiny_dir, tiny_draft_dir, tmp_path, no_weights):
+    d = copy_model(tiny_draft_dir, tmp_path / "d", lambda c: c.pop("vocab_size"))
+    with pytest.raises(ModelError, match="declares no vocab_size"):
+        session_for(tiny_dir, d)
+    t = copy_model(tiny_dir, tmp_path / "t", lambda c: c.pop("vocab_size"))
+    with pytest.raises(ModelError, match="target model's config.json declares no vocab_size"):
+        session_for(t, tiny_draft_dir)
+
+
+def test_refuses_tokenizers_whose_ids_disagree(tiny_dir, tiny_draft_dir, tmp_path, no_weights):
+    d = copy_model(tiny_draft_dir, tmp_path / "d")
+    tok = json.loads((d / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = list(vocab)[:2]
+    vocab[a], vocab[b] = vocab[b], vocab[a]  # same size, two ids swapped
+    (d / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(ModelError, match="maps 2 token\\(s\\) to different ids"):
+        session_for(tiny_dir, d)
+
+
+def test_refuses_dflash_folder(tiny_dir, tiny_draft_dir, tmp_path, no_weights):
+    d = copy_model(tiny_draft_dir, tmp_path / "d", lambda c: c.update(architectures=["DFlashDraftModel"]))
+    with pytest.raises(ModelError, match="is a DFlash speculative drafter, not a standalone model"):
+        session_for(tiny_dir, d)
+
+
+def test_refuses_missing_or_malformed_drafter_config(tiny_dir, tmp_path, no_weights):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError, match="no config.json"):
+        session_for(tiny_dir, tmp_path / "empty")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{oops")
+    with pytest.raises(ModelError, match="malformed JSON"):
+        session_for(tiny_dir, tmp_path / "bad")
+
+
+def test_refuses_untrimmable_drafter(tiny_dir, tmp_path, no_weights):
+    d = tmp_path / "mamba"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "mamba", "vocab_size": 260, "hidden_size": 16, "intermediate_size": 32, "state_size": 4,
+        "num_hidden_layers": 1, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True, "time_step_rank": 2,
+        "tie_word_embeddings": True}))
+    write_byte_tokenizer(d)
+    with pytest.raises(ModelError, match="cannot roll back"):
+        session_for(tiny_dir, d)
