@@ -227,3 +227,43 @@ def test_refuses_untrimmable_drafter(tiny_dir, tmp_path, no_weights):
     write_byte_tokenizer(d)
     with pytest.raises(ModelError, match="cannot roll back"):
         session_for(tiny_dir, d)
+
+
+def test_first_divergence_reports_index_and_margins(tiny):
+    from mlxcel_py.exactness import first_divergence
+
+    p = prompts(1, seed=30)[0]
+    plain, _ = run(engine_for(tiny), p, max_tokens=12)
+    assert first_divergence(tiny.model, p, plain, plain) is None
+    other = plain[:5] + [(plain[5] + 1) % 256] + plain[6:]
+    d = first_divergence(tiny.model, p, other, plain)
+    assert d.index == 5 and d.plain_token == plain[5] and d.speculative_token == other[5]
+    assert d.step_margin > 0  # plain greedy picked its token, so its logit is higher
+    assert "first difference at generated token 5" in d.describe(tiny.tokenizer)
+
+
+def test_cli_verify_exact_with_draft_model(tiny_dir, tiny_draft_dir, cli_env):
+    import subprocess
+
+    from conftest import mlxcel_cmd
+
+    r = subprocess.run(mlxcel_cmd() + ["generate", "-m", str(tiny_dir), "--draft-model", str(tiny_draft_dir), "-p", "hello",
+                                       "-n", "20", "--verify-exact", "--profile"],
+                       capture_output=True, text=True, env=cli_env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "[verify-exact] speculative output equals plain output (20 tokens)" in r.stderr
+    assert "[Speculative acceptance] rule=greedy-argmax kind=full-model" in r.stderr
+
+
+def test_chat_speculates_with_a_draft_model(tiny_dir, tiny_draft_dir, cli_env):
+    import subprocess
+
+    from conftest import mlxcel_cmd
+
+    base = mlxcel_cmd() + ["chat", "-m", str(tiny_dir), "-n", "12", "--profile"]
+    spec = subprocess.run(base + ["--draft-model", str(tiny_draft_dir)], input="hi\nagain\n", capture_output=True,
+                          text=True, env=cli_env, timeout=300)
+    plain = subprocess.run(base, input="hi\nagain\n", capture_output=True, text=True, env=cli_env, timeout=300)
+    assert spec.returncode == 0 and plain.returncode == 0, spec.stderr + plain.stderr
+    assert spec.stdout == plain.stdout and spec.stdout.strip()
+    assert "speculative=full-model" not in spec.stdout

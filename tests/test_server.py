@@ -187,3 +187,34 @@ def test_load_script_8_clients_x_5_requests(server):
                         "--requests", "5", "--max-tokens", "6"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "40 ok, 0 errors" in r.stdout and "/health: ok" in r.stdout
+
+
+def test_mlxcel_server_script_and_api_key(tmp_path):
+    import os
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-c", "from mlxcel_py.server.main import server_main; server_main()",
+                             "--port", "0", "--api-key", "s3cret", "--no-warmup"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        url = None
+        for _ in range(200):
+            line = proc.stderr.readline()
+            m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url, "mlxcel-server did not start"
+        assert get(url + "/health")["status"] == "ok"  # no key needed for health
+        req = urllib.request.Request(url + "/v1/models")
+        try:
+            urllib.request.urlopen(req, timeout=30)
+            raise AssertionError("expected 401")
+        except urllib.error.HTTPError as e:
+            assert e.code == 401 and json.loads(e.read())["error"]["type"] == "missing_api_key"
+        req = urllib.request.Request(url + "/v1/models", headers={"Authorization": "Bearer s3cret"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert json.loads(resp.read())["data"][0]["id"] == "SmolLM2-135M-Instruct"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

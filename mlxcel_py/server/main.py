@@ -43,6 +43,7 @@ def run_server(run: RunConfig) -> None:
         from ..errors import MlxcelError
 
         raise MlxcelError(f"--host {srv.host} --port {srv.port}: cannot bind ({exc.strerror})") from None
+    sock.listen(2048)  # accept (queue) connections from the moment the port is announced
     port = sock.getsockname()[1]
     ui.info(line)
     ui.err().print(f"mlxcel serve: model {model_id} listening on http://{srv.host}:{port}", markup=False)
