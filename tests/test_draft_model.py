@@ -266,4 +266,8 @@ def test_chat_speculates_with_a_draft_model(tiny_dir, tiny_draft_dir, cli_env):
     plain = subprocess.run(base, input="hi\nagain\n", capture_output=True, text=True, env=cli_env, timeout=300)
     assert spec.returncode == 0 and plain.returncode == 0, spec.stderr + plain.stderr
     assert spec.stdout == plain.stdout and spec.stdout.strip()
-    assert "speculative=full-model" not in spec.stdout
+    import re
+
+    rounds = [int(m) for m in re.findall(r"full-model: (\d+) drafted rounds", spec.stderr)]
+    assert len(rounds) == 2 and sum(rounds) > 0  # both turns ran verify rounds
+    assert "drafted rounds" not in plain.stderr

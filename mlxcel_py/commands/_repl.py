@@ -123,6 +123,8 @@ def run_chat(run: RunConfig) -> None:
         ui.write_out("\n\n" if interactive else "\n")
         if g.profile:
             st = gen.stats
-            ui.info(f"[{st.generated_tokens} tokens, {st.decode_tps:.1f} tok/s, {st.cached_tokens} prompt tokens reused]")
+            spec = (f", {st.draft_kind}: {st.drafted_rounds} drafted rounds, {st.accepted}/{st.proposed} accepted"
+                    if st.draft_kind else "")
+            ui.info(f"[{st.generated_tokens} tokens, {st.decode_tps:.1f} tok/s, {st.cached_tokens} prompt tokens reused{spec}]")
     if interactive:
         ui.err().print("Bye!", style="ui.muted")
