@@ -180,8 +180,6 @@ def validate(opts: CommandOptions) -> RunConfig:
         )
         if cfg.policy not in POLICIES:
             raise UsageError(f"--prompt-lookup-policy {cfg.policy} is not one of {', '.join(POLICIES)}")
-        if cfg.ngram_min < 1:
-            raise UsageError("--prompt-lookup-ngram-min must be at least 1")
         if lk.ngram_min is not None and lk.ngram_max is None and cfg.ngram_min > cfg.ngram_max:
             cfg = replace(cfg, ngram_max=min(cfg.ngram_min, NGRAM_MAX_LIMIT))
         validate_lookup_bounds(cfg.ngram_min, cfg.ngram_max, cfg.max_draft)

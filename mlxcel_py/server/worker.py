@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Sequence
 
@@ -94,7 +93,6 @@ class Worker:
         spec = job.speculative and self.speculative_allowed
         gen = self.engine.generate(job.prompt, max_tokens=job.max_tokens, sampling=job.sampling, speculative=spec)
         stream = TextStream(gen, self.tokenizer, job.stop)
-        t0 = time.perf_counter()
         for piece in stream:
             if job.cancelled.is_set():
                 break
@@ -103,7 +101,6 @@ class Worker:
         finish = stream.finish_reason or ("cancelled" if job.cancelled.is_set() else "stop")
         finish = {"stop": "stop", "length": "length"}.get(finish, finish)
         self._emit(job, "done", Result(stream.text, list(gen.tokens), finish, stream.stop_word, gen.stats, spec))
-        del t0
 
     async def submit(self, job: Job) -> AsyncIterator[tuple[str, Any]]:
         job.loop = asyncio.get_running_loop()
