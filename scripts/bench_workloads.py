@@ -28,7 +28,8 @@ from mlxcel_py.prompting import prompt_ids  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--workload", default=str(ROOT.parent / "shared" / "workloads" / "public.jsonl"))
+    shared = ROOT.parent / "shared" / "workloads" / "public.jsonl"
+    ap.add_argument("--workload", default=str(shared if shared.exists() else ROOT / "benchmarks" / "workloads.jsonl"))
     ap.add_argument("--model", default=None)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--policy", default="auto")

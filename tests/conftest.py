@@ -92,6 +92,8 @@ def real():
 @pytest.fixture(scope="session")
 def workloads() -> list[dict]:
     path = SHARED / "workloads" / "public.jsonl"
+    if not path.exists():  # a clone without ../shared beside it: the copy kept in the repo
+        path = ROOT / "benchmarks" / "workloads.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
