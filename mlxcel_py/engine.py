@@ -123,6 +123,7 @@ class Generation:
                     tv = time.perf_counter()
                     verdict = verify_round(eng.model, cache, history, draft, decider, q)
                     st.verify_s += time.perf_counter() - tv
+                    st.rollback_s += verdict.rollback_s
                     if verdict.rule == RULE_PQ:
                         st.acceptance_rule = RULE_PQ
                     st.drafted_rounds += 1

@@ -11,6 +11,7 @@ from a distribution q: accept with probability min(1, p/q), else draw from norm(
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -29,6 +30,7 @@ class Verdict:
     accepted: int
     tokens: list[int]  # draft[:accepted] + [the target's own token]
     rule: str
+    rollback_s: float = 0.0
 
 
 def forward(model: Any, cache: SequenceCache, inputs: Sequence[int]) -> mx.array:
@@ -60,8 +62,9 @@ def verify_round(
         token = targets[accepted]
         rule = RULE_GREEDY if decider.greedy else RULE_SAMPLER_MATCH
     # the cache now holds last + all drafts; keep last + the accepted ones
+    t = time.perf_counter()
     cache.truncate(len(cache.tokens) - (len(draft) - accepted))
-    return Verdict(accepted, list(draft[:accepted]) + [token], rule)
+    return Verdict(accepted, list(draft[:accepted]) + [token], rule, time.perf_counter() - t)
 
 
 def _accept_pq(logits, history, inputs, draft, decider: Decider, q: mx.array) -> tuple[int, int]:
