@@ -12,7 +12,7 @@ import json
 import time
 import uuid
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..options import SamplingOptions
 from ..prompting import render_messages
+from ..text import TextPiece
 from .worker import Job, Result, Worker
 
 
@@ -212,6 +213,25 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
     def sse(obj: Any) -> str:
         return f"data: {json.dumps(obj)}\n\n"
 
+    def stream(job: Job, on_text: Callable[[TextPiece], dict], on_done: Callable[[Result], dict], *,
+               head: dict | None = None, done_sentinel: bool = True) -> StreamingResponse:
+        """SSE for one job: an optional head frame, one frame per text piece, the final frame."""
+
+        async def events():
+            if head is not None:
+                yield sse(head)
+            async for kind, payload in worker.submit(job):
+                if kind == "text":
+                    yield sse(on_text(payload))
+                elif kind == "error":
+                    yield sse(error_body(f"generation failed: {payload}", "server_error"))
+                else:
+                    yield sse(on_done(payload))
+            if done_sentinel:
+                yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
     # ---- routes ---------------------------------------------------------------------------
     @app.get("/health")
     @app.get("/")
@@ -250,22 +270,14 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         base = {"id": cid, "created": int(time.time()), "model": model_id, "system_fingerprint": None}
         if body.get("stream"):
-            async def events():
-                yield sse({**base, "object": "chat.completion.chunk",
-                           "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
-                async for kind, payload in worker.submit(job):
-                    if kind == "text":
-                        yield sse({**base, "object": "chat.completion.chunk",
-                                   "choices": [{"index": 0, "delta": {"content": payload}, "finish_reason": None}]})
-                    elif kind == "error":
-                        yield sse(error_body(f"generation failed: {payload}", "server_error"))
-                    else:
-                        r: Result = payload
-                        yield sse({**base, "object": "chat.completion.chunk",
-                                   "choices": [{"index": 0, "delta": {}, "finish_reason": r.finish_reason}],
-                                   "usage": usage(r), "timings": timings(r.stats)})
-                yield "data: [DONE]\n\n"
-            return StreamingResponse(events(), media_type="text/event-stream")
+            chunk = {**base, "object": "chat.completion.chunk"}
+            return stream(
+                job,
+                lambda piece: {**chunk, "choices": [{"index": 0, "delta": {"content": piece.text}, "finish_reason": None}]},
+                lambda r: {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": r.finish_reason}],
+                           "usage": usage(r), "timings": timings(r.stats)},
+                head={**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
+            )
         r = await collect(job)
         return {**base, "object": "chat.completion",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text},
@@ -285,18 +297,12 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         cid = f"cmpl-{uuid.uuid4().hex[:24]}"
         base = {"id": cid, "object": "text_completion", "created": int(time.time()), "model": model_id}
         if body.get("stream"):
-            async def events():
-                async for kind, payload in worker.submit(job):
-                    if kind == "text":
-                        yield sse({**base, "choices": [{"index": 0, "text": payload, "finish_reason": None, "logprobs": None}]})
-                    elif kind == "error":
-                        yield sse(error_body(f"generation failed: {payload}", "server_error"))
-                    else:
-                        yield sse({**base, "choices": [{"index": 0, "text": "", "finish_reason": payload.finish_reason,
-                                                        "logprobs": None}], "usage": usage(payload),
-                                   "timings": timings(payload.stats)})
-                yield "data: [DONE]\n\n"
-            return StreamingResponse(events(), media_type="text/event-stream")
+            return stream(
+                job,
+                lambda piece: {**base, "choices": [{"index": 0, "text": piece.text, "finish_reason": None, "logprobs": None}]},
+                lambda r: {**base, "choices": [{"index": 0, "text": "", "finish_reason": r.finish_reason, "logprobs": None}],
+                           "usage": usage(r), "timings": timings(r.stats)},
+            )
         r = await collect(job)
         return {**base, "choices": [{"index": 0, "text": r.text, "finish_reason": r.finish_reason, "logprobs": None}],
                 "usage": usage(r), "timings": timings(r.stats)}
@@ -318,20 +324,14 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         job = make_job(body, prompt)
         ptext = body.get("prompt") if isinstance(body.get("prompt"), str) else ""
         if body.get("stream"):
-            async def events():
-                n = 0
-                async for kind, payload in worker.submit(job):
-                    if kind == "text":
-                        n += 1
-                        yield sse({"index": 0, "content": payload, "tokens": [], "stop": False, "id_slot": 0,
-                                   "tokens_predicted": n, "tokens_evaluated": len(prompt)})
-                    elif kind == "error":
-                        yield sse(error_body(f"generation failed: {payload}", "server_error"))
-                    else:
-                        final = native(payload, ptext, len(prompt))
-                        final["content"] = ""
-                        yield sse(final)
-            return StreamingResponse(events(), media_type="text/event-stream")
+            # the native stream ends with the full object and has no [DONE] sentinel
+            return stream(
+                job,
+                lambda piece: {"index": 0, "content": piece.text, "tokens": [], "stop": False, "id_slot": 0,
+                               "tokens_predicted": piece.tokens, "tokens_evaluated": len(prompt)},
+                lambda r: {**native(r, ptext, len(prompt)), "content": ""},
+                done_sentinel=False,
+            )
         r = await collect(job)
         return native(r, ptext, len(prompt))
 

@@ -96,10 +96,9 @@ class Worker:
         for piece in stream:
             if job.cancelled.is_set():
                 break
-            self._emit(job, "text", piece.text)
+            self._emit(job, "text", piece)
         stream.generation.close()
         finish = stream.finish_reason or ("cancelled" if job.cancelled.is_set() else "stop")
-        finish = {"stop": "stop", "length": "length"}.get(finish, finish)
         self._emit(job, "done", Result(stream.text, list(gen.tokens), finish, stream.stop_word, gen.stats, spec))
 
     async def submit(self, job: Job) -> AsyncIterator[tuple[str, Any]]:
