@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -79,7 +78,3 @@ def main() -> None:
     except MlxcelError as exc:  # raised outside a command's boundary
         sys.stderr.write(f"error: {exc.message}\n")
         sys.exit(exc.exit_code)
-    except Exception:
-        if os.environ.get("MLXCEL_DEBUG"):
-            raise
-        raise

@@ -18,6 +18,7 @@ import mlx.core as mx
 from .cache import SequenceCache
 from .prompt_lookup import PromptLookupIndex
 from .sampling import Decider
+from .verify import prefill
 
 
 @dataclass
@@ -68,12 +69,7 @@ class FullModelDrafter:
 
     def begin(self, context: Sequence[int]) -> None:
         n = self.cache.reuse_prefix(context)
-        rest = list(context[n:-1])
-        for i in range(0, len(rest), 2048):
-            chunk = rest[i : i + 2048]
-            self.model(mx.array([chunk], dtype=mx.int32), cache=self.cache.layers)
-            mx.eval([c.state for c in self.cache.layers])
-            self.cache.appended(chunk)
+        prefill(self.model, self.cache, list(context[n:-1]))
 
     def commit(self, context: Sequence[int]) -> None:
         pass  # propose() trims to the common prefix with the committed context

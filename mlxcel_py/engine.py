@@ -23,10 +23,7 @@ from .options import DraftConfig, SamplingOptions
 from .policy import CostPolicy, make_policy
 from .sampling import Decider
 from .stats import GenerationStats
-from .verify import RULE_GREEDY, RULE_PQ, RULE_SAMPLER_MATCH, forward, verify_round
-
-PREFILL_CHUNK = 2048
-
+from .verify import RULE_GREEDY, RULE_PQ, RULE_SAMPLER_MATCH, forward, prefill, verify_round
 
 @dataclass(frozen=True)
 class TokenEvent:
@@ -81,10 +78,7 @@ class Generation:
         t0 = time.perf_counter()
         cache = eng.sequence_cache(self.reuse_cache)
         st.cached_tokens = cache.reuse_prefix(self.prompt)
-        rest = self.prompt[st.cached_tokens : -1]
-        for i in range(0, len(rest), PREFILL_CHUNK):
-            forward(eng.model, cache, rest[i : i + PREFILL_CHUNK])
-            mx.eval([c.state for c in cache.layers])
+        prefill(eng.model, cache, self.prompt[st.cached_tokens : -1])
         st.prefill_s = time.perf_counter() - t0
 
         history = list(self.prompt)
@@ -179,6 +173,7 @@ class Engine:
         self.draft_model = draft_model
         self.verify_cost: list[float] | None = None
         self._cache: SequenceCache | None = None
+        self._full_drafter: FullModelDrafter | None = None
 
     # -- per-request pieces --------------------------------------------------------------------
     def sequence_cache(self, reuse: bool) -> SequenceCache:
@@ -193,7 +188,7 @@ class Engine:
         if d.kind == "full-model":
             if self.draft_model is None:
                 raise RuntimeError("full-model drafting needs a draft model")
-            if not hasattr(self, "_full_drafter"):
+            if self._full_drafter is None:  # one drafter (and its cache) across requests
                 self._full_drafter = FullModelDrafter(self.draft_model, self.vocab_size)
             return self._full_drafter
         raise RuntimeError(f"no drafter for kind {d.kind!r}")

@@ -141,7 +141,7 @@ def check_trimmable_config(config: dict, *, what: str = "the target model") -> N
     try:
         model_cls, args_cls = _get_classes(config)
         model = model_cls(args_cls.from_dict(config))
-    except Exception:  # unknown architectures fail later, in load(), with their own message
+    except Exception:  # load() builds the model the same way and reports the failure in its own words
         return
     check_trimmable(model, what=what)
 

@@ -44,9 +44,10 @@ class Decider:
         seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(6), "little")
         self.seed = seed
         self._penalty: Callable | None = None
+        # tokens the penalty looks back over; only that tail is converted to an array per row
+        self._penalty_window = sampling.repeat_last_n if sampling.repeat_last_n > 0 else _WHOLE_CONTEXT
         if sampling.repetition_penalty not in (0.0, 1.0) and sampling.repeat_last_n != 0:
-            n = sampling.repeat_last_n if sampling.repeat_last_n > 0 else _WHOLE_CONTEXT
-            self._penalty = make_repetition_penalty(sampling.repetition_penalty, n)
+            self._penalty = make_repetition_penalty(sampling.repetition_penalty, self._penalty_window)
         self._filters: list[Callable[[mx.array], mx.array]] = []
         if 0.0 < sampling.top_p < 1.0:
             self._filters.append(lambda x: apply_top_p(x, sampling.top_p))
@@ -63,15 +64,11 @@ class Decider:
     def _process(self, logits: mx.array, history: Sequence[int]) -> mx.array:
         """logits: (1, V) for the token that follows `history` (prompt + generated so far)."""
         if self._penalty is not None and history:
-            logits = self._penalty(mx.array(history[-self._window(len(history)) :], dtype=mx.int32), logits)
+            logits = self._penalty(mx.array(history[-self._penalty_window :], dtype=mx.int32), logits)
         generated = len(history) - self.prompt_len
         if self.eos is not None and (self.ignore_eos or generated < self.min_tokens):
             logits = logits.at[:, self.eos].add(-mx.inf)
         return logits
-
-    def _window(self, n: int) -> int:
-        last = self.sampling.repeat_last_n
-        return n if last < 0 else min(n, last)
 
     # -- distributions ----------------------------------------------------------------------
     def filtered_logprobs(self, logits: mx.array) -> mx.array:

@@ -65,10 +65,7 @@ def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None)
     draft = None
     if draft_resolved is not None:
         draft = loading.load(draft_resolved, dequantize=mopts.dequantize)
-        loading.check_trimmable(draft.model, what="the draft model")
         say(f"draft model: {draft_resolved.source} ({draft.dtype})")
-    if run.draft.enabled:
-        loading.check_trimmable(target.model)
     from .engine import Engine
 
     engine = Engine(

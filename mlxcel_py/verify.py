@@ -40,6 +40,13 @@ def forward(model: Any, cache: SequenceCache, inputs: Sequence[int]) -> mx.array
     return logits[0]
 
 
+def prefill(model: Any, cache: SequenceCache, tokens: Sequence[int], chunk: int = 2048) -> None:
+    """Feed `tokens` in chunks, evaluating the cache after each so memory stays bounded."""
+    for i in range(0, len(tokens), chunk):
+        forward(model, cache, tokens[i : i + chunk])
+        mx.eval([c.state for c in cache.layers])
+
+
 def verify_round(
     model: Any,
     cache: SequenceCache,
