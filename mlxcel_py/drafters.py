@@ -25,6 +25,7 @@ from .verify import prefill
 class Proposal:
     tokens: list[int]
     q: mx.array | None = None  # (len(tokens), V) proposal distribution, None for one-hot drafts
+    match_len: int | None = None  # prompt lookup: how long the matched context is (confidence)
 
 
 class Drafter(Protocol):
@@ -42,8 +43,10 @@ class Drafter(Protocol):
 class PromptLookupDrafter:
     kind = "prompt-lookup"
 
-    def __init__(self, ngram_min: int, ngram_max: int):
+    def __init__(self, ngram_min: int, ngram_max: int, eos_ids: Sequence[int] = (), *, periodic: bool = False):
         self.index = PromptLookupIndex(ngram_min, ngram_max)
+        self.eos_ids = frozenset(eos_ids)
+        self.periodic = periodic  # see PromptLookupIndex.find_match
 
     def begin(self, context: Sequence[int]) -> None:
         self.index.reset(context)
@@ -53,7 +56,14 @@ class PromptLookupDrafter:
 
     def propose(self, context: Sequence[int], limit: int, decider: Decider) -> Proposal:
         self.commit(context)
-        return Proposal(self.index.find(limit))
+        tokens, match_len = self.index.find_match(limit, periodic=self.periodic)
+        if self.eos_ids and not decider.ignore_eos:
+            # output ends at EOS, so drafting past one only widens the verify block for nothing
+            for i, t in enumerate(tokens):
+                if t in self.eos_ids:
+                    tokens = tokens[: i + 1]
+                    break
+        return Proposal(tokens, match_len=match_len)
 
     def shadow(self, limit: int) -> list[int]:
         return self.index.find(limit)

@@ -108,6 +108,11 @@ class Generation:
                         td = time.perf_counter()
                         proposal = drafter.propose(history, budget, decider)
                         draft, q = proposal.tokens, proposal.q
+                        k = policy.size(len(draft), proposal.match_len) if draft else 0
+                        if k < len(draft):  # the policy declines part (or all) of the proposal
+                            draft, q = draft[:k], (q[:k] if q is not None and k else None)
+                            if not k:
+                                st.paused_rounds += 1
                         st.draft_s += time.perf_counter() - td
                     elif policy.paused:
                         st.paused_rounds += 1
@@ -116,7 +121,9 @@ class Generation:
                 if draft:
                     tv = time.perf_counter()
                     verdict = verify_round(eng.model, cache, history, draft, decider, q)
-                    st.verify_s += time.perf_counter() - tv
+                    dt = time.perf_counter() - tv
+                    st.verify_s += dt
+                    policy.timed(len(draft) + 1, dt)
                     st.rollback_s += verdict.rollback_s
                     if verdict.rule == RULE_PQ:
                         st.acceptance_rule = RULE_PQ
@@ -125,9 +132,11 @@ class Generation:
                     policy.drafted(len(draft), verdict.accepted)
                     new, n_from_draft = verdict.tokens, verdict.accepted
                 else:
+                    tp = time.perf_counter()
                     logits = forward(eng.model, cache, history[-1:])
                     new, n_from_draft = decider.decide(logits, history, history[-1:]), 0
                     if policy is not None:
+                        policy.timed(1, time.perf_counter() - tp)
                         policy.plain()
                 st.rounds += 1
                 for i, tok in enumerate(new):
@@ -184,7 +193,10 @@ class Engine:
     def make_drafter(self) -> Drafter:
         d = self.draft
         if d.kind == "prompt-lookup":
-            return PromptLookupDrafter(d.lookup.ngram_min, d.lookup.ngram_max)
+            # mlxcel's policies keep its drafter exactly (followers end at the context's end);
+            # our cost policy also drafts through loops, since it sizes every proposal itself
+            return PromptLookupDrafter(d.lookup.ngram_min, d.lookup.ngram_max, self.eos_ids,
+                                       periodic=d.lookup.adaptive and d.lookup.policy == "cost")
         if d.kind == "full-model":
             if self.draft_model is None:
                 raise RuntimeError("full-model drafting needs a draft model")

@@ -157,3 +157,33 @@ class RunConfig:
     options: CommandOptions
     draft: DraftConfig
     max_tokens: int  # -1 resolved later against the context window
+
+
+# ---- mlxcel bench ----
+
+DEFAULT_BENCH_MAX_TOKENS = 128
+PEERS = ("mlx-lm",)
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """`mlxcel bench`'s own flags, as parsed (the model side is in CommandOptions)."""
+
+    workload: str | None = None  # None: the built-in set
+    sweep_widths: str | None = None  # "1,2,4,7,12"
+    vs: str | None = None  # "mlx-lm"
+    json_path: str | None = None
+    markdown: bool = False
+    plot_path: str | None = None
+    limit: int | None = None  # prompts per kind
+    repeats: int = 1  # timed runs per prompt and configuration (the median-speed one is kept)
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """A validated benchmark: the drafters to compare, the widths to run each at, the outputs."""
+
+    run: RunConfig  # what open_session loads (the full-model drafter when one is asked for)
+    drafts: tuple[DraftConfig, ...]  # one per (drafter, width), in run order
+    widths: tuple[int, ...]  # the sweep, or () for each drafter's configured width
+    bench: BenchOptions

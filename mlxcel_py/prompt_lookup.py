@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+MATCH_CAP = 8  # how far back find_match measures a match (the cost policy buckets at 5+)
+
 
 class PromptLookupIndex:
     def __init__(self, ngram_min: int = 2, ngram_max: int = 3):
@@ -37,16 +39,34 @@ class PromptLookupIndex:
 
     def find(self, limit: int) -> list[int]:
         """Followers of the latest earlier occurrence of the longest matching suffix (<= limit)."""
+        return self.find_match(limit)[0]
+
+    def find_match(self, limit: int, *, periodic: bool = False) -> tuple[list[int], int]:
+        """`find`, plus how far the match really reaches back (n extended while the tokens before
+        both occurrences agree, up to MATCH_CAP): a long match is a confident one.
+
+        periodic=True (the cost policy's drafting): when the followers run into the end of the
+        context, keep proposing as if the text repeats with the period the match implies, so a
+        reply caught in a loop is drafted `limit` tokens at a time instead of one period."""
         toks = self.tokens
         size = len(toks)
         if limit <= 0:
-            return []
+            return [], 0
         for n in range(min(self.ngram_max, size - 1), self.ngram_min - 1, -1):
             start = self._latest[n].get(tuple(toks[size - n :]))
             if start is not None:
                 begin = start + n
-                return toks[begin : min(begin + limit, size)]
-        return []
+                length = n
+                while length < MATCH_CAP and start - 1 - (length - n) >= 0 and \
+                        toks[start - 1 - (length - n)] == toks[size - 1 - length]:
+                    length += 1
+                out = toks[begin : min(begin + limit, size)]
+                if periodic:
+                    period = size - begin
+                    while len(out) < limit:
+                        out.append(out[len(out) - period])
+                return out, length
+        return [], 0
 
 
 def find_by_scan(tokens: Sequence[int], ngram_min: int, ngram_max: int, limit: int) -> list[int]:

@@ -60,3 +60,38 @@ def profile_table(rows: list[tuple[str, str]], title: str = "Profile") -> None:
     for k, v in rows:
         table.add_row(k, v)
     err().print(table)
+
+
+def table(title: str, headers: list[str], rows: list[list[str]], *, right_from: int = 1) -> None:
+    """A plain data table on stderr (columns from `right_from` on are right-aligned numbers)."""
+    t = Table(title=title, title_justify="left", header_style="ui.accent", pad_edge=False)
+    for i, h in enumerate(headers):
+        t.add_column(h, justify="right" if i >= right_from else "left")
+    for r in rows:
+        t.add_row(*r)
+    con = err()
+    if not con.is_terminal:  # a log file: print full width instead of squeezing columns to 80
+        con = Console(file=sys.stderr, theme=THEME, highlight=False, width=max(con.width, 220))
+    con.print(t)
+
+
+@contextlib.contextmanager
+def progress(total: int, description: str) -> Iterator:
+    """A progress bar on stderr; yields `step(label)`, called as each unit of work starts."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=err(), transient=False)
+    task = bar.add_task(description, total=total)
+    started = 0
+
+    def step(label: str) -> None:
+        nonlocal started
+        if started:
+            bar.advance(task)
+        started += 1
+        bar.update(task, description=f"{description}: {label}")
+
+    with bar:
+        yield step
+        bar.update(task, completed=total, description=description)

@@ -241,3 +241,58 @@ def preflight_draft(target_cfg: dict, draft_path: Path) -> dict:
         raise ModelError(f"--draft-model {draft_path}: vocabulary ({dv}) is larger than the target's ({tv}); "
                          f"the drafter must share the target's tokenizer")
     return cfg
+
+
+def _parse_widths(text: str) -> tuple[int, ...]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        widths = tuple(int(p) for p in parts)
+    except ValueError:
+        raise UsageError(f"--sweep-widths {text}: expected comma-separated integers, e.g. 1,2,4,7,12") from None
+    if not widths:
+        raise UsageError("--sweep-widths needs at least one width, e.g. 1,2,4,7,12")
+    for w in widths:
+        if not 1 <= w <= MAX_DRAFT_LIMIT:
+            raise UsageError(f"--sweep-widths: width {w} is outside 1..{MAX_DRAFT_LIMIT}")
+    if len(set(widths)) != len(widths):
+        raise UsageError(f"--sweep-widths {text}: a width is listed twice")
+    return tuple(sorted(widths))
+
+
+def _with_width(draft: DraftConfig, width: int) -> DraftConfig:
+    if draft.kind == "prompt-lookup":
+        return replace(draft, lookup=replace(draft.lookup, max_draft=width))
+    return replace(draft, block_size=width)
+
+
+def validate_bench(opts: CommandOptions, bench: "BenchOptions") -> "BenchPlan":
+    """`mlxcel bench`: the same rules as generate, except that --prompt-lookup and --draft-model
+    may be given together (each is benchmarked), and with neither, prompt lookup is benchmarked."""
+    from .options import PEERS, BenchPlan, PromptLookupOptions
+
+    if bench.vs is not None and bench.vs not in PEERS:
+        raise UsageError(f"--vs {bench.vs}: the peer to compare against must be one of {', '.join(PEERS)}")
+    if bench.limit is not None and bench.limit < 1:
+        raise UsageError(f"--limit must be at least 1, got {bench.limit}")
+    if not 1 <= bench.repeats <= 100:
+        raise UsageError(f"--repeats must be between 1 and 100, got {bench.repeats}")
+    if opts.generation.max_tokens < 1:
+        raise UsageError(f"--max-tokens must be at least 1 for a benchmark, got {opts.generation.max_tokens}")
+    widths = _parse_widths(bench.sweep_widths) if bench.sweep_widths is not None else ()
+    lk = opts.spec.lookup
+    wants_model = bool(opts.model.draft_model) or opts.spec.draft_kind is not None
+    wants_lookup = lk.enabled or not wants_model
+    runs: list[RunConfig] = []
+    if wants_model:
+        no_lookup = replace(opts, spec=replace(opts.spec, lookup=PromptLookupOptions()))
+        if _lookup_tuning_flags(opts) and not lk.enabled:
+            validate(opts)  # reports "requires --prompt-lookup"
+        runs.append(validate(no_lookup))
+    if wants_lookup:
+        only_lookup = replace(opts, model=replace(opts.model, draft_model=None),
+                              spec=replace(opts.spec, draft_kind=None, lookup=replace(lk, enabled=True)))
+        runs.append(validate(only_lookup))
+    drafters = [r.draft for r in runs]
+    drafts = tuple(_with_width(d, w) for d in drafters for w in widths) if widths else tuple(drafters)
+    primary = next((r for r in runs if r.draft.kind == "full-model"), runs[0])
+    return BenchPlan(run=primary, drafts=drafts, widths=widths, bench=bench)

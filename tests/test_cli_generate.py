@@ -30,6 +30,12 @@ def test_help_lists_documented_flags_for_all_commands(cli_env):
             "--audio", "--video")]
         for flag in flags + extra:
             assert flag in r.stdout, (cmd, flag)
+    r = mlxcel(["bench", "--help"], {**cli_env, "COLUMNS": "200"})
+    assert r.returncode == 0
+    for flag in ["--model", "--draft-model", "--max-tokens", "--temp", "--seed", "--draft-kind", "--draft-block-size",
+                 "--prompt-lookup", "--prompt-lookup-max-draft", "--prompt-lookup-policy", "--workload",
+                 "--sweep-widths", "--plot", "--vs", "--json", "--markdown", "--limit", "--repeats", "--no-blas"]:
+        assert flag in r.stdout, ("bench", flag)
 
 
 @pytest.mark.parametrize("args,fragment", [

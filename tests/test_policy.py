@@ -1,3 +1,5 @@
+import pytest
+
 from mlxcel_py.policy import CostPolicy, FixedPolicy, GatedPolicy, GradedPolicy, make_policy
 
 
@@ -62,29 +64,48 @@ def test_gated_probation_full_blocks_and_shadow_resume():
     assert p.paused
 
 
-def test_cost_policy_stops_drafting_below_break_even_and_probes():
+def test_cost_policy_declines_below_break_even_and_probes():
     # verify cost grows fast with width: drafting only pays with high acceptance
     costs = [0.0, 1.0] + [1.0 + 0.3 * w for w in range(1, 8)]
     p = CostPolicy(7, costs)
-    assert p.budget() > 0  # prior alpha 0.5
+    assert p.size(7, 5) > 0 and p.budget() == 7
     for _ in range(10):
-        p.drafted(p.budget() or 2, 0)
-    assert p.budget() == 0 and p.paused
-    probes = 0
+        k = p.size(7, 2) or 2
+        p.drafted(k, 0)
+    assert p.size(7, 2) == 0 and p.paused
+    assert p.size(7, 5) > 0  # a long match keeps its own, higher acceptance estimate
+    probes = []
     for _ in range(40):
-        if p.budget() > 0:
-            probes += 1
-            p.drafted(2, 0)
-        else:
-            p.plain()
-    assert 2 <= probes <= 8
-    for _ in range(10):
-        p.drafted(7, 7)
-    assert p.budget() >= 5 and not p.paused
+        k = p.size(7, 2)
+        if k:
+            probes.append(k)
+            p.drafted(k, 0)
+    assert 3 <= len(probes) <= 6 and set(probes) == {2}
+    for _ in range(80):  # the reply starts copying: the short-match estimate climbs back
+        k = p.size(7, 2) or 2
+        p.drafted(k, k)
+    assert p.size(7, 2) >= 5 and not p.paused
+
+
+def test_cost_policy_longer_matches_get_wider_blocks():
+    p = CostPolicy(16)
+    assert p.size(16, 8) > p.size(16, 3) > p.size(16, 2) >= 0
+    assert p.size(3, 8) == 3  # never more than was proposed
+
+
+def test_cost_policy_follows_measured_forward_times():
+    p = CostPolicy(7, [0.0, 1.0] + [1.0 + 0.02 * w for w in range(1, 8)])
+    assert p.size(7, 5) == 7
+    for _ in range(5):  # this run's contexts make wide verifies far dearer than warmup said
+        p.timed(1, 0.05)
+        p.timed(8, 0.40)
+    assert p.cost(8) == pytest.approx(8.0)
+    assert p.size(7, 5) < 7
 
 
 def test_cost_policy_cheap_verify_uses_wide_blocks():
     p = CostPolicy(7, [0.0, 1.0] + [1.0 + 0.02 * w for w in range(1, 8)])
     for _ in range(10):
+        p.size(7, 3)
         p.drafted(7, 7)
-    assert p.budget() == 7
+    assert p.size(7, 3) == 7

@@ -66,3 +66,33 @@ def test_index_equals_scan_also_when_extended_in_blocks(seed):
         step = rng.randint(1, 4)
         ix.extend(tokens[pos : pos + step])
         pos += step
+
+
+def test_match_length_reaches_back_past_the_ngram():
+    #         long shared context ........  short one
+    tokens = [9, 8, 7, 1, 2, 3, 4, 5, 0, 6, 1, 2, 3, 4, 9, 8, 7, 1, 2, 3]
+    # the 3-gram (1,2,3) latest earlier at 10 (preceded by 6): the match is just 3 long
+    assert index_of(tokens).find_match(2) == ([4, 9], 3)
+    tokens = [6, 7, 8, 9, 1, 2, 3, 4, 0, 6, 7, 8, 9, 1, 2, 3]
+    # the latest earlier (1,2,3) is preceded by 6,7,8,9 in both places: 7 tokens agree
+    assert index_of(tokens).find_match(1) == ([4], 7)
+
+
+def test_periodic_proposals_continue_a_loop_past_the_context_end():
+    tokens = [5, 1, 2, 3, 1, 2, 3, 1, 2]  # a loop of period 3
+    ix = index_of(tokens)
+    assert ix.find_match(7)[0] == [3, 1, 2]  # mlxcel's drafter: stops at the context's end
+    assert ix.find_match(7, periodic=True)[0] == [3, 1, 2, 3, 1, 2, 3]
+    assert index_of([4, 4, 4, 4, 4]).find_match(3, periodic=True)[0] == [4, 4, 4]
+
+
+def test_drafter_stops_a_proposal_at_eos_unless_eos_is_ignored():
+    from types import SimpleNamespace
+
+    from mlxcel_py.drafters import PromptLookupDrafter
+
+    ctx = [1, 2, 3, 0, 7, 7, 1, 2]  # 0 is EOS
+    d = PromptLookupDrafter(2, 3, eos_ids=[0])
+    d.begin(ctx)
+    assert d.propose(ctx, 5, SimpleNamespace(ignore_eos=False)).tokens == [3, 0]
+    assert d.propose(ctx, 5, SimpleNamespace(ignore_eos=True)).tokens == [3, 0, 7, 7, 1]

@@ -50,6 +50,16 @@ RULES = [
     (["generate", "-p", "x", "--min-p", "2"], "--min-p must be in [0, 1]"),
     (["generate", "-p", "x", "--repetition-penalty", "0"], "--repetition-penalty must be > 0"),
     (["generate", "-p", "x", "--min-tokens", "9", "-n", "3"], "--min-tokens (9) must not exceed --max-tokens (3)"),
+    (["bench", "--sweep-widths", "1,x"], "--sweep-widths 1,x: expected comma-separated integers"),
+    (["bench", "--sweep-widths", "0,4"], "--sweep-widths: width 0 is outside 1..64"),
+    (["bench", "--sweep-widths", "4,2,4"], "a width is listed twice"),
+    (["bench", "--vs", "vllm"], "--vs vllm: the peer to compare against must be one of mlx-lm"),
+    (["bench", "--limit", "0"], "--limit must be at least 1"),
+    (["bench", "--repeats", "0"], "--repeats must be between 1 and 100"),
+    (["bench", "--max-tokens", "0"], "--max-tokens must be at least 1 for a benchmark"),
+    (["bench", "--workload", "/nonexistent/w.jsonl"], "--workload /nonexistent/w.jsonl: no such file"),
+    (["bench", "--draft-model", "d", "--prompt-lookup-max-draft", "4"], "--prompt-lookup-max-draft requires --prompt-lookup"),
+    (["bench", "--draft-kind", "prompt-lookup"], "--draft-kind=prompt-lookup takes no drafter checkpoint"),
 ]
 
 
@@ -83,6 +93,39 @@ def test_every_rule_is_documented():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "validation.md").read_text()
     for _, message in RULES:
         assert message.split(" (")[0].strip('"') in doc or message in doc, message
+
+
+@pytest.mark.parametrize("line,message", [
+    ("not json", ":1: not valid JSON"),
+    ('{"kind": "code"}', ':1: each line needs a non-empty string "prompt"'),
+    ('{"kind": "", "prompt": "x"}', ':1: "kind" must be a non-empty string'),
+])
+def test_bench_rejects_a_malformed_workload_before_loading(line, message, no_loading, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    w = tmp_path / "w.jsonl"
+    w.write_text(line + "\n")
+    result = CliRunner().invoke(app, ["bench", "--workload", str(w)])
+    assert result.exit_code == 2, result.output
+    assert f"--workload {w}{message}" in result.stderr
+    assert no_loading == []
+
+
+def test_bench_plans_each_drafter_at_each_width():
+    from mlxcel_py.commands._options import build_bench_options, build_options
+    from mlxcel_py.validate import validate_bench
+
+    params = {"draft_model": "d", "prompt_lookup": True, "prompt_lookup_policy": "cost", "sweep_widths": "4,1",
+              "max_tokens": 64}
+    plan = validate_bench(build_options("bench", params), build_bench_options(params))
+    assert [(d.kind, d.max_draft) for d in plan.drafts] == [
+        ("full-model", 1), ("full-model", 4), ("prompt-lookup", 1), ("prompt-lookup", 4)]
+    assert plan.run.draft.kind == "full-model"  # the session loads the drafter
+    assert all(d.lookup.policy == "cost" for d in plan.drafts if d.kind == "prompt-lookup")
+    default = validate_bench(build_options("bench", {"max_tokens": 64}), build_bench_options({}))
+    assert [(d.kind, d.max_draft) for d in default.drafts] == [("prompt-lookup", 7)]
+    tuned = validate_bench(build_options("bench", {"prompt_lookup_max_draft": 3, "max_tokens": 64}),
+                           build_bench_options({}))
+    assert [(d.kind, d.max_draft) for d in tuned.drafts] == [("prompt-lookup", 3)]
 
 
 def test_spec_type_none_turns_speculation_off_and_draft_simple_maps_to_full_model():

@@ -68,6 +68,15 @@ NoBatchOpt = Annotated[bool, typer.Option("--no-batch", help="Serve requests str
 KvUnifiedOpt = Annotated[bool, typer.Option("--kv-unified", "-kvu", help="Unified KV budget (accepted; turns verify rounds off, as in mlxcel).", rich_help_panel=SERVER)]
 WarmupOpt = Annotated[bool, typer.Option("--warmup/--no-warmup", help="Warm every verify width at startup.", rich_help_panel=SERVER)]
 ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="Require 'Authorization: Bearer KEY'.", rich_help_panel=SERVER)]
+BENCH = "Benchmark"
+WorkloadOpt = Annotated[Optional[str], typer.Option("--workload", metavar="FILE.jsonl", help="Prompts as JSON Lines of {\"kind\", \"prompt\"} (the format of shared/workloads/public.jsonl). Default: a small built-in set.", rich_help_panel=BENCH)]
+SweepWidthsOpt = Annotated[Optional[str], typer.Option("--sweep-widths", metavar="W,W,...", help="Run each drafter at each proposal width (e.g. 1,2,4,7,12), plot the sweep and recommend a width.", rich_help_panel=BENCH)]
+PlotOpt = Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png", help="Where --sweep-widths writes its plot (default mlxcel-bench-widths.png).", rich_help_panel=BENCH)]
+VsOpt = Annotated[Optional[str], typer.Option("--vs", metavar="PEER", help="Also time a peer side by side: mlx-lm (stock plain decode, and its --draft-model path with a drafter).", rich_help_panel=BENCH)]
+JsonOpt = Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="Write every run and the summary as JSON.", rich_help_panel=BENCH)]
+MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="Print the summary as a Markdown table on stdout (for READMEs).", rich_help_panel=BENCH)]
+RepeatsOpt = Annotated[int, typer.Option("--repeats", "-r", metavar="N", help="Time each prompt under each configuration N times (interleaved) and keep the median-speed run.", rich_help_panel=BENCH)]
+LimitOpt = Annotated[Optional[int], typer.Option("--limit", metavar="N", help="Use at most N prompts of each kind.", rich_help_panel=BENCH)]
 AliasOpt = Annotated[Optional[str], typer.Option("--alias", "-a", help="Model id reported by /v1/models.", rich_help_panel=SERVER)]
 
 
@@ -109,6 +118,13 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             api_key=g("api_key"), alias=g("alias"),
         ),
     )
+
+
+def build_bench_options(params: dict[str, Any]) -> O.BenchOptions:
+    g = params.get
+    return O.BenchOptions(workload=g("workload"), sweep_widths=g("sweep_widths"), vs=g("vs"), json_path=g("json"),
+                          markdown=g("markdown", False), plot_path=g("plot"), limit=g("limit"),
+                          repeats=g("repeats", 1))
 
 
 # ---- parameter groups: commands are assembled from these, so each flag is declared once ----
@@ -153,6 +169,18 @@ SERVER_PARAMS = [
     _kw("no_batch", NoBatchOpt, False), _kw("kv_unified", KvUnifiedOpt, False), _kw("warmup", WarmupOpt, True),
     _kw("api_key", ApiKeyOpt, None), _kw("alias", AliasOpt, None),
 ]
+BENCH_PARAMS = (
+    MODEL_PARAMS
+    + [_kw("max_tokens", MaxTokensOpt, O.DEFAULT_BENCH_MAX_TOKENS), _kw("no_chat_template", NoChatTemplateOpt, False),
+       _kw("verbose", VerboseOpt, False)]
+    + SAMPLING_PARAMS
+    + [_kw("draft_kind", DraftKindOpt, None), _kw("draft_block_size", DraftBlockSizeOpt, None)]
+    + LOOKUP_PARAMS
+    + [_kw("workload", WorkloadOpt, None), _kw("sweep_widths", SweepWidthsOpt, None), _kw("plot", PlotOpt, None),
+       _kw("vs", VsOpt, None), _kw("json", JsonOpt, None), _kw("markdown", MarkdownOpt, False),
+       _kw("limit", LimitOpt, None), _kw("repeats", RepeatsOpt, 1)]
+    + RUNTIME_PARAMS
+)
 ALL_MODEL_SIDE = MODEL_PARAMS + GENERATION_PARAMS + SAMPLING_PARAMS + SPEC_PARAMS + LOOKUP_PARAMS + RUNTIME_PARAMS
 
 

@@ -2,13 +2,39 @@
 
 from __future__ import annotations
 
-EPILOG = "Examples:\n\n  mlxcel bench --prompt-lookup --workload prompts.jsonl --json out.json"
+from pathlib import Path
+
+from .. import fastpath, ui
+from ._options import BENCH_PARAMS, build_bench_options, build_options, with_params
+
+EPILOG = (
+    "Examples:\n\n"
+    "  mlxcel bench\n\n"
+    "  mlxcel bench --workload prompts.jsonl --max-tokens 256 --markdown\n\n"
+    "  mlxcel bench --sweep-widths 1,2,4,7,12 --plot widths.png --json bench.json\n\n"
+    "  mlxcel bench -m ./Llama-3.1-8B --draft-model ./Llama-3.2-1B --vs mlx-lm"
+)
 
 
-def bench() -> None:
+@with_params(BENCH_PARAMS)
+def bench(**params) -> None:
     """Benchmark plain vs speculative decoding on a workload (table, JSON, width sweep, plot)."""
-    from .. import ui
+    from .. import workload
     from ..errors import MlxcelError
+    from ..validate import validate_bench
 
     with ui.exit_on_error():
-        raise MlxcelError("mlxcel bench is not implemented yet")
+        plan = validate_bench(build_options("bench", params), build_bench_options(params))
+        b = plan.bench
+        items = workload.load(Path(b.workload)) if b.workload else workload.builtin()
+        items = workload.limit_per_kind(items, b.limit)
+        if plan.widths:
+            from .. import bench_plot
+
+            if not bench_plot.available():
+                raise MlxcelError("--sweep-widths plots with matplotlib, which is not installed; "
+                                  "pip install 'mlxcel-py[plot]' (or drop --sweep-widths)")
+        fastpath.prepare(plan.run.options.model.blas)
+        from ._bench import run_bench
+
+        run_bench(plan, items)

@@ -1,0 +1,288 @@
+"""The benchmark runner behind `mlxcel bench`: plain vs each drafter and width, interleaved.
+
+Engine-level (token ids, Engines, stats); no CLI, rich or plotting imports, and MLX only inside
+`run`. For every prompt the
+plain run comes first, then each speculative configuration, then the optional peer (stock mlx-lm
+in a subprocess), so slow drift of a shared machine hits every column alike; with repeats, each
+prompt's configurations run in turn that many times and the median-speed run of each is kept. Everything is
+warmed before the first timed run. Per-prompt records are kept raw; `summarize` aggregates them
+per (configuration, kind) the way the seed page's "Choosing a Proposal Width" asks: mean accepted
+prefix and useful tokens per verify rather than acceptance alone, draft and verify time apart,
+target-only latency and memory beside them. Ratios are medians of per-prompt ratios.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+from .options import DraftConfig, SamplingOptions
+from .prompting import prompt_ids
+from .workload import WorkItem
+
+ALL_KINDS = "all"
+WIDTH_TIE = 0.02  # widths within 2% of the best median speedup count as tied: pick the narrowest
+
+
+def config_label(draft: DraftConfig) -> str:
+    if draft.kind == "prompt-lookup":
+        return f"prompt-lookup k={draft.lookup.max_draft}"
+    return f"full-model k={draft.block_size}"
+
+
+def width_of(draft: DraftConfig) -> int:
+    return draft.max_draft
+
+
+@dataclass
+class RunRecord:
+    """One timed generation of one prompt under one configuration."""
+
+    prompt_index: int
+    kind: str
+    source: str
+    config: str  # "plain", a config_label, or "mlx-lm plain" / "mlx-lm draft k=N"
+    width: int | None
+    tokens: int
+    decode_tps: float
+    decode_s: float
+    prefill_s: float = 0.0
+    peak_memory_mib: float = 0.0
+    rounds: int = 0
+    drafted_rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    identical: bool | None = None  # speculative tokens == the plain run's tokens
+    speedup: float | None = None  # decode_tps / the plain run's decode_tps
+
+
+@dataclass
+class SummaryRow:
+    config: str
+    width: int | None
+    kind: str
+    prompts: int
+    plain_tps: float
+    spec_tps: float
+    speedup: float  # median of per-prompt ratios
+    mean_accepted_prefix: float
+    tokens_per_verify: float  # useful tokens per verify forward: accepted + the target's own token
+    acceptance_rate: float
+    draft_ms_per_round: float
+    verify_ms_per_round: float
+    plain_ms_per_token: float
+    plain_peak_mib: float
+    spec_peak_mib: float
+    identical: int
+    peer_tps: float | None = None  # stock mlx-lm on the same prompts (plain, or its draft path)
+    vs_peer: float | None = None  # median of per-prompt spec_tps / peer_tps
+
+
+@dataclass
+class BenchResult:
+    records: list[RunRecord] = field(default_factory=list)
+    configs: list[str] = field(default_factory=list)
+
+
+def _record(i: int, item: WorkItem, config: str, width: int | None, gen) -> RunRecord:
+    st = gen.stats
+    return RunRecord(
+        prompt_index=i, kind=item.kind, source=item.source, config=config, width=width,
+        tokens=st.generated_tokens, decode_tps=st.decode_tps, decode_s=st.decode_s, prefill_s=st.prefill_s,
+        peak_memory_mib=st.peak_memory_bytes / 2**20, rounds=st.rounds, drafted_rounds=st.drafted_rounds,
+        proposed=st.proposed, accepted=st.accepted, draft_s=st.draft_s, verify_s=st.verify_s,
+    )
+
+
+def _drain(gen) -> list[int]:
+    for _ in gen:
+        pass
+    return list(gen.tokens)
+
+
+def run(
+    model: Any,
+    tokenizer: Any,
+    *,
+    items: Sequence[WorkItem],
+    drafts: Sequence[DraftConfig],
+    max_tokens: int,
+    sampling: SamplingOptions,
+    vocab_size: int | None,
+    context_length: int,
+    draft_model: Any = None,
+    chat_template: bool = True,
+    peer: Any = None,  # peers.MlxLmPeer or None
+    repeats: int = 1,  # timed runs per prompt and configuration; the median-speed run is kept
+    on_step: Callable[[str], None] = lambda s: None,
+) -> BenchResult:
+    """Time every prompt plainly, under every draft configuration, and on the peer."""
+    from .engine import Engine  # here, not at the top: summaries and plots stay importable without MLX
+
+    eos = tokenizer.eos_token_ids
+    plain = Engine(model, eos_ids=eos, vocab_size=vocab_size, context_length=context_length)
+    engines = [
+        Engine(model, eos_ids=eos, vocab_size=vocab_size, context_length=context_length, draft=d,
+               draft_model=draft_model if d.kind == "full-model" else None)
+        for d in drafts
+    ]
+    labels = [config_label(d) for d in drafts]
+    prompts = [prompt_ids(tokenizer, it.prompt, chat_template=chat_template) for it in items]
+
+    on_step("warmup")
+    plain.warmup(sampling=sampling)
+    for eng, d in zip(engines, drafts):
+        eng.warmup(sampling=sampling, calibrate=d.kind == "prompt-lookup" and d.lookup.policy == "cost")
+    for eng in [plain, *engines]:  # one short untimed request each: first-call costs stay out
+        _drain(eng.generate(prompts[0], max_tokens=min(8, max_tokens), sampling=sampling))
+    if peer is not None:
+        peer.warmup(prompts[0], min(8, max_tokens))
+
+    result = BenchResult(configs=["plain", *labels])
+    for i, (item, ids) in enumerate(zip(items, prompts)):
+        runs: dict[str, list[RunRecord]] = {}
+        base_tokens: list[int] | None = None
+        for rep in range(repeats):  # repeats interleave too: plain, spec..., plain, spec...
+            tag = f" ({rep + 1}/{repeats})" if repeats > 1 else ""
+            on_step(f"{item.kind} #{i + 1} plain{tag}")
+            g = plain.generate(ids, max_tokens=max_tokens, sampling=sampling)
+            toks = _drain(g)
+            base_tokens = toks if base_tokens is None else base_tokens
+            runs.setdefault("plain", []).append(_record(i, item, "plain", None, g))
+            for eng, d, label in zip(engines, drafts, labels):
+                on_step(f"{item.kind} #{i + 1} {label}{tag}")
+                g = eng.generate(ids, max_tokens=max_tokens, sampling=sampling)
+                same = _drain(g) == base_tokens
+                rec = _record(i, item, label, width_of(d), g)
+                rec.identical = same
+                runs.setdefault(label, []).append(rec)
+            if peer is not None:
+                for label, width in peer.configs():
+                    on_step(f"{item.kind} #{i + 1} {label}{tag}")
+                    out = peer.generate(ids, max_tokens, width)
+                    runs.setdefault(label, []).append(RunRecord(
+                        prompt_index=i, kind=item.kind, source=item.source, config=label, width=width,
+                        tokens=out.tokens, decode_tps=out.tps, decode_s=out.tokens / out.tps if out.tps else 0.0,
+                        peak_memory_mib=out.peak_mib,
+                    ))
+        base = _median_run(runs["plain"])
+        result.records.append(base)
+        for label, recs in runs.items():
+            if label == "plain":
+                continue
+            rec = _median_run(recs)
+            if rec.identical is not None:
+                rec.identical = all(r.identical for r in recs)
+                rec.speedup = rec.decode_tps / base.decode_tps if base.decode_tps else 0.0
+            result.records.append(rec)
+    for label in (peer.configs() if peer is not None else []):
+        result.configs.append(label[0])
+    return result
+
+
+def _median_run(recs: Sequence[RunRecord]) -> RunRecord:
+    """The repeat with the median decode speed (the lower middle one for an even count)."""
+    ranked = sorted(recs, key=lambda r: r.decode_tps)
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def _median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else 0.0
+
+
+def _peer_for(config: str, width: int | None, records: Sequence[RunRecord]) -> list[RunRecord]:
+    """The peer runs to compare a configuration with: mlx-lm's draft path at the same width for a
+    full-model drafter, else mlx-lm plain decode (mlx-lm has no prompt lookup)."""
+    if config.startswith("full-model"):
+        same = [r for r in records if r.config == f"mlx-lm draft k={width}"]
+        if same:
+            return same
+    return [r for r in records if r.config == "mlx-lm plain"]
+
+
+def summarize(result: BenchResult) -> list[SummaryRow]:
+    """One row per speculative configuration and kind, plus an `all` row per configuration."""
+    recs = result.records
+    plain_by_prompt = {r.prompt_index: r for r in recs if r.config == "plain"}
+    kinds = sorted({r.kind for r in recs})
+    rows = []
+    for config in result.configs:
+        if config == "plain" or config.startswith("mlx-lm"):
+            continue
+        mine = [r for r in recs if r.config == config]
+        peer_all = _peer_for(config, mine[0].width if mine else None, recs)
+        for kind in kinds + [ALL_KINDS]:
+            sel = [r for r in mine if kind in (ALL_KINDS, r.kind)]
+            if not sel:
+                continue
+            base = [plain_by_prompt[r.prompt_index] for r in sel]
+            drafted = sum(r.drafted_rounds for r in sel)
+            accepted = sum(r.accepted for r in sel)
+            proposed = sum(r.proposed for r in sel)
+            peer = {r.prompt_index: r for r in peer_all if kind in (ALL_KINDS, r.kind)}
+            vs_peer = [r.decode_tps / peer[r.prompt_index].decode_tps for r in sel
+                       if r.prompt_index in peer and peer[r.prompt_index].decode_tps > 0]
+            plain_tokens = sum(b.tokens for b in base)
+            rows.append(SummaryRow(
+                config=config, width=sel[0].width, kind=kind, prompts=len(sel),
+                plain_tps=_median([b.decode_tps for b in base]),
+                spec_tps=_median([r.decode_tps for r in sel]),
+                speedup=_median([r.speedup or 0.0 for r in sel]),
+                mean_accepted_prefix=accepted / drafted if drafted else 0.0,
+                tokens_per_verify=(accepted + drafted) / drafted if drafted else 0.0,
+                acceptance_rate=accepted / proposed if proposed else 0.0,
+                draft_ms_per_round=1000 * sum(r.draft_s for r in sel) / drafted if drafted else 0.0,
+                verify_ms_per_round=1000 * sum(r.verify_s for r in sel) / drafted if drafted else 0.0,
+                plain_ms_per_token=1000 * sum(b.decode_s for b in base) / plain_tokens if plain_tokens else 0.0,
+                plain_peak_mib=max(b.peak_memory_mib for b in base),
+                spec_peak_mib=max(r.peak_memory_mib for r in sel),
+                identical=sum(bool(r.identical) for r in sel),
+                peer_tps=_median([r.decode_tps for r in peer.values()]) if peer else None,
+                vs_peer=_median(vs_peer) if vs_peer else None,
+            ))
+    return rows
+
+
+def plain_vs_peer(result: BenchResult) -> float | None:
+    """Median over prompts of our plain decode tok/s over stock mlx-lm's plain decode tok/s."""
+    peer = {r.prompt_index: r for r in result.records if r.config == "mlx-lm plain" and r.decode_tps > 0}
+    ratios = [r.decode_tps / peer[r.prompt_index].decode_tps for r in result.records
+              if r.config == "plain" and r.prompt_index in peer]
+    return _median(ratios) if ratios else None
+
+
+@dataclass(frozen=True)
+class WidthChoice:
+    drafter: str  # "prompt-lookup" | "full-model"
+    width: int
+    speedup: float
+    flag: str  # the flag that sets it
+
+
+def recommend_widths(rows: Sequence[SummaryRow]) -> list[WidthChoice]:
+    """Per drafter, the width with the best median speedup over all prompts; widths within
+    WIDTH_TIE of the best count as tied and the narrowest wins (less verify work and memory:
+    the seed page's 'stop increasing width when verification grows faster than useful work')."""
+    out = []
+    for drafter, flag in (("prompt-lookup", "--prompt-lookup-max-draft"), ("full-model", "--draft-block-size")):
+        cands = [r for r in rows if r.kind == ALL_KINDS and r.config.startswith(drafter) and r.width]
+        if not cands:
+            continue
+        best = max(r.speedup for r in cands)
+        pick = min((r for r in cands if r.speedup >= best * (1 - WIDTH_TIE)), key=lambda r: r.width)
+        out.append(WidthChoice(drafter, pick.width, pick.speedup, flag))
+    return out
+
+
+def to_json(result: BenchResult, rows: Sequence[SummaryRow], choices: Sequence[WidthChoice], **meta: Any) -> dict:
+    return {
+        **meta,
+        "plain_vs_peer": plain_vs_peer(result),
+        "configs": list(result.configs),
+        "summary": [asdict(r) for r in rows],
+        "recommended_widths": [asdict(c) for c in choices],
+        "runs": [asdict(r) for r in result.records],
+    }

@@ -1,0 +1,142 @@
+"""`mlxcel bench` after validation: load once, run the interleaved benchmark, report it.
+
+Reports go to stderr (rich table, recommendation, plot path); `--markdown` puts the summary
+table on stdout; `--json` writes every run plus the summary.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+import platform
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from .. import benchmark, ui
+from ..benchmark import ALL_KINDS, SummaryRow, WidthChoice
+from ..errors import MlxcelError
+from ..options import BenchPlan
+from ..session import open_session
+from ..workload import WorkItem
+
+DEFAULT_PLOT = "mlxcel-bench-widths.png"
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("mlx", "mlx-lm", "mlxcel-py"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "unknown"
+    return out
+
+
+def _fmt(x: float | None, spec: str = ".1f", suffix: str = "") -> str:
+    return "–" if x is None else f"{x:{spec}}{suffix}"
+
+
+def _columns(rows: Sequence[SummaryRow]) -> tuple[list[str], list[list[str]]]:
+    peer = any(r.peer_tps is not None for r in rows)
+    headers = ["drafter", "kind", "prompts", "plain tok/s", "spec tok/s", "speedup", "mean accepted prefix",
+               "tokens/verify", "acceptance", "draft ms/round", "verify ms/round", "identical"]
+    if peer:
+        headers += ["mlx-lm tok/s", "vs mlx-lm"]
+    body = []
+    for r in rows:
+        line = [r.config, r.kind, str(r.prompts), _fmt(r.plain_tps), _fmt(r.spec_tps), _fmt(r.speedup, ".2f", "x"),
+                _fmt(r.mean_accepted_prefix, ".2f"), _fmt(r.tokens_per_verify, ".2f"),
+                _fmt(r.acceptance_rate * 100, ".0f", "%"), _fmt(r.draft_ms_per_round, ".2f"),
+                _fmt(r.verify_ms_per_round, ".1f"), f"{r.identical}/{r.prompts}"]
+        if peer:
+            line += [_fmt(r.peer_tps), _fmt(r.vs_peer, ".2f", "x")]
+        body.append(line)
+    return headers, body
+
+
+def markdown(rows: Sequence[SummaryRow]) -> str:
+    headers, body = _columns(rows)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(r) + " |" for r in body]
+    return "\n".join(lines) + "\n"
+
+
+def run_bench(plan: BenchPlan, items: Sequence[WorkItem]) -> None:
+    opts = plan.run.options
+    g = opts.generation
+    b = plan.bench
+    session = open_session(plan.run, say=ui.info)
+    target = session.target
+    peer = None
+    if b.vs == "mlx-lm":
+        from ..peers import MlxLmPeer
+
+        widths = [d.block_size for d in plan.drafts if d.kind == "full-model"]
+        ui.info("starting stock mlx-lm (its own process, bundled BLAS, weights as stored)")
+        peer = MlxLmPeer(target.resolved.path, draft_path=session.draft.resolved.path if session.draft else None,
+                         draft_widths=widths, sampling=opts.sampling)
+    per_prompt = (1 + len(plan.drafts) + (len(peer.configs()) if peer else 0)) * b.repeats
+    ui.info(f"benchmark: {len(items)} prompts x {per_prompt} runs, max {g.max_tokens} tokens, "
+            f"{'greedy' if opts.sampling.greedy else f'temp {opts.sampling.temp}'}; interleaved after warmup")
+    try:
+        with ui.progress(1 + len(items) * per_prompt, "bench") as step:
+            result = benchmark.run(
+                target.model, target.tokenizer, items=items, drafts=plan.drafts, max_tokens=g.max_tokens,
+                sampling=opts.sampling, vocab_size=target.vocab_size, context_length=target.context_length,
+                draft_model=session.draft.model if session.draft else None, chat_template=g.chat_template,
+                peer=peer, repeats=b.repeats, on_step=step,
+            )
+    finally:
+        if peer is not None:
+            peer.close()
+    rows = benchmark.summarize(result)
+    choices = benchmark.recommend_widths(rows) if plan.widths else []
+    headers, body = _columns(rows)
+    ui.table(f"mlxcel bench: {target.resolved.source}", headers, body, right_from=2)
+    plain = [r for r in rows if r.kind == ALL_KINDS]
+    if plain:
+        r0 = plain[0]
+        ui.info(f"target only: {r0.plain_ms_per_token:.1f} ms/token, peak {r0.plain_peak_mib:.0f} MiB "
+                f"(speculative peak {max(r.spec_peak_mib for r in plain):.0f} MiB); "
+                f"BLAS {session.blas.name}, weights {target.dtype}")
+    ratio = benchmark.plain_vs_peer(result)
+    if ratio is not None:
+        ui.info(f"plain decode vs stock mlx-lm plain decode: {ratio:.2f}x (median over prompts)")
+    mismatched = [r for r in rows if r.kind == ALL_KINDS and r.identical < r.prompts]
+    for r in mismatched:
+        ui.warn(f"{r.config}: {r.prompts - r.identical} prompt(s) produced output different from plain decoding"
+                + ("" if opts.sampling.greedy or opts.sampling.seed is not None else " (sampling without --seed)"))
+    plot_path = None
+    if plan.widths:
+        plot_path = Path(b.plot_path or DEFAULT_PLOT)
+        from ..bench_plot import plot_sweep
+
+        name = target.resolved.source.split(" (")[0]
+        plot_sweep(rows, choices, plot_path, title=f"mlxcel bench: {name}, {len(items)} prompts, max {g.max_tokens} "
+                                                    f"tokens, BLAS {session.blas.name}, weights {target.dtype.split(' (')[0]}")
+        ui.info(f"plot: {plot_path}")
+        _say_choices(choices)
+    if b.json_path:
+        data = benchmark.to_json(
+            result, rows, choices, command=["mlxcel", *sys.argv[1:]], model=target.resolved.source,
+            blas=session.blas.name, weights=target.dtype, max_tokens=g.max_tokens,
+            sampling=asdict(opts.sampling),
+            workload=b.workload or "built-in", repeats=b.repeats, widths=list(plan.widths), plot=str(plot_path) if plot_path else None,
+            peer=b.vs, versions=_versions(), machine=f"{platform.system()} {platform.machine()}",
+        )
+        try:
+            Path(b.json_path).write_text(json.dumps(data, indent=2))
+        except OSError as exc:
+            raise MlxcelError(f"--json {b.json_path}: cannot write it ({exc.strerror})") from None
+        ui.info(f"json: {b.json_path}")
+    if b.markdown:
+        ui.write_out(markdown(rows))
+
+
+def _say_choices(choices: Sequence[WidthChoice]) -> None:
+    for c in choices:
+        ui.info(f"recommended width for {c.drafter}: {c.width} (median speedup {c.speedup:.2f}x over all prompts; "
+                f"narrowest within {benchmark.WIDTH_TIE:.0%} of the best) -> {c.flag} {c.width}")
