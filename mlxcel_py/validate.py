@@ -23,10 +23,14 @@ from .options import (
     DRAFT_KINDS,
     MAX_DRAFT_LIMIT,
     NGRAM_MAX_LIMIT,
+    PEERS,
     POLICIES,
+    BenchOptions,
+    BenchPlan,
     CommandOptions,
     DraftConfig,
     LookupConfig,
+    PromptLookupOptions,
     RunConfig,
 )
 
@@ -265,11 +269,9 @@ def _with_width(draft: DraftConfig, width: int) -> DraftConfig:
     return replace(draft, block_size=width)
 
 
-def validate_bench(opts: CommandOptions, bench: "BenchOptions") -> "BenchPlan":
+def validate_bench(opts: CommandOptions, bench: BenchOptions) -> BenchPlan:
     """`mlxcel bench`: the same rules as generate, except that --prompt-lookup and --draft-model
     may be given together (each is benchmarked), and with neither, prompt lookup is benchmarked."""
-    from .options import PEERS, BenchPlan, PromptLookupOptions
-
     if bench.vs is not None and bench.vs not in PEERS:
         raise UsageError(f"--vs {bench.vs}: the peer to compare against must be one of {', '.join(PEERS)}")
     if bench.limit is not None and bench.limit < 1:

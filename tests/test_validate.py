@@ -58,6 +58,7 @@ RULES = [
     (["bench", "--repeats", "0"], "--repeats must be between 1 and 100"),
     (["bench", "--max-tokens", "0"], "--max-tokens must be at least 1 for a benchmark"),
     (["bench", "--workload", "/nonexistent/w.jsonl"], "--workload /nonexistent/w.jsonl: no such file"),
+    (["bench", "--json", "/nonexistent/out.json"], "--json /nonexistent/out.json: the folder /nonexistent does not exist"),
     (["bench", "--draft-model", "d", "--prompt-lookup-max-draft", "4"], "--prompt-lookup-max-draft requires --prompt-lookup"),
     (["bench", "--draft-kind", "prompt-lookup"], "--draft-kind=prompt-lookup takes no drafter checkpoint"),
 ]

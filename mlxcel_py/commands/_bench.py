@@ -7,9 +7,9 @@ table on stdout; `--json` writes every run plus the summary.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 import platform
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 

@@ -20,7 +20,7 @@ EPILOG = (
 def bench(**params) -> None:
     """Benchmark plain vs speculative decoding on a workload (table, JSON, width sweep, plot)."""
     from .. import workload
-    from ..errors import MlxcelError
+    from ..errors import MlxcelError, UsageError
     from ..validate import validate_bench
 
     with ui.exit_on_error():
@@ -28,6 +28,10 @@ def bench(**params) -> None:
         b = plan.bench
         items = workload.load(Path(b.workload)) if b.workload else workload.builtin()
         items = workload.limit_per_kind(items, b.limit)
+        for flag, path in (("--json", b.json_path), ("--plot", b.plot_path)):
+            if path and not Path(path).resolve().parent.is_dir():  # found out now, not after the whole run
+                raise UsageError(f"{flag} {path}: the folder {Path(path).resolve().parent} does not exist; "
+                                 f"create it or pick another path")
         if plan.widths:
             from .. import bench_plot
 
