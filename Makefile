@@ -33,6 +33,9 @@ bench: model
 	$(MLXCEL) bench $(BENCH_PUBLIC) $(COST12) --repeats 3 --json docs/bench/public-cost.json --markdown > docs/bench/public-cost.md
 	$(MLXCEL) bench $(BENCH_PUBLIC) --json docs/bench/public-default.json --markdown > docs/bench/public-default.md
 	$(MLXCEL) bench $(COST12) --vs mlx-lm --json docs/bench/vs-mlx-lm.json --markdown > docs/bench/vs-mlx-lm.md
+	$(MLXCEL) bench --draft-model $$($(PY) -c 'from mlxcel_py.default_model import default_gguf; print(default_gguf())') \
+		--draft-block-size 4 --limit 1 --max-tokens 64 --vs mlx-lm --json docs/bench/vs-mlx-lm-draft.json \
+		--markdown > docs/bench/vs-mlx-lm-draft.md
 	$(MLXCEL) bench $(BENCH_PUBLIC) --prompt-lookup-policy cost --sweep-widths 1,2,4,7,12,16 \
 		--plot docs/bench/widths.png --json docs/bench/widths.json --markdown > docs/bench/widths.md
 
