@@ -70,7 +70,8 @@ def test_chat_two_turns_clear_ctrl_c_bye(cli_env):
     t.send("/clear\r")
     assert "Conversation cleared." in t.read_until(">>> ")
     t.send("Write a long story about a dragon who learns to bake bread.\r")
-    time.sleep(3.0)
+    t.read_until("bread.\r\n")  # the echoed line
+    t.read_until(" ", timeout=120)  # the reply has started streaming (a fixed sleep raced a slow start)
     t.send("\x03")  # Ctrl-C mid-reply
     cancelled = t.read_until(">>> ")
     assert "reply cancelled" in cancelled
