@@ -20,6 +20,9 @@ class Pty:
     def __init__(self, argv, env):
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # child
+            # a terminal user's Ctrl-C: a suite started in the background (`make test &`, CI runners)
+            # has SIGINT ignored, and an ignored signal stays ignored across exec
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execvpe(argv[0], argv, env)
         self.buf = ""
 
