@@ -14,21 +14,21 @@ from .benchmark import ALL_KINDS, SummaryRow, WidthChoice
 from .errors import MlxcelError
 
 
-def available() -> bool:
+def require() -> None:
+    """Refuse --sweep-widths up front (before any model loads) when matplotlib is missing."""
     import importlib.util
 
-    return importlib.util.find_spec("matplotlib") is not None
+    if importlib.util.find_spec("matplotlib") is None:
+        raise MlxcelError("--sweep-widths plots with matplotlib, which is not installed; "
+                          "pip install 'mlxcel-py[plot]' (or drop --sweep-widths)")
 
 
 def plot_sweep(rows: Sequence[SummaryRow], choices: Sequence[WidthChoice], path: Path, *, title: str) -> Path:
-    try:
-        import matplotlib
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise MlxcelError("--sweep-widths plots with matplotlib, which is not installed; "
-                          "pip install 'mlxcel-py[plot]' (or matplotlib)") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     drafters = sorted({r.config.split(" k=")[0] for r in rows})
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for d in drafters:
@@ -55,7 +55,6 @@ def plot_sweep(rows: Sequence[SummaryRow], choices: Sequence[WidthChoice], path:
     right.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

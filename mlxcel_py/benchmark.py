@@ -31,10 +31,6 @@ def config_label(draft: DraftConfig) -> str:
     return f"full-model k={draft.block_size}"
 
 
-def width_of(draft: DraftConfig) -> int:
-    return draft.max_draft
-
-
 @dataclass
 class RunRecord:
     """One timed generation of one prompt under one configuration."""
@@ -156,7 +152,7 @@ def run(
                 on_step(f"{item.kind} #{i + 1} {label}{tag}")
                 g = eng.generate(ids, max_tokens=max_tokens, sampling=sampling)
                 same = _drain(g) == base_tokens
-                rec = _record(i, item, label, width_of(d), g)
+                rec = _record(i, item, label, d.max_draft, g)
                 rec.identical = same
                 runs.setdefault(label, []).append(rec)
             if peer is not None:

@@ -204,7 +204,10 @@ class CostPolicy:
         return self._paused
 
     def alpha(self, match_len: int | None) -> float:
-        b = self._bucket_of(match_len)
+        """Estimated per-position acceptance for a match of this length."""
+        return self._alpha(self._bucket_of(match_len))
+
+    def _alpha(self, b: int) -> float:
         return self.hits[b] / (self.hits[b] + self.misses[b])
 
     def _bucket_of(self, match_len: int | None) -> int:
@@ -212,7 +215,7 @@ class CostPolicy:
 
     def cost(self, width: int) -> float:
         """Verify forward of `width` rows relative to a plain step: measured when both widths were
-        timed in this run, else the calibrated shape (scaled to this run's plain step)."""
+        timed in this run, else the calibrated (or default) shape."""
         w = min(width, len(self.shape) - 1)
         one = self.seconds.get(1)
         if one and width in self.seconds:
@@ -224,7 +227,7 @@ class CostPolicy:
 
     def size(self, proposed: int, match_len: int | None) -> int:
         self._bucket = self._bucket_of(match_len)
-        a = self.alpha(match_len)
+        a = self._alpha(self._bucket)
         best_k, best_rate = 0, 1.0  # k = 0: a plain step, one token per unit cost
         expected = 1.0
         for k in range(1, min(proposed, self.max_draft) + 1):

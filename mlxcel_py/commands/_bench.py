@@ -96,17 +96,16 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem]) -> None:
     choices = benchmark.recommend_widths(rows) if plan.widths else []
     headers, body = _columns(rows)
     ui.table(f"mlxcel bench: {target.resolved.source}", headers, body, right_from=2)
-    plain = [r for r in rows if r.kind == ALL_KINDS]
-    if plain:
-        r0 = plain[0]
+    overall = [r for r in rows if r.kind == ALL_KINDS]  # one row per configuration
+    if overall:
+        r0 = overall[0]
         ui.info(f"target only: {r0.plain_ms_per_token:.1f} ms/token, peak {r0.plain_peak_mib:.0f} MiB "
-                f"(speculative peak {max(r.spec_peak_mib for r in plain):.0f} MiB); "
+                f"(speculative peak {max(r.spec_peak_mib for r in overall):.0f} MiB); "
                 f"BLAS {session.blas.name}, weights {target.dtype}")
     ratio = benchmark.plain_vs_peer(result)
     if ratio is not None:
         ui.info(f"plain decode vs stock mlx-lm plain decode: {ratio:.2f}x (median over prompts)")
-    mismatched = [r for r in rows if r.kind == ALL_KINDS and r.identical < r.prompts]
-    for r in mismatched:
+    for r in (r for r in overall if r.identical < r.prompts):
         ui.warn(f"{r.config}: {r.prompts - r.identical} prompt(s) produced output different from plain decoding"
                 + ("" if opts.sampling.greedy or opts.sampling.seed is not None else " (sampling without --seed)"))
     plot_path = None

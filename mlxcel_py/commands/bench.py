@@ -20,7 +20,7 @@ EPILOG = (
 def bench(**params) -> None:
     """Benchmark plain vs speculative decoding on a workload (table, JSON, width sweep, plot)."""
     from .. import workload
-    from ..errors import MlxcelError, UsageError
+    from ..errors import UsageError
     from ..validate import validate_bench
 
     with ui.exit_on_error():
@@ -35,9 +35,7 @@ def bench(**params) -> None:
         if plan.widths:
             from .. import bench_plot
 
-            if not bench_plot.available():
-                raise MlxcelError("--sweep-widths plots with matplotlib, which is not installed; "
-                                  "pip install 'mlxcel-py[plot]' (or drop --sweep-widths)")
+            bench_plot.require()
         fastpath.prepare(plan.run.options.model.blas)
         from ._bench import run_bench
 
