@@ -15,6 +15,7 @@ from typing import Any, Protocol, Sequence
 
 import mlx.core as mx
 
+from . import cpu_kernels
 from .cache import SequenceCache
 from .prompt_lookup import PromptLookupIndex
 from .sampling import Decider
@@ -97,7 +98,8 @@ class FullModelDrafter:
         # The chain stays lazy: each step's input is the previous step's (unevaluated) pick,
         # so k draft steps cost one synchronisation instead of k.
         for i in range(limit):
-            logits = self.model(x, cache=self.cache.layers)[0, -1:].astype(mx.float32)
+            with cpu_kernels.engaged(self.model):
+                logits = self.model(x, cache=self.cache.layers)[0, -1:].astype(mx.float32)
             if decider.greedy:
                 t = mx.argmax(logits, axis=-1)
             else:

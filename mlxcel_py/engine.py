@@ -250,8 +250,8 @@ class Engine:
                 times[w] = (time.perf_counter() - t) / (3 if rep else 1)
         if self.draft.kind == "full-model" and self.draft_model is not None:
             dcache = SequenceCache(self.draft_model)
-            self.draft_model(mx.array([tokens]), cache=dcache.layers)
-            mx.eval(mx.argmax(self.draft_model(mx.array([[tokens[-1]]]), cache=dcache.layers), axis=-1))
+            forward(self.draft_model, dcache, tokens)
+            mx.eval(mx.argmax(forward(self.draft_model, dcache, tokens[-1:]), axis=-1))
         if calibrate:
             base = times[1]
             self.verify_cost = [0.0] + [times[w] / base for w in widths]

@@ -2,7 +2,7 @@
 
 Owns: telling a local folder, a GGUF file, a Hugging Face repo id and the default model apart;
 checking `config.json` before any weight is read; loading through `mlx_lm.load`; the CPU dtype
-choice (dequantize to float32); and the checks that need a model (trimmable caches). Every
+choice (dequantize to float32) and kernels (`cpu_kernels`); and the checks that need a model (trimmable caches). Every
 library failure becomes a one-line ModelError here, so no traceback reaches the user.
 """
 
@@ -37,6 +37,7 @@ class LoadedModel:
     resolved: ResolvedModel
     dtype: str
     load_seconds: float
+    kernels: str = "mlx-lm's"  # what computes attention and SwiGLU (cpu_kernels.enable)
 
     @property
     def config(self) -> dict:
@@ -172,9 +173,12 @@ def _cpu_dtype(model: Any, dequantize: bool) -> str:
     return "float32 (dequantized for the CPU)" if quantized else "float32"
 
 
-def load(resolved: ResolvedModel, *, dequantize: bool = True) -> LoadedModel:
+def load(resolved: ResolvedModel, *, dequantize: bool = True, fast_kernels: bool = True) -> LoadedModel:
     """Read weights and tokenizer of a resolved model."""
+    import mlx.core as mx
     import mlx_lm
+
+    from . import cpu_kernels
 
     start = time.perf_counter()
     try:
@@ -183,4 +187,6 @@ def load(resolved: ResolvedModel, *, dequantize: bool = True) -> LoadedModel:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelError(f"cannot load {resolved.path}: {text}") from None
     dtype = _cpu_dtype(model, dequantize)
-    return LoadedModel(model, tokenizer, resolved, dtype, time.perf_counter() - start)
+    # only the CPU backend has the slow exp these kernels replace
+    kernels = cpu_kernels.enable(model) if fast_kernels and mx.default_device() == mx.cpu else cpu_kernels.STOCK
+    return LoadedModel(model, tokenizer, resolved, dtype, time.perf_counter() - start, kernels)

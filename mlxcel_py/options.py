@@ -41,6 +41,7 @@ class ModelOptions:
     draft_model: str | None = None
     blas: bool = True
     dequantize: bool = True
+    fast_kernels: bool = True
 
 
 @dataclass(frozen=True)

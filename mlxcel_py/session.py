@@ -59,12 +59,12 @@ def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None)
     if run.draft.enabled:
         loading.check_trimmable_config(resolved.config)
     say(f"model: {resolved.source}")
-    target = loading.load(resolved, dequantize=mopts.dequantize)
+    target = loading.load(resolved, dequantize=mopts.dequantize, fast_kernels=mopts.fast_kernels)
     say(f"loaded in {target.load_seconds:.2f}s; weights {target.dtype}; BLAS {blas.name}"
-        + (f" ({blas.path})" if blas.path else f" ({blas.note})"))
+        + (f" ({blas.path})" if blas.path else f" ({blas.note})") + f"; kernels {target.kernels}")
     draft = None
     if draft_resolved is not None:
-        draft = loading.load(draft_resolved, dequantize=mopts.dequantize)
+        draft = loading.load(draft_resolved, dequantize=mopts.dequantize, fast_kernels=mopts.fast_kernels)
         say(f"draft model: {draft_resolved.source} ({draft.dtype})")
     from .engine import Engine
 

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
+from . import cpu_kernels
 from .cache import SequenceCache
 from .sampling import Decider
 
@@ -35,7 +36,8 @@ class Verdict:
 
 def forward(model: Any, cache: SequenceCache, inputs: Sequence[int]) -> mx.array:
     """Run `inputs` through the model on top of `cache`; returns logits (len(inputs), V)."""
-    logits = model(mx.array([list(inputs)], dtype=mx.int32), cache=cache.layers)
+    with cpu_kernels.engaged(model):
+        logits = model(mx.array([list(inputs)], dtype=mx.int32), cache=cache.layers)
     cache.appended(inputs)
     return logits[0]
 

@@ -20,7 +20,7 @@ def test_help_lists_documented_flags_for_all_commands(cli_env):
               "--min-p", "--seed", "--repetition-penalty", "--repeat-last-n", "--draft-kind", "--draft-block-size",
               "--spec-type", "--prompt-lookup", "--prompt-lookup-ngram-max", "--prompt-lookup-ngram-min",
               "--prompt-lookup-max-draft", "--prompt-lookup-no-adaptive", "--prompt-lookup-policy", "--pp-size",
-              "--revision", "--no-blas", "--no-dequantize"]
+              "--revision", "--no-blas", "--no-dequantize", "--no-fast-kernels"]
     server = ["--host", "--port", "--prompt-lookup-max-batch", "--no-batch", "--kv-unified"]
     for cmd, extra in [("generate", ["--prompt"]), ("run", ["--prompt"]), ("chat", ["--prompt"]), ("serve", server)]:
         r = mlxcel([cmd, "--help"], {**cli_env, "COLUMNS": "200"})
@@ -105,9 +105,11 @@ def test_generate_greedy_equals_mlx_lm_generate(cli_env, real):
     for text in ["Write a haiku about the sea.", "List three prime numbers and explain why."]:
         ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
         ref = mlx_lm.generate(model, tok, ids, max_tokens=32, sampler=make_sampler(0.0))
-        r = mlxcel(["generate", "-p", text, "-n", "32", "--no-dequantize"], cli_env)
-        assert r.returncode == 0, r.stderr
-        assert r.stdout.rstrip("\n") == ref.rstrip("\n")
+        # with mlx-lm's kernels, and with our vectorized-exp ones (about 1 ulp from MLX's exp)
+        for kernels in ([], ["--no-fast-kernels"]):
+            r = mlxcel(["generate", "-p", text, "-n", "32", "--no-dequantize", *kernels], cli_env)
+            assert r.returncode == 0, r.stderr
+            assert r.stdout.rstrip("\n") == ref.rstrip("\n"), kernels
 
 
 @pytest.mark.real

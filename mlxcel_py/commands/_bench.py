@@ -101,7 +101,7 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem]) -> None:
         r0 = overall[0]
         ui.info(f"target only: {r0.plain_ms_per_token:.1f} ms/token, peak {r0.plain_peak_mib:.0f} MiB "
                 f"(speculative peak {max(r.spec_peak_mib for r in overall):.0f} MiB); "
-                f"BLAS {session.blas.name}, weights {target.dtype}")
+                f"BLAS {session.blas.name}, weights {target.dtype}, kernels {target.kernels}")
     ratio = benchmark.plain_vs_peer(result)
     if ratio is not None:
         ui.info(f"plain decode vs stock mlx-lm plain decode: {ratio:.2f}x (median over prompts)")
@@ -121,7 +121,7 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem]) -> None:
     if b.json_path:
         data = benchmark.to_json(
             result, rows, choices, command=["mlxcel", *sys.argv[1:]], model=target.resolved.source,
-            blas=session.blas.name, weights=target.dtype, max_tokens=g.max_tokens,
+            blas=session.blas.name, weights=target.dtype, kernels=target.kernels, max_tokens=g.max_tokens,
             sampling=asdict(opts.sampling),
             workload=b.workload or "built-in", repeats=b.repeats, widths=list(plan.widths), plot=str(plot_path) if plot_path else None,
             peer=b.vs, versions=_versions(), machine=f"{platform.system()} {platform.machine()}",

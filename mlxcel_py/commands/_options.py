@@ -26,6 +26,7 @@ RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hugging 
 DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", "--model-draft", "-md", help="Smaller causal LM sharing the target's tokenizer, used as a full-model drafter.", rich_help_panel=MODEL)]
 NoBlasOpt = Annotated[bool, typer.Option("--no-blas", help="Keep MLX's bundled reference BLAS instead of loading OpenBLAS (Linux CPU).", rich_help_panel=RUNTIME)]
 NoDequantizeOpt = Annotated[bool, typer.Option("--no-dequantize", help="Keep quantized weights on the CPU instead of dequantizing to float32.", rich_help_panel=RUNTIME)]
+NoFastKernelsOpt = Annotated[bool, typer.Option("--no-fast-kernels", help="Keep mlx-lm's attention and SwiGLU (MLX's scalar exp on the CPU) instead of the vectorized-exp kernels.", rich_help_panel=RUNTIME)]
 
 PromptOpt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text; '-' reads it from stdin. Without it: interactive chat.", rich_help_panel=GEN)]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", metavar="N", help="Most tokens to generate; -1: until EOS or the context window.", rich_help_panel=GEN)]
@@ -88,6 +89,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
         model=O.ModelOptions(
             model=g("model"), revision=g("revision"), draft_model=g("draft_model"),
             blas=not g("no_blas", False), dequantize=not g("no_dequantize", False),
+            fast_kernels=not g("no_fast_kernels", False),
         ),
         generation=O.GenerationOptions(
             prompt=g("prompt"), max_tokens=g("max_tokens", O.DEFAULT_MAX_TOKENS), min_tokens=g("min_tokens", 0),
@@ -140,7 +142,8 @@ def _kw(name: str, annotation: Any, default: Any) -> inspect.Parameter:
 MODEL_PARAMS = [
     _kw("model", ModelOpt, None), _kw("revision", RevisionOpt, None), _kw("draft_model", DraftModelOpt, None),
 ]
-RUNTIME_PARAMS = [_kw("no_blas", NoBlasOpt, False), _kw("no_dequantize", NoDequantizeOpt, False)]
+RUNTIME_PARAMS = [_kw("no_blas", NoBlasOpt, False), _kw("no_dequantize", NoDequantizeOpt, False),
+                  _kw("no_fast_kernels", NoFastKernelsOpt, False)]
 GENERATION_PARAMS = [
     _kw("prompt", PromptOpt, None), _kw("max_tokens", MaxTokensOpt, O.DEFAULT_MAX_TOKENS),
     _kw("min_tokens", MinTokensOpt, 0), _kw("profile", ProfileOpt, False),

@@ -31,6 +31,7 @@ def print_profile(st: GenerationStats, session, *, finish_reason: str | None) ->
         ("Finish reason", str(finish_reason)),
         ("BLAS", session.blas.name + (f" ({session.blas.path})" if session.blas.path else "")),
         ("Weights", session.target.dtype),
+        ("Kernels", session.target.kernels),
         ("Warmup", ms(st.warmup_s)),
     ]
     if st.draft_kind:

@@ -1,0 +1,190 @@
+"""CPU kernels for attention and SwiGLU that avoid MLX's scalar exp.
+
+Why: on x86 the `mlx[cpu]` wheel evaluates exp (inside softmax and sigmoid) one element at a time
+through a software fma, about 12 ns per element against 0.2 ns for an add. A verify block
+multiplies those exps by its width (and attention's by the context length), so on the default
+model a width-8 verify spent about a third of its extra cost over a plain step in exp.
+
+What: exp is MLX's own Cephes polynomial (mlx/backend/cpu/simd/math.h: x*log2(e) = n + f,
+2^n * P(f)) written as elementwise ops that `mx.compile` fuses; it stays within about 1 ulp of
+`mx.exp`, and is exactly 0 where MLX's is. Attention folds the query heads that share a KV head
+into the rows of one matmul; SwiGLU is silu(gate) * x with the same exp.
+
+Where: `enable(model)` puts dispatchers into the model's mlx-lm module (its
+`scaled_dot_product_attention` and `swiglu` names). They run these kernels only inside
+`engaged(model)` for an enabled model, which the engine's forwards use, and mlx-lm's own functions
+everywhere else (stock mlx-lm in the same process is unchanged). Plain decoding and verification
+share the kernels, so greedy speculative output still equals plain output. Anything these kernels
+do not cover (array masks, attention sinks, quantized KV caches, dtypes other than float32) goes to
+mlx-lm's functions.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import mlx.core as mx
+from mlx_lm.models import activations as _activations
+from mlx_lm.models import base as _base
+
+FAST = "vectorized exp (attention softmax, SwiGLU)"
+STOCK = "mlx-lm's"
+
+_MLX_ATTENTION = _base.scaled_dot_product_attention
+_MLX_SWIGLU = _activations.swiglu
+
+# 2^f on [-1/2, 1/2], highest power first: the coefficients of MLX's CPU exp
+_EXP2_POLY = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3, 5.550332471162809e-2,
+              2.402264791363012e-1, 6.931472028550421e-1, 1.0)
+# adding 1.5 * 2^23 rounds a float32 of magnitude below 2^22 to an integer held in the low
+# mantissa bits: one add instead of floor() (a libm call that keeps the fused loop from inlining)
+_ROUND = 12582912.0
+_ROUND_BITS = 0x4B400000
+
+
+def _exp(x: mx.array) -> mx.array:
+    # exp(-88) is below float32's smallest normal: n = -127 there gives an exponent field of 0,
+    # so the result is exactly 0, like MLX's (which returns 0 below -88); 88 stays finite
+    x = mx.clip(x, -88.0, 88.0)
+    y = x * 1.442695
+    r = y + _ROUND
+    f = y - (r - _ROUND)
+    p = _EXP2_POLY[0]
+    for c in _EXP2_POLY[1:]:
+        p = p * f + c
+    two_n = ((r.view(mx.int32) - (_ROUND_BITS - 127)) << 23).view(mx.float32)
+    return two_n * p
+
+
+def _silu_times(gate: mx.array, x: mx.array) -> mx.array:
+    return gate * (1.0 / (1.0 + _exp(-gate))) * x
+
+
+class _Compiled:
+    """`mx.compile` keeps one trace per input shape for the life of the compiled function, and
+    the key length grows every decode step; start a fresh one after `limit` shapes."""
+
+    def __init__(self, fn: Callable[..., mx.array], limit: int = 512):
+        self._fn, self._limit = fn, limit
+        self._reset()
+
+    def _reset(self) -> None:
+        self._compiled = mx.compile(self._fn)
+        self._shapes: set[tuple] = set()
+
+    def __call__(self, *args: mx.array) -> mx.array:
+        key = tuple(a.shape for a in args)
+        if key not in self._shapes:
+            if len(self._shapes) >= self._limit:
+                self._reset()
+            self._shapes.add(key)
+        return self._compiled(*args)
+
+
+exp = _Compiled(_exp)
+silu_times = _Compiled(_silu_times)
+
+
+def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any) -> mx.array:
+    """softmax(q k^T * scale [+ causal mask]) v for (B, heads, L, D) queries and (B, kv_heads, S, D)
+    keys/values; mask is None or "causal" (row i sees keys up to S - L + i)."""
+    b, n_q, length, dim = queries.shape
+    n_kv, keys_len = keys.shape[1], keys.shape[2]
+    group = n_q // n_kv
+    # the query heads sharing one KV head become rows of one matmul (heads are grouped per KV
+    # head, as in MLX's own GQA fallback)
+    q = (queries * scale).reshape(b, n_kv, group * length, dim)
+    scores = q @ keys.swapaxes(-1, -2)
+    if mask is not None:
+        visible = mx.arange(keys_len - length, keys_len)[:, None] >= mx.arange(keys_len)[None]
+        scores = mx.where(visible, scores.reshape(b, n_kv, group, length, keys_len), -mx.inf)
+        scores = scores.reshape(b, n_kv, group * length, keys_len)
+    # subtracting the row max outside the fused exp keeps that kernel's input contiguous
+    e = exp(scores - scores.max(axis=-1, keepdims=True))
+    probs = e / e.sum(axis=-1, keepdims=True)
+    return (probs @ values).reshape(b, n_q, length, dim)
+
+
+# -- dispatch ------------------------------------------------------------------------------------
+_local = threading.local()
+_enabled: set[int] = set()
+
+
+def _engaged_now() -> bool:
+    return getattr(_local, "on", False)
+
+
+def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
+    """mlx-lm's signature; these kernels inside `engaged`, mlx-lm's otherwise."""
+    if (_engaged_now() and sinks is None and not hasattr(cache, "bits") and queries.dtype == mx.float32
+            and (mask is None or (isinstance(mask, str) and mask == "causal"))):
+        return attention(queries, keys, values, scale, mask)
+    return _MLX_ATTENTION(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+
+
+def swiglu(gate, x):
+    if _engaged_now() and gate.dtype == mx.float32 and x.dtype == mx.float32:
+        return silu_times(gate, x)
+    return _MLX_SWIGLU(gate, x)
+
+
+_DISPATCH = {
+    "scaled_dot_product_attention": (_MLX_ATTENTION, scaled_dot_product_attention),
+    "swiglu": (_MLX_SWIGLU, swiglu),
+}
+
+
+def self_check() -> str | None:
+    """None when the fused exp matches mx.exp here (a JIT compiler that reassociated the rounding
+    add would break it); otherwise why not."""
+    try:
+        x = mx.concatenate([mx.linspace(-87.0, 88.0, 20001), mx.array([-mx.inf, -200.0, -88.5, 0.0])])
+        got, want = exp(x), mx.exp(x)
+        rel = (mx.abs(got[:-4] - want[:-4]) / want[:-4]).max().item()
+        zeros_ok = bool((got[-4:-1] == 0).all().item()) and got[-1].item() == 1.0
+    except Exception as exc:  # e.g. no C++ compiler for MLX's CPU JIT
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+    if rel > 4e-7 or not zeros_ok:
+        return f"fused exp differs from mx.exp (relative error {rel:.1e})"
+    return None
+
+
+_check: list[str | None] = []
+
+
+def enable(model: Any) -> str:
+    """Use these kernels for `model`'s forwards inside `engaged(model)`; returns what is in use."""
+    if not _check:
+        _check.append(self_check())
+    if _check[0] is not None:
+        return f"{STOCK} (fast kernels unavailable: {_check[0]})"
+    module = sys.modules.get(type(model).__module__)
+    installed = False
+    for name, (original, dispatcher) in _DISPATCH.items():
+        current = getattr(module, name, None)
+        if current is original:
+            setattr(module, name, dispatcher)
+        installed |= getattr(module, name, None) is dispatcher
+    if not installed:  # an architecture that calls neither function by these names
+        return STOCK
+    key = id(model)
+    _enabled.add(key)
+    weakref.finalize(model, _enabled.discard, key)
+    return FAST
+
+
+@contextmanager
+def engaged(model: Any) -> Iterator[None]:
+    """Build `model`'s forward graphs with these kernels if it was enabled."""
+    if id(model) not in _enabled or _engaged_now():
+        yield
+        return
+    _local.on = True
+    try:
+        yield
+    finally:
+        _local.on = False
