@@ -37,7 +37,7 @@ class LoadedModel:
     resolved: ResolvedModel
     dtype: str
     load_seconds: float
-    kernels: str = "mlx-lm's"  # what computes attention and SwiGLU (cpu_kernels.enable)
+    kernels: str  # what computes attention and SwiGLU (cpu_kernels.enable)
 
     @property
     def config(self) -> dict:

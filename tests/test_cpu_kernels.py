@@ -70,6 +70,11 @@ def test_dispatch_only_inside_engaged_for_an_enabled_model(tiny, tiny_dir, monke
         inside = tiny.model(tokens)
     assert "attention" in used and "swiglu" in used
     assert mx.allclose(inside, outside, atol=1e-4).item()
+    # prefill-sized blocks keep mlx-lm's functions (peak memory)
+    used.clear()
+    with cpu_kernels.engaged(tiny.model):
+        mx.eval(tiny.model(mx.array([list(range(cpu_kernels.MAX_ROWS + 1))])))
+    assert used == []
     # a model loaded with --no-fast-kernels never engages them
     stock = loading.load(loading.resolve(str(tiny_dir)), fast_kernels=False)
     assert stock.kernels == cpu_kernels.STOCK
