@@ -23,6 +23,7 @@ memory above the weights, for a cost paid once per prompt.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import weakref
@@ -158,15 +159,15 @@ def self_check() -> str | None:
     return None
 
 
-_check: list[str | None] = []
+@functools.cache
+def _unavailable() -> str | None:
+    return self_check()  # once per process: the JIT and its compiler do not change
 
 
 def enable(model: Any) -> str:
     """Use these kernels for `model`'s forwards inside `engaged(model)`; returns what is in use."""
-    if not _check:
-        _check.append(self_check())
-    if _check[0] is not None:
-        return f"{STOCK} (fast kernels unavailable: {_check[0]})"
+    if (why := _unavailable()) is not None:
+        return f"{STOCK} (fast kernels unavailable: {why})"
     module = sys.modules.get(type(model).__module__)
     installed = False
     for name, (original, dispatcher) in _DISPATCH.items():

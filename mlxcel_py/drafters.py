@@ -97,17 +97,17 @@ class FullModelDrafter:
         start = len(context) - decider.prompt_len
         # The chain stays lazy: each step's input is the previous step's (unevaluated) pick,
         # so k draft steps cost one synchronisation instead of k.
-        for i in range(limit):
-            with cpu_kernels.engaged(self.model):
+        with cpu_kernels.engaged(self.model):
+            for i in range(limit):
                 logits = self.model(x, cache=self.cache.layers)[0, -1:].astype(mx.float32)
-            if decider.greedy:
-                t = mx.argmax(logits, axis=-1)
-            else:
-                q = decider.probs(logits)
-                rows.append(q)
-                t = mx.random.categorical(mx.log(q), key=decider.key(start + i, salt=3))
-            picks.append(t)
-            x = t.reshape(1, 1).astype(mx.int32)
+                if decider.greedy:
+                    t = mx.argmax(logits, axis=-1)
+                else:
+                    q = decider.probs(logits)
+                    rows.append(q)
+                    t = mx.random.categorical(mx.log(q), key=decider.key(start + i, salt=3))
+                picks.append(t)
+                x = t.reshape(1, 1).astype(mx.int32)
         tokens_arr = mx.concatenate(picks)
         q_all = mx.concatenate(rows, axis=0) if rows else None
         if q_all is not None and self.target_vocab and q_all.shape[-1] < self.target_vocab:

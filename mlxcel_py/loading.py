@@ -2,8 +2,9 @@
 
 Owns: telling a local folder, a GGUF file, a Hugging Face repo id and the default model apart;
 checking `config.json` before any weight is read; loading through `mlx_lm.load`; the CPU dtype
-choice (dequantize to float32) and kernels (`cpu_kernels`); and the checks that need a model (trimmable caches). Every
-library failure becomes a one-line ModelError here, so no traceback reaches the user.
+choice (dequantize to float32) and kernels (`cpu_kernels`); and the checks that need a model
+(trimmable caches). Every library failure becomes a one-line ModelError here, so no traceback
+reaches the user.
 """
 
 from __future__ import annotations
