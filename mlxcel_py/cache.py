@@ -1,47 +1,266 @@
-"""KV caches for one sequence: creation, exact rollback, and prefix reuse across requests.
+"""One sequence's model caches: feeding tokens, exact rollback of every cache kind, prefix reuse.
 
-Rollback goes through mlx-lm's own `trim` (an offset change, O(1)); a trim that removes fewer
-tokens than asked is a bug, not a user error, so it asserts. `SequenceCache` also remembers which
-tokens the cache holds, so a chat turn can reuse the longest common prefix of the last turn.
+Speculation feeds a block of tokens and then keeps only a prefix of it, so every cache must be
+able to forget its newest positions. mlx-lm's `trim` does that for plain KV caches only; the rest
+(sliding windows, conv and recurrent state) is handled here, chosen per cache object
+(`rollback_kind`), in the one place that the verify round, the drafters and the warmup all use:
+
+- "trim": KVCache, QuantizedKVCache, ConcatenateKVCache, ChunkedKVCache. mlx-lm's `trim`, O(1).
+- "window": RotatingKVCache. A block of S > 1 tokens goes through `_update_concat`, which leaves
+  the rows in temporal order (max_size - 1 + S of them), so dropping the newest n < S rows is a
+  slice. After single-token (in-place, rotating) writes the checkpoint is restored instead.
+- "state": ArraysCache (conv and recurrent state) and any other cache a trim cannot undo. The
+  layers replace these arrays rather than mutate them, so a checkpoint is a shallow copy of
+  references (no array is copied). Rolling back restores the checkpoint and re-feeds the kept
+  tokens; that replay is deferred and rides in front of the next forward (`_pending`), so a
+  partial accept costs a few extra rows in the next block instead of an extra forward.
+- "list": CacheList, each part by its own kind.
+
+When a rollback cannot be done by trims and slices alone, every layer goes back to the checkpoint
+together (trim layers are trimmed to it) and the kept tokens are replayed: the layers of one model
+always stand at the same position.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+import mlx.core as mx
+from mlx_lm.models.cache import (
+    ArraysCache,
+    CacheList,
+    ChunkedKVCache,
+    ConcatenateKVCache,
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
+
+from . import cpu_kernels
+
+TRIM, WINDOW, STATE, LIST = "trim", "window", "state", "list"
+_TRIM_TYPES = (KVCache, QuantizedKVCache, ConcatenateKVCache, ChunkedKVCache)
 
 
-def rollback(caches: list[Any], n: int) -> None:
-    """Drop the newest `n` positions from every layer cache."""
-    if n <= 0:
-        return
-    trimmed = trim_prompt_cache(caches, n)
-    assert trimmed == n, f"cache rollback trimmed {trimmed} of {n} tokens"
+def rollback_kind(c: Any) -> str:
+    if isinstance(c, RotatingKVCache):
+        return WINDOW
+    if isinstance(c, CacheList):
+        return LIST
+    if isinstance(c, _TRIM_TYPES):
+        return TRIM
+    return STATE  # ArraysCache and caches of other families: checkpoint and replay
 
 
-def offset(caches: list[Any]) -> int:
-    return caches[0].offset if caches else 0
+def describe_kinds(layers: Sequence[Any]) -> str:
+    """'trim x30' / 'state x3, trim x1': what the rollback of a model's caches uses."""
+    counts: dict[str, int] = {}
+
+    def add(c):
+        k = rollback_kind(c)
+        if k == LIST:
+            for part in c.caches:
+                add(part)
+        else:
+            counts[k] = counts.get(k, 0) + 1
+
+    for c in layers:
+        add(c)
+    return ", ".join(f"{k} x{n}" for k, n in counts.items())
+
+
+def check_rollback(layers: Sequence[Any]) -> str | None:
+    """Why these caches cannot be rolled back exactly, or None. A checkpoint copies attributes, so a
+    cache object without them (a C extension type, __slots__ only) is the one impossible case."""
+    for c in layers:
+        if rollback_kind(c) == LIST:
+            why = check_rollback(c.caches)
+            if why:
+                return why
+        elif rollback_kind(c) == STATE and not hasattr(c, "__dict__"):
+            return f"its {type(c).__name__} cache keeps its state where a checkpoint cannot copy it"
+    return None
+
+
+# ---- per-layer snapshots -----------------------------------------------------------------------
+def _snapshot(c: Any) -> Any:
+    kind = rollback_kind(c)
+    if kind == TRIM:
+        return None
+    if kind == LIST:
+        return [_snapshot(p) for p in c.caches]
+    if kind == WINDOW:
+        # single-token writes assign into the buffer in place; a new array object keeps the old rows
+        copy = (lambda a: None if a is None else mx.array(a))
+        return (copy(c.keys), copy(c.values), c.offset, c._idx)
+    # state: the layers rebind these attributes (and list items); copying the lists is enough
+    return {k: (list(v) if isinstance(v, list) else v) for k, v in vars(c).items()}
+
+
+def _restore(c: Any, snap: Any, since: int) -> None:
+    """Put layer `c` back where `snap` was taken; `since` positions were fed after it."""
+    kind = rollback_kind(c)
+    if kind == TRIM:
+        got = c.trim(since)
+        assert got == since, f"cache rollback trimmed {got} of {since} tokens"
+    elif kind == LIST:
+        for part, s in zip(c.caches, snap):
+            _restore(part, s, since)
+    elif kind == WINDOW:
+        c.keys, c.values, c.offset, c._idx = snap
+    else:
+        for k, v in snap.items():
+            setattr(c, k, list(v) if isinstance(v, list) else v)
+
+
+def _rewind_in_place(c: Any, n: int, last_write: int) -> bool:
+    """Drop the newest n positions without a checkpoint, where the cache kind allows it."""
+    kind = rollback_kind(c)
+    if kind == TRIM:
+        return True  # trimmed in _apply_rewind, after every layer said yes
+    if kind == LIST:
+        return all(_rewind_in_place(p, n, last_write) for p in c.caches)
+    if kind == WINDOW:
+        # the last write was one concat block (temporal order) and keeps at least one of its rows
+        return last_write > 1 and n < last_write and c.keys is not None and c._idx == c.keys.shape[2]
+    return False
+
+
+def _apply_rewind(c: Any, n: int) -> None:
+    kind = rollback_kind(c)
+    if kind == TRIM:
+        got = c.trim(n)
+        assert got == n, f"cache rollback trimmed {got} of {n} tokens"
+    elif kind == LIST:
+        for p in c.caches:
+            _apply_rewind(p, n)
+    else:  # window, in temporal order: slice off the newest rows
+        end = c.keys.shape[2] - n
+        c.keys, c.values = c.keys[..., :end, :], c.values[..., :end, :]
+        c.offset -= n
+        c._idx = end
+
+
+@dataclass
+class Checkpoint:
+    position: int  # positions held by the layers when it was taken
+    snaps: list
+
+
+def _arrays(x: Any) -> list:
+    if isinstance(x, mx.array):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [a for v in x for a in _arrays(v)]
+    return []
 
 
 class SequenceCache:
-    """A model's layer caches plus the token ids they hold, in order."""
+    """A model's layer caches plus the token ids they stand for, in order.
+
+    `tokens` are the committed positions; the newest `len(_pending)` of them are not in the layers
+    yet (restored away by a rollback) and are fed in front of the next forward.
+    """
 
     def __init__(self, model: Any):
         self.model = model
         self.layers = make_prompt_cache(model)
         self.tokens: list[int] = []
+        self._pending: list[int] = []
+        self._checkpoint: Checkpoint | None = None
+        self._last_write = 0
+        self.trim_only = all(rollback_kind(c) == TRIM or (rollback_kind(c) == LIST and all(
+            rollback_kind(p) == TRIM for p in c.caches)) for c in self.layers)
 
+    # -- feeding -------------------------------------------------------------------------------
     @property
-    def trimmable(self) -> bool:
-        return can_trim_prompt_cache(self.layers)
+    def fed(self) -> int:
+        """Positions actually held by the layers."""
+        return len(self.tokens) - len(self._pending)
 
-    def truncate(self, n: int) -> None:
-        """Keep only the first n tokens."""
+    def run(self, x: mx.array) -> mx.array:
+        """The model on `x` (1-D int32 ids, possibly lazy) after any pending replay; returns the
+        logits rows of `x` only. Token bookkeeping is the caller's (`appended`)."""
+        if self._pending:
+            x = mx.concatenate([mx.array(self._pending, dtype=mx.int32), x.astype(mx.int32)])
+        with cpu_kernels.engaged(self.model):
+            logits = self.model(x[None], cache=self.layers)[0]
+        self._last_write = x.shape[0]
+        if self._pending:
+            logits = logits[len(self._pending):]
+            self._pending = []
+        return logits
+
+    def feed(self, inputs: Sequence[int]) -> mx.array:
+        """Run `inputs` through the model on top of this cache; returns logits (len(inputs), V)."""
+        logits = self.run(mx.array(list(inputs), dtype=mx.int32))
+        self.tokens.extend(inputs)
+        return logits
+
+    def appended(self, tokens: Sequence[int]) -> None:
+        """Record that `tokens` were just fed through `run`."""
+        self.tokens.extend(tokens)
+
+    def prefill(self, tokens: Sequence[int], chunk: int = 2048) -> None:
+        """Feed `tokens` in chunks, evaluating the cache after each so memory stays bounded."""
+        for i in range(0, len(tokens), chunk):
+            self.feed(tokens[i : i + chunk])
+            self.eval()
+
+    def settle(self) -> None:
+        """Replay pending tokens now, so the layers hold every committed position."""
+        if self._pending:
+            self.run(mx.array([], dtype=mx.int32))
+            self.eval()
+
+    def eval(self) -> None:
+        mx.eval(_arrays([c.state for c in self.layers]))
+
+    # -- rollback ------------------------------------------------------------------------------
+    def mark(self) -> None:
+        """Checkpoint the layers before a block that may be partly rolled back (free for trim-only
+        models, references for the others)."""
+        if self.trim_only:
+            return
+        self._checkpoint = Checkpoint(self.fed, [_snapshot(c) for c in self.layers])
+
+    def release(self) -> None:
+        """Drop the checkpoint (its references would make later in-place writes copy buffers)."""
+        self._checkpoint = None
+
+    def truncate(self, n: int) -> bool:
+        """Keep only the first n tokens. False (and nothing changed) if that needs a checkpoint at
+        or before n and there is none."""
         drop = len(self.tokens) - n
-        if drop > 0:
-            rollback(self.layers, drop)
+        if drop <= 0:
+            return True
+        fed = self.fed
+        if n >= fed:  # only replay-pending tokens go
+            del self._pending[len(self._pending) - drop :]
             del self.tokens[n:]
+            return True
+        k = fed - n  # positions to remove from the layers
+        if all(_rewind_in_place(c, k, self._last_write) for c in self.layers):
+            for c in self.layers:
+                _apply_rewind(c, k)
+            self._last_write -= k
+            self._pending = []
+        elif self._checkpoint is not None and self._checkpoint.position <= n:
+            cp = self._checkpoint
+            for c, snap in zip(self.layers, cp.snaps):
+                _restore(c, snap, fed - cp.position)
+            self._pending = self.tokens[cp.position : n]
+            self._last_write = 0
+        else:
+            return False
+        del self.tokens[n:]
+        return True
+
+    def reset(self) -> None:
+        self.layers = make_prompt_cache(self.model)
+        self.tokens, self._pending, self._checkpoint, self._last_write = [], [], None, 0
 
     def reuse_prefix(self, tokens: Sequence[int]) -> int:
         """Trim to the longest common prefix with `tokens` (at most len-1); return its length."""
@@ -49,13 +268,7 @@ class SequenceCache:
         n = 0
         while n < limit and self.tokens[n] == tokens[n]:
             n += 1
-        if not self.trimmable and n < len(self.tokens):
-            self.layers = make_prompt_cache(self.model)
-            self.tokens = []
+        if not self.truncate(n):
+            self.reset()
             return 0
-        self.truncate(n)
         return n
-
-    def appended(self, tokens: Sequence[int]) -> None:
-        """Record that `tokens` were just fed through the model with these caches."""
-        self.tokens.extend(tokens)

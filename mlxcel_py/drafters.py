@@ -4,7 +4,7 @@
 - FullModelDrafter: a smaller causal LM sharing the target's tokenizer, run autoregressively from
   its own caches; argmax drafts when greedy, samples from its filtered distribution q otherwise
   (then the verifier applies the lossless p/q rule). Rejected drafts leave its cache through the
-  same prefix trim the target uses.
+  same rollback the target uses (SequenceCache.truncate: trim, window slice or checkpoint replay).
 The engine calls begin() once per request, propose() before a round, commit() after it.
 """
 
@@ -15,11 +15,9 @@ from typing import Any, Protocol, Sequence
 
 import mlx.core as mx
 
-from . import cpu_kernels
 from .cache import SequenceCache
 from .prompt_lookup import PromptLookupIndex
 from .sampling import Decider
-from .verify import prefill
 
 
 @dataclass
@@ -80,7 +78,7 @@ class FullModelDrafter:
 
     def begin(self, context: Sequence[int]) -> None:
         n = self.cache.reuse_prefix(context)
-        prefill(self.model, self.cache, list(context[n:-1]))
+        self.cache.prefill(list(context[n:-1]))
 
     def commit(self, context: Sequence[int]) -> None:
         pass  # propose() trims to the common prefix with the committed context
@@ -89,25 +87,25 @@ class FullModelDrafter:
         return []
 
     def propose(self, context: Sequence[int], limit: int, decider: Decider) -> Proposal:
-        n = self.cache.reuse_prefix(context)
+        n = self.cache.reuse_prefix(context)  # drops the rejected drafts (see SequenceCache.truncate)
         feed = list(context[n:])
-        x = mx.array([feed], dtype=mx.int32)
+        self.cache.mark()  # the next propose rolls back to the committed context from here
+        x = mx.array(feed, dtype=mx.int32)
         picks: list[mx.array] = []
         rows: list[mx.array] = []
         start = len(context) - decider.prompt_len
         # The chain stays lazy: each step's input is the previous step's (unevaluated) pick,
         # so k draft steps cost one synchronisation instead of k.
-        with cpu_kernels.engaged(self.model):
-            for i in range(limit):
-                logits = self.model(x, cache=self.cache.layers)[0, -1:].astype(mx.float32)
-                if decider.greedy:
-                    t = mx.argmax(logits, axis=-1)
-                else:
-                    q = decider.probs(logits)
-                    rows.append(q)
-                    t = mx.random.categorical(mx.log(q), key=decider.key(start + i, salt=3))
-                picks.append(t)
-                x = t.reshape(1, 1).astype(mx.int32)
+        for i in range(limit):
+            logits = self.cache.run(x)[-1:].astype(mx.float32)
+            if decider.greedy:
+                t = mx.argmax(logits, axis=-1)
+            else:
+                q = decider.probs(logits)
+                rows.append(q)
+                t = mx.random.categorical(mx.log(q), key=decider.key(start + i, salt=3))
+            picks.append(t)
+            x = t.astype(mx.int32)
         tokens_arr = mx.concatenate(picks)
         q_all = mx.concatenate(rows, axis=0) if rows else None
         if q_all is not None and self.target_vocab and q_all.shape[-1] < self.target_vocab:

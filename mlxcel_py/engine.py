@@ -23,7 +23,7 @@ from .options import DraftConfig, SamplingOptions
 from .policy import CostPolicy, make_policy
 from .sampling import Decider
 from .stats import GenerationStats
-from .verify import RULE_GREEDY, RULE_PQ, RULE_SAMPLER_MATCH, forward, prefill, verify_round
+from .verify import RULE_GREEDY, RULE_PQ, RULE_SAMPLER_MATCH, verify_round
 
 @dataclass(frozen=True)
 class TokenEvent:
@@ -78,7 +78,7 @@ class Generation:
         t0 = time.perf_counter()
         cache = eng.sequence_cache(self.reuse_cache)
         st.cached_tokens = cache.reuse_prefix(self.prompt)
-        prefill(eng.model, cache, self.prompt[st.cached_tokens : -1])
+        cache.prefill(self.prompt[st.cached_tokens : -1])
         st.prefill_s = time.perf_counter() - t0
 
         history = list(self.prompt)
@@ -120,7 +120,7 @@ class Generation:
                             shadow, shadow_pos = drafter.shadow(policy.shadow_len), len(history)
                 if draft:
                     tv = time.perf_counter()
-                    verdict = verify_round(eng.model, cache, history, draft, decider, q)
+                    verdict = verify_round(cache, history, draft, decider, q)
                     dt = time.perf_counter() - tv
                     st.verify_s += dt
                     policy.timed(len(draft) + 1, dt)
@@ -133,7 +133,7 @@ class Generation:
                     new, n_from_draft = verdict.tokens, verdict.accepted
                 else:
                     tp = time.perf_counter()
-                    logits = forward(eng.model, cache, history[-1:])
+                    logits = cache.feed(history[-1:])
                     new, n_from_draft = decider.decide(logits, history, history[-1:]), 0
                     if policy is not None:
                         policy.timed(1, time.perf_counter() - tp)
@@ -235,8 +235,7 @@ class Engine:
         widths = list(range(1, (self.draft.max_draft + 1 if self.draft.enabled else 1) + 1))
         tokens = list(prompt[:32]) if prompt else [0, 1, 2, 3]
         cache = SequenceCache(self.model)
-        forward(self.model, cache, tokens)
-        mx.eval([c.state for c in cache.layers])
+        cache.prefill(tokens)
         decider = Decider(sampling or SamplingOptions(), eos_ids=self.eos_ids, prompt_len=len(tokens),
                           vocab_size=self.vocab_size)
         times = {}
@@ -244,14 +243,19 @@ class Engine:
             for w in widths:
                 t = time.perf_counter()
                 for _ in range(3 if rep else 1):
-                    logits = forward(self.model, cache, [tokens[-1]] * w)
+                    # rolled back through the same checkpoint a verify round uses, so caches
+                    # that a trim cannot undo (windows, recurrent state) warm up too
+                    cache.mark()
+                    logits = cache.feed([tokens[-1]] * w)
                     decider.decide(logits, tokens, [tokens[-1]] * w)
+                    cache.eval()
                     cache.truncate(len(cache.tokens) - w)
+                    cache.release()
                 times[w] = (time.perf_counter() - t) / (3 if rep else 1)
         if self.draft.kind == "full-model" and self.draft_model is not None:
             dcache = SequenceCache(self.draft_model)
-            forward(self.draft_model, dcache, tokens)
-            mx.eval(mx.argmax(forward(self.draft_model, dcache, tokens[-1:]), axis=-1))
+            dcache.feed(tokens)
+            mx.eval(mx.argmax(dcache.feed(tokens[-1:]), axis=-1))
         if calibrate:
             base = times[1]
             self.verify_cost = [0.0] + [times[w] / base for w in widths]

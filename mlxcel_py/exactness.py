@@ -13,7 +13,6 @@ from typing import Any, Sequence
 import mlx.core as mx
 
 from .cache import SequenceCache
-from .verify import forward
 
 BLOCK = 8
 
@@ -53,10 +52,10 @@ def first_divergence(model: Any, prompt: Sequence[int], spec: Sequence[int], pla
     b = spec[n] if n < len(spec) else None
     context = list(prompt) + list(spec[:n])
     step_cache = SequenceCache(model)
-    forward(model, step_cache, context[:-1])
-    step = forward(model, step_cache, context[-1:])[-1]
+    step_cache.feed(context[:-1])
+    step = step_cache.feed(context[-1:])[-1]
     block_cache = SequenceCache(model)
     width = min(BLOCK, len(context) - 1)
-    forward(model, block_cache, context[:-width])
-    block = forward(model, block_cache, context[-width:])[-1]
+    block_cache.feed(context[:-width])
+    block = block_cache.feed(context[-width:])[-1]
     return Divergence(n, b, a, _margin(step, a, b), _margin(block, a, b))

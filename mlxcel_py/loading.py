@@ -3,7 +3,7 @@
 Owns: telling a local folder, a GGUF file, a Hugging Face repo id and the default model apart;
 checking `config.json` before any weight is read; loading through `mlx_lm.load`; the CPU dtype
 choice (dequantize to float32) and kernels (`cpu_kernels`); and the checks that need a model
-(trimmable caches). Every library failure becomes a one-line ModelError here, so no traceback
+(caches that can be rolled back). Every library failure becomes a one-line ModelError here, so no traceback
 reaches the user.
 """
 
@@ -124,20 +124,23 @@ def _hub_snapshot(repo_id: str, revision: str | None, what: str = "--model") -> 
         ) from None
 
 
-def check_trimmable(model: Any, *, what: str = "the target model") -> None:
-    """Speculation rolls rejected drafts back with a cache trim; refuse models that cannot."""
-    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+def check_rollback(model: Any, *, what: str = "the target model") -> None:
+    """Speculation rolls rejected drafts back (trim, window slice or checkpoint replay, see
+    `cache`); refuse only a model whose caches none of them can restore."""
+    from mlx_lm.models.cache import make_prompt_cache
 
-    if not can_trim_prompt_cache(make_prompt_cache(model)):
+    from .cache import check_rollback as why_not
+
+    why = why_not(make_prompt_cache(model))
+    if why:
         raise ModelError(
-            f"{what} keeps state that a cache trim cannot roll back (recurrent, hybrid or rotating "
-            "caches), so a rejected draft cannot be undone",
-            hint="decode without speculation (drop --prompt-lookup / --draft-model)",
+            f"{what} cannot speculate: {why}, so a rejected draft cannot be undone",
+            hint="decode without speculation (drop --prompt-lookup / --draft-model / --draft-kind)",
         )
 
 
-def check_trimmable_config(config: dict, *, what: str = "the target model") -> None:
-    """The trimmable-cache check on a weightless instance, so it runs before any weight loads."""
+def check_rollback_config(config: dict, *, what: str = "the target model") -> None:
+    """The rollback check on a weightless instance, so it runs before any weight loads."""
     from mlx_lm.utils import _get_classes
 
     try:
@@ -145,7 +148,7 @@ def check_trimmable_config(config: dict, *, what: str = "the target model") -> N
         model = model_cls(args_cls.from_dict(config))
     except Exception:  # load() builds the model the same way and reports the failure in its own words
         return
-    check_trimmable(model, what=what)
+    check_rollback(model, what=what)
 
 
 def load_tokenizer_only(resolved: ResolvedModel):

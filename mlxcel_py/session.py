@@ -2,7 +2,7 @@
 
 Shared by generate, run, chat, serve and bench so every command loads models and refuses bad
 pairings the same way. Config-level refusals (missing/malformed config.json, drafter vocabulary,
-DFlash folders) happen before any weight is read; model-level ones (trimmable caches, token-id
+DFlash folders) happen before any weight is read; model-level ones (cache rollback, token-id
 maps) right after loading, before generation. Reports progress through a `say` callback.
 """
 
@@ -55,9 +55,9 @@ def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None)
         preflight_draft(resolved.config, draft_resolved.path)
         _check_token_ids(loading.load_tokenizer_only(resolved), loading.load_tokenizer_only(draft_resolved),
                          run.draft.draft_model)
-        loading.check_trimmable_config(draft_resolved.config, what="the draft model")
+        loading.check_rollback_config(draft_resolved.config, what="the draft model")
     if run.draft.enabled:
-        loading.check_trimmable_config(resolved.config)
+        loading.check_rollback_config(resolved.config)
     say(f"model: {resolved.source}")
     target = loading.load(resolved, dequantize=mopts.dequantize, fast_kernels=mopts.fast_kernels)
     say(f"loaded in {target.load_seconds:.2f}s; weights {target.dtype}; BLAS {blas.name}"

@@ -2,7 +2,7 @@
 
 Pure (no MLX, no Typer). Every documented incompatible combination is refused here, before any
 model loads, with one line that names the flags and the fix. docs/validation.md lists each rule
-and tests/test_validate.py has a test per rule. Model-dependent checks (vocab, trimmable caches,
+and tests/test_validate.py has a test per rule. Model-dependent checks (vocab, cache rollback,
 DFlash folders, config.json) live in `preflight`, which reads config files but no weights.
 """
 

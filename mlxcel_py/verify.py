@@ -2,7 +2,8 @@
 
 Feed `[last, d1..dk]` in one forward, decide each position with the request's Decider, keep the
 longest accepted prefix plus the target's own next token (the replacement at the first rejection,
-or a bonus token after a full block), and roll the cache back by exactly the rejected count.
+or a bonus token after a full block), and roll the cache back by exactly the rejected count
+(`SequenceCache.truncate`, which picks trim, window slice or checkpoint replay per cache kind).
 Rules: sampler-match for one-hot drafts (prompt lookup, argmax drafters): accept d_i iff it equals
 the target's own draw at that position, which is lossless and, with position-keyed randomness,
 reproduces the plain run token for token. Lossless p/q (Leviathan/Chen) for drafters that sampled
@@ -13,11 +14,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import mlx.core as mx
 
-from . import cpu_kernels
 from .cache import SequenceCache
 from .sampling import Decider
 
@@ -34,23 +34,7 @@ class Verdict:
     rollback_s: float = 0.0
 
 
-def forward(model: Any, cache: SequenceCache, inputs: Sequence[int]) -> mx.array:
-    """Run `inputs` through the model on top of `cache`; returns logits (len(inputs), V)."""
-    with cpu_kernels.engaged(model):
-        logits = model(mx.array([list(inputs)], dtype=mx.int32), cache=cache.layers)
-    cache.appended(inputs)
-    return logits[0]
-
-
-def prefill(model: Any, cache: SequenceCache, tokens: Sequence[int], chunk: int = 2048) -> None:
-    """Feed `tokens` in chunks, evaluating the cache after each so memory stays bounded."""
-    for i in range(0, len(tokens), chunk):
-        forward(model, cache, tokens[i : i + chunk])
-        mx.eval([c.state for c in cache.layers])
-
-
 def verify_round(
-    model: Any,
     cache: SequenceCache,
     history: Sequence[int],
     draft: Sequence[int],
@@ -59,7 +43,8 @@ def verify_round(
 ) -> Verdict:
     """history ends with `last` (not yet in cache); returns what to commit. Cache ends consistent."""
     inputs = [history[-1], *draft]
-    logits = forward(model, cache, inputs)
+    cache.mark()
+    logits = cache.feed(inputs)
     if q is not None and not decider.greedy:
         accepted, token = _accept_pq(logits, history, inputs, draft, decider, q)
         rule = RULE_PQ
@@ -72,7 +57,9 @@ def verify_round(
         rule = RULE_GREEDY if decider.greedy else RULE_SAMPLER_MATCH
     # the cache now holds last + all drafts; keep last + the accepted ones
     t = time.perf_counter()
-    cache.truncate(len(cache.tokens) - (len(draft) - accepted))
+    rolled = cache.truncate(len(cache.tokens) - (len(draft) - accepted))
+    cache.release()
+    assert rolled, "a verify round always has a checkpoint to roll back to"
     return Verdict(accepted, list(draft[:accepted]) + [token], rule, time.perf_counter() - t)
 
 

@@ -217,16 +217,17 @@ def test_refuses_missing_or_malformed_drafter_config(tiny_dir, tmp_path, no_weig
         session_for(tiny_dir, tmp_path / "bad")
 
 
-def test_refuses_untrimmable_drafter(tiny_dir, tmp_path, no_weights):
-    d = tmp_path / "mamba"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps({
-        "model_type": "mamba", "vocab_size": 260, "hidden_size": 16, "intermediate_size": 32, "state_size": 4,
-        "num_hidden_layers": 1, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True, "time_step_rank": 2,
-        "tie_word_embeddings": True}))
-    write_byte_tokenizer(d)
-    with pytest.raises(ModelError, match="cannot roll back"):
-        session_for(tiny_dir, d)
+def test_refuses_a_drafter_whose_caches_cannot_be_rolled_back(tiny_dir, tiny_draft_dir, monkeypatch, no_weights):
+    """Recurrent and window caches roll back through checkpoints now; the one refusal left is a
+    cache object a checkpoint cannot copy, and it comes before any weight loads."""
+    import mlx_lm.models.cache as mlx_cache
+
+    class Sealed:
+        __slots__ = ("state",)
+
+    monkeypatch.setattr(mlx_cache, "make_prompt_cache", lambda model: [Sealed()])
+    with pytest.raises(ModelError, match="the draft model cannot speculate: its Sealed cache keeps its state"):
+        session_for(tiny_dir, tiny_draft_dir)
 
 
 def test_first_divergence_reports_index_and_margins(tiny):

@@ -11,7 +11,7 @@ from mlxcel_py.cache import SequenceCache
 from mlxcel_py.engine import Engine
 from mlxcel_py.options import DraftConfig, LookupConfig, SamplingOptions
 from mlxcel_py.sampling import Decider
-from mlxcel_py.verify import forward, verify_round
+from mlxcel_py.verify import verify_round
 
 POLICIES = [("auto", True), ("graded", True), ("gated", True), ("cost", True), ("graded", False)]
 
@@ -117,13 +117,13 @@ def test_verify_round_rollback_leaves_offsets_equal_to_committed(tiny):
     model = tiny.model
     p = prompts(1, seed=2)[0]
     cache = SequenceCache(model)
-    forward(model, cache, p[:-1])
+    cache.feed(p[:-1])
     history = list(p)
     dec = Decider(SamplingOptions(), prompt_len=len(p))
     rng = random.Random(0)
     for _ in range(20):
         draft = [rng.randint(0, 255) for _ in range(rng.randint(1, 7))]
-        v = verify_round(model, cache, history, draft, dec)
+        v = verify_round(cache, history, draft, dec)
         history += v.tokens
         # cache holds every committed token except the newest
         assert cache.layers[0].offset == len(history) - 1 == len(cache.tokens)
@@ -134,14 +134,14 @@ def test_rollback_then_regenerate_matches_first_run(tiny):
     model = tiny.model
     p = prompts(1, seed=4)[0]
     cache = SequenceCache(model)
-    forward(model, cache, p)
-    first = forward(model, cache, [1, 2, 3])
+    cache.feed(p)
+    first = cache.feed([1, 2, 3])
     cache.truncate(len(p))
-    again = forward(model, cache, [1, 2, 3])
+    again = cache.feed([1, 2, 3])
     assert mx.allclose(first, again, atol=1e-5).item()
 
 
-def test_untrimmable_model_is_refused():
+def test_recurrent_model_is_accepted_and_uncopyable_cache_refused():
     from mlx_lm.models.cache import ArraysCache
 
     from mlxcel_py import loading
@@ -153,8 +153,19 @@ def test_untrimmable_model_is_refused():
         def make_cache(self):
             return [ArraysCache(1)]
 
-    with pytest.raises(ModelError, match="cannot roll back"):
-        loading.check_trimmable(Recurrent())
+    loading.check_rollback(Recurrent())  # rolled back through a checkpoint now
+
+    class Sealed:
+        __slots__ = ("state",)
+
+    class Opaque:
+        layers = [0]
+
+        def make_cache(self):
+            return [Sealed()]
+
+    with pytest.raises(ModelError, match="cannot speculate: its Sealed cache keeps its state where a checkpoint cannot copy it"):
+        loading.check_rollback(Opaque())
 
 
 def test_prompt_cache_reuse_across_turns(tiny):

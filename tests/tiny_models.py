@@ -1,0 +1,83 @@
+"""Tiny random-weight models of the families whose caches a trim cannot roll back.
+
+Each config is the smallest one the pinned mlx-lm builds; weights are scaled so greedy output
+wanders instead of collapsing to one repeated token (random weights prove exactness and
+mechanics, never acceptance rates). `build` writes a folder that `mlx_lm.load` reads offline.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_map
+
+QWEN35 = dict(
+    model_type="qwen3_5", hidden_size=64, num_hidden_layers=4, intermediate_size=128, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+    linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=4, vocab_size=260,
+    rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=2048,
+    rope_parameters=dict(type="default", rope_theta=10000.0, partial_rotary_factor=0.5, mrope_section=[2, 1, 1]),
+)
+# the window (8) is far shorter than the prompts, so the rotating caches wrap
+GEMMA3 = dict(
+    model_type="gemma3_text", hidden_size=64, num_hidden_layers=3, intermediate_size=128, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, vocab_size=260, rms_norm_eps=1e-6, sliding_window=8,
+    sliding_window_pattern=3, max_position_embeddings=2048, query_pre_attn_scalar=16,
+)
+MAMBA = dict(
+    model_type="mamba", vocab_size=260, hidden_size=64, intermediate_size=128, state_size=8, num_hidden_layers=2,
+    conv_kernel=4, use_bias=False, use_conv_bias=True, time_step_rank=8, tie_word_embeddings=False,
+)
+LFM2 = dict(
+    model_type="lfm2", vocab_size=260, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=2048, norm_eps=1e-5, conv_bias=False, conv_L_cache=3,
+    block_dim=64, block_ff_dim=128, block_multiple_of=16, block_ffn_dim_multiplier=1.0,
+    block_auto_adjust_ff_dim=False, full_attn_idxs=[2], rope_theta=10000.0,
+)
+# recurrent layers (state) and local attention (rotating window) in one model
+RECURRENT_GEMMA = dict(
+    model_type="recurrent_gemma", attention_bias=False, conv1d_width=4, hidden_size=64, intermediate_size=128,
+    logits_soft_cap=30.0, num_attention_heads=4, num_hidden_layers=3, num_key_value_heads=1, rms_norm_eps=1e-6,
+    rope_theta=10000.0, attention_window_size=8, vocab_size=260, block_types=["recurrent", "recurrent", "attention"],
+    lru_width=64, embeddings_scale_by_sqrt_dim=True, final_w_init_variance_scale=1.0, partial_rotary_factor=0.5,
+)
+RWKV7 = dict(
+    model_type="rwkv7", vocab_size=260, hidden_size=64, intermediate_size=128, norm_eps=1e-5, head_dim=16,
+    num_hidden_layers=2, a_low_rank_dim=8, v_low_rank_dim=8, gate_low_rank_dim=8, decay_low_rank_dim=8,
+    tie_word_embeddings=False,
+)
+
+FAMILIES = {"qwen3_5": QWEN35, "gemma3_text": GEMMA3, "mamba": MAMBA, "lfm2": LFM2,
+            "recurrent_gemma": RECURRENT_GEMMA, "rwkv7": RWKV7}
+# weight scale per family (0.2 otherwise): Gemma's scaled embeddings make its greedy output chaotic
+# at 0.2, so prompt lookup's drafts would never be accepted; Qwen3.5 collapses to one token below 1.0.
+# An untied head keeps Mamba from echoing its input token (LFM2 always ties, and echoes).
+SCALES = {"gemma3_text": 0.1, "qwen3_5": 1.0}
+
+
+def build(folder: Path, cfg: dict, *, seed: int = 0, scale: float | None = None, extra: dict | None = None) -> Path:
+    """Write a random model of `cfg` (plus `extra` tensors, e.g. an MTP head) to `folder`."""
+    from mlx_lm.utils import save_config, save_model
+
+    from conftest import write_byte_tokenizer
+
+    scale = SCALES.get(cfg["model_type"], 0.2) if scale is None else scale
+    folder.mkdir(parents=True, exist_ok=True)
+    module = importlib.import_module(f"mlx_lm.models.{cfg['model_type']}")
+    mx.random.seed(seed)
+    model = module.Model(module.ModelArgs.from_dict(dict(cfg)))
+    model.update(tree_map(lambda p: p * scale if p.ndim >= 2 else p, model.parameters()))
+    mx.eval(model.parameters())
+    save_model(folder, model)
+    if extra:
+        weights = dict(tree_flatten(model.parameters()))
+        weights.update(extra)
+        for f in folder.glob("*.safetensors"):
+            f.unlink()
+        mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
+        (folder / "model.safetensors.index.json").unlink(missing_ok=True)
+    save_config(dict(cfg), folder / "config.json")
+    write_byte_tokenizer(folder)
+    return folder
