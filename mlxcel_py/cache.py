@@ -162,6 +162,11 @@ class SequenceCache:
 
     `tokens` are the committed positions; the newest `len(_pending)` of them are not in the layers
     yet (restored away by a rollback) and are fed in front of the next forward.
+
+    With `keep_hidden(split)` (the MTP drafter needs it) the forward runs as trunk then lm_head,
+    and the trunk's output rows of committed positions [hidden_start, len(tokens)) are kept. A
+    rollback keeps the rows of kept tokens even when their replay is pending: the block computed
+    them already.
     """
 
     def __init__(self, model: Any):
@@ -171,6 +176,9 @@ class SequenceCache:
         self._pending: list[int] = []
         self._checkpoint: Checkpoint | None = None
         self._last_write = 0
+        self._split = None  # (trunk, lm_head) while hidden states are kept
+        self.hidden: mx.array | None = None  # (rows, H)
+        self.hidden_start = 0
         self.trim_only = all(rollback_kind(c) == TRIM or (rollback_kind(c) == LIST and all(
             rollback_kind(p) == TRIM for p in c.caches)) for c in self.layers)
 
@@ -186,7 +194,14 @@ class SequenceCache:
         if self._pending:
             x = mx.concatenate([mx.array(self._pending, dtype=mx.int32), x.astype(mx.int32)])
         with cpu_kernels.engaged(self.model):
-            logits = self.model(x[None], cache=self.layers)[0]
+            if self._split is None:
+                logits = self.model(x[None], cache=self.layers)[0]
+            else:
+                trunk, lm_head = self._split
+                h = trunk(x[None], cache=self.layers)
+                logits = lm_head(h)[0]
+                rows = h[0, len(self._pending):]  # replayed rows are kept already
+                self.hidden = rows if self.hidden is None else mx.concatenate([self.hidden, rows])
         self._last_write = x.shape[0]
         if self._pending:
             logits = logits[len(self._pending):]
@@ -215,6 +230,31 @@ class SequenceCache:
             self.run(mx.array([], dtype=mx.int32))
             self.eval()
 
+    def keep_hidden(self, split) -> None:
+        """Keep the trunk's output rows from now on (split = (trunk, lm_head)), or stop (None).
+        Invariant while on: rows cover committed positions [hidden_start, len(tokens))."""
+        if split is not self._split:
+            self.hidden, self.hidden_start = None, len(self.tokens)
+        self._split = split
+
+    def hidden_rows(self, start: int, end: int) -> mx.array:
+        """The trunk's output rows of positions start..end-1 (all committed)."""
+        assert self.hidden_start <= start <= end <= self.hidden_start + self.hidden.shape[0]
+        return self.hidden[start - self.hidden_start : end - self.hidden_start]
+
+    def drop_hidden_before(self, position: int) -> None:
+        if self.hidden is not None and position > self.hidden_start:
+            self.hidden = self.hidden[position - self.hidden_start :]
+            self.hidden_start = position
+
+    def _cut_hidden(self, n: int) -> None:
+        if self.hidden is None:
+            self.hidden_start = min(self.hidden_start, n)
+        elif n <= self.hidden_start:
+            self.hidden, self.hidden_start = None, n
+        else:
+            self.hidden = self.hidden[: n - self.hidden_start]
+
     def eval(self) -> None:
         mx.eval(_arrays([c.state for c in self.layers]))
 
@@ -240,6 +280,7 @@ class SequenceCache:
         if n >= fed:  # only replay-pending tokens go
             del self._pending[len(self._pending) - drop :]
             del self.tokens[n:]
+            self._cut_hidden(n)
             return True
         k = fed - n  # positions to remove from the layers
         if all(_rewind_in_place(c, k, self._last_write) for c in self.layers):
@@ -256,11 +297,13 @@ class SequenceCache:
         else:
             return False
         del self.tokens[n:]
+        self._cut_hidden(n)
         return True
 
     def reset(self) -> None:
         self.layers = make_prompt_cache(self.model)
         self.tokens, self._pending, self._checkpoint, self._last_write = [], [], None, 0
+        self.hidden, self.hidden_start = None, 0
 
     def reuse_prefix(self, tokens: Sequence[int]) -> int:
         """Trim to the longest common prefix with `tokens` (at most len-1); return its length."""

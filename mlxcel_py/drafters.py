@@ -1,6 +1,7 @@
 """Drafters: where proposals come from. Each returns token ids (and q rows when it sampled).
 
 - PromptLookupDrafter: n-gram lookup over prompt + generated text (one-hot proposals).
+- MTPDrafter (mtp.py): the target checkpoint's own multi-token-prediction head.
 - FullModelDrafter: a smaller causal LM sharing the target's tokenizer, run autoregressively from
   its own caches; argmax drafts when greedy, samples from its filtered distribution q otherwise
   (then the verifier applies the lossless p/q rule). Rejected drafts leave its cache through the
@@ -27,10 +28,29 @@ class Proposal:
     match_len: int | None = None  # prompt lookup: how long the matched context is (confidence)
 
 
+def draw(logits: mx.array, decider: Decider, index: int) -> tuple[mx.array, mx.array | None]:
+    """A model drafter's pick from one logits row (1, V): argmax when greedy, else a sample from
+    the filtered distribution q (returned, for the lossless p/q rule). Stays lazy."""
+    if decider.greedy:
+        return mx.argmax(logits, axis=-1), None
+    q = decider.probs(logits)
+    return mx.random.categorical(mx.log(q), key=decider.key(index, salt=3)), q
+
+
+def chain_proposal(picks: list[mx.array], rows: list[mx.array], target_vocab: int | None) -> Proposal:
+    """Evaluate a lazy draft chain once: its tokens, and q (padded to the target's vocabulary)."""
+    tokens = mx.concatenate(picks)
+    q = mx.concatenate(rows, axis=0) if rows else None
+    if q is not None and target_vocab and q.shape[-1] < target_vocab:
+        q = mx.pad(q, [(0, 0), (0, target_vocab - q.shape[-1])])
+    mx.eval(tokens, *([q] if q is not None else []))
+    return Proposal(tokens.tolist(), q)
+
+
 class Drafter(Protocol):
     kind: str
 
-    def begin(self, context: Sequence[int]) -> None: ...
+    def begin(self, context: Sequence[int], target: SequenceCache | None = None) -> None: ...
 
     def propose(self, context: Sequence[int], limit: int, decider: Decider) -> Proposal: ...
 
@@ -47,7 +67,7 @@ class PromptLookupDrafter:
         self.eos_ids = frozenset(eos_ids)
         self.periodic = periodic  # see PromptLookupIndex.find_match
 
-    def begin(self, context: Sequence[int]) -> None:
+    def begin(self, context: Sequence[int], target: SequenceCache | None = None) -> None:
         self.index.reset(context)
 
     def commit(self, context: Sequence[int]) -> None:
@@ -76,7 +96,7 @@ class FullModelDrafter:
         self.cache = SequenceCache(model)
         self.target_vocab = target_vocab
 
-    def begin(self, context: Sequence[int]) -> None:
+    def begin(self, context: Sequence[int], target: SequenceCache | None = None) -> None:
         n = self.cache.reuse_prefix(context)
         self.cache.prefill(list(context[n:-1]))
 
@@ -98,19 +118,10 @@ class FullModelDrafter:
         # so k draft steps cost one synchronisation instead of k.
         for i in range(limit):
             logits = self.cache.run(x)[-1:].astype(mx.float32)
-            if decider.greedy:
-                t = mx.argmax(logits, axis=-1)
-            else:
-                q = decider.probs(logits)
-                rows.append(q)
-                t = mx.random.categorical(mx.log(q), key=decider.key(start + i, salt=3))
+            t, q = draw(logits, decider, start + i)
+            rows += [q] if q is not None else []
             picks.append(t)
             x = t.astype(mx.int32)
-        tokens_arr = mx.concatenate(picks)
-        q_all = mx.concatenate(rows, axis=0) if rows else None
-        if q_all is not None and self.target_vocab and q_all.shape[-1] < self.target_vocab:
-            q_all = mx.pad(q_all, [(0, 0), (0, self.target_vocab - q_all.shape[-1])])
-        mx.eval(tokens_arr, *( [q_all] if q_all is not None else []))
-        tokens = tokens_arr.tolist()
-        self.cache.appended(feed + tokens[:-1])
-        return Proposal(tokens, q_all)
+        proposal = chain_proposal(picks, rows, self.target_vocab)
+        self.cache.appended(feed + proposal.tokens[:-1])
+        return proposal

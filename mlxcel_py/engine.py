@@ -77,17 +77,18 @@ class Generation:
         mx.reset_peak_memory()
         t0 = time.perf_counter()
         cache = eng.sequence_cache(self.reuse_cache)
+        drafter: Drafter | None = eng.make_drafter() if self.speculative else None
+        # the MTP head drafts from the target's hidden states, so the target keeps them
+        cache.keep_hidden(eng.hidden_split if drafter is not None and drafter.kind == "mtp" else None)
         st.cached_tokens = cache.reuse_prefix(self.prompt)
         cache.prefill(self.prompt[st.cached_tokens : -1])
         st.prefill_s = time.perf_counter() - t0
 
         history = list(self.prompt)
-        drafter: Drafter | None = None
         policy = None
-        if self.speculative:
+        if drafter is not None:
             td = time.perf_counter()
-            drafter = eng.make_drafter()
-            drafter.begin(history)
+            drafter.begin(history, cache)
             policy = eng.make_policy()
             st.draft_kind = drafter.kind
             st.policy = policy.name
@@ -173,16 +174,24 @@ class Engine:
     """A loaded target (and optional draft) model plus the speculative configuration."""
 
     def __init__(self, model: Any, *, eos_ids: Sequence[int], vocab_size: int | None = None,
-                 context_length: int = 4096, draft: DraftConfig | None = None, draft_model: Any = None):
+                 context_length: int = 4096, draft: DraftConfig | None = None, draft_model: Any = None,
+                 mtp_head: Any = None):
         self.model = model
         self.eos_ids = tuple(sorted(set(eos_ids)))
         self.vocab_size = vocab_size
         self.context_length = context_length
         self.draft = draft or DraftConfig()
         self.draft_model = draft_model
+        self.mtp_head = mtp_head
+        self.hidden_split = None
+        if mtp_head is not None:
+            from .mtp import trunk_and_head
+
+            self.hidden_split = trunk_and_head(model)[:2]
         self.verify_cost: list[float] | None = None
         self._cache: SequenceCache | None = None
         self._full_drafter: FullModelDrafter | None = None
+        self._mtp_drafter = None
 
     # -- per-request pieces --------------------------------------------------------------------
     def sequence_cache(self, reuse: bool) -> SequenceCache:
@@ -203,6 +212,14 @@ class Engine:
             if self._full_drafter is None:  # one drafter (and its cache) across requests
                 self._full_drafter = FullModelDrafter(self.draft_model, self.vocab_size)
             return self._full_drafter
+        if d.kind == "mtp":
+            if self.mtp_head is None:
+                raise RuntimeError("MTP drafting needs the checkpoint's MTP head")
+            if self._mtp_drafter is None:
+                from .mtp import MTPDrafter
+
+                self._mtp_drafter = MTPDrafter(self.mtp_head, self.model, self.vocab_size)
+            return self._mtp_drafter
         raise RuntimeError(f"no drafter for kind {d.kind!r}")
 
     def make_policy(self):
@@ -256,8 +273,21 @@ class Engine:
             dcache = SequenceCache(self.draft_model)
             dcache.feed(tokens)
             mx.eval(mx.argmax(dcache.feed(tokens[-1:]), axis=-1))
+        if self.draft.kind == "mtp" and self.mtp_head is not None:
+            self._warm_mtp(tokens)
         if calibrate:
             base = times[1]
             self.verify_cost = [0.0] + [times[w] / base for w in widths]
         mx.clear_cache()
         return time.perf_counter() - start
+
+    def _warm_mtp(self, tokens: Sequence[int]) -> None:
+        """One MTP proposal at the configured width on a scratch cache (traces the head's shapes)."""
+        from .mtp import MTPDrafter
+
+        cache = SequenceCache(self.model)
+        cache.keep_hidden(self.hidden_split)
+        cache.prefill(tokens[:-1])
+        drafter = MTPDrafter(self.mtp_head, self.model, self.vocab_size)
+        drafter.begin(tokens, cache)
+        drafter.propose(tokens, self.draft.block_size, Decider(SamplingOptions(), prompt_len=len(tokens)))

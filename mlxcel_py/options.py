@@ -24,6 +24,7 @@ DEFAULT_POLICY = "auto"
 NGRAM_MAX_LIMIT = 16
 MAX_DRAFT_LIMIT = 64
 DEFAULT_FULL_MODEL_BLOCK = 4
+DEFAULT_MTP_BLOCK = 4  # when the head's checkpoint declares no width
 DEFAULT_SERVER_LOOKUP_BLOCK = 7
 DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 2
 
@@ -137,10 +138,12 @@ class LookupConfig:
 class DraftConfig:
     """The drafter a command runs with, or kind=None for plain decoding."""
 
-    kind: str | None = None  # None | "prompt-lookup" | "full-model"
+    kind: str | None = None  # None | "prompt-lookup" | "full-model" | "mtp"
     lookup: LookupConfig = field(default_factory=LookupConfig)
-    draft_model: str | None = None
+    draft_model: str | None = None  # full-model: the drafter; mtp: a separate head checkpoint (optional)
     block_size: int = DEFAULT_FULL_MODEL_BLOCK
+    block_explicit: bool = False  # --draft-block-size given (else an MTP checkpoint's own width wins)
+    kind_explicit: bool = False  # --draft-kind given (else an MTP checkpoint as --draft-model means mtp)
 
     @property
     def enabled(self) -> bool:

@@ -8,12 +8,12 @@ maps) right after loading, before generation. Reports progress through a `say` c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from . import fastpath, loading
 from .errors import ModelError
-from .options import DraftConfig, RunConfig
+from .options import DEFAULT_MTP_BLOCK, DraftConfig, RunConfig
 from .validate import preflight_draft
 
 
@@ -45,17 +45,46 @@ def _check_token_ids(target_tok: Any, draft_tok: Any, draft_path: Any) -> None:
         )
 
 
+def _mtp_source(run: RunConfig, resolved: loading.ResolvedModel):
+    """Find the MTP head (the target's own, or --draft-model DIR), before any weight loads."""
+    from . import mtp
+
+    folder = cfg = None
+    if run.draft.draft_model:
+        d = loading.resolve(run.draft.draft_model, what="--draft-model")
+        folder, cfg = d.path, d.config
+    return mtp.find_head(resolved.config, resolved.path, cfg, folder)
+
+
 def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None) -> Session:
     blas = fastpath.prepare(run.options.model.blas)
     mopts = run.options.model
     resolved = loading.resolve(mopts.model, revision=mopts.revision)
     draft_resolved = None
+    head_source = None
     if run.draft.kind == "full-model":
         draft_resolved = loading.resolve(run.draft.draft_model, what="--draft-model")
-        preflight_draft(resolved.config, draft_resolved.path)
-        _check_token_ids(loading.load_tokenizer_only(resolved), loading.load_tokenizer_only(draft_resolved),
-                         run.draft.draft_model)
-        loading.check_rollback_config(draft_resolved.config, what="the draft model")
+        from . import mtp
+
+        if mtp.is_mtp_checkpoint(draft_resolved.config):
+            if run.draft.kind_explicit:
+                raise ModelError(f"--draft-model {run.draft.draft_model} is an MTP head "
+                                 f"({draft_resolved.config.get('model_type')}), not a standalone model; "
+                                 f"use --draft-kind mtp")
+            # as the seed page says: an MTP checkpoint given as the drafter means the mtp kind
+            run = replace(run, draft=replace(run.draft, kind="mtp",
+                                             block_size=run.draft.block_size if run.draft.block_explicit
+                                             else DEFAULT_MTP_BLOCK))
+            draft_resolved = None
+        else:
+            preflight_draft(resolved.config, draft_resolved.path)
+            _check_token_ids(loading.load_tokenizer_only(resolved), loading.load_tokenizer_only(draft_resolved),
+                             run.draft.draft_model)
+            loading.check_rollback_config(draft_resolved.config, what="the draft model")
+    if run.draft.kind == "mtp":
+        head_source = _mtp_source(run, resolved)
+        if not run.draft.block_explicit and head_source.declared_width:
+            run = replace(run, draft=replace(run.draft, block_size=head_source.declared_width))
     if run.draft.enabled:
         loading.check_rollback_config(resolved.config)
     say(f"model: {resolved.source}")
@@ -66,6 +95,12 @@ def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None)
     if draft_resolved is not None:
         draft = loading.load(draft_resolved, dequantize=mopts.dequantize, fast_kernels=mopts.fast_kernels)
         say(f"draft model: {draft_resolved.source} ({draft.dtype})")
+    head = None
+    if head_source is not None:
+        from . import mtp
+
+        head = mtp.load_head(target.model, head_source, resolved.path)
+        say(f"MTP head: {len(head_source.tensors)} tensors from {head_source.where}")
     from .engine import Engine
 
     engine = Engine(
@@ -75,6 +110,7 @@ def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None)
         context_length=target.context_length,
         draft=run.draft,
         draft_model=draft.model if draft else None,
+        mtp_head=head,
     )
     return Session(target, draft, engine, blas)
 
@@ -87,4 +123,8 @@ def describe_draft(draft: DraftConfig, policy_name: str | None = None) -> str:
                 f"policy={pol if lk.adaptive else 'fixed'})")
     if draft.kind == "full-model":
         return f"speculative=full-model (draft_model={draft.draft_model}, block_size={draft.block_size})"
+    if draft.kind == "mtp":
+        head = f"draft_model={draft.draft_model}" if draft.draft_model else "head=target checkpoint"
+        return (f"speculative=mtp ({head}, block_size={draft.block_size}, "
+                f"{'explicit' if draft.block_explicit else 'default'})")
     return "speculative=off"

@@ -16,6 +16,7 @@ from .errors import ModelError, UsageError
 from .options import (
     DEFAULT_FULL_MODEL_BLOCK,
     DEFAULT_MAX_DRAFT,
+    DEFAULT_MTP_BLOCK,
     DEFAULT_NGRAM_MAX,
     DEFAULT_NGRAM_MIN,
     DEFAULT_POLICY,
@@ -37,7 +38,7 @@ from .options import (
 LLAMA_NGRAM_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 LLAMA_SPEC_TYPES = ("none", "draft-simple", "draft-mtp", "draft-dflash", "draft-eagle3", "draft-dspark",
                     "draft-mtp-adaptive", *LLAMA_NGRAM_SPEC_TYPES)
-NOT_IMPLEMENTED_KINDS = ("mtp", "dflash", "suffix")
+NOT_IMPLEMENTED_KINDS = ("dflash", "suffix")
 
 
 def _lookup_tuning_flags(opts: CommandOptions) -> list[str]:
@@ -126,6 +127,10 @@ def _spec_type(opts: CommandOptions, kind: str | None, draft_model: str | None) 
         if kind not in (None, "full-model"):
             raise UsageError(f"--spec-type draft-simple conflicts with --draft-kind {kind}: pick one")
         return "full-model", draft_model, False
+    if v == "draft-mtp":
+        if kind not in (None, "mtp"):
+            raise UsageError(f"--spec-type draft-mtp conflicts with --draft-kind {kind}: pick one")
+        return "mtp", draft_model, False
     raise UsageError(f"--spec-type {v} is not supported: mlxcel-py has no {v.removeprefix('draft-')} drafter; "
                      f"use --spec-type draft-simple with --draft-model, or drop the flag")
 
@@ -158,6 +163,8 @@ def validate(opts: CommandOptions) -> RunConfig:
     if lk.enabled and draft_model:
         raise UsageError("--prompt-lookup conflicts with --draft-model: prompt lookup takes no drafter checkpoint; "
                          "drop one of them")
+    if lk.enabled and kind == "mtp":
+        raise UsageError("--prompt-lookup conflicts with --draft-kind mtp: one drafter per run; drop one of them")
     if kind == "prompt-lookup" and cmd in ("generate", "run", "chat", "bench"):
         raise UsageError("--draft-kind=prompt-lookup takes no drafter checkpoint; pass --prompt-lookup instead "
                          "(see --prompt-lookup-* for its settings)")
@@ -201,11 +208,19 @@ def validate(opts: CommandOptions) -> RunConfig:
                          f"with --draft-model, or prompt lookup")
     if kind == "full-model" and not draft_model:
         raise UsageError("--draft-kind full-model needs --draft-model PATH")
+    explicit_block = spec.draft_block_size is not None
+    if kind == "mtp":
+        if spec.pp_size > 1:
+            raise UsageError("--draft-kind mtp does not support pipeline parallelism (--pp-size > 1); drop one")
+        return RunConfig(opts, DraftConfig(kind="mtp", draft_model=draft_model, kind_explicit=True,
+                                           block_size=spec.draft_block_size if explicit_block else DEFAULT_MTP_BLOCK,
+                                           block_explicit=explicit_block), opts.generation.max_tokens)
     if draft_model:
         if spec.pp_size > 1:
             raise UsageError("--draft-model does not support pipeline parallelism (--pp-size > 1); drop one")
         block = spec.draft_block_size if spec.draft_block_size is not None else DEFAULT_FULL_MODEL_BLOCK
-        return RunConfig(opts, DraftConfig(kind="full-model", draft_model=draft_model, block_size=block),
+        return RunConfig(opts, DraftConfig(kind="full-model", draft_model=draft_model, block_size=block,
+                                           block_explicit=explicit_block, kind_explicit=kind is not None),
                          opts.generation.max_tokens)
     if spec.pp_size > 1:
         raise UsageError("--pp-size > 1: pipeline parallelism is not available in mlxcel-py (one device); drop --pp-size")

@@ -28,7 +28,10 @@ RULES = [
     (["serve", "--draft-kind", "prompt-lookup", "--draft-model", "d"], "prompt-lookup takes no draft model"),
     (["serve", "--spec-type", "ngram-mod"], "--spec-type ngram-mod is not supported"),
     (["serve", "--spec-type", "ngram-simple"], "--spec-type ngram-simple is not supported"),
-    (["serve", "--spec-type", "draft-mtp"], "--spec-type draft-mtp is not supported"),
+    (["serve", "--spec-type", "draft-eagle3"], "--spec-type draft-eagle3 is not supported"),
+    (["serve", "--spec-type", "draft-mtp", "--draft-kind", "full-model", "--draft-model", "d"],
+     "--spec-type draft-mtp conflicts with --draft-kind full-model"),
+    (["generate", "-p", "x", "--prompt-lookup", "--draft-kind", "mtp"], "--prompt-lookup conflicts with --draft-kind mtp"),
     (["serve", "--spec-type", "bogus"], "not a llama-server speculation type"),
     (["serve", "--spec-type", "none,draft-simple"], "--spec-type none cannot be combined"),
     (["serve", "--spec-type", "draft-simple", "--draft-kind", "dflash"], "--spec-type draft-simple conflicts with --draft-kind dflash"),
@@ -42,7 +45,7 @@ RULES = [
     (["generate", "-p", "x", "--draft-model", "d", "--draft-block-size", "0"], "--draft-block-size must be at least 1"),
     (["generate", "-p", "x", "--draft-kind", "full-model"], "--draft-kind full-model needs --draft-model"),
     (["generate", "-p", "x", "--draft-kind", "eagle"], '--draft-kind="eagle" is not recognised'),
-    (["generate", "-p", "x", "--draft-kind", "mtp", "--draft-model", "d"], "--draft-kind mtp is not available"),
+    (["generate", "-p", "x", "--draft-kind", "dflash", "--draft-model", "d"], "--draft-kind dflash is not available"),
     (["generate", "-p", "x", "--max-tokens", "-5"], "--max-tokens must be -1"),
     (["generate", "-p", "x", "--temp", "-1"], "--temp must be >= 0"),
     (["generate", "-p", "x", "--top-p", "0"], "--top-p must be in (0, 1]"),
@@ -142,4 +145,8 @@ def test_spec_type_none_turns_speculation_off_and_draft_simple_maps_to_full_mode
     g = validate(build_options("generate", {"prompt": "x", "prompt_lookup": True}))
     assert (g.draft.lookup.ngram_min, g.draft.lookup.ngram_max, g.draft.lookup.max_draft) == (2, 3, 7)
     auto = validate(build_options("generate", {"prompt": "x", "draft_model": "d"}))
-    assert auto.draft.kind == "full-model"  # auto-detected full-model drafter
+    assert auto.draft.kind == "full-model" and not auto.draft.kind_explicit  # an MTP checkpoint turns it to mtp
+    mtp = validate(build_options("serve", {"spec_type": "draft-mtp"}))
+    assert (mtp.draft.kind, mtp.draft.block_size, mtp.draft.block_explicit) == ("mtp", 4, False)
+    wide = validate(build_options("generate", {"prompt": "x", "draft_kind": "mtp", "draft_block_size": 2}))
+    assert (wide.draft.block_size, wide.draft.block_explicit, wide.draft.draft_model) == (2, True, None)

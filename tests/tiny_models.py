@@ -81,3 +81,38 @@ def build(folder: Path, cfg: dict, *, seed: int = 0, scale: float | None = None,
     save_config(dict(cfg), folder / "config.json")
     write_byte_tokenizer(folder)
     return folder
+
+
+def mtp_tensors(cfg: dict, *, kind: str = "random", seed: int = 3, prefix: str = "mtp.", noise: float = 0.0) -> dict:
+    """A Qwen3.5 MTP head's tensors, named as the checkpoint names them (`mtp.fc.weight`...).
+
+    kind "random": random weights (its drafts are nearly always rejected). kind "echo": the head
+    passes the target's hidden state through (fc = [0 | I], attention and MLP outputs zeroed), so
+    it predicts the token the target just predicted: right whenever the output repeats itself;
+    `noise` perturbs that pass-through, so its distribution q is near the target's p, not equal.
+    """
+    from mlxcel_py.mtp import MTPHead
+
+    mx.random.seed(seed)
+    head = MTPHead(dict(cfg))
+    params = dict(tree_flatten(head.parameters()))
+    if kind == "echo":
+        H = cfg["hidden_size"]
+        params["fc.weight"] = mx.concatenate([mx.zeros((H, H)), mx.eye(H) + noise * mx.random.normal((H, H))], axis=1)
+        for name in params:
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                params[name] = mx.zeros_like(params[name])
+    else:
+        params = {k: (v * 0.2 if v.ndim >= 2 else v) for k, v in params.items()}
+    return {prefix + k: v for k, v in params.items()}
+
+
+def build_mtp_checkpoint(folder: Path, target_cfg: dict, *, kind: str = "echo", config: dict | None = None) -> Path:
+    """A separate head-only checkpoint (config model_type qwen3_5_mtp), as --draft-model DIR."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = mtp_tensors(target_cfg, kind=kind)
+    mx.save_safetensors(str(folder / "model.safetensors"), tensors, metadata={"format": "mlx"})
+    cfg = {"model_type": "qwen3_5_mtp", "hidden_size": target_cfg["hidden_size"],
+           "vocab_size": target_cfg["vocab_size"], **(config or {})}
+    (folder / "config.json").write_text(__import__("json").dumps(cfg))
+    return folder

@@ -38,10 +38,11 @@ def run_oneshot(run: RunConfig) -> None:
     if len(ids) >= eng.context_length:
         raise MlxcelError(f"the prompt has {len(ids)} tokens, which fills the model's context window "
                           f"({eng.context_length}); shorten the prompt")
+    draft = eng.draft  # as resolved at load (an MTP checkpoint's kind and width)
     warm = eng.warmup(ids, sampling=opts.sampling,
-                      calibrate=run.draft.kind == "prompt-lookup" and run.draft.lookup.policy == "cost")
+                      calibrate=draft.kind == "prompt-lookup" and draft.lookup.policy == "cost")
     if g.verbose or g.profile:
-        ui.info(describe_draft(run.draft) + f"; warmup {warm * 1000:.0f} ms")
+        ui.info(describe_draft(draft) + f"; warmup {warm * 1000:.0f} ms")
     gen = eng.generate(ids, max_tokens=g.max_tokens, sampling=opts.sampling, min_tokens=g.min_tokens,
                        ignore_eos=g.ignore_eos)
     gen.stats.warmup_s = warm
@@ -59,7 +60,7 @@ def run_oneshot(run: RunConfig) -> None:
         print_profile(st, session, finish_reason=stream.finish_reason)
     for line in summary_lines(st, elapsed):
         ui.info(line)
-    if g.verify_exact and run.draft.enabled:
+    if g.verify_exact and draft.enabled:
         _verify_exact(session, ids, gen.tokens, run)
 
 

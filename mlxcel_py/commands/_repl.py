@@ -73,7 +73,7 @@ def run_chat(run: RunConfig) -> None:
     eng = session.engine
     eng.warmup(sampling=opts.sampling)
     if interactive:
-        ui.err().print(f"mlxcel chat: {describe_draft(run.draft)}. Type /help for commands.", style="ui.accent")
+        ui.err().print(f"mlxcel chat: {describe_draft(eng.draft)}. Type /help for commands.", style="ui.accent")
     else:
         ui.info("(non-interactive stdin detected: reading messages until EOF)")
     base = [{"role": "system", "content": g.system}] if g.system else []

@@ -19,11 +19,12 @@ def run_server(run: RunConfig) -> None:
     opts = run.options
     srv = opts.server
     session = open_session(run, say=ui.info)
-    speculative = run.draft.enabled and not srv.no_batch and not srv.kv_unified
-    line = describe_draft(run.draft)
-    if run.draft.kind == "prompt-lookup":
+    draft = session.engine.draft  # as resolved at load (an MTP checkpoint's kind and width)
+    speculative = draft.enabled and not srv.no_batch and not srv.kv_unified
+    line = describe_draft(draft)
+    if draft.kind == "prompt-lookup":
         line = line.rstrip(")") + f", max_batch={srv.prompt_lookup_max_batch})"
-    if run.draft.enabled and not speculative:
+    if draft.enabled and not speculative:
         line += " [verify rounds off: " + ("--no-batch" if srv.no_batch else "--kv-unified") + "]"
     worker = Worker(session.engine, session.tokenizer, speculative_allowed=speculative)
     worker.start(warmup=srv.warmup)
