@@ -28,7 +28,7 @@ WIDTH_TIE = 0.02  # widths within 2% of the best median speedup count as tied: p
 def config_label(draft: DraftConfig) -> str:
     if draft.kind == "prompt-lookup":
         return f"prompt-lookup k={draft.lookup.max_draft}"
-    return f"full-model k={draft.block_size}"
+    return f"{draft.kind} k={draft.block_size}"
 
 
 @dataclass
@@ -110,6 +110,7 @@ def run(
     vocab_size: int | None,
     context_length: int,
     draft_model: Any = None,
+    mtp_head: Any = None,
     chat_template: bool = True,
     peer: Any = None,  # peers.MlxLmPeer or None
     repeats: int = 1,  # timed runs per prompt and configuration; the median-speed run is kept
@@ -122,7 +123,8 @@ def run(
     plain = Engine(model, eos_ids=eos, vocab_size=vocab_size, context_length=context_length)
     engines = [
         Engine(model, eos_ids=eos, vocab_size=vocab_size, context_length=context_length, draft=d,
-               draft_model=draft_model if d.kind == "full-model" else None)
+               draft_model=draft_model if d.kind == "full-model" else None,
+               mtp_head=mtp_head if d.kind == "mtp" else None)
         for d in drafts
     ]
     labels = [config_label(d) for d in drafts]
@@ -252,7 +254,7 @@ def plain_vs_peer(result: BenchResult) -> float | None:
 
 @dataclass(frozen=True)
 class WidthChoice:
-    drafter: str  # "prompt-lookup" | "full-model"
+    drafter: str  # "prompt-lookup" | "full-model" | "mtp"
     width: int
     speedup: float
     flag: str  # the flag that sets it
@@ -263,7 +265,8 @@ def recommend_widths(rows: Sequence[SummaryRow]) -> list[WidthChoice]:
     WIDTH_TIE of the best count as tied and the narrowest wins (less verify work and memory:
     the seed page's 'stop increasing width when verification grows faster than useful work')."""
     out = []
-    for drafter, flag in (("prompt-lookup", "--prompt-lookup-max-draft"), ("full-model", "--draft-block-size")):
+    for drafter, flag in (("prompt-lookup", "--prompt-lookup-max-draft"), ("full-model", "--draft-block-size"),
+                          ("mtp", "--draft-block-size")):
         cands = [r for r in rows if r.kind == ALL_KINDS and r.config.startswith(drafter) and r.width]
         if not cands:
             continue

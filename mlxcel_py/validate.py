@@ -311,5 +311,5 @@ def validate_bench(opts: CommandOptions, bench: BenchOptions) -> BenchPlan:
         runs.append(validate(only_lookup))
     drafters = [r.draft for r in runs]
     drafts = tuple(_with_width(d, w) for d in drafters for w in widths) if widths else tuple(drafters)
-    primary = next((r for r in runs if r.draft.kind == "full-model"), runs[0])
+    primary = next((r for r in runs if r.draft.kind in ("full-model", "mtp")), runs[0])
     return BenchPlan(run=primary, drafts=drafts, widths=widths, bench=bench)

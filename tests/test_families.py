@@ -259,3 +259,39 @@ def test_lossless_pq_on_a_hybrid_pair_keeps_the_target_distribution(family_model
     assert len(table) >= 5
     stat = sum((a - b) ** 2 / (a + b) for a, b in table)
     assert chi2_sf(stat, len(table) - 1) > ALPHA
+
+
+# ---- the commands on these families ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli-families")
+    return {n: tiny_models.build(root / n, tiny_models.FAMILIES[n]) for n in ("qwen3_5", "gemma3_text")}
+
+
+def cli(args, env, input=None):
+    import subprocess
+
+    from conftest import mlxcel_cmd
+
+    return subprocess.run(mlxcel_cmd() + args, capture_output=True, text=True, env=env, input=input, timeout=300)
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "gemma3_text"])
+def test_generate_chat_and_bench_on_hybrid_and_window_models(family_dirs, cli_env, tmp_path, name):
+    m = ["-m", str(family_dirs[name])]
+    base = ["generate", *m, "-p", "xyzxyzxyzxyz", "-n", "30", "--ignore-eos", "--no-chat-template"]
+    plain, spec = cli(base, cli_env), cli(base + ["--prompt-lookup", "--profile"], cli_env)
+    assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
+    assert plain.stdout == spec.stdout and "Traceback" not in spec.stderr
+    assert "speculative=prompt-lookup" in spec.stderr
+    chat = cli(["chat", *m, "-n", "8"], cli_env, input="hello\nagain\n")
+    assert chat.returncode == 0 and "Traceback" not in chat.stderr, chat.stderr
+    w = tmp_path / "w.jsonl"
+    w.write_text('{"kind": "edit", "prompt": "abcabcabcabc"}\n')
+    out = tmp_path / "b.json"
+    bench = cli(["bench", *m, "--workload", str(w), "--max-tokens", "12", "--json", str(out)], cli_env)
+    assert bench.returncode == 0, bench.stderr
+    import json
+
+    assert all(s["identical"] == s["prompts"] for s in json.loads(out.read_text())["summary"])

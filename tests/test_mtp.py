@@ -218,3 +218,42 @@ def test_refuses_a_head_tensor_of_the_wrong_shape(mtp_dirs, tmp_path, no_weights
 def test_refuses_an_mtp_checkpoint_as_a_full_model_drafter(mtp_dirs, no_weights):
     with pytest.raises(ModelError, match="is an MTP head \\(qwen3_5_mtp\\), not a standalone model; use --draft-kind mtp"):
         session(mtp_dirs["plain"], draft_model=mtp_dirs["head"], draft_kind="full-model")
+
+
+def test_serve_mtp_reports_draft_kind_in_timings(mtp_dirs, cli_env):
+    """The HTTP face on a hybrid target with its MTP head: output equals the plain CLI's, and
+    timings name the kind."""
+    import subprocess
+
+    from test_server import post, start_server
+
+    proc, url, lines = start_server(cli_env, "-m", str(mtp_dirs["echo"]), "--draft-kind", "mtp")
+    try:
+        assert any("speculative=mtp" in ln for ln in lines)
+        body = {"prompt": "abcabcabc", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+        status, r = post(url + "/v1/completions", body)
+        assert status == 200, r
+        t = r["timings"]
+        assert t["draft_kind"] == "mtp" and t["draft_rounds"] > 0 and t["draft_n"] >= t["draft_n_accepted"]
+        cli = subprocess.run(mlxcel_cmd() + ["generate", "-m", str(mtp_dirs["echo"]), "-p", "abcabcabc", "-n", "24",
+                                             "--ignore-eos", "--no-chat-template"],
+                             capture_output=True, text=True, env=cli_env, timeout=300)
+        assert cli.stdout.rstrip("\n") == r["choices"][0]["text"].rstrip("\n")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_bench_runs_an_auto_detected_mtp_head_beside_prompt_lookup(mtp_dirs, cli_env, tmp_path):
+    import subprocess
+
+    w = tmp_path / "w.jsonl"
+    w.write_text('{"kind": "edit", "prompt": "abcabcabcabc"}\n')
+    out = tmp_path / "b.json"
+    r = subprocess.run(mlxcel_cmd() + ["bench", "-m", str(mtp_dirs["plain"]), "--draft-model", str(mtp_dirs["head"]),
+                                       "--prompt-lookup", "--workload", str(w), "--max-tokens", "12",
+                                       "--json", str(out)], capture_output=True, text=True, env=cli_env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert data["configs"] == ["plain", "mtp k=3", "prompt-lookup k=7"]  # the head's declared width
+    assert all(s["identical"] == s["prompts"] for s in data["summary"])

@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 import platform
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Sequence
 
 from .. import benchmark, ui
 from ..benchmark import ALL_KINDS, SummaryRow, WidthChoice
 from ..errors import MlxcelError
-from ..options import BenchPlan
+from ..options import BenchPlan, DraftConfig
 from ..session import open_session
 from ..workload import WorkItem
 
@@ -64,12 +64,22 @@ def markdown(rows: Sequence[SummaryRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _as_loaded(d: DraftConfig, loaded: DraftConfig, *, sweeping: bool) -> DraftConfig:
+    """A planned model drafter as the session resolved it: an MTP checkpoint given as --draft-model
+    runs as mtp, at its declared width unless a width was asked for."""
+    if d.kind not in ("full-model", "mtp") or loaded.kind != "mtp":
+        return d
+    explicit = d.block_explicit or sweeping
+    return replace(d, kind="mtp", block_size=d.block_size if explicit else loaded.block_size)
+
+
 def run_bench(plan: BenchPlan, items: Sequence[WorkItem]) -> None:
     opts = plan.run.options
     g = opts.generation
     b = plan.bench
     session = open_session(plan.run, say=ui.info)
     target = session.target
+    drafts = [_as_loaded(d, session.engine.draft, sweeping=bool(plan.widths)) for d in plan.drafts]
     peer = None
     if b.vs == "mlx-lm":
         from ..peers import MlxLmPeer
@@ -78,15 +88,16 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem]) -> None:
         ui.info("starting stock mlx-lm (its own process, bundled BLAS, weights as stored)")
         peer = MlxLmPeer(target.resolved.path, draft_path=session.draft.resolved.path if session.draft else None,
                          draft_widths=widths, sampling=opts.sampling)
-    per_prompt = (1 + len(plan.drafts) + (len(peer.configs()) if peer else 0)) * b.repeats
+    per_prompt = (1 + len(drafts) + (len(peer.configs()) if peer else 0)) * b.repeats
     ui.info(f"benchmark: {len(items)} prompts x {per_prompt} runs, max {g.max_tokens} tokens, "
             f"{'greedy' if opts.sampling.greedy else f'temp {opts.sampling.temp}'}; interleaved after warmup")
     try:
         with ui.progress(1 + len(items) * per_prompt, "bench") as step:
             result = benchmark.run(
-                target.model, target.tokenizer, items=items, drafts=plan.drafts, max_tokens=g.max_tokens,
+                target.model, target.tokenizer, items=items, drafts=drafts, max_tokens=g.max_tokens,
                 sampling=opts.sampling, vocab_size=target.vocab_size, context_length=target.context_length,
-                draft_model=session.draft.model if session.draft else None, chat_template=g.chat_template,
+                draft_model=session.draft.model if session.draft else None, mtp_head=session.engine.mtp_head,
+                chat_template=g.chat_template,
                 peer=peer, repeats=b.repeats, on_step=step,
             )
     finally:

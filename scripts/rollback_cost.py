@@ -1,0 +1,77 @@
+#!/usr/bin/env python
+"""What rolling back costs: a verify round that keeps part of its block against one that keeps all.
+
+Builds the tests' tiny random Qwen3.5 hybrid (3 Gated DeltaNet layers + 1 attention layer) and a
+tiny llama of the same width, then times, interleaved, for each model:
+  full      verify [last + 7 drafts], all kept (no rollback), then the next plain step
+  deferred  the same block keeping 3 drafts: rollback (checkpoint restore for the recurrent
+            layers, replay deferred into the next forward), then the next plain step
+  immediate the same, but the kept tokens are replayed at once (an extra forward), then the step
+Each sample is one round plus the following plain step, since the deferred replay lands there.
+Usage: python scripts/rollback_cost.py [--rounds 200]. Prints milliseconds (medians) and ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from mlxcel_py import fastpath  # noqa: E402
+
+fastpath.prepare()
+
+import mlx.core as mx  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=200)
+    args = ap.parse_args()
+
+    import tiny_models
+    from conftest import make_tiny_model
+    from mlxcel_py import loading
+    from mlxcel_py.cache import SequenceCache, describe_kinds
+
+    tmp = Path(tempfile.mkdtemp())
+    models = {
+        "qwen3_5 hybrid": tiny_models.build(tmp / "hybrid", tiny_models.QWEN35),
+        "llama (trim only)": make_tiny_model(tmp / "llama", hidden=64, layers=4),
+    }
+    prompt = list(range(3, 200))
+    draft = [7, 8, 9, 10, 11, 12, 13]
+    for name, folder in models.items():
+        model = loading.load(loading.resolve(str(folder))).model
+        times: dict[str, list[float]] = {"full": [], "deferred": [], "immediate": []}
+        cache = SequenceCache(model)
+        cache.prefill(prompt)
+        base = len(cache.tokens)
+        for r in range(args.rounds):
+            for mode in times:
+                t = time.perf_counter()
+                cache.mark()
+                mx.eval(cache.feed([1, *draft]))
+                keep = len(draft) if mode == "full" else 3
+                assert cache.truncate(base + 1 + keep)
+                if mode == "immediate":
+                    cache.settle()
+                mx.eval(cache.feed([5]))
+                cache.eval()
+                times[mode].append(time.perf_counter() - t)
+                assert cache.truncate(base)  # back to the prompt (same checkpoint), untimed
+                cache.release()
+        med = {k: statistics.median(v) * 1000 for k, v in times.items()}
+        print(f"{name} ({describe_kinds(cache.layers)}), {args.rounds} rounds, width 8, keep 4 of 8:")
+        for k, v in med.items():
+            print(f"  {k:9s} {v:7.3f} ms  ({v / med['full']:.2f}x full accept)")
+
+
+if __name__ == "__main__":
+    main()
