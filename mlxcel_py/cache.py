@@ -163,8 +163,8 @@ class SequenceCache:
     `tokens` are the committed positions; the newest `len(_pending)` of them are not in the layers
     yet (restored away by a rollback) and are fed in front of the next forward.
 
-    With `keep_hidden(split)` (the MTP drafter needs it) the forward runs as trunk then lm_head,
-    and the trunk's output rows of committed positions [hidden_start, len(tokens)) are kept. A
+    With `keep_hidden(tap)` (MTP drafters need it) the final norm's output rows (mtp.hidden_tap)
+    of committed positions [hidden_start, len(tokens)) are kept. A
     rollback keeps the rows of kept tokens even when their replay is pending: the block computed
     them already.
     """
@@ -176,7 +176,7 @@ class SequenceCache:
         self._pending: list[int] = []
         self._checkpoint: Checkpoint | None = None
         self._last_write = 0
-        self._split = None  # (trunk, lm_head) while hidden states are kept
+        self._tap = None  # mtp.HiddenTap while hidden states are kept
         self.hidden: mx.array | None = None  # (rows, H)
         self.hidden_start = 0
         self.trim_only = all(rollback_kind(c) == TRIM or (rollback_kind(c) == LIST and all(
@@ -194,13 +194,9 @@ class SequenceCache:
         if self._pending:
             x = mx.concatenate([mx.array(self._pending, dtype=mx.int32), x.astype(mx.int32)])
         with cpu_kernels.engaged(self.model):
-            if self._split is None:
-                logits = self.model(x[None], cache=self.layers)[0]
-            else:
-                trunk, lm_head = self._split
-                h = trunk(x[None], cache=self.layers)
-                logits = lm_head(h)[0]
-                rows = h[0, len(self._pending):]  # replayed rows are kept already
+            logits = self.model(x[None], cache=self.layers)[0]
+            if self._tap is not None:
+                rows = self._tap.last[0, len(self._pending):]  # replayed rows are kept already
                 self.hidden = rows if self.hidden is None else mx.concatenate([self.hidden, rows])
         self._last_write = x.shape[0]
         if self._pending:
@@ -230,12 +226,12 @@ class SequenceCache:
             self.run(mx.array([], dtype=mx.int32))
             self.eval()
 
-    def keep_hidden(self, split) -> None:
-        """Keep the trunk's output rows from now on (split = (trunk, lm_head)), or stop (None).
+    def keep_hidden(self, tap) -> None:
+        """Keep the final norm's output rows from now on (tap: mtp.HiddenTap), or stop (None).
         Invariant while on: rows cover committed positions [hidden_start, len(tokens))."""
-        if split is not self._split:
+        if tap is not self._tap:
             self.hidden, self.hidden_start = None, len(self.tokens)
-        self._split = split
+        self._tap = tap
 
     def hidden_rows(self, start: int, end: int) -> mx.array:
         """The trunk's output rows of positions start..end-1 (all committed)."""

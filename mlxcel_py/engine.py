@@ -79,7 +79,7 @@ class Generation:
         cache = eng.sequence_cache(self.reuse_cache)
         drafter: Drafter | None = eng.make_drafter() if self.speculative else None
         # the MTP head drafts from the target's hidden states, so the target keeps them
-        cache.keep_hidden(eng.hidden_split if drafter is not None and drafter.kind == "mtp" else None)
+        cache.keep_hidden(eng.hidden_tap if drafter is not None and drafter.kind == "mtp" else None)
         st.cached_tokens = cache.reuse_prefix(self.prompt)
         cache.prefill(self.prompt[st.cached_tokens : -1])
         st.prefill_s = time.perf_counter() - t0
@@ -183,11 +183,11 @@ class Engine:
         self.draft = draft or DraftConfig()
         self.draft_model = draft_model
         self.mtp_head = mtp_head
-        self.hidden_split = None
+        self.hidden_tap = None
         if mtp_head is not None:
-            from .mtp import trunk_and_head
+            from .mtp import hidden_tap
 
-            self.hidden_split = trunk_and_head(model)[:2]
+            self.hidden_tap = hidden_tap(model)
         self.verify_cost: list[float] | None = None
         self._cache: SequenceCache | None = None
         self._full_drafter: FullModelDrafter | None = None
@@ -216,9 +216,7 @@ class Engine:
             if self.mtp_head is None:
                 raise RuntimeError("MTP drafting needs the checkpoint's MTP head")
             if self._mtp_drafter is None:
-                from .mtp import MTPDrafter
-
-                self._mtp_drafter = MTPDrafter(self.mtp_head, self.model, self.vocab_size)
+                self._mtp_drafter = self.mtp_head.drafter(self.model, self.vocab_size)
             return self._mtp_drafter
         raise RuntimeError(f"no drafter for kind {d.kind!r}")
 
@@ -283,11 +281,9 @@ class Engine:
 
     def _warm_mtp(self, tokens: Sequence[int]) -> None:
         """One MTP proposal at the configured width on a scratch cache (traces the head's shapes)."""
-        from .mtp import MTPDrafter
-
         cache = SequenceCache(self.model)
-        cache.keep_hidden(self.hidden_split)
+        cache.keep_hidden(self.hidden_tap)
         cache.prefill(tokens[:-1])
-        drafter = MTPDrafter(self.mtp_head, self.model, self.vocab_size)
+        drafter = self.mtp_head.drafter(self.model, self.vocab_size)
         drafter.begin(tokens, cache)
         drafter.propose(tokens, self.draft.block_size, Decider(SamplingOptions(), prompt_len=len(tokens)))

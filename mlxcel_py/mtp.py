@@ -26,11 +26,11 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
-from .drafters import chain_proposal, draw  # one sampling rule for every model drafter
+from .drafters import Proposal, chain_proposal, draw  # one sampling rule for every model drafter
 from .errors import ModelError
 
 FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
-MTP_CHECKPOINT_TYPES = ("qwen3_5_mtp", "qwen3_next_mtp")
+MTP_CHECKPOINT_TYPES = ("qwen3_5_mtp", "qwen3_next_mtp", "gemma4_assistant")
 DEFAULT_WIDTH = 4
 _NORMS = ("norm.weight", "layernorm.weight")  # every RMSNorm weight of the head ends so
 
@@ -73,17 +73,26 @@ class HeadSource:
     """Where the head's tensors are, and the width its checkpoint declares (None: not declared)."""
 
     folder: Path
-    config: dict  # the text config the head's layer is built from
+    config: dict  # the text config the head's layer is built from (gemma4_assistant: its config)
     tensors: dict  # head name -> (file, original name)
     declared_width: int | None
     where: str  # human text for the startup line
+    family: str = "qwen"  # "qwen" (mtp.* tensors) | "gemma4_assistant"
 
 
 def find_head(target_cfg: dict, target_folder: Path, draft_cfg: dict | None = None,
               draft_folder: Path | None = None) -> HeadSource:
     """Config- and header-level checks, before any weight loads; the refusals name the reason."""
     tcfg = text_config(target_cfg)
-    if draft_folder is None and target_cfg.get("model_type") not in FAMILIES:
+    if draft_cfg is not None and draft_cfg.get("model_type") == "gemma4_assistant":
+        from . import gemma4_assistant
+
+        where = f"--draft-model {draft_folder}"
+        gemma4_assistant.check_target(target_cfg, draft_cfg, where)
+        width = draft_cfg.get("block_size") or _generation_width(draft_folder)
+        tensors = {n: (f, n) for n, (f, _) in tensor_shapes(draft_folder).items()}
+        return HeadSource(draft_folder, draft_cfg, tensors, width, where, family="gemma4_assistant")
+    if target_cfg.get("model_type") not in FAMILIES:
         raise ModelError(f"--draft-kind mtp: the target is a {target_cfg.get('model_type')} model, which has no "
                          f"multi-token-prediction head (MTP heads ship with {', '.join(FAMILIES)} checkpoints); "
                          f"use --prompt-lookup or --draft-model instead")
@@ -114,6 +123,15 @@ def find_head(target_cfg: dict, target_folder: Path, draft_cfg: dict | None = No
     width = next((cfg[k] for k in ("block_size", "num_speculative_tokens", "num_nextn_predict_layers_width")
                   if isinstance(cfg.get(k), int) and cfg[k] > 0), None)
     return HeadSource(folder, cfg, tensors, width, where)
+
+
+def _generation_width(folder: Path) -> int | None:
+    """An assistant checkpoint may declare its width as generation_config.json's num_assistant_tokens."""
+    try:
+        n = json.loads((folder / "generation_config.json").read_text()).get("num_assistant_tokens")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return n if isinstance(n, int) and n > 0 else None
 
 
 # ---- the head ------------------------------------------------------------------------------------
@@ -155,14 +173,51 @@ class MTPHead(nn.Module):
 
         return [KVCache() for _ in self.layers]
 
+    def drafter(self, target_model: Any, target_vocab: int | None) -> "MTPDrafter":
+        return MTPDrafter(self, target_model, target_vocab)
 
-def trunk_and_head(model: Any) -> tuple[Any, Callable[[mx.array], mx.array], Any]:
-    """(trunk, lm_head, embed_tokens) of a Qwen3.5 / Qwen3-Next mlx-lm model: trunk(ids, cache)
-    returns the final-normed hidden states, lm_head(h) the logits, exactly as model(ids) does."""
-    lm = getattr(model, "language_model", model)  # Qwen3.5 wraps the text model
-    trunk = lm.model
-    head = trunk.embed_tokens.as_linear if lm.args.tie_word_embeddings else lm.lm_head
-    return trunk, head, trunk.embed_tokens
+
+def text_model(model: Any) -> tuple[Any, Any]:
+    """(language model, its inner text model): Qwen3.5 and Gemma 4 wrap the text model."""
+    lm = getattr(model, "language_model", model)
+    return lm, lm.model
+
+
+def lm_head_and_embed(model: Any) -> tuple[Callable[[mx.array], mx.array], Any]:
+    """The target's lm_head (as its forward applies it, before any softcap) and embed_tokens."""
+    lm, inner = text_model(model)
+    tied = getattr(getattr(lm, "args", None), "tie_word_embeddings", True)
+    return (inner.embed_tokens.as_linear if tied else lm.lm_head), inner.embed_tokens
+
+
+class HiddenTap:
+    """Holds the output of a model's final norm (its last hidden states) from the latest forward."""
+
+    last: mx.array | None = None
+
+
+_RECORDING: dict[type, type] = {}
+
+
+def hidden_tap(model: Any) -> HiddenTap:
+    """Make the model's final norm record its output (the input of its lm_head): the forward
+    itself is untouched, so logits stay exactly what plain decoding computes."""
+    _, inner = text_model(model)
+    norm = inner.norm
+    tap = getattr(norm, "_mlxcel_tap", None)
+    if tap is None:
+        base = type(norm)
+        if base not in _RECORDING:
+            def call(self, x, _base=base):
+                out = _base.__call__(self, x)
+                self._mlxcel_tap.last = out
+                return out
+
+            _RECORDING[base] = type(f"Recording{base.__name__}", (base,), {"__call__": call})
+        tap = HiddenTap()
+        norm._mlxcel_tap = tap  # a plain object: MLX keeps it out of the parameters
+        norm.__class__ = _RECORDING[base]
+    return tap
 
 
 def _norm_offset(model: Any, target_folder: Path) -> float:
@@ -174,11 +229,16 @@ def _norm_offset(model: Any, target_folder: Path) -> float:
     if stored is None:
         return 0.0
     raw = mx.load(str(shapes[stored][0]))[stored].astype(mx.float32)
-    loaded = trunk_and_head(model)[0].norm.weight.astype(mx.float32)
+    loaded = text_model(model)[1].norm.weight.astype(mx.float32)
     return 1.0 if abs(mx.mean(loaded - raw).item() - 1.0) < 1e-3 else 0.0
 
 
-def load_head(model: Any, source: HeadSource, target_folder: Path) -> MTPHead:
+def load_head(model: Any, source: HeadSource, target_folder: Path):
+    """The drafter head of `source` with weights, ready for `head.drafter(target, vocab)`."""
+    if source.family == "gemma4_assistant":
+        from . import gemma4_assistant
+
+        return gemma4_assistant.load(source.folder, source.config, model)
     head = MTPHead(source.config)
     files: dict[Path, dict] = {}
     weights = {}
@@ -187,7 +247,7 @@ def load_head(model: Any, source: HeadSource, target_folder: Path) -> MTPHead:
             files[f] = mx.load(str(f))
         weights[name] = files[f][original]
     offset = _norm_offset(model, target_folder)
-    dtype = trunk_and_head(model)[2].weight.dtype
+    dtype = lm_head_and_embed(model)[1].weight.dtype
     for name, w in list(weights.items()):
         if offset and w.ndim == 1 and name.endswith(_NORMS):
             w = w.astype(mx.float32) + offset
@@ -207,7 +267,7 @@ class MTPDrafter:
 
     def __init__(self, head: MTPHead, target_model: Any, target_vocab: int | None = None):
         self.head = head
-        _, self.lm_head, self.embed = trunk_and_head(target_model)
+        self.lm_head, self.embed = lm_head_and_embed(target_model)
         self.target_vocab = target_vocab
         self.target = None  # the target's SequenceCache (hidden states of committed positions)
         self.cache = head.make_cache()
@@ -239,6 +299,8 @@ class MTPDrafter:
     def propose(self, context: Sequence[int], limit: int, decider):
         self._trim_self_fed()
         L = len(context)
+        if L < 2:  # the target has no hidden state yet (a one-token prompt)
+            return Proposal([])
         first = self.base + len(self.tokens)  # next pair j to feed; pairs run to j = L - 2
         hidden = self.target.hidden_rows(first, L - 1)  # h_first .. h_{L-2}
         new = list(context[first + 1 : L])

@@ -58,7 +58,7 @@ def sessions(mtp_dirs):
 def plain_engine(s):
     from mlxcel_py.engine import Engine
 
-    return Engine(s.engine.model, eos_ids=[], vocab_size=s.target.vocab_size, context_length=2048)
+    return Engine(s.engine.model, eos_ids=s.engine.eos_ids, vocab_size=s.target.vocab_size, context_length=2048)
 
 
 @pytest.mark.parametrize("head", ["echo", "random"])
@@ -97,10 +97,10 @@ def test_mtp_head_is_refed_with_the_targets_real_hidden_states(sessions):
     # the last proposal's own entries go; then every real pair up to the newest committed one
     drafter._trim_self_fed()
     n = drafter.base + len(drafter.tokens)
-    from mlxcel_py.mtp import trunk_and_head
+    from mlxcel_py.mtp import lm_head_and_embed, text_model
 
-    trunk, _, embed = trunk_and_head(eng.model)
-    h = trunk(mx.array([history[:n]]))  # real hidden states h_0 .. h_{n-1}
+    _, embed = lm_head_and_embed(eng.model)
+    h = text_model(eng.model)[1](mx.array([history[:n]]))  # real hidden states h_0 .. h_{n-1}
     ref = eng.mtp_head.make_cache()
     eng.mtp_head(embed(mx.array([history[drafter.base + 1 : n + 1]])), h[:, drafter.base : n], ref)
     got = drafter.cache[0]

@@ -116,3 +116,52 @@ def build_mtp_checkpoint(folder: Path, target_cfg: dict, *, kind: str = "echo", 
            "vocab_size": target_cfg["vocab_size"], **(config or {})}
     (folder / "config.json").write_text(__import__("json").dumps(cfg))
     return folder
+
+
+# Gemma 4: two layers hold K/V (one sliding, one full), the other two read theirs (KV sharing)
+GEMMA4 = dict(
+    model_type="gemma4_text", hidden_size=64, num_hidden_layers=4, intermediate_size=128, num_attention_heads=4,
+    head_dim=16, global_head_dim=16, num_key_value_heads=2, num_kv_shared_layers=2, hidden_size_per_layer_input=0,
+    vocab_size=260, vocab_size_per_layer_input=260, sliding_window=8, max_position_embeddings=2048,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    use_double_wide_mlp=False, tie_word_embeddings=True,
+)
+
+
+def gemma4_assistant_checkpoint(folder: Path, target_folder: Path, *, kind: str = "echo", ordered: bool = False,
+                                noise: float = 0.0, config: dict | None = None) -> Path:
+    """A Gemma 4 assistant for the GEMMA4 target in `target_folder`, as --draft-model DIR.
+
+    kind "echo": hidden size = the backbone's, pre_projection passes the target's hidden state
+    through, the layers add nothing and the lm_head is the target's embedding: it predicts the token
+    the target just predicted. kind "random": random weights. `ordered` adds a centroid-routed
+    sparse lm_head (4 clusters of 65 tokens, top 2)."""
+    import json
+
+    from mlxcel_py.gemma4_assistant import Gemma4Assistant
+
+    folder.mkdir(parents=True, exist_ok=True)
+    text = dict(GEMMA4, num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
+                num_kv_shared_layers=0)
+    cfg = {"model_type": "gemma4_assistant", "backbone_hidden_size": GEMMA4["hidden_size"],
+           "tie_word_embeddings": True, "use_ordered_embeddings": ordered, "num_centroids": 4,
+           "centroid_intermediate_top_k": 2, "block_size": 3, "text_config": text, **(config or {})}
+    mx.random.seed(11)
+    head = Gemma4Assistant(cfg)
+    params = dict(tree_flatten(head.parameters()))
+    if ordered:
+        params["masked_embedding.token_ordering"] = mx.random.permutation(GEMMA4["vocab_size"]).astype(mx.int64)
+    if kind == "echo":
+        H = GEMMA4["hidden_size"]
+        params["pre_projection.weight"] = mx.concatenate(
+            [mx.zeros((H, H)), mx.eye(H) + noise * mx.random.normal((H, H))], axis=1)
+        for name in params:
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                params[name] = mx.zeros_like(params[name])
+        target = mx.load(str(next(target_folder.glob("*.safetensors"))))
+        params["model.embed_tokens.weight"] = next(v for k, v in target.items() if k.endswith("embed_tokens.weight"))
+    else:
+        params = {k: (v * 0.2 if v.ndim >= 2 else v) for k, v in params.items()}
+    mx.save_safetensors(str(folder / "model.safetensors"), params, metadata={"format": "mlx"})
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
