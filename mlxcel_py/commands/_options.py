@@ -50,7 +50,7 @@ SeedOpt = Annotated[Optional[int], typer.Option("--seed", "-s", help="Random see
 RepetitionPenaltyOpt = Annotated[float, typer.Option("--repetition-penalty", "--repeat-penalty", metavar="FLOAT", help="Penalty for repeated tokens; 1.0 is off.", rich_help_panel=SAMPLING)]
 RepeatLastNOpt = Annotated[int, typer.Option("--repeat-last-n", metavar="N", help="Tokens the repetition penalty looks back over; -1 whole context, 0 off.", rich_help_panel=SAMPLING)]
 
-DraftKindOpt = Annotated[Optional[str], typer.Option("--draft-kind", envvar="MLXCEL_DRAFT_KIND", metavar="KIND", help="Drafter: full-model | prompt-lookup (serve) | mtp (the checkpoint's own head: Qwen3.5, Qwen3-Next) | dflash, suffix (not yet).", rich_help_panel=SPEC)]
+DraftKindOpt = Annotated[Optional[str], typer.Option("--draft-kind", envvar="MLXCEL_DRAFT_KIND", metavar="KIND", help="Drafter: full-model | prompt-lookup (serve) | mtp (the checkpoint's own head: Qwen3.5, Qwen3-Next; a Gemma 4 assistant) | dflash, suffix (not yet).", rich_help_panel=SPEC)]
 DraftBlockSizeOpt = Annotated[Optional[int], typer.Option("--draft-block-size", "--draft-max", metavar="N", help="Proposal width (full-model default 4; mtp: the head checkpoint's width, else 4; serve prompt lookup default 7).", rich_help_panel=SPEC)]
 SpecTypeOpt = Annotated[Optional[str], typer.Option("--spec-type", metavar="TYPE", help="llama-server selector: none turns speculation off; draft-simple = full-model; draft-mtp = mtp.", rich_help_panel=SPEC)]
 PpSizeOpt = Annotated[int, typer.Option("--pp-size", metavar="N", help="Pipeline-parallel stages (accepted to be refused above 1).", rich_help_panel=SPEC)]
