@@ -130,12 +130,12 @@ def check_target(target_cfg: dict, cfg: dict, where: str) -> None:
 
 
 def load(folder: Path, cfg: dict, target_model: Any) -> Gemma4Assistant:
-    from .mtp import tensor_shapes
+    from .mtp import load_tensors, tensor_shapes
 
     head = Gemma4Assistant(cfg)
     weights: dict[str, mx.array] = {}
     for f in sorted({f for f, _ in tensor_shapes(folder).values()}):
-        weights.update(mx.load(str(f)))
+        weights.update(load_tensors(f))
     weights = {k: v for k, v in weights.items() if "rotary_emb" not in k}
     if head.tied:
         weights.pop("lm_head.weight", None)

@@ -43,13 +43,26 @@ def tensor_shapes(folder: Path) -> dict[str, tuple[Path, list[int]]]:
         try:
             with open(f, "rb") as fh:
                 (n,) = struct.unpack("<Q", fh.read(8))
+                # the header is JSON of at most 100 MB (the format's own limit) inside the file
+                if n > min(100 << 20, f.stat().st_size - 8):
+                    raise ValueError("header length out of range")
                 header = json.loads(fh.read(n))
+            if not isinstance(header, dict):
+                raise ValueError("header is not a JSON object")
         except (OSError, struct.error, ValueError):
             raise ModelError(f"{f}: not a readable safetensors file") from None
         for name, meta in header.items():
             if name != "__metadata__" and isinstance(meta, dict):
                 out[name] = (f, list(meta.get("shape", [])))
     return out
+
+
+def load_tensors(f: Path) -> dict[str, mx.array]:
+    """All tensors of one safetensors file; a damaged file is a one-line error, not a traceback."""
+    try:
+        return mx.load(str(f))
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise ModelError(f"{f}: cannot read its tensors ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
 
 
 def head_name(name: str) -> str | None:
@@ -228,7 +241,7 @@ def _norm_offset(model: Any, target_folder: Path) -> float:
     stored = next((n for n in shapes if n.endswith("model.norm.weight") and head_name(n) is None), None)
     if stored is None:
         return 0.0
-    raw = mx.load(str(shapes[stored][0]))[stored].astype(mx.float32)
+    raw = load_tensors(shapes[stored][0])[stored].astype(mx.float32)
     loaded = text_model(model)[1].norm.weight.astype(mx.float32)
     return 1.0 if abs(mx.mean(loaded - raw).item() - 1.0) < 1e-3 else 0.0
 
@@ -244,7 +257,7 @@ def load_head(model: Any, source: HeadSource, target_folder: Path):
     weights = {}
     for name, (f, original) in source.tensors.items():
         if f not in files:
-            files[f] = mx.load(str(f))
+            files[f] = load_tensors(f)
         weights[name] = files[f][original]
     offset = _norm_offset(model, target_folder)
     dtype = lm_head_and_embed(model)[1].weight.dtype

@@ -257,3 +257,22 @@ def test_bench_runs_an_auto_detected_mtp_head_beside_prompt_lookup(mtp_dirs, cli
     data = json.loads(out.read_text())
     assert data["configs"] == ["plain", "mtp k=3", "prompt-lookup k=7"]  # the head's declared width
     assert all(s["identical"] == s["prompts"] for s in data["summary"])
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"garbage, not safetensors", "not a readable safetensors file"),
+    (b"\xff" * 8 + b"{}", "not a readable safetensors file"),  # a header length past the file's end
+    (None, "cannot read its tensors"),  # a valid header whose data was cut off
+])
+def test_a_damaged_head_file_is_one_line_error(mtp_dirs, tmp_path, content, message):
+    import struct
+
+    d = tmp_path / "damaged"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen3_5_mtp"}))
+    if content is None:
+        header = json.dumps({"mtp.fc.weight": {"dtype": "F32", "shape": [64, 128], "data_offsets": [0, 32768]}}).encode()
+        content = struct.pack("<Q", len(header)) + header + b"x" * 100
+    (d / "model.safetensors").write_bytes(content)
+    with pytest.raises(ModelError, match=message):
+        session(mtp_dirs["plain"], draft_model=d)
