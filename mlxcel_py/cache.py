@@ -14,6 +14,8 @@ able to forget its newest positions. mlx-lm's `trim` does that for plain KV cach
   references (no array is copied). Rolling back restores the checkpoint and re-feeds the kept
   tokens; that replay is deferred and rides in front of the next forward (`_pending`), so a
   partial accept costs a few extra rows in the next block instead of an extra forward.
+  Gated DeltaNet layers (Qwen3.5, Qwen3-Next) on the CPU do better: a marked block records the
+  state after every step (`recurrent_steps`) and a partial accept picks the right one, no replay.
 - "list": CacheList, each part by its own kind.
 
 When a rollback cannot be done by trims and slices alone, every layer goes back to the checkpoint
@@ -38,7 +40,7 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
 )
 
-from . import cpu_kernels
+from . import cpu_kernels, recurrent_steps
 
 TRIM, WINDOW, STATE, LIST = "trim", "window", "state", "list"
 _TRIM_TYPES = (KVCache, QuantizedKVCache, ConcatenateKVCache, ChunkedKVCache)
@@ -169,6 +171,8 @@ class SequenceCache:
     them already.
     """
 
+    use_steps = True  # per-step Gated DeltaNet states where available (scripts/rollback_cost.py compares)
+
     def __init__(self, model: Any):
         self.model = model
         self.layers = make_prompt_cache(model)
@@ -177,6 +181,10 @@ class SequenceCache:
         self._checkpoint: Checkpoint | None = None
         self._last_write = 0
         self._tap = None  # mtp.HiddenTap while hidden states are kept
+        # Gated DeltaNet layers whose per-step states a marked block records: {index: conv kernel}
+        self._steps = recurrent_steps.enable(model) if self.use_steps else {}
+        self._recording = False
+        self._step_records: dict | None = None
         self.hidden: mx.array | None = None  # (rows, H)
         self.hidden_start = 0
         self.trim_only = all(rollback_kind(c) == TRIM or (rollback_kind(c) == LIST and all(
@@ -194,7 +202,13 @@ class SequenceCache:
         if self._pending:
             x = mx.concatenate([mx.array(self._pending, dtype=mx.int32), x.astype(mx.int32)])
         with cpu_kernels.engaged(self.model):
-            logits = self.model(x[None], cache=self.layers)[0]
+            if self._recording:
+                with recurrent_steps.recording() as records:
+                    logits = self.model(x[None], cache=self.layers)[0]
+                self._step_records = recurrent_steps.by_layer(records, list(self._steps))
+            else:
+                logits = self.model(x[None], cache=self.layers)[0]
+                self._step_records = None
             if self._tap is not None:
                 rows = self._tap.last[0, len(self._pending):]  # replayed rows are kept already
                 self.hidden = rows if self.hidden is None else mx.concatenate([self.hidden, rows])
@@ -261,10 +275,17 @@ class SequenceCache:
         if self.trim_only:
             return
         self._checkpoint = Checkpoint(self.fed, [_snapshot(c) for c in self.layers])
+        self._recording = bool(self._steps)
 
     def release(self) -> None:
-        """Drop the checkpoint (its references would make later in-place writes copy buffers)."""
+        """Drop the checkpoint (its references would make later in-place writes copy buffers)
+        and any per-step states."""
         self._checkpoint = None
+        self._recording, self._step_records = False, None
+
+    def _picks_state(self, i: int, k: int) -> bool:
+        """Layer i's state after dropping the newest k positions was recorded in the last write."""
+        return self._step_records is not None and i in self._step_records and k < self._last_write
 
     def truncate(self, n: int) -> bool:
         """Keep only the first n tokens. False (and nothing changed) if that needs a checkpoint at
@@ -279,10 +300,15 @@ class SequenceCache:
             self._cut_hidden(n)
             return True
         k = fed - n  # positions to remove from the layers
-        if all(_rewind_in_place(c, k, self._last_write) for c in self.layers):
-            for c in self.layers:
-                _apply_rewind(c, k)
+        if all(self._picks_state(i, k) or _rewind_in_place(c, k, self._last_write)
+               for i, c in enumerate(self.layers)):
+            for i, c in enumerate(self.layers):
+                if self._picks_state(i, k):
+                    recurrent_steps.pick(c, self._step_records[i], self._last_write - k, self._steps[i])
+                else:
+                    _apply_rewind(c, k)
             self._last_write -= k
+            self._step_records = None  # the recorded steps no longer line up with the cache
             self._pending = []
         elif self._checkpoint is not None and self._checkpoint.position <= n:
             cp = self._checkpoint

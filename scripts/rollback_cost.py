@@ -3,11 +3,13 @@
 
 Builds the tests' tiny random Qwen3.5 hybrid (3 Gated DeltaNet layers + 1 attention layer) and a
 tiny llama of the same width, then times, interleaved, for each model:
-  full      verify [last + 7 drafts], all kept (no rollback), then the next plain step
-  deferred  the same block keeping 3 drafts: rollback (checkpoint restore for the recurrent
-            layers, replay deferred into the next forward), then the next plain step
-  immediate the same, but the kept tokens are replayed at once (an extra forward), then the step
-Each sample is one round plus the following plain step, since the deferred replay lands there.
+  full       verify [last + 7 drafts], all kept (no rollback), then the next plain step
+  steps      the same block keeping 3 drafts; the Gated DeltaNet layers take the recorded state
+             after the last kept step (the engine's choice), the attention layer is trimmed
+  deferred   the same, rolled back through the checkpoint: states restored, the kept tokens
+             replayed in front of the next forward (what every other recurrent family gets)
+  immediate  the same, but the kept tokens are replayed at once (an extra forward)
+Each sample is one round plus the following plain step, since a deferred replay lands there.
 Usage: python scripts/rollback_cost.py [--rounds 200]. Prints milliseconds (medians) and ratios.
 """
 
@@ -49,12 +51,16 @@ def main() -> None:
     draft = [7, 8, 9, 10, 11, 12, 13]
     for name, folder in models.items():
         model = loading.load(loading.resolve(str(folder))).model
-        times: dict[str, list[float]] = {"full": [], "deferred": [], "immediate": []}
-        cache = SequenceCache(model)
-        cache.prefill(prompt)
-        base = len(cache.tokens)
-        for r in range(args.rounds):
-            for mode in times:
+        caches = {}
+        for mode, steps in (("full", True), ("steps", True), ("deferred", False), ("immediate", False)):
+            SequenceCache.use_steps = steps
+            caches[mode] = SequenceCache(model)
+            caches[mode].prefill(prompt)
+        SequenceCache.use_steps = True
+        times: dict[str, list[float]] = {mode: [] for mode in caches}
+        base = len(prompt)
+        for _ in range(args.rounds):
+            for mode, cache in caches.items():
                 t = time.perf_counter()
                 cache.mark()
                 mx.eval(cache.feed([1, *draft]))
@@ -65,10 +71,10 @@ def main() -> None:
                 mx.eval(cache.feed([5]))
                 cache.eval()
                 times[mode].append(time.perf_counter() - t)
-                assert cache.truncate(base)  # back to the prompt (same checkpoint), untimed
+                assert cache.truncate(base)  # back to the prompt through the checkpoint, untimed
                 cache.release()
         med = {k: statistics.median(v) * 1000 for k, v in times.items()}
-        print(f"{name} ({describe_kinds(cache.layers)}), {args.rounds} rounds, width 8, keep 4 of 8:")
+        print(f"{name} ({describe_kinds(caches['full'].layers)}), {args.rounds} rounds, width 8, keep 4 of 8:")
         for k, v in med.items():
             print(f"  {k:9s} {v:7.3f} ms  ({v / med['full']:.2f}x full accept)")
 
