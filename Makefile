@@ -26,7 +26,7 @@ demo: model
 test: model
 	$(PY) -m pytest -q -x --durations=10
 
-# the README's performance tables (docs/bench/, about 40 minutes on 2 cores); ratios from one run
+# the README's performance tables (docs/bench/, about 55 minutes on 2 cores); ratios from one run
 BENCH_PUBLIC := --workload benchmarks/workloads.jsonl --max-tokens 256
 COST12 := --prompt-lookup-policy cost --prompt-lookup-max-draft 12
 bench: model
@@ -36,6 +36,10 @@ bench: model
 	$(MLXCEL) bench --draft-model $$($(PY) -c 'from mlxcel_py.default_model import default_gguf; print(default_gguf())') \
 		--draft-block-size 4 --limit 1 --max-tokens 64 --vs mlx-lm --json docs/bench/vs-mlx-lm-draft.json \
 		--markdown > docs/bench/vs-mlx-lm-draft.md
+	$(MLXCEL) bench --trace benchmarks/traces.jsonl --draft-kind suffix --prompt-lookup $(COST12) --max-tokens 256 \
+		--json docs/bench/suffix-traces.json --markdown > docs/bench/suffix-traces.md
+	$(MLXCEL) bench --workload benchmarks/repeated.jsonl --draft-kind suffix --prompt-lookup $(COST12) --max-tokens 256 \
+		--json docs/bench/suffix-repeated.json --markdown > docs/bench/suffix-repeated.md
 	$(MLXCEL) bench $(BENCH_PUBLIC) --prompt-lookup-policy cost --sweep-widths 1,2,4,7,12,16 \
 		--plot docs/bench/widths.png --json docs/bench/widths.json --markdown > docs/bench/widths.md
 

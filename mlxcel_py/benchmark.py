@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from .options import DraftConfig, SamplingOptions
-from .prompting import prompt_ids
-from .workload import WorkItem
+from .prompting import prompt_ids, render_messages
+from .workload import Trace, WorkItem
 
 ALL_KINDS = "all"
 WIDTH_TIE = 0.02  # widths within 2% of the best median speedup count as tied: pick the narrowest
@@ -114,6 +114,7 @@ def run(
     chat_template: bool = True,
     peer: Any = None,  # peers.MlxLmPeer or None
     repeats: int = 1,  # timed runs per prompt and configuration; the median-speed run is kept
+    traces: Sequence[Trace] | None = None,  # multi-turn traces instead of `items`
     on_step: Callable[[str], None] = lambda s: None,
 ) -> BenchResult:
     """Time every prompt plainly, under every draft configuration, and on the peer."""
@@ -128,31 +129,40 @@ def run(
         for d in drafts
     ]
     labels = [config_label(d) for d in drafts]
-    prompts = [prompt_ids(tokenizer, it.prompt, chat_template=chat_template) for it in items]
+    if traces:
+        first = render_messages(tokenizer, [{"role": "user", "content": traces[0].turns[0]}],
+                                chat_template=chat_template)
+    else:
+        prompts = [prompt_ids(tokenizer, it.prompt, chat_template=chat_template) for it in items]
+        first = prompts[0]
 
     on_step("warmup")
     plain.warmup(sampling=sampling)
     for eng, d in zip(engines, drafts):
-        eng.warmup(sampling=sampling, calibrate=d.kind == "prompt-lookup" and d.lookup.policy == "cost")
+        eng.warmup(sampling=sampling, calibrate=d.calibrates)
     for eng in [plain, *engines]:  # one short untimed request each: first-call costs stay out
-        _drain(eng.generate(prompts[0], max_tokens=min(8, max_tokens), sampling=sampling))
+        _drain(eng.generate(first, max_tokens=min(8, max_tokens), sampling=sampling, remember=False))
     if peer is not None:
-        peer.warmup(prompts[0], min(8, max_tokens))
+        peer.warmup(first, min(8, max_tokens))
 
     result = BenchResult(configs=["plain", *labels])
-    for i, (item, ids) in enumerate(zip(items, prompts)):
+
+    def bench_one(i: int, item: WorkItem, ids: list[int]) -> list[int]:
+        """Every configuration on one prompt (repeats interleaved); returns plain's tokens."""
         runs: dict[str, list[RunRecord]] = {}
         base_tokens: list[int] | None = None
         for rep in range(repeats):  # repeats interleave too: plain, spec..., plain, spec...
             tag = f" ({rep + 1}/{repeats})" if repeats > 1 else ""
             on_step(f"{item.kind} #{i + 1} plain{tag}")
-            g = plain.generate(ids, max_tokens=max_tokens, sampling=sampling)
+            g = plain.generate(ids, max_tokens=max_tokens, sampling=sampling, remember=False)
             toks = _drain(g)
             base_tokens = toks if base_tokens is None else base_tokens
             runs.setdefault("plain", []).append(_record(i, item, "plain", None, g))
             for eng, d, label in zip(engines, drafts, labels):
                 on_step(f"{item.kind} #{i + 1} {label}{tag}")
-                g = eng.generate(ids, max_tokens=max_tokens, sampling=sampling)
+                # a drafter with memory learns each prompt once, after all its repeats: a repeat
+                # must not draft from its own earlier output
+                g = eng.generate(ids, max_tokens=max_tokens, sampling=sampling, remember=False)
                 same = _drain(g) == base_tokens
                 rec = _record(i, item, label, d.max_draft, g)
                 rec.identical = same
@@ -166,6 +176,8 @@ def run(
                         tokens=out.tokens, decode_tps=out.tps, decode_s=out.tokens / out.tps if out.tps else 0.0,
                         peak_memory_mib=out.peak_mib,
                     ))
+        for eng in engines:
+            eng.remember(list(ids) + base_tokens)
         base = _median_run(runs["plain"])
         result.records.append(base)
         for label, recs in runs.items():
@@ -176,6 +188,21 @@ def run(
                 rec.identical = all(r.identical for r in recs)
                 rec.speedup = rec.decode_tps / base.decode_tps if base.decode_tps else 0.0
             result.records.append(rec)
+        return base_tokens
+
+    if traces:  # each turn's prompt is the conversation so far, replies being plain decoding's
+        i = 0
+        for trace in traces:
+            history: list[dict] = []
+            for k, turn in enumerate(trace.turns):
+                history.append({"role": "user", "content": turn})
+                ids = render_messages(tokenizer, history, chat_template=chat_template)
+                toks = bench_one(i, WorkItem(kind=f"turn {k + 1}", prompt=turn, source=trace.source), ids)
+                history.append({"role": "assistant", "content": tokenizer.decode(toks)})
+                i += 1
+    else:
+        for i, (item, ids) in enumerate(zip(items, prompts)):
+            bench_one(i, item, ids)
     for label in (peer.configs() if peer is not None else []):
         result.configs.append(label[0])
     return result
@@ -254,7 +281,7 @@ def plain_vs_peer(result: BenchResult) -> float | None:
 
 @dataclass(frozen=True)
 class WidthChoice:
-    drafter: str  # "prompt-lookup" | "full-model" | "mtp"
+    drafter: str  # "prompt-lookup" | "full-model" | "mtp" | "suffix"
     width: int
     speedup: float
     flag: str  # the flag that sets it
@@ -266,7 +293,7 @@ def recommend_widths(rows: Sequence[SummaryRow]) -> list[WidthChoice]:
     the seed page's 'stop increasing width when verification grows faster than useful work')."""
     out = []
     for drafter, flag in (("prompt-lookup", "--prompt-lookup-max-draft"), ("full-model", "--draft-block-size"),
-                          ("mtp", "--draft-block-size")):
+                          ("mtp", "--draft-block-size"), ("suffix", "--draft-block-size")):
         cands = [r for r in rows if r.kind == ALL_KINDS and r.config.startswith(drafter) and r.width]
         if not cands:
             continue

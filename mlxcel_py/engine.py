@@ -43,8 +43,9 @@ class Generation:
 
     def __init__(self, engine: "Engine", prompt: Sequence[int], *, max_tokens: int, sampling: SamplingOptions,
                  min_tokens: int = 0, ignore_eos: bool = False, speculative: bool = True,
-                 reuse_cache: bool = False):
+                 reuse_cache: bool = False, remember: bool = True):
         self.engine = engine
+        self.remember = remember  # add prompt + output to the suffix store at the end
         self.prompt = list(prompt)
         self.max_tokens = max_tokens
         self.sampling = sampling
@@ -168,6 +169,8 @@ class Generation:
         finally:
             st.decode_s = time.perf_counter() - t_decode
             st.peak_memory_bytes = mx.get_peak_memory()
+            if self.remember:
+                eng.remember(self.prompt + self.tokens)
 
 
 class Engine:
@@ -175,7 +178,7 @@ class Engine:
 
     def __init__(self, model: Any, *, eos_ids: Sequence[int], vocab_size: int | None = None,
                  context_length: int = 4096, draft: DraftConfig | None = None, draft_model: Any = None,
-                 mtp_head: Any = None):
+                 mtp_head: Any = None, suffix_store: Any = None):
         self.model = model
         self.eos_ids = tuple(sorted(set(eos_ids)))
         self.vocab_size = vocab_size
@@ -183,6 +186,7 @@ class Engine:
         self.draft = draft or DraftConfig()
         self.draft_model = draft_model
         self.mtp_head = mtp_head
+        self.suffix_store = suffix_store  # suffix.SuffixStore: earlier sequences, kept across requests
         self.hidden_tap = None
         if mtp_head is not None:
             from .mtp import hidden_tap
@@ -212,6 +216,12 @@ class Engine:
             if self._full_drafter is None:  # one drafter (and its cache) across requests
                 self._full_drafter = FullModelDrafter(self.draft_model, self.vocab_size)
             return self._full_drafter
+        if d.kind == "suffix":
+            from .suffix import SuffixDrafter, SuffixStore
+
+            if self.suffix_store is None:
+                self.suffix_store = SuffixStore(d.suffix_cache_tokens)
+            return SuffixDrafter(self.suffix_store, eos_ids=self.eos_ids)
         if d.kind == "mtp":
             if self.mtp_head is None:
                 raise RuntimeError("MTP drafting needs the checkpoint's MTP head")
@@ -222,7 +232,7 @@ class Engine:
 
     def make_policy(self):
         d = self.draft
-        if d.kind == "prompt-lookup":
+        if d.kind in ("prompt-lookup", "suffix"):
             return make_policy(d.lookup.policy, d.lookup.max_draft, adaptive=d.lookup.adaptive,
                                on_cuda=on_cuda(), verify_cost=self.verify_cost)
         return make_policy("fixed", d.block_size, adaptive=False)
@@ -233,10 +243,16 @@ class Engine:
 
     def generate(self, prompt: Sequence[int], *, max_tokens: int, sampling: SamplingOptions | None = None,
                  min_tokens: int = 0, ignore_eos: bool = False, speculative: bool = True,
-                 reuse_cache: bool = False) -> Generation:
+                 reuse_cache: bool = False, remember: bool = True) -> Generation:
         return Generation(self, prompt, max_tokens=self.resolve_max_tokens(max_tokens, len(prompt)),
                           sampling=sampling or SamplingOptions(), min_tokens=min_tokens,
-                          ignore_eos=ignore_eos, speculative=speculative, reuse_cache=reuse_cache)
+                          ignore_eos=ignore_eos, speculative=speculative, reuse_cache=reuse_cache,
+                          remember=remember)
+
+    def remember(self, tokens: Sequence[int]) -> None:
+        """Give a finished sequence to the suffix drafter's store (nothing without one)."""
+        if self.suffix_store is not None:
+            self.suffix_store.add(tokens)
 
     # -- warmup and calibration ----------------------------------------------------------------
     def warmup(self, prompt: Sequence[int] | None = None, *, sampling: SamplingOptions | None = None,

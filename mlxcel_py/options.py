@@ -25,6 +25,8 @@ NGRAM_MAX_LIMIT = 16
 MAX_DRAFT_LIMIT = 64
 DEFAULT_FULL_MODEL_BLOCK = 4
 DEFAULT_MTP_BLOCK = 4  # when the head's checkpoint declares no width
+DEFAULT_SUFFIX_BLOCK = 16  # the longest suffix draft; the cost policy sizes each one below it
+DEFAULT_SUFFIX_CACHE_TOKENS = 50_000
 DEFAULT_SERVER_LOOKUP_BLOCK = 7
 DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 2
 
@@ -96,6 +98,8 @@ class SpecOptions:
     spec_type: str | None = None
     lookup: PromptLookupOptions = field(default_factory=PromptLookupOptions)
     pp_size: int = 1
+    suffix_cache_tokens: int | None = None
+    suffix_store: str | None = None
 
 
 @dataclass(frozen=True)
@@ -138,12 +142,14 @@ class LookupConfig:
 class DraftConfig:
     """The drafter a command runs with, or kind=None for plain decoding."""
 
-    kind: str | None = None  # None | "prompt-lookup" | "full-model" | "mtp"
+    kind: str | None = None  # None | "prompt-lookup" | "full-model" | "mtp" | "suffix"
     lookup: LookupConfig = field(default_factory=LookupConfig)
     draft_model: str | None = None  # full-model: the drafter; mtp: a separate head checkpoint (optional)
     block_size: int = DEFAULT_FULL_MODEL_BLOCK
     block_explicit: bool = False  # --draft-block-size given (else an MTP checkpoint's own width wins)
     kind_explicit: bool = False  # --draft-kind given (else an MTP checkpoint as --draft-model means mtp)
+    suffix_cache_tokens: int = DEFAULT_SUFFIX_CACHE_TOKENS  # suffix: the store's token budget
+    suffix_store: str | None = None  # suffix: the file the store is loaded from and saved to
 
     @property
     def enabled(self) -> bool:
@@ -151,7 +157,12 @@ class DraftConfig:
 
     @property
     def max_draft(self) -> int:
-        return self.lookup.max_draft if self.kind == "prompt-lookup" else self.block_size
+        return self.lookup.max_draft if self.kind in ("prompt-lookup", "suffix") else self.block_size
+
+    @property
+    def calibrates(self) -> bool:
+        """The cost policy sizes this drafter's proposals, so warmup times every verify width."""
+        return self.kind in ("prompt-lookup", "suffix") and self.lookup.adaptive and self.lookup.policy == "cost"
 
 
 @dataclass(frozen=True)
@@ -180,7 +191,8 @@ class BenchOptions:
     markdown: bool = False
     plot_path: str | None = None
     limit: int | None = None  # prompts per kind
-    repeats: int = 1  # timed runs per prompt and configuration (the median-speed one is kept)
+    repeats: int = 1
+    trace: str | None = None  # multi-turn traces (JSON Lines of {"turns": [...]}) instead of a workload  # timed runs per prompt and configuration (the median-speed one is kept)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ maps) right after loading, before generation. Reports progress through a `say` c
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Callable
 
 from . import fastpath, loading
@@ -23,10 +24,23 @@ class Session:
     draft: loading.LoadedModel | None
     engine: Any  # engine.Engine
     blas: fastpath.BlasState
+    store_fingerprint: str | None = None  # the tokenizer a saved suffix store belongs to
 
     @property
     def tokenizer(self):
         return self.target.tokenizer
+
+    def save_store(self) -> str | None:
+        """Write the suffix store to --suffix-store, if one was asked for; returns what it did."""
+        d, store = self.engine.draft, self.engine.suffix_store
+        if d.kind != "suffix" or not d.suffix_store or store is None:
+            return None
+        path = Path(d.suffix_store).expanduser()
+        try:
+            store.save(path, self.store_fingerprint)
+        except OSError as exc:
+            raise ModelError(f"--suffix-store {d.suffix_store}: cannot write it ({exc.strerror})") from None
+        return f"suffix store: {len(store)} sequences, {store.tokens} tokens saved to {path}"
 
 
 def _check_token_ids(target_tok: Any, draft_tok: Any, draft_path: Any) -> None:
@@ -85,6 +99,9 @@ def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None)
         head_source = _mtp_source(run, resolved)
         if not run.draft.block_explicit and head_source.declared_width:
             run = replace(run, draft=replace(run.draft, block_size=head_source.declared_width))
+    store, fingerprint = None, None
+    if run.draft.kind == "suffix":
+        store, fingerprint = _suffix_store(run.draft, resolved)
     if run.draft.enabled:
         loading.check_rollback_config(resolved.config)
     say(f"model: {resolved.source}")
@@ -111,8 +128,29 @@ def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None)
         draft=run.draft,
         draft_model=draft.model if draft else None,
         mtp_head=head,
+        suffix_store=store,
     )
-    return Session(target, draft, engine, blas)
+    if store is not None and len(store):
+        say(f"suffix store: {len(store)} sequences, {store.tokens} tokens from {run.draft.suffix_store}")
+    return Session(target, draft, engine, blas, fingerprint)
+
+
+def _suffix_store(draft: DraftConfig, resolved: loading.ResolvedModel):
+    """A new store, or the one saved at --suffix-store, checked before any weight loads."""
+    from .suffix import SuffixStore, fingerprint
+
+    tok = loading.load_tokenizer_only(resolved)
+    fp = fingerprint(tok.get_vocab() if hasattr(tok, "get_vocab") else None, resolved.config.get("vocab_size"))
+    path = Path(draft.suffix_store).expanduser() if draft.suffix_store else None
+    if path is None or not path.exists():
+        return SuffixStore(draft.suffix_cache_tokens), fp
+    try:
+        return SuffixStore.load(path, fp, draft.suffix_cache_tokens), fp
+    except ValueError as exc:
+        raise ModelError(f"--suffix-store {draft.suffix_store}: {exc}",
+                         hint="delete the file or pass another --suffix-store path") from None
+    except OSError as exc:
+        raise ModelError(f"--suffix-store {draft.suffix_store}: cannot read it ({exc.strerror})") from None
 
 
 def describe_draft(draft: DraftConfig, policy_name: str | None = None) -> str:
@@ -123,6 +161,9 @@ def describe_draft(draft: DraftConfig, policy_name: str | None = None) -> str:
                 f"policy={pol if lk.adaptive else 'fixed'})")
     if draft.kind == "full-model":
         return f"speculative=full-model (draft_model={draft.draft_model}, block_size={draft.block_size})"
+    if draft.kind == "suffix":
+        return (f"speculative=suffix (max_draft={draft.block_size}, policy=cost, "
+                f"cache_tokens={draft.suffix_cache_tokens}, store={draft.suffix_store or 'none'})")
     if draft.kind == "mtp":
         head = f"draft_model={draft.draft_model}" if draft.draft_model else "head=target checkpoint"
         return (f"speculative=mtp ({head}, block_size={draft.block_size}, "

@@ -21,6 +21,8 @@ from .options import (
     DEFAULT_NGRAM_MIN,
     DEFAULT_POLICY,
     DEFAULT_SERVER_LOOKUP_BLOCK,
+    DEFAULT_SUFFIX_BLOCK,
+    DEFAULT_SUFFIX_CACHE_TOKENS,
     DRAFT_KINDS,
     MAX_DRAFT_LIMIT,
     NGRAM_MAX_LIMIT,
@@ -38,7 +40,7 @@ from .options import (
 LLAMA_NGRAM_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 LLAMA_SPEC_TYPES = ("none", "draft-simple", "draft-mtp", "draft-dflash", "draft-eagle3", "draft-dspark",
                     "draft-mtp-adaptive", *LLAMA_NGRAM_SPEC_TYPES)
-NOT_IMPLEMENTED_KINDS = ("dflash", "suffix")
+NOT_IMPLEMENTED_KINDS = ("dflash",)
 
 
 def _lookup_tuning_flags(opts: CommandOptions) -> list[str]:
@@ -163,8 +165,9 @@ def validate(opts: CommandOptions) -> RunConfig:
     if lk.enabled and draft_model:
         raise UsageError("--prompt-lookup conflicts with --draft-model: prompt lookup takes no drafter checkpoint; "
                          "drop one of them")
-    if lk.enabled and kind == "mtp":
-        raise UsageError("--prompt-lookup conflicts with --draft-kind mtp: one drafter per run; drop one of them")
+    if lk.enabled and kind in ("mtp", "suffix"):
+        raise UsageError(f"--prompt-lookup conflicts with --draft-kind {kind}: one drafter per run; drop one of them")
+    _suffix_flags(opts, kind)
     if kind == "prompt-lookup" and cmd in ("generate", "run", "chat", "bench"):
         raise UsageError("--draft-kind=prompt-lookup takes no drafter checkpoint; pass --prompt-lookup instead "
                          "(see --prompt-lookup-* for its settings)")
@@ -209,6 +212,17 @@ def validate(opts: CommandOptions) -> RunConfig:
     if kind == "full-model" and not draft_model:
         raise UsageError("--draft-kind full-model needs --draft-model PATH")
     explicit_block = spec.draft_block_size is not None
+    if kind == "suffix":
+        if draft_model:
+            raise UsageError("--draft-kind suffix takes no drafter checkpoint; remove --draft-model")
+        if spec.pp_size > 1:
+            raise UsageError("--draft-kind suffix does not support pipeline parallelism (--pp-size > 1); drop one")
+        block = spec.draft_block_size if explicit_block else DEFAULT_SUFFIX_BLOCK
+        return RunConfig(opts, DraftConfig(
+            kind="suffix", kind_explicit=True, block_size=block, block_explicit=explicit_block,
+            lookup=LookupConfig(max_draft=block, policy="cost", adaptive=True),
+            suffix_cache_tokens=spec.suffix_cache_tokens or DEFAULT_SUFFIX_CACHE_TOKENS,
+            suffix_store=spec.suffix_store), opts.generation.max_tokens)
     if kind == "mtp":
         if spec.pp_size > 1:
             raise UsageError("--draft-kind mtp does not support pipeline parallelism (--pp-size > 1); drop one")
@@ -225,6 +239,22 @@ def validate(opts: CommandOptions) -> RunConfig:
     if spec.pp_size > 1:
         raise UsageError("--pp-size > 1: pipeline parallelism is not available in mlxcel-py (one device); drop --pp-size")
     return RunConfig(opts, DraftConfig(), opts.generation.max_tokens)
+
+
+def _suffix_flags(opts: CommandOptions, kind: str | None) -> None:
+    spec = opts.spec
+    flag = ("--suffix-cache-tokens" if spec.suffix_cache_tokens is not None else
+            "--suffix-store" if spec.suffix_store is not None else None)
+    if flag and kind != "suffix":
+        raise UsageError(f"{flag} requires --draft-kind suffix; add it or drop {flag}")
+    if spec.suffix_cache_tokens is not None and spec.suffix_cache_tokens < 1:
+        raise UsageError(f"--suffix-cache-tokens must be at least 1, got {spec.suffix_cache_tokens}")
+    if spec.suffix_store is not None:
+        store = Path(spec.suffix_store).expanduser()
+        if store.is_dir():
+            raise UsageError(f"--suffix-store {spec.suffix_store}: a folder; pass a file path")
+        if not store.parent.is_dir():
+            raise UsageError(f"--suffix-store {spec.suffix_store}: the folder {store.parent} does not exist")
 
 
 def _read_json(path: Path, what: str) -> dict:

@@ -1,4 +1,5 @@
-"""Benchmark workloads: JSON Lines of {"kind", "prompt", "source"?}, as in ../shared/workloads.
+"""Benchmark workloads: JSON Lines of {"kind", "prompt", "source"?}, as in ../shared/workloads,
+and multi-turn traces: JSON Lines of {"turns": [user messages], "source"?} (traces.jsonl there).
 
 Pure Python, read before any model loads so a bad file is a usage error naming the file and line.
 `builtin()` is the small default set shipped with the package (two edits, two code rewrites, a
@@ -47,6 +48,36 @@ def load(path: Path, *, flag: str = "--workload") -> list[WorkItem]:
     if not items:
         raise UsageError(f"{flag} {path}: the file holds no prompts")
     return items
+
+
+@dataclass(frozen=True)
+class Trace:
+    turns: tuple[str, ...]
+    source: str = ""
+
+
+def load_traces(path: Path, *, flag: str = "--trace") -> list[Trace]:
+    if not path.is_file():
+        raise UsageError(f"{flag} {path}: no such file; pass a JSON Lines file of {{\"turns\": [...]}} objects")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{flag} {path}: cannot read it ({exc})") from None
+    traces = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{flag} {path}:{n}: not valid JSON ({exc.msg}); one object per line") from None
+        turns = obj.get("turns") if isinstance(obj, dict) else None
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+            raise UsageError(f"{flag} {path}:{n}: each line needs \"turns\": a non-empty list of non-empty strings")
+        traces.append(Trace(tuple(turns), str(obj.get("source", ""))))
+    if not traces:
+        raise UsageError(f"{flag} {path}: the file holds no traces")
+    return traces
 
 
 def builtin() -> list[WorkItem]:

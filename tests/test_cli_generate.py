@@ -20,7 +20,8 @@ def test_help_lists_documented_flags_for_all_commands(cli_env):
               "--min-p", "--seed", "--repetition-penalty", "--repeat-last-n", "--draft-kind", "--draft-block-size",
               "--spec-type", "--prompt-lookup", "--prompt-lookup-ngram-max", "--prompt-lookup-ngram-min",
               "--prompt-lookup-max-draft", "--prompt-lookup-no-adaptive", "--prompt-lookup-policy", "--pp-size",
-              "--revision", "--no-blas", "--no-dequantize", "--no-fast-kernels"]
+              "--revision", "--no-blas", "--no-dequantize", "--no-fast-kernels", "--suffix-cache-tokens",
+              "--suffix-store"]
     server = ["--host", "--port", "--prompt-lookup-max-batch", "--no-batch", "--kv-unified"]
     for cmd, extra in [("generate", ["--prompt"]), ("run", ["--prompt"]), ("chat", ["--prompt"]), ("serve", server)]:
         r = mlxcel([cmd, "--help"], {**cli_env, "COLUMNS": "200"})
@@ -34,7 +35,8 @@ def test_help_lists_documented_flags_for_all_commands(cli_env):
     assert r.returncode == 0
     for flag in ["--model", "--draft-model", "--max-tokens", "--temp", "--seed", "--draft-kind", "--draft-block-size",
                  "--prompt-lookup", "--prompt-lookup-max-draft", "--prompt-lookup-policy", "--workload",
-                 "--sweep-widths", "--plot", "--vs", "--json", "--markdown", "--limit", "--repeats", "--no-blas"]:
+                 "--sweep-widths", "--plot", "--vs", "--json", "--markdown", "--limit", "--repeats", "--no-blas",
+                 "--trace", "--suffix-cache-tokens"]:
         assert flag in r.stdout, ("bench", flag)
 
 

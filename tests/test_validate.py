@@ -64,6 +64,14 @@ RULES = [
     (["bench", "--json", "/nonexistent/out.json"], "--json /nonexistent/out.json: the folder /nonexistent does not exist"),
     (["bench", "--draft-model", "d", "--prompt-lookup-max-draft", "4"], "--prompt-lookup-max-draft requires --prompt-lookup"),
     (["bench", "--draft-kind", "prompt-lookup"], "--draft-kind=prompt-lookup takes no drafter checkpoint"),
+    (["generate", "-p", "x", "--suffix-store", "s.json"], "--suffix-store requires --draft-kind suffix"),
+    (["generate", "-p", "x", "--suffix-cache-tokens", "9"], "--suffix-cache-tokens requires --draft-kind suffix"),
+    (["chat", "--draft-kind", "suffix", "--suffix-cache-tokens", "0"], "--suffix-cache-tokens must be at least 1"),
+    (["serve", "--draft-kind", "suffix", "--suffix-store", "/nonexistent/s.json"],
+     "--suffix-store /nonexistent/s.json: the folder /nonexistent does not exist"),
+    (["run", "-p", "x", "--draft-kind", "suffix", "--suffix-store", "/"], "--suffix-store /: a folder"),
+    (["generate", "-p", "x", "--draft-kind", "suffix", "--draft-model", "d"], "--draft-kind suffix takes no drafter checkpoint"),
+    (["generate", "-p", "x", "--prompt-lookup", "--draft-kind", "suffix"], "--prompt-lookup conflicts with --draft-kind suffix"),
 ]
 
 

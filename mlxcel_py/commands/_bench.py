@@ -18,7 +18,7 @@ from ..benchmark import ALL_KINDS, SummaryRow, WidthChoice
 from ..errors import MlxcelError
 from ..options import BenchPlan, DraftConfig
 from ..session import open_session
-from ..workload import WorkItem
+from ..workload import Trace, WorkItem
 
 DEFAULT_PLOT = "mlxcel-bench-widths.png"
 
@@ -73,7 +73,7 @@ def _as_loaded(d: DraftConfig, loaded: DraftConfig, *, sweeping: bool) -> DraftC
     return replace(d, kind="mtp", block_size=d.block_size if explicit else loaded.block_size)
 
 
-def run_bench(plan: BenchPlan, items: Sequence[WorkItem]) -> None:
+def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace] | None = None) -> None:
     opts = plan.run.options
     g = opts.generation
     b = plan.bench
@@ -89,16 +89,17 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem]) -> None:
         peer = MlxLmPeer(target.resolved.path, draft_path=session.draft.resolved.path if session.draft else None,
                          draft_widths=widths, sampling=opts.sampling)
     per_prompt = (1 + len(drafts) + (len(peer.configs()) if peer else 0)) * b.repeats
-    ui.info(f"benchmark: {len(items)} prompts x {per_prompt} runs, max {g.max_tokens} tokens, "
+    n_prompts = sum(len(t.turns) for t in traces) if traces else len(items)
+    ui.info(f"benchmark: {n_prompts} prompts{f' in {len(traces)} traces' if traces else ''} x {per_prompt} runs, max {g.max_tokens} tokens, "
             f"{'greedy' if opts.sampling.greedy else f'temp {opts.sampling.temp}'}; interleaved after warmup")
     try:
-        with ui.progress(1 + len(items) * per_prompt, "bench") as step:
+        with ui.progress(1 + n_prompts * per_prompt, "bench") as step:
             result = benchmark.run(
                 target.model, target.tokenizer, items=items, drafts=drafts, max_tokens=g.max_tokens,
                 sampling=opts.sampling, vocab_size=target.vocab_size, context_length=target.context_length,
                 draft_model=session.draft.model if session.draft else None, mtp_head=session.engine.mtp_head,
                 chat_template=g.chat_template,
-                peer=peer, repeats=b.repeats, on_step=step,
+                peer=peer, repeats=b.repeats, traces=traces, on_step=step,
             )
     finally:
         if peer is not None:
@@ -125,7 +126,7 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem]) -> None:
         from ..bench_plot import plot_sweep
 
         name = target.resolved.source.split(" (")[0]
-        plot_sweep(rows, choices, plot_path, title=f"mlxcel bench: {name}, {len(items)} prompts, max {g.max_tokens} "
+        plot_sweep(rows, choices, plot_path, title=f"mlxcel bench: {name}, {n_prompts} prompts, max {g.max_tokens} "
                                                     f"tokens, BLAS {session.blas.name}, weights {target.dtype.split(' (')[0]}")
         ui.info(f"plot: {plot_path}")
         _say_choices(choices)
@@ -134,7 +135,7 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem]) -> None:
             result, rows, choices, command=["mlxcel", *sys.argv[1:]], model=target.resolved.source,
             blas=session.blas.name, weights=target.dtype, kernels=target.kernels, max_tokens=g.max_tokens,
             sampling=asdict(opts.sampling),
-            workload=b.workload or "built-in", repeats=b.repeats, widths=list(plan.widths), plot=str(plot_path) if plot_path else None,
+            workload=b.trace or b.workload or "built-in", trace=bool(b.trace), repeats=b.repeats, widths=list(plan.widths), plot=str(plot_path) if plot_path else None,
             peer=b.vs, versions=_versions(), machine=f"{platform.system()} {platform.machine()}",
         )
         try:

@@ -39,8 +39,7 @@ def run_oneshot(run: RunConfig) -> None:
         raise MlxcelError(f"the prompt has {len(ids)} tokens, which fills the model's context window "
                           f"({eng.context_length}); shorten the prompt")
     draft = eng.draft  # as resolved at load (an MTP checkpoint's kind and width)
-    warm = eng.warmup(ids, sampling=opts.sampling,
-                      calibrate=draft.kind == "prompt-lookup" and draft.lookup.policy == "cost")
+    warm = eng.warmup(ids, sampling=opts.sampling, calibrate=draft.calibrates)
     if g.verbose or g.profile:
         ui.info(describe_draft(draft) + f"; warmup {warm * 1000:.0f} ms")
     gen = eng.generate(ids, max_tokens=g.max_tokens, sampling=opts.sampling, min_tokens=g.min_tokens,
@@ -49,11 +48,18 @@ def run_oneshot(run: RunConfig) -> None:
     stream = TextStream(gen, tok, g.stop)
     start = time.perf_counter()
     last = ""
-    for piece in stream:
-        ui.write_out(piece.text)
-        last = piece.text or last
+    try:
+        for piece in stream:
+            ui.write_out(piece.text)
+            last = piece.text or last
+    except BaseException:  # Ctrl-C: the suffix store still keeps what was generated
+        stream.generation.close()
+        _save_store(session, verbose=g.verbose or g.profile)
+        raise
+    stream.generation.close()
     if not last.endswith("\n"):
         ui.write_out("\n")
+    _save_store(session, verbose=g.verbose or g.profile)
     elapsed = time.perf_counter() - start
     st = gen.stats
     if g.profile:
@@ -62,6 +68,12 @@ def run_oneshot(run: RunConfig) -> None:
         ui.info(line)
     if g.verify_exact and draft.enabled:
         _verify_exact(session, ids, gen.tokens, run)
+
+
+def _save_store(session: Session, *, verbose: bool) -> None:
+    said = session.save_store()
+    if said and verbose:
+        ui.info(said)
 
 
 def _say_model_only(line: str) -> None:

@@ -50,9 +50,11 @@ SeedOpt = Annotated[Optional[int], typer.Option("--seed", "-s", help="Random see
 RepetitionPenaltyOpt = Annotated[float, typer.Option("--repetition-penalty", "--repeat-penalty", metavar="FLOAT", help="Penalty for repeated tokens; 1.0 is off.", rich_help_panel=SAMPLING)]
 RepeatLastNOpt = Annotated[int, typer.Option("--repeat-last-n", metavar="N", help="Tokens the repetition penalty looks back over; -1 whole context, 0 off.", rich_help_panel=SAMPLING)]
 
-DraftKindOpt = Annotated[Optional[str], typer.Option("--draft-kind", envvar="MLXCEL_DRAFT_KIND", metavar="KIND", help="Drafter: full-model | prompt-lookup (serve) | mtp (the checkpoint's own head: Qwen3.5, Qwen3-Next; a Gemma 4 assistant) | dflash, suffix (not yet).", rich_help_panel=SPEC)]
-DraftBlockSizeOpt = Annotated[Optional[int], typer.Option("--draft-block-size", "--draft-max", metavar="N", help="Proposal width (full-model default 4; mtp: the head checkpoint's width, else 4; serve prompt lookup default 7).", rich_help_panel=SPEC)]
+DraftKindOpt = Annotated[Optional[str], typer.Option("--draft-kind", envvar="MLXCEL_DRAFT_KIND", metavar="KIND", help="Drafter: full-model | prompt-lookup (serve) | mtp (the checkpoint's own head: Qwen3.5, Qwen3-Next; a Gemma 4 assistant) | suffix (SuffixDecoding: the context and earlier sequences) | dflash (not yet).", rich_help_panel=SPEC)]
+DraftBlockSizeOpt = Annotated[Optional[int], typer.Option("--draft-block-size", "--draft-max", metavar="N", help="Proposal width (full-model default 4; mtp: the head checkpoint's width, else 4; suffix at most 16; serve prompt lookup default 7).", rich_help_panel=SPEC)]
 SpecTypeOpt = Annotated[Optional[str], typer.Option("--spec-type", metavar="TYPE", help="llama-server selector: none turns speculation off; draft-simple = full-model; draft-mtp = mtp.", rich_help_panel=SPEC)]
+SuffixCacheTokensOpt = Annotated[Optional[int], typer.Option("--suffix-cache-tokens", metavar="N", help=f"Suffix drafter: tokens of earlier sequences kept (default {O.DEFAULT_SUFFIX_CACHE_TOKENS}), least recently used first out.", rich_help_panel=SPEC)]
+SuffixStoreOpt = Annotated[Optional[str], typer.Option("--suffix-store", metavar="FILE", help="Suffix drafter: load the store from FILE at start (if it exists) and save it there at exit.", rich_help_panel=SPEC)]
 PpSizeOpt = Annotated[int, typer.Option("--pp-size", metavar="N", help="Pipeline-parallel stages (accepted to be refused above 1).", rich_help_panel=SPEC)]
 
 PromptLookupOpt = Annotated[bool, typer.Option("--prompt-lookup", help="Prompt-lookup speculation (n-gram drafts from the prompt and output).", rich_help_panel=LOOKUP)]
@@ -70,6 +72,7 @@ KvUnifiedOpt = Annotated[bool, typer.Option("--kv-unified", "-kvu", help="Unifie
 WarmupOpt = Annotated[bool, typer.Option("--warmup/--no-warmup", help="Warm every verify width at startup.", rich_help_panel=SERVER)]
 ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="Require 'Authorization: Bearer KEY'.", rich_help_panel=SERVER)]
 BENCH = "Benchmark"
+TraceOpt = Annotated[Optional[str], typer.Option("--trace", metavar="FILE.jsonl", help="Multi-turn traces as JSON Lines of {\"turns\": [user messages]}: each turn's prompt is the conversation so far, replayed through one engine per configuration (drafters with memory measured as used).", rich_help_panel="Benchmark")]
 WorkloadOpt = Annotated[Optional[str], typer.Option("--workload", metavar="FILE.jsonl", help="Prompts as JSON Lines of {\"kind\", \"prompt\"} (the format of shared/workloads/public.jsonl). Default: a small built-in set.", rich_help_panel=BENCH)]
 SweepWidthsOpt = Annotated[Optional[str], typer.Option("--sweep-widths", metavar="W,W,...", help="Run each drafter at each proposal width (e.g. 1,2,4,7,12), plot the sweep and recommend a width.", rich_help_panel=BENCH)]
 PlotOpt = Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png", help="Where --sweep-widths writes its plot (default mlxcel-bench-widths.png).", rich_help_panel=BENCH)]
@@ -106,7 +109,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
         ),
         spec=O.SpecOptions(
             draft_kind=g("draft_kind"), draft_block_size=g("draft_block_size"), spec_type=g("spec_type"),
-            pp_size=g("pp_size", 1),
+            pp_size=g("pp_size", 1), suffix_cache_tokens=g("suffix_cache_tokens"), suffix_store=g("suffix_store"),
             lookup=O.PromptLookupOptions(
                 enabled=g("prompt_lookup", False), ngram_max=g("prompt_lookup_ngram_max"),
                 ngram_min=g("prompt_lookup_ngram_min"), max_draft=g("prompt_lookup_max_draft"),
@@ -126,7 +129,7 @@ def build_bench_options(params: dict[str, Any]) -> O.BenchOptions:
     g = params.get
     return O.BenchOptions(workload=g("workload"), sweep_widths=g("sweep_widths"), vs=g("vs"), json_path=g("json"),
                           markdown=g("markdown", False), plot_path=g("plot"), limit=g("limit"),
-                          repeats=g("repeats", 1))
+                          repeats=g("repeats", 1), trace=g("trace"))
 
 
 # ---- parameter groups: commands are assembled from these, so each flag is declared once ----
@@ -160,6 +163,7 @@ SAMPLING_PARAMS = [
 SPEC_PARAMS = [
     _kw("draft_kind", DraftKindOpt, None), _kw("draft_block_size", DraftBlockSizeOpt, None),
     _kw("spec_type", SpecTypeOpt, None), _kw("verify_exact", VerifyExactOpt, False), _kw("pp_size", PpSizeOpt, 1),
+    _kw("suffix_cache_tokens", SuffixCacheTokensOpt, None), _kw("suffix_store", SuffixStoreOpt, None),
 ]
 LOOKUP_PARAMS = [
     _kw("prompt_lookup", PromptLookupOpt, False), _kw("prompt_lookup_ngram_max", NgramMaxOpt, None),
@@ -177,9 +181,10 @@ BENCH_PARAMS = (
     + [_kw("max_tokens", MaxTokensOpt, O.DEFAULT_BENCH_MAX_TOKENS), _kw("no_chat_template", NoChatTemplateOpt, False),
        _kw("verbose", VerboseOpt, False)]
     + SAMPLING_PARAMS
-    + [_kw("draft_kind", DraftKindOpt, None), _kw("draft_block_size", DraftBlockSizeOpt, None)]
+    + [_kw("draft_kind", DraftKindOpt, None), _kw("draft_block_size", DraftBlockSizeOpt, None),
+       _kw("suffix_cache_tokens", SuffixCacheTokensOpt, None)]
     + LOOKUP_PARAMS
-    + [_kw("workload", WorkloadOpt, None), _kw("sweep_widths", SweepWidthsOpt, None), _kw("plot", PlotOpt, None),
+    + [_kw("workload", WorkloadOpt, None), _kw("trace", TraceOpt, None), _kw("sweep_widths", SweepWidthsOpt, None), _kw("plot", PlotOpt, None),
        _kw("vs", VsOpt, None), _kw("json", JsonOpt, None), _kw("markdown", MarkdownOpt, False),
        _kw("limit", LimitOpt, None), _kw("repeats", RepeatsOpt, 1)]
     + RUNTIME_PARAMS

@@ -69,20 +69,31 @@ def run_chat(run: RunConfig) -> None:
     g = opts.generation
     interactive = sys.stdin.isatty()
     session = open_session(run, say=ui.info)
-    tok = session.tokenizer
     eng = session.engine
     eng.warmup(sampling=opts.sampling)
     if interactive:
         ui.err().print(f"mlxcel chat: {describe_draft(eng.draft)}. Type /help for commands.", style="ui.accent")
     else:
         ui.info("(non-interactive stdin detected: reading messages until EOF)")
+    pending = [g.prompt] if g.prompt else []
+    messages = read_messages(_lines(interactive), interactive)
+    try:
+        _converse(session, run, pending, messages, interactive)
+    finally:
+        said = session.save_store()  # what the suffix drafter learned, kept for the next run
+        if said:
+            ui.info(said)
+    if interactive:
+        ui.err().print("Bye!", style="ui.muted")
+
+
+def _converse(session, run: RunConfig, pending: list, messages, interactive: bool) -> None:
+    """Turns until EOF or /bye; a failed or cancelled reply keeps the conversation."""
+    opts = run.options
+    g = opts.generation
+    tok, eng = session.tokenizer, session.engine
     base = [{"role": "system", "content": g.system}] if g.system else []
     history: list[dict] = list(base)
-    if g.prompt:
-        pending = [g.prompt]
-    else:
-        pending = []
-    messages = read_messages(_lines(interactive), interactive)
     while True:
         if pending:
             msg = pending.pop(0)
@@ -126,5 +137,3 @@ def run_chat(run: RunConfig) -> None:
             spec = (f", {st.draft_kind}: {st.drafted_rounds} drafted rounds, {st.accepted}/{st.proposed} accepted"
                     if st.draft_kind else "")
             ui.info(f"[{st.generated_tokens} tokens, {st.decode_tps:.1f} tok/s, {st.cached_tokens} prompt tokens reused{spec}]")
-    if interactive:
-        ui.err().print("Bye!", style="ui.muted")

@@ -26,8 +26,11 @@ def bench(**params) -> None:
     with ui.exit_on_error():
         plan = validate_bench(build_options("bench", params), build_bench_options(params))
         b = plan.bench
-        items = workload.load(Path(b.workload)) if b.workload else workload.builtin()
-        items = workload.limit_per_kind(items, b.limit)
+        if b.trace and b.workload:
+            raise UsageError("--trace and --workload each name what to run; pass one")
+        traces = workload.load_traces(Path(b.trace))[: b.limit] if b.trace else None
+        items = [] if traces else workload.limit_per_kind(
+            workload.load(Path(b.workload)) if b.workload else workload.builtin(), b.limit)
         for flag, path in (("--json", b.json_path), ("--plot", b.plot_path)):
             if path and not Path(path).resolve().parent.is_dir():  # found out now, not after the whole run
                 raise UsageError(f"{flag} {path}: the folder {Path(path).resolve().parent} does not exist; "
@@ -39,4 +42,4 @@ def bench(**params) -> None:
         fastpath.prepare(plan.run.options.model.blas)
         from ._bench import run_bench
 
-        run_bench(plan, items)
+        run_bench(plan, items, traces)

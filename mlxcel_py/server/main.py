@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 
@@ -51,10 +52,20 @@ def run_server(run: RunConfig) -> None:
     sys.stderr.flush()
     config = uvicorn.Config(app, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
+    # uvicorn shuts down on SIGTERM, then re-raises it under the handler it found: make that an
+    # exception, so the cleanup below (worker, suffix store) runs instead of the default kill
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         server.run(sockets=[sock])
     finally:
         worker.stop()
+        said = session.save_store()  # the suffix drafter's memory of this server's requests
+        if said:
+            ui.info(said)
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def server_main() -> None:

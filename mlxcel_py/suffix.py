@@ -1,0 +1,270 @@
+"""SuffixDecoding (arXiv 2411.04975): drafts from the current context and from earlier sequences.
+
+Pure Python over token ids (no MLX). Two sources, matched the same way:
+- the live context (prompt and output so far), and
+- a store of earlier sequences (prompts and outputs of earlier turns, requests and runs), bounded
+  by a token budget with least-recently-used eviction, saved to and loaded from a file.
+Each round the longest suffix of the context (up to MAX_MATCH tokens) is found in a source; the
+occurrences that follow it vote, token by token, for a continuation: the most frequent next token
+is taken while the running product of its conditional frequencies stays above `min_token_prob`,
+up to `max_spec_factor` x the match length (a longer match earns a longer draft) and the budget.
+That is the paper's greedy path through the suffix tree's frequency counts, computed on demand
+from an n-gram occurrence index instead of a materialized tree (memory O(tokens x NGRAM_MAX)).
+The source whose draft has the higher score (expected accepted tokens) wins. Drafts are verified
+by the shared verify round, so output equals plain decoding whatever the store holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import OrderedDict
+from pathlib import Path
+from typing import Iterable, Sequence
+
+NGRAM_MAX = 6  # the index keys n-grams of 1..NGRAM_MAX tokens
+MAX_MATCH = 32  # how far back a match is measured (sizes the draft)
+MAX_OCCURRENCES = 64  # the most recent occurrences that vote
+DEFAULT_MAX_SPEC_FACTOR = 1.0
+DEFAULT_MIN_TOKEN_PROB = 0.1
+DEFAULT_CACHE_TOKENS = 200_000
+STORE_FORMAT = "mlxcel-suffix-store"
+STORE_VERSION = 1
+
+
+class _Index:
+    """Occurrences of every n-gram (n <= NGRAM_MAX) over a set of sequences: n-gram -> [(seq, end)],
+    where `end` is the position just after the n-gram (the first token that followed it)."""
+
+    def __init__(self):
+        self.grams: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+
+    def add(self, sid: int, toks: Sequence[int], start: int = 0) -> None:
+        """Index the n-grams of `toks` that end at positions >= start (each needs a follower)."""
+        grams = self.grams
+        for end in range(max(start, 1), len(toks)):
+            for n in range(1, min(NGRAM_MAX, end) + 1):
+                grams.setdefault(tuple(toks[end - n : end]), []).append((sid, end))
+
+    def occurrences(self, key: tuple[int, ...]) -> list[tuple[int, int]]:
+        return self.grams.get(key, [])
+
+
+def _match(context: Sequence[int], seqs, occ: list[tuple[int, int]], n: int) -> tuple[list[tuple[int, int]], int]:
+    """Keep the most recent occurrences and measure how far back the best of them agrees."""
+    occ = occ[-MAX_OCCURRENCES:]
+    best = n
+    for sid, end in occ:
+        toks = seqs[sid]
+        length = n
+        while length < MAX_MATCH and end - 1 - length >= 0 and length < len(context) and \
+                toks[end - 1 - length] == context[len(context) - 1 - length]:
+            length += 1
+        best = max(best, length)
+    return occ, best
+
+
+def _grow(seqs, occ: list[tuple[int, int]], limit: int, min_prob: float) -> tuple[list[int], float]:
+    """The frequency-greedy path after the occurrences: tokens, and its score (the sum of the
+    running probabilities: the expected number of accepted tokens if the counts are right)."""
+    out: list[int] = []
+    score, prob = 0.0, 1.0
+    live = [(sid, end) for sid, end in occ if end < len(seqs[sid])]
+    while live and len(out) < limit:
+        counts: dict[int, int] = {}
+        for sid, end in live:
+            t = seqs[sid][end]
+            counts[t] = counts.get(t, 0) + 1
+        tok, c = max(counts.items(), key=lambda kv: kv[1])
+        prob *= c / len(live)
+        if prob < min_prob:
+            break
+        out.append(tok)
+        score += prob
+        live = [(sid, end + 1) for sid, end in live if seqs[sid][end] == tok and end + 1 < len(seqs[sid])]
+    return out, score
+
+
+def draft_from(context: Sequence[int], index: _Index, seqs, limit: int, *, factor: float,
+               min_prob: float) -> tuple[list[int], float, int, set[int]]:
+    """(draft, score, match length, the sequences that voted) for `context` against one source."""
+    for n in range(min(NGRAM_MAX, len(context)), 0, -1):
+        occ = [o for o in index.occurrences(tuple(context[len(context) - n :])) if o[0] in seqs]
+        if occ:
+            occ, match = _match(context, seqs, occ, n)
+            cap = min(limit, max(1, int(factor * match)))
+            toks, score = _grow(seqs, occ, cap, min_prob)
+            return toks, score, match, {sid for sid, _ in occ}
+    return [], 0.0, 0, set()
+
+
+class SuffixStore:
+    """Earlier sequences, most recently used last, within `budget` tokens."""
+
+    def __init__(self, budget: int = DEFAULT_CACHE_TOKENS):
+        self.budget = budget
+        self.seqs: dict[int, list[int]] = {}
+        self._order: OrderedDict[int, None] = OrderedDict()
+        self._next = 0
+        self.tokens = 0
+        self.stale = 0  # indexed tokens of dropped sequences (their entries are skipped, then rebuilt away)
+        self.index = _Index()
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def add(self, toks: Sequence[int]) -> None:
+        """Remember a sequence. One that strictly extends the newest one (the next turn of a
+        conversation) replaces it instead of counting its shared prefix twice; an equal one counts
+        again (a repeated answer is a more frequent one)."""
+        toks = list(toks)
+        if len(toks) < 2:
+            return
+        if self._order:
+            last = next(reversed(self._order))
+            prev = self.seqs[last]
+            if len(toks) > len(prev) and toks[: len(prev)] == prev:
+                self._drop(last)
+        sid = self._next
+        self._next += 1
+        self.seqs[sid] = toks[-self.budget :]
+        self._order[sid] = None
+        self.tokens += len(self.seqs[sid])
+        self.index.add(sid, self.seqs[sid])
+        self._evict()
+
+    def _drop(self, sid: int) -> None:
+        n = len(self.seqs.pop(sid))
+        self.tokens -= n
+        self.stale += n
+        del self._order[sid]
+
+    def _evict(self) -> None:
+        if self.tokens <= self.budget:
+            if self.stale > max(self.tokens, 1024):  # mostly dead entries: rebuild
+                self._rebuild()
+            return
+        # evict down to 90% of the budget at once, so the index is rebuilt rarely
+        while self.tokens > self.budget * 0.9 and len(self._order) > 1:
+            self._drop(next(iter(self._order)))
+        if self.tokens > self.budget:  # one sequence longer than the budget: keep its tail
+            sid = next(iter(self._order))
+            cut = self.tokens - self.budget
+            self.seqs[sid] = self.seqs[sid][cut:]
+            self.tokens -= cut
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        self.index = _Index()
+        for sid in self._order:
+            self.index.add(sid, self.seqs[sid])
+        self.stale = 0
+
+    def propose(self, context: Sequence[int], limit: int, *, factor: float, min_prob: float):
+        """(draft, score, match length); the sequences that voted count as used (LRU)."""
+        toks, score, match, voters = draft_from(context, self.index, self.seqs, limit, factor=factor,
+                                                min_prob=min_prob)
+        for sid in voters:
+            self._order.move_to_end(sid)
+        return toks, score, match
+
+    # -- persistence -----------------------------------------------------------------------------
+    def save(self, path: Path, fingerprint: str) -> None:
+        """Write atomically (a temporary file renamed over the old one)."""
+        data = {"format": STORE_FORMAT, "version": STORE_VERSION, "tokenizer": fingerprint,
+                "sequences": [self.seqs[sid] for sid in self._order]}
+        path = Path(path)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=str(path.parent or Path(".")))
+        try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # an ordinary file, not mkstemp's private one
+            with os.fdopen(fd, "w") as fh:
+                json.dump(data, fh, separators=(",", ":"))
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: Path, fingerprint: str, budget: int) -> "SuffixStore":
+        """Read a saved store; ValueError (with the reason) for a corrupt or foreign file."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except UnicodeDecodeError:
+            raise ValueError("not a text file") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        if not isinstance(data, dict) or data.get("format") != STORE_FORMAT:
+            raise ValueError(f"not an mlxcel suffix store (no \"format\": \"{STORE_FORMAT}\")")
+        if data.get("version") != STORE_VERSION:
+            raise ValueError(f"store version {data.get('version')!r}; this mlxcel-py reads version {STORE_VERSION}")
+        if data.get("tokenizer") != fingerprint:
+            raise ValueError("it was saved for another tokenizer, so its token ids mean other text here")
+        seqs = data.get("sequences")
+        if not isinstance(seqs, list) or not all(
+                isinstance(s, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in s)
+                for s in seqs):
+            raise ValueError("\"sequences\" must be a list of lists of token ids")
+        store = cls(budget)
+        for s in seqs:
+            store.add(s)
+        return store
+
+
+def fingerprint(vocab: dict[str, int] | None, vocab_size: int | None) -> str:
+    """Names a tokenizer by its size and a hash of its vocabulary (stable across runs)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for tok, i in sorted((vocab or {}).items(), key=lambda kv: kv[1]):
+        h.update(f"{i}\t{tok}\n".encode("utf-8", "surrogatepass"))
+    return f"{vocab_size}:{h.hexdigest()[:16]}"
+
+
+class SuffixDrafter:
+    """Per request: an index over the live context; shared: the engine's SuffixStore."""
+
+    kind = "suffix"
+
+    def __init__(self, store: SuffixStore, *, factor: float = DEFAULT_MAX_SPEC_FACTOR,
+                 min_prob: float = DEFAULT_MIN_TOKEN_PROB, eos_ids: Iterable[int] = ()):
+        self.store = store
+        self.factor = factor
+        self.min_prob = min_prob
+        self.eos_ids = frozenset(eos_ids)
+        self.live = _Index()
+        self.tokens: list[int] = []
+
+    def begin(self, context: Sequence[int], target=None) -> None:
+        self.live = _Index()
+        self.tokens = []
+        self.commit(context)
+
+    def commit(self, context: Sequence[int]) -> None:
+        start = len(self.tokens)
+        self.tokens.extend(context[start:])
+        self.live.add(0, self.tokens, start)
+
+    def shadow(self, limit: int) -> list[int]:
+        return self._best(self.tokens, limit)[0]
+
+    def _best(self, context: Sequence[int], limit: int) -> tuple[list[int], int]:
+        # the live context indexes only n-grams with a follower, so the suffix never matches itself
+        live = draft_from(context, self.live, {0: self.tokens}, limit, factor=self.factor, min_prob=self.min_prob)[:3]
+        stored = self.store.propose(context, limit, factor=self.factor, min_prob=self.min_prob)
+        toks, _, match = max((live, stored), key=lambda r: (r[1], r[2]))
+        return toks, match
+
+    def propose(self, context: Sequence[int], limit: int, decider):
+        from .drafters import Proposal
+
+        self.commit(context)
+        toks, match = self._best(self.tokens, limit)
+        if self.eos_ids and not decider.ignore_eos:
+            for i, t in enumerate(toks):
+                if t in self.eos_ids:
+                    toks = toks[: i + 1]
+                    break
+        return Proposal(toks, match_len=match)
