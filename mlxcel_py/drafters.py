@@ -28,6 +28,15 @@ class Proposal:
     match_len: int | None = None  # prompt lookup: how long the matched context is (confidence)
 
 
+def stop_at_eos(tokens: list[int], eos_ids: frozenset[int], decider: Decider) -> list[int]:
+    """Output ends at EOS, so drafting past one only widens the verify block for nothing."""
+    if eos_ids and not decider.ignore_eos:
+        for i, t in enumerate(tokens):
+            if t in eos_ids:
+                return tokens[: i + 1]
+    return tokens
+
+
 def draw(logits: mx.array, decider: Decider, index: int) -> tuple[mx.array, mx.array | None]:
     """A model drafter's pick from one logits row (1, V): argmax when greedy, else a sample from
     the filtered distribution q (returned, for the lossless p/q rule). Stays lazy."""
@@ -76,13 +85,7 @@ class PromptLookupDrafter:
     def propose(self, context: Sequence[int], limit: int, decider: Decider) -> Proposal:
         self.commit(context)
         tokens, match_len = self.index.find_match(limit, periodic=self.periodic)
-        if self.eos_ids and not decider.ignore_eos:
-            # output ends at EOS, so drafting past one only widens the verify block for nothing
-            for i, t in enumerate(tokens):
-                if t in self.eos_ids:
-                    tokens = tokens[: i + 1]
-                    break
-        return Proposal(tokens, match_len=match_len)
+        return Proposal(stop_at_eos(tokens, self.eos_ids, decider), match_len=match_len)
 
     def shadow(self, limit: int) -> list[int]:
         return self.index.find(limit)

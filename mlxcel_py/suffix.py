@@ -258,13 +258,8 @@ class SuffixDrafter:
         return toks, match
 
     def propose(self, context: Sequence[int], limit: int, decider):
-        from .drafters import Proposal
+        from .drafters import Proposal, stop_at_eos
 
         self.commit(context)
         toks, match = self._best(self.tokens, limit)
-        if self.eos_ids and not decider.ignore_eos:
-            for i, t in enumerate(toks):
-                if t in self.eos_ids:
-                    toks = toks[: i + 1]
-                    break
-        return Proposal(toks, match_len=match)
+        return Proposal(stop_at_eos(toks, self.eos_ids, decider), match_len=match)

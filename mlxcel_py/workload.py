@@ -24,21 +24,27 @@ class WorkItem:
     source: str = ""
 
 
-def load(path: Path, *, flag: str = "--workload") -> list[WorkItem]:
+def _json_lines(path: Path, flag: str, shape: str):
+    """(line number, object) for each non-blank line; a missing, unreadable or non-JSON file is a
+    usage error naming the file and line."""
     if not path.is_file():
-        raise UsageError(f"{flag} {path}: no such file; pass a JSON Lines file of {{\"kind\", \"prompt\"}} objects")
+        raise UsageError(f"{flag} {path}: no such file; pass a JSON Lines file of {shape} objects")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{flag} {path}: cannot read it ({exc})") from None
-    items = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            yield n, json.loads(line)
         except json.JSONDecodeError as exc:
             raise UsageError(f"{flag} {path}:{n}: not valid JSON ({exc.msg}); one object per line") from None
+
+
+def load(path: Path, *, flag: str = "--workload") -> list[WorkItem]:
+    items = []
+    for n, obj in _json_lines(path, flag, '{"kind", "prompt"}'):
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"].strip():
             raise UsageError(f"{flag} {path}:{n}: each line needs a non-empty string \"prompt\"")
         kind = obj.get("kind", "default")
@@ -57,20 +63,8 @@ class Trace:
 
 
 def load_traces(path: Path, *, flag: str = "--trace") -> list[Trace]:
-    if not path.is_file():
-        raise UsageError(f"{flag} {path}: no such file; pass a JSON Lines file of {{\"turns\": [...]}} objects")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{flag} {path}: cannot read it ({exc})") from None
     traces = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{flag} {path}:{n}: not valid JSON ({exc.msg}); one object per line") from None
+    for n, obj in _json_lines(path, flag, '{"turns": [...]}'):
         turns = obj.get("turns") if isinstance(obj, dict) else None
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
             raise UsageError(f"{flag} {path}:{n}: each line needs \"turns\": a non-empty list of non-empty strings")

@@ -108,3 +108,14 @@ def cli_env(tmp_path) -> dict:
     env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg-config")  # no user config file leaks in
     env.pop("MLXCEL_CONFIG", None)
     return env
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Startup refusals must come before any weight loads: loading raises if it is reached."""
+    from mlxcel_py import loading
+
+    def forbidden(*a, **k):
+        raise AssertionError("weights were loaded")
+
+    monkeypatch.setattr(loading, "load", forbidden)

@@ -154,14 +154,6 @@ def test_sampler_match_distribution_for_one_hot_drafts(tiny):
 
 # ---- refusals, before the target's weights load --------------------------------------------
 
-@pytest.fixture
-def no_weights(monkeypatch):
-    def forbidden(*a, **k):
-        raise AssertionError("weights were loaded")
-
-    monkeypatch.setattr(loading, "load", forbidden)
-
-
 def session_for(target, draft):
     return open_session(validate(build_options("generate", {"prompt": "x", "model": str(target), "draft_model": str(draft)})))
 

@@ -14,12 +14,9 @@ import shutil
 import pytest
 
 import tiny_models
-from mlxcel_py import loading
 from mlxcel_py.errors import ModelError
-from mlxcel_py.options import SamplingOptions
-from test_engine import run
 from test_families import copy_prompts
-from test_mtp import plain_engine, session
+from test_mtp import session, speculate_like_plain
 
 
 @pytest.fixture(scope="module")
@@ -40,18 +37,7 @@ def test_assistant_drafts_equal_plain_decoding(g4, assistant):
     d = s.engine.draft
     assert (d.kind, d.block_size) == ("mtp", 3) and s.draft is None
     s.engine.warmup()
-    plain = plain_engine(s)
-    proposed = accepted = 0
-    for i, p in enumerate(copy_prompts(5, seed=4)):
-        for sampling in (SamplingOptions(), SamplingOptions(temp=0.9, seed=i)):
-            a, _ = run(plain, p, max_tokens=30, sampling=sampling, ignore_eos=True)
-            b, g = run(s.engine, p, max_tokens=30, sampling=sampling, ignore_eos=True)
-            if sampling.greedy:
-                assert a == b, (assistant, i)
-            else:
-                assert g.stats.acceptance_rule == "lossless-p/q" and len(b) == 30
-            assert g.stats.draft_kind == "mtp" and g.stats.drafted_rounds > 0
-            proposed, accepted = proposed + g.stats.proposed, accepted + g.stats.accepted
+    proposed, accepted = speculate_like_plain(s, copy_prompts(5, seed=4), 30)
     assert proposed > accepted  # rejections: the target's window and KV caches rolled back
     if assistant == "echo":
         assert accepted > 0  # and accepted drafts, where the output repeats
@@ -73,14 +59,6 @@ def test_width_from_generation_config_and_flag(g4, tmp_path):
     (d / "generation_config.json").write_text(json.dumps({"num_assistant_tokens": 5}))
     assert session(g4["target"], draft_model=d).engine.draft.block_size == 5
     assert session(g4["target"], draft_model=d, draft_block_size=2).engine.draft.block_size == 2
-
-
-@pytest.fixture
-def no_weights(monkeypatch):
-    def forbidden(*a, **k):
-        raise AssertionError("weights were loaded")
-
-    monkeypatch.setattr(loading, "load", forbidden)
 
 
 def test_refuses_an_assistant_for_another_family(g4, tiny_dir, no_weights):
