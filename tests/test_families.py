@@ -50,7 +50,8 @@ def copy_prompts(n: int, seed: int) -> list[list[int]]:
 
 def test_families_cover_every_rollback_kind(family_models):
     kinds = {rollback_kind(c) for name in FAMILIES for c in SequenceCache(family_models(name).model).layers}
-    assert kinds == {"trim", "window", "state"}
+    assert kinds == {"trim", "window", "state", "list"}
+    assert describe_kinds(SequenceCache(family_models("falcon_h1").model).layers) == "state x2, trim x2"
     assert describe_kinds(SequenceCache(family_models("recurrent_gemma").model).layers) == "state x2, window x1"
 
 
@@ -86,6 +87,8 @@ def logical_rows(c) -> list:
     """A layer's content as decoding sees it: KV rows in time order (the window's last max_size),
     or the state arrays."""
     kind = rollback_kind(c)
+    if kind == "list":
+        return [row for part in c.caches for row in logical_rows(part)]
     if kind == "trim":
         return [c.keys[..., : c.offset, :], c.values[..., : c.offset, :]] if c.keys is not None else []
     if kind == "window":

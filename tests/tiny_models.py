@@ -49,12 +49,20 @@ RWKV7 = dict(
     tie_word_embeddings=False,
 )
 
+# every layer a CacheList of a Mamba-2 state (ArraysCache) and attention (KVCache)
+FALCON_H1 = dict(
+    model_type="falcon_h1", hidden_size=64, head_dim=16, intermediate_size=128, num_attention_heads=4,
+    num_key_value_heads=2, num_hidden_layers=2, vocab_size=260, mamba_d_conv=4, mamba_d_head=16, mamba_d_ssm=64,
+    mamba_d_state=8, mamba_n_heads=4, mamba_n_groups=1, mamba_chunk_size=16, max_position_embeddings=2048,
+    rope_theta=10000.0, tie_word_embeddings=False,
+)
+
 FAMILIES = {"qwen3_5": QWEN35, "gemma3_text": GEMMA3, "mamba": MAMBA, "lfm2": LFM2,
-            "recurrent_gemma": RECURRENT_GEMMA, "rwkv7": RWKV7}
+            "recurrent_gemma": RECURRENT_GEMMA, "rwkv7": RWKV7, "falcon_h1": FALCON_H1}
 # weight scale per family (0.2 otherwise): Gemma's scaled embeddings make its greedy output chaotic
 # at 0.2, so prompt lookup's drafts would never be accepted; Qwen3.5 collapses to one token below 1.0.
 # An untied head keeps Mamba from echoing its input token (LFM2 always ties, and echoes).
-SCALES = {"gemma3_text": 0.1, "qwen3_5": 1.0}
+SCALES = {"gemma3_text": 0.1, "qwen3_5": 1.0, "falcon_h1": 0.5}
 
 
 def build(folder: Path, cfg: dict, *, seed: int = 0, scale: float | None = None, extra: dict | None = None) -> Path:
