@@ -145,7 +145,7 @@ def _suffix_store(draft: DraftConfig, resolved: loading.ResolvedModel):
     if path is None or not path.exists():
         return SuffixStore(draft.suffix_cache_tokens), fp
     try:
-        return SuffixStore.load(path, fp, draft.suffix_cache_tokens), fp
+        return SuffixStore.load(path, fp, draft.suffix_cache_tokens, resolved.config.get("vocab_size")), fp
     except ValueError as exc:
         raise ModelError(f"--suffix-store {draft.suffix_store}: {exc}",
                          hint="delete the file or pass another --suffix-store path") from None

@@ -188,8 +188,10 @@ class SuffixStore:
             raise
 
     @classmethod
-    def load(cls, path: Path, fingerprint: str, budget: int) -> "SuffixStore":
-        """Read a saved store; ValueError (with the reason) for a corrupt or foreign file."""
+    def load(cls, path: Path, fingerprint: str, budget: int, vocab_size: int | None = None) -> "SuffixStore":
+        """Read a saved store; ValueError (with the reason) for a corrupt or foreign file. Token ids
+        are checked against the vocabulary: a draft is fed to the model, whose embedding lookup
+        does no bounds check."""
         try:
             data = json.loads(Path(path).read_text())
         except UnicodeDecodeError:
@@ -203,10 +205,12 @@ class SuffixStore:
         if data.get("tokenizer") != fingerprint:
             raise ValueError("it was saved for another tokenizer, so its token ids mean other text here")
         seqs = data.get("sequences")
+        top = vocab_size if vocab_size else 1 << 62
         if not isinstance(seqs, list) or not all(
-                isinstance(s, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in s)
+                isinstance(s, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < top for t in s)
                 for s in seqs):
-            raise ValueError("\"sequences\" must be a list of lists of token ids")
+            raise ValueError(f"\"sequences\" must be a list of lists of token ids"
+                             + (f" below the vocabulary size ({vocab_size})" if vocab_size else ""))
         store = cls(budget)
         for s in seqs:
             store.add(s)

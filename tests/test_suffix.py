@@ -94,12 +94,14 @@ def test_saved_store_round_trips(tmp_path):
     (b'{"format": "mlxcel-suffix-store", "version": 1, "tokenizer": "other", "sequences": []}', "another tokenizer"),
     (b'{"format": "mlxcel-suffix-store", "version": 1, "tokenizer": "260:test", "sequences": [[1, -2]]}',
      "lists of token ids"),
+    (b'{"format": "mlxcel-suffix-store", "version": 1, "tokenizer": "260:test", "sequences": [[1, 100000000000]]}',
+     "below the vocabulary size \\(260\\)"),
 ])
 def test_corrupt_or_foreign_store_is_refused(tmp_path, content, reason):
     path = tmp_path / "store.json"
     path.write_bytes(content)
     with pytest.raises(ValueError, match=reason):
-        SuffixStore.load(path, FP, 1000)
+        SuffixStore.load(path, FP, 1000, vocab_size=260)
 
 
 def test_live_context_never_matches_its_own_suffix():
