@@ -1,7 +1,9 @@
 """Drafters: where proposals come from. Each returns token ids (and q rows when it sampled).
 
 - PromptLookupDrafter: n-gram lookup over prompt + generated text (one-hot proposals).
-- MTPDrafter (mtp.py): the target checkpoint's own multi-token-prediction head.
+- MTPDrafter (mtp.py): a Qwen3.5 / Qwen3-Next checkpoint's own multi-token-prediction head;
+  AssistantDrafter (gemma4_assistant.py): Gemma 4's assistant checkpoint. Both run as "mtp".
+- SuffixDrafter (suffix.py): the context and a store of earlier sequences (SuffixDecoding).
 - FullModelDrafter: a smaller causal LM sharing the target's tokenizer, run autoregressively from
   its own caches; argmax drafts when greedy, samples from its filtered distribution q otherwise
   (then the verifier applies the lossless p/q rule). Rejected drafts leave its cache through the
