@@ -152,6 +152,22 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(server, body, status, ety
     assert get(url + "/health")["status"] == "ok"
 
 
+@pytest.mark.parametrize("route,body", [
+    ("/v1/completions", {"prompt": [1000000000], "max_tokens": 4}),
+    ("/v1/completions", {"prompt": [5, -1], "max_tokens": 4}),
+    ("/completion", {"prompt": [49152], "n_predict": 4}),  # one past the default model's vocabulary
+    ("/detokenize", {"tokens": [10**12]}),
+    ("/detokenize", {"tokens": [True]}),
+])
+def test_out_of_vocabulary_token_ids_get_400_not_a_crash(server, route, body):
+    url, _, _ = server
+    code, r = post(url + route, body)
+    assert code == 400 and "token ids must be integers in 0..49151" in r["error"]["message"]
+    assert get(url + "/health")["status"] == "ok"
+    code, ok = post(url + "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 2})
+    assert code == 200 and ok["usage"]["prompt_tokens"] == 3
+
+
 def test_tokenize_roundtrip(server):
     url, _, _ = server
     _, t = post(url + "/tokenize", {"content": "hello world"})

@@ -72,6 +72,8 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
     app = FastAPI(title="mlxcel-py", docs_url=None, redoc_url=None)
     tok = session.tokenizer
     engine = session.engine
+    # the embedding's rows: a config may declare more than the tokenizer has (padding), never fewer
+    vocab = engine.vocab_size or len(tok.get_vocab())
     created = int(time.time())
     ids = {model_id, "default", str(session.target.resolved.path)}
 
@@ -162,10 +164,17 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         return not (body.get("logprobs") or body.get("n_probs") or body.get("response_format")
                     or body.get("json_schema") or body.get("grammar"))
 
+    def token_ids(value, key: str) -> list[int]:
+        """Token ids a client sent: MLX's embedding lookup does no bounds check, so an id past the
+        vocabulary would crash the process instead of failing the request."""
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in value):
+            raise ApiError(f"'{key}' token ids must be integers in 0..{vocab - 1} (the model's vocabulary)")
+        return list(value)
+
     def text_prompt(body: dict, key: str = "prompt") -> list[int]:
         p = body.get(key)
         if isinstance(p, list) and p and all(isinstance(t, int) for t in p):
-            return list(p)
+            return token_ids(p, key)
         if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
             p = p[0]
         if not isinstance(p, str) or not p:
@@ -257,9 +266,9 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
     async def detokenize(request: Request):
         body = await body_of(request)
         tokens = body.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) and t >= 0 for t in tokens):
-            raise ApiError("'tokens' must be a list of non-negative integers")
-        return {"content": tok.decode(tokens)}
+        if not isinstance(tokens, list):
+            raise ApiError("'tokens' must be a list of token ids")
+        return {"content": tok.decode(token_ids(tokens, "tokens"))}
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
