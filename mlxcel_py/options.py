@@ -172,6 +172,7 @@ class RunConfig:
     options: CommandOptions
     draft: DraftConfig
     max_tokens: int  # -1 resolved later against the context window
+    warnings: tuple[str, ...] = ()  # accepted, but worth a line on stderr (e.g. a dropped drafter)
 
 
 # ---- mlxcel bench ----

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from . import fastpath, loading
 from .errors import ModelError
 from .options import DEFAULT_MTP_BLOCK, DraftConfig, RunConfig
-from .validate import preflight_draft
+from .validate import is_dflash_config, preflight_draft
 
 
 @dataclass
@@ -70,10 +70,16 @@ def _mtp_source(run: RunConfig, resolved: loading.ResolvedModel):
     return mtp.find_head(resolved.config, resolved.path, cfg, folder)
 
 
-def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None) -> Session:
+def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None,
+                 warn: Callable[[str], None] | None = None) -> Session:
+    for line in run.warnings:
+        (warn or say)(line)
     blas = fastpath.prepare(run.options.model.blas)
     mopts = run.options.model
     resolved = loading.resolve(mopts.model, revision=mopts.revision)
+    if is_dflash_config(resolved.config):
+        raise ModelError(f"--model {resolved.path} is a DFlash speculative drafter, not a standalone model; "
+                         f"pass the target model as -m (mlxcel-py has no DFlash round loop)")
     draft_resolved = None
     head_source = None
     if run.draft.kind == "full-model":

@@ -88,8 +88,8 @@ def _sampling(opts: CommandOptions) -> None:
         raise UsageError(f"--repetition-penalty must be > 0 (1.0 turns it off), got {s.repetition_penalty}")
     if s.repeat_last_n < -1:
         raise UsageError(f"--repeat-last-n must be -1 (whole context), 0 (off) or positive, got {s.repeat_last_n}")
-    if s.seed is not None and s.seed < 0:
-        raise UsageError(f"--seed must be >= 0, got {s.seed}")
+    if s.seed is not None and s.seed < -1:
+        raise UsageError(f"--seed must be -1 (random) or >= 0, got {s.seed}")
 
 
 def _generation(opts: CommandOptions) -> None:
@@ -139,6 +139,8 @@ def _spec_type(opts: CommandOptions, kind: str | None, draft_model: str | None) 
 
 def validate(opts: CommandOptions) -> RunConfig:
     """Check one command's options; return the resolved run configuration."""
+    if opts.sampling.seed == -1:  # -1 means a random seed, as in mlxcel-server and our HTTP API
+        opts = replace(opts, sampling=replace(opts.sampling, seed=None))
     cmd = opts.command
     _sampling(opts)
     _generation(opts)
@@ -165,8 +167,18 @@ def validate(opts: CommandOptions) -> RunConfig:
     if lk.enabled and draft_model:
         raise UsageError("--prompt-lookup conflicts with --draft-model: prompt lookup takes no drafter checkpoint; "
                          "drop one of them")
-    if lk.enabled and kind in ("mtp", "suffix"):
+    if lk.enabled and kind in ("full-model", "mtp", "suffix", "dflash"):
         raise UsageError(f"--prompt-lookup conflicts with --draft-kind {kind}: one drafter per run; drop one of them")
+    if lk.enabled and spec.draft_block_size is not None:
+        raise UsageError("--draft-block-size (--draft-max) does not apply to --prompt-lookup; "
+                         "use --prompt-lookup-max-draft N")
+    if lk.enabled and spec.spec_type is not None:
+        raise UsageError(f"--spec-type {spec.spec_type} selects a server drafter and does not combine with "
+                         f"--prompt-lookup; drop one of them")
+    if opts.generation.verify_exact and cmd not in ("generate", "run"):
+        raise UsageError(f"--verify-exact is a generate/run option (it reruns one prompt plainly); drop it on {cmd}")
+    if cmd == "serve" and opts.server.prompt_lookup_max_batch < 1:
+        raise UsageError("--prompt-lookup-max-batch must be at least 1")
     _suffix_flags(opts, kind)
     if kind == "prompt-lookup" and cmd in ("generate", "run", "chat", "bench"):
         raise UsageError("--draft-kind=prompt-lookup takes no drafter checkpoint; pass --prompt-lookup instead "
@@ -176,7 +188,9 @@ def validate(opts: CommandOptions) -> RunConfig:
 
     kind, draft_model, spec_off = _spec_type(opts, kind, draft_model)
     if spec_off:
-        return RunConfig(opts, DraftConfig(), opts.generation.max_tokens)
+        dropped = (f"--spec-type none: the drafter {opts.model.draft_model} is dropped; decoding plainly",) \
+            if opts.model.draft_model else ()
+        return RunConfig(opts, DraftConfig(), opts.generation.max_tokens, warnings=dropped)
 
     if lk.enabled:
         g = opts.generation
@@ -200,8 +214,6 @@ def validate(opts: CommandOptions) -> RunConfig:
         return RunConfig(opts, DraftConfig(kind="prompt-lookup", lookup=cfg), opts.generation.max_tokens)
 
     if kind == "prompt-lookup":  # serve
-        if opts.server.prompt_lookup_max_batch < 1:
-            raise UsageError("--prompt-lookup-max-batch must be at least 1")
         block = spec.draft_block_size if spec.draft_block_size is not None else DEFAULT_SERVER_LOOKUP_BLOCK
         cfg = LookupConfig(max_draft=block)
         return RunConfig(opts, DraftConfig(kind="prompt-lookup", lookup=cfg), opts.generation.max_tokens)
@@ -336,8 +348,11 @@ def validate_bench(opts: CommandOptions, bench: BenchOptions) -> BenchPlan:
             validate(opts)  # reports "requires --prompt-lookup"
         runs.append(validate(no_lookup))
     if wants_lookup:
+        # beside a model drafter, --draft-block-size is that drafter's; alone it is refused
         only_lookup = replace(opts, model=replace(opts.model, draft_model=None),
-                              spec=replace(opts.spec, draft_kind=None, lookup=replace(lk, enabled=True)))
+                              spec=replace(opts.spec, draft_kind=None, lookup=replace(lk, enabled=True),
+                                           draft_block_size=None if wants_model else opts.spec.draft_block_size,
+                                           suffix_cache_tokens=None))
         runs.append(validate(only_lookup))
     drafters = [r.draft for r in runs]
     drafts = tuple(_with_width(d, w) for d in drafters for w in widths) if widths else tuple(drafters)

@@ -199,6 +199,12 @@ def test_refuses_dflash_folder(tiny_dir, tiny_draft_dir, tmp_path, no_weights):
         session_for(tiny_dir, d)
 
 
+def test_refuses_a_dflash_folder_as_the_model(tiny_dir, tmp_path, no_weights):
+    d = copy_model(tiny_dir, tmp_path / "dflash", lambda c: c.update(architectures=["DFlashDraftModel"]))
+    with pytest.raises(ModelError, match="is a DFlash speculative drafter, not a standalone model; pass the target"):
+        open_session(validate(build_options("generate", {"prompt": "x", "model": str(d)})))
+
+
 def test_refuses_missing_or_malformed_drafter_config(tiny_dir, tmp_path, no_weights):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelError, match="no config.json"):

@@ -72,6 +72,16 @@ RULES = [
     (["run", "-p", "x", "--draft-kind", "suffix", "--suffix-store", "/"], "--suffix-store /: a folder"),
     (["generate", "-p", "x", "--draft-kind", "suffix", "--draft-model", "d"], "--draft-kind suffix takes no drafter checkpoint"),
     (["generate", "-p", "x", "--prompt-lookup", "--draft-kind", "suffix"], "--prompt-lookup conflicts with --draft-kind suffix"),
+    (["generate", "-p", "x", "--prompt-lookup", "--draft-kind", "full-model"], "--prompt-lookup conflicts with --draft-kind full-model"),
+    (["generate", "-p", "x", "--prompt-lookup", "--draft-max", "4"], "--draft-block-size (--draft-max) does not apply to --prompt-lookup"),
+    (["generate", "-p", "x", "--prompt-lookup", "--draft-block-size", "4"], "--draft-block-size (--draft-max) does not apply to --prompt-lookup"),
+    (["bench", "--prompt-lookup", "--draft-block-size", "4"], "--draft-block-size (--draft-max) does not apply to --prompt-lookup"),
+    (["generate", "-p", "x", "--prompt-lookup", "--spec-type", "none"], "--spec-type none selects a server drafter and does not combine with --prompt-lookup"),
+    (["chat", "--verify-exact"], "--verify-exact is a generate/run option"),
+    (["serve", "--verify-exact"], "--verify-exact is a generate/run option"),
+    (["serve", "--prompt-lookup-max-batch", "0"], "--prompt-lookup-max-batch must be at least 1"),
+    (["serve", "--draft-model", "d", "--prompt-lookup-max-batch", "0"], "--prompt-lookup-max-batch must be at least 1"),
+    (["generate", "-p", "x", "--seed", "-2"], "--seed must be -1 (random) or >= 0"),
 ]
 
 
@@ -158,3 +168,23 @@ def test_spec_type_none_turns_speculation_off_and_draft_simple_maps_to_full_mode
     assert (mtp.draft.kind, mtp.draft.block_size, mtp.draft.block_explicit) == ("mtp", 4, False)
     wide = validate(build_options("generate", {"prompt": "x", "draft_kind": "mtp", "draft_block_size": 2}))
     assert (wide.draft.block_size, wide.draft.block_explicit, wide.draft.draft_model) == (2, True, None)
+
+
+def test_seed_minus_one_is_random_and_spec_type_none_warns_about_a_dropped_drafter():
+    from mlxcel_py.commands._options import build_options
+    from mlxcel_py.validate import validate
+
+    assert validate(build_options("generate", {"prompt": "x", "seed": -1})).options.sampling.seed is None
+    assert validate(build_options("generate", {"prompt": "x", "seed": 7})).options.sampling.seed == 7
+    off = validate(build_options("serve", {"spec_type": "none", "draft_model": "small"}))
+    assert not off.draft.enabled
+    assert off.warnings == ("--spec-type none: the drafter small is dropped; decoding plainly",)
+    assert validate(build_options("serve", {"spec_type": "none"})).warnings == ()
+
+
+def test_bench_has_no_r_short_flag_and_its_max_tokens_help_says_at_least_1(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    r = CliRunner().invoke(app, ["bench", "-r", "2"])
+    assert r.exit_code == 2 and "No such option" in r.output
+    help_text = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"}).output
+    assert "at least 1" in help_text and "until EOS" not in help_text

@@ -77,7 +77,7 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
     opts = plan.run.options
     g = opts.generation
     b = plan.bench
-    session = open_session(plan.run, say=ui.info)
+    session = open_session(plan.run, say=ui.info, warn=ui.warn)
     target = session.target
     drafts = [_as_loaded(d, session.engine.draft, sweeping=bool(plan.widths)) for d in plan.drafts]
     peer = None

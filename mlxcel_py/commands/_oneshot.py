@@ -31,7 +31,7 @@ def run_oneshot(run: RunConfig) -> None:
     opts = run.options
     g = opts.generation
     text = read_prompt(g.prompt or "")
-    session = open_session(run, say=ui.info if (g.verbose or g.profile) else _say_model_only)
+    session = open_session(run, say=ui.info if (g.verbose or g.profile) else _say_model_only, warn=ui.warn)
     tok = session.tokenizer
     ids = prompt_ids(tok, text, system=g.system, chat_template=g.chat_template)
     eng = session.engine

@@ -30,6 +30,7 @@ NoFastKernelsOpt = Annotated[bool, typer.Option("--no-fast-kernels", help="Keep 
 
 PromptOpt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text; '-' reads it from stdin. Without it: interactive chat.", rich_help_panel=GEN)]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", metavar="N", help="Most tokens to generate; -1: until EOS or the context window.", rich_help_panel=GEN)]
+BenchMaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", metavar="N", help=f"Most tokens per prompt and configuration (at least 1; default {O.DEFAULT_BENCH_MAX_TOKENS}).", rich_help_panel=GEN)]
 MinTokensOpt = Annotated[int, typer.Option("--min-tokens", metavar="N", help="Suppress EOS until this many tokens were generated.", rich_help_panel=GEN)]
 ProfileOpt = Annotated[bool, typer.Option("--profile", help="Print a timing breakdown on stderr.", rich_help_panel=GEN)]
 NoChatTemplateOpt = Annotated[bool, typer.Option("--no-chat-template", help="Feed the raw prompt (no chat template).", rich_help_panel=GEN)]
@@ -46,7 +47,7 @@ TempOpt = Annotated[float, typer.Option("--temp", "-t", "--temperature", metavar
 TopPOpt = Annotated[float, typer.Option("--top-p", metavar="FLOAT", help="Nucleus sampling mass; 1.0 is off.", rich_help_panel=SAMPLING)]
 TopKOpt = Annotated[int, typer.Option("--top-k", metavar="K", help="Sample from the K most likely tokens; 0 is off.", rich_help_panel=SAMPLING)]
 MinPOpt = Annotated[float, typer.Option("--min-p", metavar="FLOAT", help="Drop tokens below min-p times the top probability; 0 is off.", rich_help_panel=SAMPLING)]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", "-s", help="Random seed; a seeded speculative run repeats the plain run's draws.", rich_help_panel=SAMPLING)]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", "-s", help="Random seed (-1: random); a seeded speculative run repeats the plain run's draws.", rich_help_panel=SAMPLING)]
 RepetitionPenaltyOpt = Annotated[float, typer.Option("--repetition-penalty", "--repeat-penalty", metavar="FLOAT", help="Penalty for repeated tokens; 1.0 is off.", rich_help_panel=SAMPLING)]
 RepeatLastNOpt = Annotated[int, typer.Option("--repeat-last-n", metavar="N", help="Tokens the repetition penalty looks back over; -1 whole context, 0 off.", rich_help_panel=SAMPLING)]
 
@@ -79,7 +80,7 @@ PlotOpt = Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png", he
 VsOpt = Annotated[Optional[str], typer.Option("--vs", metavar="PEER", help="Also time a peer side by side: mlx-lm (stock plain decode, and its --draft-model path with a drafter).", rich_help_panel=BENCH)]
 JsonOpt = Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="Write every run and the summary as JSON.", rich_help_panel=BENCH)]
 MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="Print the summary as a Markdown table on stdout (for READMEs).", rich_help_panel=BENCH)]
-RepeatsOpt = Annotated[int, typer.Option("--repeats", "-r", metavar="N", help="Time each prompt under each configuration N times (interleaved) and keep the median-speed run.", rich_help_panel=BENCH)]
+RepeatsOpt = Annotated[int, typer.Option("--repeats", metavar="N", help="Time each prompt under each configuration N times (interleaved) and keep the median-speed run.", rich_help_panel=BENCH)]
 LimitOpt = Annotated[Optional[int], typer.Option("--limit", metavar="N", help="Use at most N prompts of each kind.", rich_help_panel=BENCH)]
 AliasOpt = Annotated[Optional[str], typer.Option("--alias", "-a", help="Model id reported by /v1/models.", rich_help_panel=SERVER)]
 
@@ -178,7 +179,7 @@ SERVER_PARAMS = [
 ]
 BENCH_PARAMS = (
     MODEL_PARAMS
-    + [_kw("max_tokens", MaxTokensOpt, O.DEFAULT_BENCH_MAX_TOKENS), _kw("no_chat_template", NoChatTemplateOpt, False),
+    + [_kw("max_tokens", BenchMaxTokensOpt, O.DEFAULT_BENCH_MAX_TOKENS), _kw("no_chat_template", NoChatTemplateOpt, False),
        _kw("verbose", VerboseOpt, False)]
     + SAMPLING_PARAMS
     + [_kw("draft_kind", DraftKindOpt, None), _kw("draft_block_size", DraftBlockSizeOpt, None),

@@ -68,7 +68,7 @@ def run_chat(run: RunConfig) -> None:
     opts = run.options
     g = opts.generation
     interactive = sys.stdin.isatty()
-    session = open_session(run, say=ui.info)
+    session = open_session(run, say=ui.info, warn=ui.warn)
     eng = session.engine
     eng.warmup(sampling=opts.sampling)
     if interactive:

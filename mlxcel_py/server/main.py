@@ -19,7 +19,7 @@ def run_server(run: RunConfig) -> None:
 
     opts = run.options
     srv = opts.server
-    session = open_session(run, say=ui.info)
+    session = open_session(run, say=ui.info, warn=ui.warn)
     draft = session.engine.draft  # as resolved at load (an MTP checkpoint's kind and width)
     speculative = draft.enabled and not srv.no_batch and not srv.kv_unified
     line = describe_draft(draft)
