@@ -105,7 +105,9 @@ class Generation:
                 draft: list[int] = []
                 q = None
                 if drafter is not None:
-                    budget = min(policy.budget(), self.max_tokens - emitted - 1)
+                    # the first token comes from a plain step, as from mlxcel's prefill, so rounds
+                    # count the same way in both
+                    budget = min(policy.budget(), self.max_tokens - emitted - 1) if emitted else 0
                     if budget > 0:
                         td = time.perf_counter()
                         proposal = drafter.propose(history, budget, decider)
@@ -131,6 +133,7 @@ class Generation:
                         st.acceptance_rule = RULE_PQ
                     st.drafted_rounds += 1
                     st.proposed += len(draft)
+                    st.positions_tested += min(verdict.accepted + 1, len(draft))
                     policy.drafted(len(draft), verdict.accepted)
                     new, n_from_draft = verdict.tokens, verdict.accepted
                 else:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from . import fastpath, loading
 from .errors import ModelError
 from .options import DEFAULT_MTP_BLOCK, DraftConfig, RunConfig
+from .policy import SHADOW_CONFIRM
 from .validate import is_dflash_config, preflight_draft
 
 
@@ -159,12 +160,29 @@ def _suffix_store(draft: DraftConfig, resolved: loading.ResolvedModel):
         raise ModelError(f"--suffix-store {draft.suffix_store}: cannot read it ({exc.strerror})") from None
 
 
-def describe_draft(draft: DraftConfig, policy_name: str | None = None) -> str:
+def resolved_drafter_line(draft: DraftConfig) -> str | None:
+    """mlxcel's line for model drafters: which kind runs, at which width, and where it came from."""
+    if draft.kind not in ("full-model", "mtp"):
+        return None
+    return (f"Resolved drafter kind: {draft.kind} (block_size = {draft.block_size}, "
+            f"{'explicit' if draft.block_explicit else 'default'})")
+
+
+def describe_draft(draft: DraftConfig) -> str:
+    """The startup `speculative=...` line, with the policy as it will run (auto resolved)."""
     if draft.kind == "prompt-lookup":
         lk = draft.lookup
-        pol = policy_name or lk.policy
+        if not lk.adaptive:
+            pol = "fixed"
+        elif lk.policy == "auto":
+            from .engine import on_cuda
+
+            pol = "gated" if on_cuda() else "graded"
+        else:
+            pol = lk.policy
+        extra = f", shadow_confirm_tokens={SHADOW_CONFIRM}" if pol == "gated" else ""
         return (f"speculative=prompt-lookup (max_draft={lk.max_draft}, ngram={lk.ngram_min}..{lk.ngram_max}, "
-                f"policy={pol if lk.adaptive else 'fixed'})")
+                f"policy={pol}{extra})")
     if draft.kind == "full-model":
         return f"speculative=full-model (draft_model={draft.draft_model}, block_size={draft.block_size})"
     if draft.kind == "suffix":

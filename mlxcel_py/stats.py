@@ -22,6 +22,7 @@ class GenerationStats:
     drafted_rounds: int = 0
     paused_rounds: int = 0
     proposed: int = 0
+    positions_tested: int = 0  # draft positions compared with the target (a rejection ends a round's)
     accepted: int = 0  # accepted draft tokens that were emitted
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -38,8 +39,18 @@ class GenerationStats:
         return self.accepted / self.drafted_rounds if self.drafted_rounds else 0.0
 
     @property
+    def decode_rounds(self) -> int:
+        """Target forwards after the one that produced the first token (mlxcel's prefill does that)."""
+        return max(self.rounds - 1, 0)
+
+    @property
     def tokens_per_forward(self) -> float:
-        return self.generated_tokens / self.rounds if self.rounds else 0.0
+        """mlxcel's: (generated - 1) / decode rounds, 0 when there are none."""
+        return (self.generated_tokens - 1) / self.decode_rounds if self.decode_rounds else 0.0
+
+    @property
+    def per_position_acceptance(self) -> float:
+        return self.accepted / self.positions_tested if self.positions_tested else 0.0
 
     @property
     def prefill_tps(self) -> float:
@@ -56,16 +67,26 @@ class GenerationStats:
             acceptance_rate=self.acceptance_rate,
             mean_accepted_prefix=self.mean_accepted_prefix,
             tokens_per_forward=self.tokens_per_forward,
+            per_position_acceptance=self.per_position_acceptance,
             prefill_tps=self.prefill_tps,
             decode_tps=self.decode_tps,
         )
         return d
 
     def lookup_summary_line(self) -> str:
-        """mlxcel's `[Prompt lookup] ...` line (tokens_per_forward over decode forwards)."""
+        """mlxcel's `[Prompt lookup] ...` line (rounds and tokens_per_forward over decode forwards)."""
         return (
-            f"[Prompt lookup] rounds={self.rounds} drafted_rounds={self.drafted_rounds} "
+            f"[Prompt lookup] rounds={self.decode_rounds} drafted_rounds={self.drafted_rounds} "
             f"paused_rounds={self.paused_rounds} proposed={self.proposed} accepted={self.accepted} "
             f"acceptance_rate={self.acceptance_rate:.4f} tokens_per_forward={self.tokens_per_forward:.4f} "
             f"shadow_confirmations={self.shadow_confirmations}"
+        )
+
+    def acceptance_summary_line(self) -> str:
+        """mlxcel's `[Speculative acceptance] ...` line (rounds: verify rounds), our drafter kind last."""
+        return (
+            f"[Speculative acceptance] rule={self.acceptance_rule} rounds={self.drafted_rounds} "
+            f"proposed={self.proposed} positions_tested={self.positions_tested} accepted={self.accepted} "
+            f"per_position_acceptance={self.per_position_acceptance:.4f} acceptance_rate={self.acceptance_rate:.4f} "
+            f"mean_accepted_len={self.mean_accepted_prefix:.4f} kind={self.draft_kind}"
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -90,7 +91,7 @@ def test_profile_and_summary_go_to_stderr(cli_env, workloads):
     assert r.returncode == 0, r.stderr
     for key in ("Prompt tokens", "Generated tokens", "Prefill", "Decode", "TTFT", "Peak memory", "BLAS",
                 "Weights", "Rounds", "Drafted rounds", "Paused rounds", "Proposed", "Accepted", "Acceptance rate",
-                "Mean accepted prefix", "Tokens per verify", "Draft", "Verify", "Rollback"):
+                "Mean accepted prefix", "Tokens per forward", "Draft", "Verify", "Rollback"):
         assert key in r.stderr, key
     assert "[Prompt lookup] rounds=" in r.stderr
     assert "Profile" not in r.stdout and "[Generated" not in r.stdout

@@ -9,6 +9,7 @@ Random weights prove mechanics, never acceptance rates.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections import Counter
 
@@ -166,7 +167,8 @@ def test_cli_generate_mtp_profile_and_startup_line(mtp_dirs, cli_env):
     assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
     assert spec.stdout == plain.stdout
     assert "speculative=mtp (head=target checkpoint, block_size=4, default)" in spec.stderr
-    assert "[Speculative acceptance] rule=greedy-argmax kind=mtp" in spec.stderr
+    assert re.search(r"^\[Speculative acceptance\] rule=greedy-argmax rounds=\d+ .* kind=mtp$", spec.stderr, re.M)
+    assert "Resolved drafter kind: mtp (block_size = 4, default)" in spec.stderr
     assert "Traceback" not in spec.stderr
 
 

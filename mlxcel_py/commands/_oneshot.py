@@ -9,7 +9,7 @@ from .. import ui
 from ..errors import MlxcelError, UsageError
 from ..options import RunConfig
 from ..prompting import prompt_ids
-from ..session import Session, describe_draft, open_session
+from ..session import Session, describe_draft, open_session, resolved_drafter_line
 from ..text import TextStream
 from ._report import print_profile, summary_lines
 
@@ -41,6 +41,8 @@ def run_oneshot(run: RunConfig) -> None:
     draft = eng.draft  # as resolved at load (an MTP checkpoint's kind and width)
     warm = eng.warmup(ids, sampling=opts.sampling, calibrate=draft.calibrates)
     if g.verbose or g.profile:
+        if (resolved := resolved_drafter_line(draft)) is not None:
+            ui.info(resolved)
         ui.info(describe_draft(draft) + f"; warmup {warm * 1000:.0f} ms")
     gen = eng.generate(ids, max_tokens=g.max_tokens, sampling=opts.sampling, min_tokens=g.min_tokens,
                        ignore_eos=g.ignore_eos)
@@ -64,7 +66,7 @@ def run_oneshot(run: RunConfig) -> None:
     st = gen.stats
     if g.profile:
         print_profile(st, session, finish_reason=stream.finish_reason)
-    for line in summary_lines(st, elapsed):
+    for line in summary_lines(st, elapsed, profile=g.profile):
         ui.info(line)
     if g.verify_exact and draft.enabled:
         _verify_exact(session, ids, gen.tokens, run)

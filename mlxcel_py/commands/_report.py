@@ -6,19 +6,27 @@ from .. import ui
 from ..stats import GenerationStats
 
 
-def summary_lines(st: GenerationStats, elapsed_s: float) -> list[str]:
+def summary_lines(st: GenerationStats, elapsed_s: float, *, profile: bool = False) -> list[str]:
+    """mlxcel's lines: `[Generated ...]` (only without --profile, as mlxcel), `[Prompt lookup] ...`
+    for prompt lookup, `[Speculative acceptance] ...` for every drafter."""
     rate = st.generated_tokens / elapsed_s if elapsed_s > 0 else 0.0
-    lines = [f"[Generated {st.generated_tokens} tokens in {elapsed_s:.2f}s = {rate:.2f} tok/s]"]
+    lines = [] if profile else [f"[Generated {st.generated_tokens} tokens in {elapsed_s:.2f}s = {rate:.2f} tok/s]"]
     if st.draft_kind == "prompt-lookup":
         lines.append(st.lookup_summary_line())
-    elif st.draft_kind:
-        lines.append(f"[Speculative acceptance] rule={st.acceptance_rule} kind={st.draft_kind} rounds={st.rounds} "
-                     f"drafted_rounds={st.drafted_rounds} proposed={st.proposed} accepted={st.accepted} "
-                     f"acceptance_rate={st.acceptance_rate:.4f} mean_accepted_len={st.mean_accepted_prefix:.4f}")
+    if st.draft_kind:
+        lines.append(st.acceptance_summary_line())
     return lines
 
 
 def print_profile(st: GenerationStats, session, *, finish_reason: str | None) -> None:
+    """mlxcel's `[Profile Results]` block and `[TTFT]` line, then our table of the rest."""
+    for line in ("[Profile Results]",
+                 f"  Prompt tokens:    {st.prompt_tokens}",
+                 f"  Generated tokens: {st.generated_tokens}",
+                 f"  Prefill:          {st.prefill_s * 1000:.2f} ms ({st.prefill_tps:.2f} tok/s)",
+                 f"  Decode:           {st.decode_s * 1000:.2f} ms ({st.decode_tps:.2f} tok/s)",
+                 f"[TTFT] {st.ttft_s * 1000:.2f} ms"):
+        ui.info(line)
     ms = lambda s: f"{s * 1000:.2f} ms"  # noqa: E731
     rows = [
         ("Prompt tokens", str(st.prompt_tokens)),
@@ -45,7 +53,8 @@ def print_profile(st: GenerationStats, session, *, finish_reason: str | None) ->
             ("Accepted", str(st.accepted)),
             ("Acceptance rate", f"{st.acceptance_rate:.4f}"),
             ("Mean accepted prefix", f"{st.mean_accepted_prefix:.3f}"),
-            ("Tokens per verify", f"{st.tokens_per_forward:.3f}"),
+            ("Positions tested", str(st.positions_tested)),
+            ("Tokens per forward", f"{st.tokens_per_forward:.3f}"),
             ("Draft", ms(st.draft_s)),
             ("Verify", ms(st.verify_s)),
             ("Rollback", ms(st.rollback_s)),

@@ -8,7 +8,7 @@ import sys
 
 from .. import ui
 from ..options import RunConfig
-from ..session import describe_draft, open_session
+from ..session import describe_draft, open_session, resolved_drafter_line
 
 
 def run_server(run: RunConfig) -> None:
@@ -22,6 +22,8 @@ def run_server(run: RunConfig) -> None:
     session = open_session(run, say=ui.info, warn=ui.warn)
     draft = session.engine.draft  # as resolved at load (an MTP checkpoint's kind and width)
     speculative = draft.enabled and not srv.no_batch and not srv.kv_unified
+    if (resolved := resolved_drafter_line(draft)) is not None:
+        ui.info(resolved)
     line = describe_draft(draft)
     if draft.kind == "prompt-lookup":
         line = line.rstrip(")") + f", max_batch={srv.prompt_lookup_max_batch})"
