@@ -105,9 +105,7 @@ class Generation:
                 draft: list[int] = []
                 q = None
                 if drafter is not None:
-                    # the first token comes from a plain step, as from mlxcel's prefill, so rounds
-                    # count the same way in both
-                    budget = min(policy.budget(), self.max_tokens - emitted - 1) if emitted else 0
+                    budget = min(policy.budget(), self.max_tokens - emitted - 1)
                     if budget > 0:
                         td = time.perf_counter()
                         proposal = drafter.propose(history, budget, decider)

@@ -40,7 +40,8 @@ class GenerationStats:
 
     @property
     def decode_rounds(self) -> int:
-        """Target forwards after the one that produced the first token (mlxcel's prefill does that)."""
+        """Target forwards after the first one, which ends the prompt and yields the first token
+        (mlxcel's prefill does that; here it may verify drafts too)."""
         return max(self.rounds - 1, 0)
 
     @property
