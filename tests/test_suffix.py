@@ -234,9 +234,9 @@ def test_real_model_trace_turns_equal_plain_for_suffix_and_lookup(cli_env, tmp_p
     trace = tmp_path / "t.jsonl"
     line = (ROOT / "benchmarks" / "traces.jsonl").read_text().splitlines()[1]
     obj = json.loads(line)
-    trace.write_text(json.dumps({"source": obj["source"], "turns": obj["turns"][:3]}) + "\n")
+    trace.write_text(json.dumps({"source": obj["source"], "turns": obj["turns"][:2]}) + "\n")
     out = tmp_path / "b.json"
-    r = cli(["bench", "--trace", str(trace), "--draft-kind", "suffix", "--prompt-lookup", "--max-tokens", "48",
+    r = cli(["bench", "--trace", str(trace), "--draft-kind", "suffix", "--prompt-lookup", "--max-tokens", "40",
              "--json", str(out)], cli_env)
     assert r.returncode == 0, r.stderr
     summary = json.loads(out.read_text())["summary"]

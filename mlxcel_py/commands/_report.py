@@ -28,13 +28,8 @@ def print_profile(st: GenerationStats, session, *, finish_reason: str | None) ->
                  f"[TTFT] {st.ttft_s * 1000:.2f} ms"):
         ui.info(line)
     ms = lambda s: f"{s * 1000:.2f} ms"  # noqa: E731
-    rows = [
-        ("Prompt tokens", str(st.prompt_tokens)),
+    rows = [  # prompt and generated tokens, prefill, decode and TTFT are in mlxcel's block above
         ("Cached prompt tokens", str(st.cached_tokens)),
-        ("Generated tokens", str(st.generated_tokens)),
-        ("Prefill", f"{ms(st.prefill_s)} ({st.prefill_tps:.2f} tok/s)"),
-        ("Decode", f"{ms(st.decode_s)} ({st.decode_tps:.2f} tok/s)"),
-        ("TTFT", ms(st.ttft_s)),
         ("Peak memory", f"{st.peak_memory_bytes / 2**20:.1f} MiB"),
         ("Finish reason", str(finish_reason)),
         ("BLAS", session.blas.name + (f" ({session.blas.path})" if session.blas.path else "")),
