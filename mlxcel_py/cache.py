@@ -56,32 +56,29 @@ def rollback_kind(c: Any) -> str:
     return STATE  # ArraysCache and caches of other families: checkpoint and replay
 
 
+def _leaves(layers: Sequence[Any]):
+    """Every cache object below a model's layer list, CacheList parts in place of the list."""
+    for c in layers:
+        if rollback_kind(c) == LIST:
+            yield from _leaves(c.caches)
+        else:
+            yield c
+
+
 def describe_kinds(layers: Sequence[Any]) -> str:
     """'trim x30' / 'state x3, trim x1': what the rollback of a model's caches uses."""
     counts: dict[str, int] = {}
-
-    def add(c):
+    for c in _leaves(layers):
         k = rollback_kind(c)
-        if k == LIST:
-            for part in c.caches:
-                add(part)
-        else:
-            counts[k] = counts.get(k, 0) + 1
-
-    for c in layers:
-        add(c)
+        counts[k] = counts.get(k, 0) + 1
     return ", ".join(f"{k} x{n}" for k, n in counts.items())
 
 
 def check_rollback(layers: Sequence[Any]) -> str | None:
     """Why these caches cannot be rolled back exactly, or None. A checkpoint copies attributes, so a
     cache object without them (a C extension type, __slots__ only) is the one impossible case."""
-    for c in layers:
-        if rollback_kind(c) == LIST:
-            why = check_rollback(c.caches)
-            if why:
-                return why
-        elif rollback_kind(c) == STATE and not hasattr(c, "__dict__"):
+    for c in _leaves(layers):
+        if rollback_kind(c) == STATE and not hasattr(c, "__dict__"):
             return f"its {type(c).__name__} cache keeps its state where a checkpoint cannot copy it"
     return None
 
@@ -187,8 +184,7 @@ class SequenceCache:
         self._step_records: dict | None = None
         self.hidden: mx.array | None = None  # (rows, H)
         self.hidden_start = 0
-        self.trim_only = all(rollback_kind(c) == TRIM or (rollback_kind(c) == LIST and all(
-            rollback_kind(p) == TRIM for p in c.caches)) for c in self.layers)
+        self.trim_only = all(rollback_kind(c) == TRIM for c in _leaves(self.layers))
 
     # -- feeding -------------------------------------------------------------------------------
     @property
@@ -325,6 +321,7 @@ class SequenceCache:
     def reset(self) -> None:
         self.layers = make_prompt_cache(self.model)
         self.tokens, self._pending, self._checkpoint, self._last_write = [], [], None, 0
+        self._recording, self._step_records = False, None
         self.hidden, self.hidden_start = None, 0
 
     def reuse_prefix(self, tokens: Sequence[int]) -> int:

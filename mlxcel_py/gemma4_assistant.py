@@ -25,10 +25,11 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from .drafters import Proposal, chain_proposal, draw
 from .errors import ModelError
-from .mtp import lm_head_and_embed, text_model
+from .mtp import lm_head_and_embed, text_config, text_model
 
 MODEL_TYPE = "gemma4_assistant"
 TARGETS = ("gemma4", "gemma4_text")
@@ -116,7 +117,7 @@ def check_target(target_cfg: dict, cfg: dict, where: str) -> None:
     if target_cfg.get("model_type") not in TARGETS:
         raise ModelError(f"{where} is a Gemma 4 assistant, which drafts only for Gemma 4 targets; the target is a "
                          f"{target_cfg.get('model_type')} model")
-    tcfg = dict(target_cfg.get("text_config") or target_cfg)
+    tcfg = text_config(target_cfg)
     tc = cfg.get("text_config") or {}
     checks = [("backbone_hidden_size", cfg.get("backbone_hidden_size"), tcfg.get("hidden_size"), "hidden size"),
               ("text_config.vocab_size", tc.get("vocab_size"), tcfg.get("vocab_size"), "vocabulary")]
@@ -139,7 +140,7 @@ def load(folder: Path, cfg: dict, target_model: Any) -> Gemma4Assistant:
     weights = {k: v for k, v in weights.items() if "rotary_emb" not in k}
     if head.tied:
         weights.pop("lm_head.weight", None)
-    expected = {k for k, _ in _flat(head.parameters())}
+    expected = {k for k, _ in tree_flatten(head.parameters())}
     missing = sorted(expected - set(weights))
     if missing:
         raise ModelError(f"--draft-model {folder}: the Gemma 4 assistant checkpoint lacks {missing[0]}"
@@ -149,12 +150,6 @@ def load(folder: Path, cfg: dict, target_model: Any) -> Gemma4Assistant:
                        for k, v in weights.items() if k in expected], strict=False)
     mx.eval(head.parameters())
     return head
-
-
-def _flat(tree, prefix=""):
-    from mlx.utils import tree_flatten
-
-    return tree_flatten(tree, prefix=prefix)
 
 
 # ---- the drafter ---------------------------------------------------------------------------------
