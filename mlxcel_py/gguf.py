@@ -1,10 +1,19 @@
-"""GGUF import: turn a llama-architecture GGUF file into an mlx-lm model folder.
+"""GGUF import: turn a GGUF file into an mlx-lm model folder, once, in the cache.
 
-`mx.load` already reads GGUF tensors (Q4_0/Q4_1/Q8_0 come back as MLX affine-quantized triples,
-group 32; F16/F32 as plain arrays). What it leaves to us: mlx-lm names, undoing llama.cpp's Q/K
-row permutation, a `config.json` (with per-module bit widths), and a tokenizer + chat template
-rebuilt from the metadata. The folder is written once and then loaded like any mlx-lm model,
-so stock mlx-lm can load it too (benchmarks compare like with like).
+Reading: gguf-py (`gguf.GGUFReader`, maintained with llama.cpp) parses the header, metadata and
+tensor table, so the architecture and every tensor type are known before anything is converted;
+an unmapped architecture (`gguf_arch`), an unmapped tensor or a type nobody can decode is refused
+there, naming it. Decoding: a file whose tensors are all types MLX reads itself (F32, F16, Q4_0,
+Q4_1, Q8_0) goes through `mx.load`, which hands back Q4_0/Q4_1/Q8_0 as MLX affine triples
+(group 32, scales widened to float32 here); any other file (K-quants, i-quants, Q5_x, BF16...) is decoded tensor by tensor with
+gguf-py's dequantizers. On the CPU those tensors are stored as float32 (the loader's CPU dtype
+anyway); on Metal/CUDA they are re-quantized to MLX's affine 4- or 8-bit so weights stay small.
+Then the architecture's quirks are undone (`gguf_arch`), a `config.json` written (with per-module
+bit widths), and the tokenizer rebuilt from the metadata (`gguf_tokenizer`).
+
+The folder is written under a temporary name and renamed into place with a `COMPLETE` marker
+written last, so an interrupted conversion leaves nothing that would be loaded; only a folder with
+the marker is re-used. Stock mlx-lm can load the result too (benchmarks compare like with like).
 """
 
 from __future__ import annotations
@@ -13,43 +22,159 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
+from . import gguf_arch, gguf_tokenizer
 from .errors import ModelError
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = gguf_arch.SUPPORTED
 GROUP_SIZE = 32  # every GGUF block quant MLX reads has 32 values per block
-
-_LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+FORMAT = "v2"  # bump when the folder layout changes, so old cache entries are not re-used
+COMPLETE = "COMPLETE"
+MLX_NATIVE = frozenset({"F32", "F16", "Q4_0", "Q4_1", "Q8_0"})
+_FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
+# MLX affine bits for re-quantizing a decoded tensor off the CPU: at least the source's precision
+_EIGHT_BIT = frozenset({"Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_1", "Q8_K"})
 
 
-def _scalar(md: dict, key: str, default=None):
-    if key not in md:
-        if default is None:
-            raise ModelError(f"GGUF metadata has no '{key}'; the file is not a complete llama model")
-        return default
-    value = md[key]
-    return value.item() if hasattr(value, "item") else value
+def read(gguf_path: Path):
+    """gguf-py's reader, or a one-line error naming the file."""
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(gguf_path))
+    except Exception as exc:  # struct.error, ValueError, OSError: a truncated or foreign file
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelError(f"{gguf_path}: cannot read as GGUF ({text})") from None
 
 
-def _mlx_name(gguf_name: str) -> str | None:
-    base, _, suffix = gguf_name.rpartition(".")  # suffix: weight | scales | biases | bias
-    if base in _TOP_NAMES:
-        return f"{_TOP_NAMES[base]}.{suffix}"
-    parts = base.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"
-    return None
+def metadata(reader) -> dict:
+    return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+
+
+def _shape(tensor) -> tuple[int, ...]:
+    return tuple(int(d) for d in reversed(tensor.shape))  # ggml lists the innermost axis first
+
+
+def _check_types(reader, gguf_path: Path) -> set[str]:
+    """Every tensor type must be one MLX or gguf-py can decode; refuse before converting anything."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, quants
+
+    types = {t.tensor_type.name for t in reader.tensors}
+    for t in reader.tensors:
+        name = t.tensor_type.name
+        if name in _FLOAT_TYPES or name in MLX_NATIVE:
+            continue
+        try:
+            quants.dequantize(np.zeros((1, GGML_QUANT_SIZES[t.tensor_type][1]), np.uint8), t.tensor_type)
+        except (NotImplementedError, KeyError):
+            raise ModelError(
+                f"{gguf_path}: tensor {t.name} has type {name}, which neither MLX nor gguf-py can decode",
+                hint="re-quantize the file with llama-quantize to Q4_K_M, Q8_0 or F16",
+            ) from None
+    return types
+
+
+def _decode(tensor):
+    """One tensor as a numpy array in its logical shape (float32 unless stored as F16)."""
+    import numpy as np
+    from gguf import quants
+
+    name = tensor.tensor_type.name
+    shape = _shape(tensor)
+    if name == "F32":
+        return np.asarray(tensor.data, dtype=np.float32).reshape(shape)
+    if name == "F16":
+        return np.asarray(tensor.data).view(np.float16).reshape(shape)
+    return quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+
+
+def convert(gguf_path: Path, out_dir: Path, *, quantize_decoded: bool | None = None) -> Path:
+    """Write an mlx-lm folder for `gguf_path` into `out_dir` (atomically) and return it.
+
+    `quantize_decoded`: re-quantize tensors decoded by gguf-py to MLX affine bits (default: when
+    MLX's default device is not the CPU).
+    """
+    import mlx.core as mx
+
+    reader = read(gguf_path)
+    md = metadata(reader)
+    arch_name = str(md.get("general.architecture", "unknown"))
+    arch = gguf_arch.lookup(arch_name, gguf_path, md)
+    types = _check_types(reader, gguf_path)
+    by_name = {t.name: t for t in reader.tensors}
+    unmapped = sorted(n for n in by_name if arch.mlx_name(n) is None and n not in arch.ignored)
+    if unmapped:
+        raise ModelError(
+            f"{gguf_path}: {len(unmapped)} tensor(s) this importer does not map for '{arch_name}' "
+            f"({', '.join(unmapped[:4])}{', ...' if len(unmapped) > 4 else ''})",
+            hint="convert the original Hugging Face model with mlx_lm.convert instead",
+        )
+    vectors = {
+        n: [float(x) for x in _decode(t).reshape(-1)] for n, t in by_name.items() if n in arch.ignored and len(t.shape) == 1
+    }
+    shapes = {n: _shape(t) for n, t in by_name.items()}
+    config = {"model_type": arch.model_type, **arch.config(gguf_arch.Meta(md, arch_name, gguf_path, vectors), shapes)}
+    config["bos_token_id"] = int(md.get("tokenizer.ggml.bos_token_id", 1))
+    config["eos_token_id"] = int(md.get("tokenizer.ggml.eos_token_id", 2))
+    if quantize_decoded is None:
+        quantize_decoded = mx.default_device() != mx.cpu
+
+    out: dict[str, Any] = {}
+    quant: dict[str, Any] = {}
+    if types <= MLX_NATIVE:
+        try:
+            weights = mx.load(str(gguf_path))
+        except Exception as exc:  # mlx raises ValueError/RuntimeError with its own text
+            raise ModelError(f"{gguf_path}: cannot read as GGUF ({exc})") from None
+        for name, value in weights.items():
+            base = name.rsplit(".", 1)[0]
+            mlx_name = arch.mlx_name(base + ".weight" if name.endswith((".scales", ".biases")) else name)
+            if mlx_name is None:
+                continue  # ignored tensors (rope factors, read above)
+            mlx_name = mlx_name.rsplit(".", 1)[0] + "." + name.rsplit(".", 1)[1]
+            if name.endswith((".scales", ".biases")):
+                # MLX reads the f16 block scales as float16, and dequantizing then rounds every
+                # weight to half precision; llama.cpp multiplies in float32, and so do we
+                value = value.astype(mx.float32)
+            out[mlx_name] = _undo_quirks(arch, mlx_name, value, config)
+            if name.endswith(".scales"):
+                packed = weights[base + ".weight"]
+                bits = packed.shape[-1] * 32 // (value.shape[-1] * GROUP_SIZE)
+                quant[mlx_name[: -len(".scales")]] = {"group_size": GROUP_SIZE, "bits": int(bits)}
+    else:
+        for name, tensor in by_name.items():
+            mlx_name = arch.mlx_name(name)
+            if mlx_name is None:
+                continue
+            value = _undo_quirks(arch, mlx_name, mx.array(_decode(tensor)), config)
+            kind = tensor.tensor_type.name
+            if quantize_decoded and kind not in _FLOAT_TYPES and value.ndim >= 2 and value.shape[-1] % GROUP_SIZE == 0:
+                bits = 8 if kind in _EIGHT_BIT else 4
+                w, scales, biases = mx.quantize(value, group_size=GROUP_SIZE, bits=bits)
+                module = mlx_name.rsplit(".", 1)[0]
+                out[f"{module}.weight"], out[f"{module}.scales"], out[f"{module}.biases"] = w, scales, biases
+                quant[module] = {"group_size": GROUP_SIZE, "bits": bits}
+            else:
+                out[mlx_name] = value
+    if quant:
+        bits = [v["bits"] for v in quant.values()]
+        common = max(set(bits), key=bits.count)
+        per_module = {k: v for k, v in quant.items() if v["bits"] != common}
+        config["quantization"] = config["quantization_config"] = {"group_size": GROUP_SIZE, "bits": common, **per_module}
+    _write(gguf_path, out_dir, out, config, md, arch_name)
+    return out_dir
+
+
+def _undo_quirks(arch: gguf_arch.Arch, mlx_name: str, value, config: dict):
+    if arch.permute_qk and ".self_attn.q_proj." in mlx_name:
+        return _unpermute(value, config["num_attention_heads"])
+    if arch.permute_qk and ".self_attn.k_proj." in mlx_name:
+        return _unpermute(value, config["num_key_value_heads"])
+    if arch.norm_shift and mlx_name.endswith("norm.weight"):
+        return value - arch.norm_shift
+    return value
 
 
 def _unpermute(x, n_heads: int):
@@ -64,125 +189,64 @@ def _unpermute(x, n_heads: int):
     return y.swapaxes(1, 2).reshape(rows, *rest)
 
 
-def _tokenizer_json(md: dict) -> str:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers import AddedToken
-
-    model_kind = _scalar(md, "tokenizer.ggml.model", "")
-    if model_kind != "gpt2":
-        raise ModelError(
-            f"GGUF tokenizer model '{model_kind}' is not supported (only byte-level BPE, 'gpt2')"
-        )
-    tokens = list(md["tokenizer.ggml.tokens"])
-    merges = [tuple(m.split(" ", 1)) for m in md.get("tokenizer.ggml.merges", [])]
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    pre = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
-    if _scalar(md, "tokenizer.ggml.pre", "") in ("smollm", "starcoder", "refact", "qwen2"):
-        pre.insert(0, pre_tokenizers.Digits(individual_digits=True))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(pre)
-    tok.decoder = decoders.ByteLevel()
-    types = md.get("tokenizer.ggml.token_type")
-    if types is not None:
-        special = [tokens[i] for i, t in enumerate(types.tolist()) if t == 3]
-        tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in special])
-    return tok.to_str()
-
-
-def convert(gguf_path: Path, out_dir: Path) -> Path:
-    """Write an mlx-lm folder for `gguf_path` into `out_dir` (atomically) and return it."""
+def _write(gguf_path: Path, out_dir: Path, weights: dict, config: dict, md: dict, arch_name: str) -> None:
     import mlx.core as mx
 
-    try:
-        weights, md = mx.load(str(gguf_path), return_metadata=True)
-    except Exception as exc:  # mlx raises ValueError/RuntimeError with its own text
-        raise ModelError(f"{gguf_path}: cannot read as GGUF ({exc})") from None
-    arch = _scalar(md, "general.architecture", "unknown")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelError(
-            f"{gguf_path}: GGUF architecture '{arch}' is not supported; "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
-    n_heads = int(_scalar(md, f"{arch}.attention.head_count"))
-    n_kv = int(_scalar(md, f"{arch}.attention.head_count_kv", n_heads))
-    tokens = md.get("tokenizer.ggml.tokens") or []
-    config = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": int(_scalar(md, f"{arch}.embedding_length")),
-        "num_hidden_layers": int(_scalar(md, f"{arch}.block_count")),
-        "intermediate_size": int(_scalar(md, f"{arch}.feed_forward_length")),
-        "num_attention_heads": n_heads,
-        "num_key_value_heads": n_kv,
-        "rms_norm_eps": float(_scalar(md, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": float(_scalar(md, f"{arch}.rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(_scalar(md, f"{arch}.context_length", 2048)),
-        "vocab_size": int(_scalar(md, f"{arch}.vocab_size", len(tokens))),
-        "tie_word_embeddings": "output.weight" not in weights,
-        "bos_token_id": int(_scalar(md, "tokenizer.ggml.bos_token_id", 1)),
-        "eos_token_id": int(_scalar(md, "tokenizer.ggml.eos_token_id", 2)),
-    }
-    out: dict = {}
-    quant: dict = {"group_size": GROUP_SIZE, "bits": 4}
-    for name, value in weights.items():
-        mlx_name = _mlx_name(name)
-        if mlx_name is None:
-            continue  # e.g. rope_freqs: recomputed by mlx-lm from rope_theta
-        if ".self_attn.q_proj." in mlx_name:
-            value = _unpermute(value, n_heads)
-        elif ".self_attn.k_proj." in mlx_name:
-            value = _unpermute(value, n_kv)
-        out[mlx_name] = value
-        if mlx_name.endswith(".scales"):
-            module = mlx_name[: -len(".scales")]
-            packed = weights[name[: -len(".scales")] + ".weight"]
-            in_features = value.shape[-1] * GROUP_SIZE
-            bits = packed.shape[-1] * 32 // in_features
-            quant[module] = {"group_size": GROUP_SIZE, "bits": int(bits)}
-    module_bits = [v["bits"] for k, v in quant.items() if isinstance(v, dict)]
-    if module_bits:
-        common = max(set(module_bits), key=module_bits.count)
-        quant["bits"] = common
-        quant = {k: v for k, v in quant.items() if not (isinstance(v, dict) and v["bits"] == common)}
-        config["quantization"] = quant
-        config["quantization_config"] = quant
-    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
+    tok_json = gguf_tokenizer.tokenizer_json(md, arch_name, gguf_path)  # fails before anything is written
+    tmp = out_dir.with_name(f"{out_dir.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    mx.save_safetensors(str(tmp / "model.safetensors"), out, metadata={"format": "mlx"})
-    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    (tmp / "tokenizer.json").write_text(_tokenizer_json(md))
-    eos = tokens[config["eos_token_id"]] if tokens else "<|endoftext|>"
-    bos = tokens[config["bos_token_id"]] if tokens else None
-    tok_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": eos,
-        "bos_token": bos,
-        "pad_token": eos,
-        "add_bos_token": bool(_scalar(md, "tokenizer.ggml.add_bos_token", False)),
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": config["max_position_embeddings"],
-    }
-    if "tokenizer.chat_template" in md:
-        tok_config["chat_template"] = str(md["tokenizer.chat_template"])
-    (tmp / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
-    (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": config["eos_token_id"]}))
-    (tmp / "SOURCE").write_text(f"converted from {gguf_path}\n")
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.replace(out_dir)
-    return out_dir
+    try:
+        mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        (tmp / "tokenizer.json").write_text(tok_json)
+        tok_config = gguf_tokenizer.tokenizer_config(md, config.get("max_position_embeddings", 2048))
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
+        (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": config["eos_token_id"]}))
+        (tmp / "SOURCE").write_text(f"converted from {gguf_path}\n")
+        (tmp / COMPLETE).write_text("ok\n")  # last: its presence means every file above is whole
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.replace(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def converted_dir(gguf_path: Path, cache_root: Path) -> Path:
-    """Where the conversion of this file lives: keyed by name, size and mtime."""
+    """Where the conversion of this file lives: keyed by name, size, mtime and the format."""
+    import mlx.core as mx
+
     st = gguf_path.stat()
-    key = f"{gguf_path.stem}-{st.st_size}-{int(st.st_mtime)}"
-    return cache_root / "gguf" / key
+    device = "" if mx.default_device() == mx.cpu else "-affine"
+    return cache_root / "gguf" / f"{gguf_path.stem}-{st.st_size}-{int(st.st_mtime)}-{FORMAT}{device}"
+
+
+def _remove_stale(out: Path) -> None:
+    """Temporary folders left by conversions whose process is gone (killed mid-write)."""
+    for tmp in out.parent.glob(f"{out.name}.tmp*"):
+        pid = tmp.name.rsplit(".tmp", 1)[1]
+        if pid.isdigit() and _alive(int(pid)):
+            continue
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def ensure_converted(gguf_path: Path, cache_root: Path) -> Path:
     out = converted_dir(gguf_path, cache_root)
-    if not (out / "config.json").exists():
-        convert(gguf_path, out)
-    return out
+    if (out / COMPLETE).is_file():
+        return out
+    if out.parent.is_dir():
+        _remove_stale(out)
+    return convert(gguf_path, out)

@@ -1,0 +1,168 @@
+"""GGUF import (#19): every tensor type llama.cpp writes, the main architectures, atomic caching.
+
+Files are written by `gguf_files` the way llama.cpp's converter writes them (gguf-py's name map,
+its Q/K permutation and Gemma's norm offset). Each is checked three ways: the imported weights
+equal gguf-py's own decoding of the file (exactly where gguf-py decodes, to float rounding where MLX
+reads the type itself); greedy output of the import equals the same weights loaded as an mlx-lm
+folder built with the test's own config; the tokenizer maps every vocabulary entry to its id.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import gguf_files
+from gguf_files import DECODED, NATIVE, Q
+from mlxcel_py import gguf as importer
+from mlxcel_py import loading
+from mlxcel_py.errors import ModelError
+from test_engine import engine_for, run
+
+FAMILIES = list(gguf_files.CONFIGS)
+PROMPT = [5, 17, 99, 3, 250, 42, 42, 7, 120, 64, 9, 33]
+
+
+def _imported(folder) -> dict[str, np.ndarray]:
+    w = mx.load(str(folder / "model.safetensors"))
+    out = {}
+    for k, v in w.items():
+        if k.endswith((".scales", ".biases")):
+            continue
+        base = k.rsplit(".", 1)[0]
+        if k.endswith(".weight") and f"{base}.scales" in w:
+            v = mx.dequantize(v, w[f"{base}.scales"], w[f"{base}.biases"], group_size=32,
+                              bits=v.shape[-1] * 32 // (w[f"{base}.scales"].shape[-1] * 32))
+        out[k] = np.array(v.astype(mx.float32))
+    return out
+
+
+def _greedy(folder) -> list[int]:
+    lm = loading.load(loading.resolve(str(folder)))
+    toks, _ = run(engine_for(lm), PROMPT, max_tokens=16)
+    return toks
+
+
+@pytest.mark.parametrize("kinds", ["decoded", "native"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gguf_imports_like_the_same_weights_as_a_folder(tmp_path, family, kinds):
+    path = tmp_path / f"{family}.gguf"
+    _, own, names = gguf_files.write(path, family, DECODED if kinds == "decoded" else NATIVE)
+    folder = importer.convert(path, tmp_path / "converted", quantize_decoded=False)
+    want = gguf_files.expected(path, family, names)
+    got = _imported(folder)
+    assert set(got) == set(want)
+    for name, value in want.items():
+        if kinds == "decoded":  # gguf-py decoded these: bit for bit
+            assert np.array_equal(got[name], value), name
+        else:  # MLX's affine dequantization (scale * q + bias) rounds differently from d * (q - 8)
+            np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-6 * max(1.0, np.abs(value).max()), err_msg=name)
+    # the file holds the model's weights up to quantization (catches a wrong name or layout that
+    # would otherwise be undone the same way by the expected-weights reader)
+    if kinds == "native":
+        for name, value in own.items():
+            if value.ndim >= 2:
+                assert np.corrcoef(want[name].ravel(), value.ravel())[0, 1] > 0.9, name
+    reference = gguf_files.reference_folder(tmp_path / "reference", family, want, folder)
+    assert _greedy(folder) == _greedy(reference)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_tokenizer_round_trips_the_vocabulary(tmp_path, family):
+    from tokenizers import Tokenizer
+
+    path = tmp_path / "m.gguf"
+    gguf_files.write(path, family, [Q.F16])
+    folder = importer.convert(path, tmp_path / "converted")
+    md = importer.metadata(importer.read(path))
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokens = md["tokenizer.ggml.tokens"]
+    assert tok.get_vocab_size() == len(tokens)
+    assert [tok.token_to_id(t) for t in tokens] == list(range(len(tokens)))
+    text = "the theme: ünï 9"
+    ids = tok.encode(text, add_special_tokens=False).ids
+    assert tok.decode(ids).strip() == text
+    merged = "Ġthe" if family == "llama" else "▁the"
+    assert tokens.index(merged) in tok.encode(" the", add_special_tokens=False).ids
+
+
+def test_k_quants_are_requantized_for_metal_and_cuda(tmp_path):
+    path = tmp_path / "m.gguf"
+    _, _, names = gguf_files.write(path, "qwen3", [Q.Q4_K, Q.Q6_K, Q.F16])
+    folder = importer.convert(path, tmp_path / "converted", quantize_decoded=True)
+    cfg = gguf_files.read_json(folder / "config.json")
+    w = mx.load(str(folder / "model.safetensors"))
+    want = gguf_files.expected(path, "qwen3", names)
+    quantized = {k.rsplit(".", 1)[0] for k in w if k.endswith(".scales")}
+    assert quantized and cfg["quantization"]["group_size"] == 32
+    bits = {m: cfg["quantization"].get(m, {}).get("bits", cfg["quantization"]["bits"]) for m in quantized}
+    assert set(bits.values()) == {4, 8}  # Q4_K -> 4-bit, Q6_K -> 8-bit
+    for module in quantized:
+        approx = mx.dequantize(w[f"{module}.weight"], w[f"{module}.scales"], w[f"{module}.biases"],
+                               group_size=32, bits=bits[module])
+        exact = want[f"{module}.weight"]
+        step = (exact.max() - exact.min()) / (2 ** bits[module] - 1)
+        assert np.abs(np.array(approx) - exact).max() <= step  # within one quantization step
+    lm = loading.load(loading.resolve(str(folder)), dequantize=False)
+    assert lm.dtype.startswith("quantized")
+    assert len(run(engine_for(lm), PROMPT, max_tokens=4)[0]) == 4
+
+
+def _raw_gguf(path, arch="llama", tensors=None):
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_uint32(f"{arch}.block_count", 1)
+    for name, (data, qtype) in (tensors or {}).items():
+        w.add_tensor(name, data, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_refusals_name_what_is_wrong(tmp_path):
+    with pytest.raises(ModelError, match=r"architecture 'mamba' is not supported; supported: llama, qwen2, qwen3"):
+        importer.convert(_raw_gguf(tmp_path / "a.gguf", "mamba"), tmp_path / "out")
+    bad = {"token_embd.weight": (np.zeros((4, 40), np.uint8), Q.Q8_1)}  # no decoder anywhere
+    with pytest.raises(ModelError, match=r"tensor token_embd.weight has type Q8_1, which neither MLX nor gguf-py"):
+        importer.convert(_raw_gguf(tmp_path / "b.gguf", tensors=bad), tmp_path / "out")
+    odd = {"blk.0.attn_sinks.weight": (np.zeros(4, np.float32), None)}
+    with pytest.raises(ModelError, match=r"1 tensor\(s\) this importer does not map for 'llama' \(blk.0.attn_sinks"):
+        importer.convert(_raw_gguf(tmp_path / "c.gguf", tensors=odd), tmp_path / "out")
+    (tmp_path / "d.gguf").write_bytes(b"GGUF\x03\x00\x00\x00truncated")
+    with pytest.raises(ModelError, match=r"d.gguf: cannot read as GGUF"):
+        importer.convert(tmp_path / "d.gguf", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_interrupted_conversion_leaves_no_usable_entry(tmp_path, monkeypatch):
+    path = tmp_path / "m.gguf"
+    gguf_files.write(path, "qwen2", [Q.Q8_0])
+    cache = tmp_path / "cache"
+    out = importer.converted_dir(path, cache)
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(importer.gguf_tokenizer, "tokenizer_config", interrupted)  # after the weights are written
+    with pytest.raises(KeyboardInterrupt):
+        importer.ensure_converted(path, cache)
+    assert not out.exists() and list(out.parent.iterdir()) == []
+    monkeypatch.undo()
+    # a folder without the completion marker (e.g. left by an older version, or copied half-way) is redone
+    out.mkdir(parents=True)
+    (out / "config.json").write_text("{}")
+    stale_tmp = out.with_name(out.name + ".tmp999999999")
+    stale_tmp.mkdir()
+    assert importer.ensure_converted(path, cache) == out
+    assert (out / importer.COMPLETE).is_file() and (out / "model.safetensors").is_file()
+    assert not stale_tmp.exists()
+    first = (out / "model.safetensors").stat().st_mtime_ns
+    importer.ensure_converted(path, cache)  # a complete entry is re-used as it is
+    assert (out / "model.safetensors").stat().st_mtime_ns == first
+    shutil.rmtree(cache)
