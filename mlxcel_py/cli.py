@@ -61,12 +61,15 @@ def root(
         ctx.default_map = config_file.default_maps(path, data, _option_kinds())
 
 
-app.command("generate", help=generate.__doc__, epilog=generate.EPILOG)(generate.generate)
-app.command("gen", hidden=True)(generate.generate)
-app.command("run", help=run.__doc__, epilog=run.EPILOG)(run.run)
-app.command("chat", help=chat.__doc__, epilog=chat.EPILOG)(chat.chat)
-app.command("serve", help=serve.__doc__, epilog=serve.EPILOG)(serve.serve)
-app.command("bench", help=bench.__doc__, epilog=bench.EPILOG)(bench.bench)
+from .commands._help import GroupedHelpCommand  # noqa: E402
+
+_plain = {"cls": GroupedHelpCommand}
+app.command("generate", help=generate.__doc__, epilog=generate.EPILOG, **_plain)(generate.generate)
+app.command("gen", hidden=True, **_plain)(generate.generate)
+app.command("run", help=run.__doc__, epilog=run.EPILOG, **_plain)(run.run)
+app.command("chat", help=chat.__doc__, epilog=chat.EPILOG, **_plain)(chat.chat)
+app.command("serve", help=serve.__doc__, epilog=serve.EPILOG, **_plain)(serve.serve)
+app.command("bench", help=bench.__doc__, epilog=bench.EPILOG, **_plain)(bench.bench)
 
 
 def main() -> None:

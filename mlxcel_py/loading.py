@@ -10,6 +10,7 @@ reaches the user.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from . import default_model, fastpath, gguf
 from .errors import ModelError
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+BARE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+DEFAULT_ORG = "mlx-community"
 
 
 @dataclass(frozen=True)
@@ -100,13 +103,20 @@ def resolve(spec: str | None, *, revision: str | None = None, what: str = "--mod
     if REPO_ID.match(spec) and not spec.startswith("."):
         folder = _hub_snapshot(spec, revision, what)
         return ResolvedModel(folder, f"Hugging Face cache {spec} ({folder})", read_config(folder, what=what))
+    if BARE_NAME.match(spec) and not spec.startswith(".") and not spec.endswith(".gguf"):
+        # mlxcel's resolver: a bare name is a repo of $MLXCEL_DEFAULT_ORG (default mlx-community)
+        org = os.environ.get("MLXCEL_DEFAULT_ORG") or DEFAULT_ORG
+        repo = f"{org}/{spec}"
+        folder = _hub_snapshot(repo, revision, what, asked=spec)
+        return ResolvedModel(folder, f"Hugging Face cache {repo} ({folder})", read_config(folder, what=what))
     raise ModelError(
         f"{what} {spec}: no such file or folder",
-        hint="pass an mlx-lm model folder, a .gguf file, or an owner/name repo id (omit --model for the default model)",
+        hint="pass an mlx-lm model folder, a .gguf file, an owner/name repo id or a bare name "
+        "(omit --model for the default model)",
     )
 
 
-def _hub_snapshot(repo_id: str, revision: str | None, what: str = "--model") -> Path:
+def _hub_snapshot(repo_id: str, revision: str | None, what: str = "--model", asked: str | None = None) -> Path:
     from huggingface_hub import snapshot_download
 
     patterns = ["*.json", "*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
@@ -118,8 +128,9 @@ def _hub_snapshot(repo_id: str, revision: str | None, what: str = "--model") -> 
         return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
     except Exception as exc:
         reason = type(exc).__name__
+        named = f"{asked} (read as {repo_id}; set MLXCEL_DEFAULT_ORG for another organisation)" if asked else repo_id
         raise ModelError(
-            f"{what} {repo_id}: not in the local Hugging Face cache and could not be downloaded ({reason})",
+            f"{what} {named}: not in the local Hugging Face cache and could not be downloaded ({reason})",
             hint=f"run `huggingface-cli download {repo_id}` where the hub is reachable, or pass a local folder",
         ) from None
 

@@ -19,12 +19,13 @@ def test_help_lists_documented_flags_for_all_commands(cli_env):
     common = ["--model", "--draft-model", "--max-tokens", "--profile", "--no-chat-template", "--system", "--stop",
               "--ignore-eos", "--min-tokens", "--image", "--audio", "--video", "--temp", "--top-p", "--top-k",
               "--min-p", "--seed", "--repetition-penalty", "--repeat-last-n", "--draft-kind", "--draft-block-size",
-              "--spec-type", "--prompt-lookup", "--prompt-lookup-ngram-max", "--prompt-lookup-ngram-min",
-              "--prompt-lookup-max-draft", "--prompt-lookup-no-adaptive", "--prompt-lookup-policy", "--pp-size",
-              "--revision", "--no-blas", "--no-dequantize", "--no-fast-kernels", "--suffix-cache-tokens",
-              "--suffix-store"]
+              "--spec-type", "--pp-size", "--revision", "--no-blas", "--no-dequantize", "--no-fast-kernels",
+              "--suffix-cache-tokens", "--suffix-store"]
+    lookup = ["--prompt-lookup", "--prompt-lookup-ngram-max", "--prompt-lookup-ngram-min",
+              "--prompt-lookup-max-draft", "--prompt-lookup-no-adaptive", "--prompt-lookup-policy"]
     server = ["--host", "--port", "--prompt-lookup-max-batch", "--no-batch", "--kv-unified"]
-    for cmd, extra in [("generate", ["--prompt"]), ("run", ["--prompt"]), ("chat", ["--prompt"]), ("serve", server)]:
+    for cmd, extra in [("generate", ["--prompt"] + lookup), ("run", ["--prompt"]), ("chat", ["--prompt"]),
+                       ("serve", server)]:
         r = mlxcel([cmd, "--help"], {**cli_env, "COLUMNS": "200"})
         assert r.returncode == 0
         flags = common if cmd != "serve" else [f for f in common if f not in (
@@ -32,6 +33,8 @@ def test_help_lists_documented_flags_for_all_commands(cli_env):
             "--audio", "--video")]
         for flag in flags + extra:
             assert flag in r.stdout, (cmd, flag)
+        if cmd != "generate":  # refused there, so not listed (still parsed, so the refusal names them)
+            assert not re.search(r"--prompt-lookup(?!-max-batch)", r.stdout), cmd
     r = mlxcel(["bench", "--help"], {**cli_env, "COLUMNS": "200"})
     assert r.returncode == 0
     for flag in ["--model", "--draft-model", "--max-tokens", "--temp", "--seed", "--draft-kind", "--draft-block-size",
@@ -39,6 +42,29 @@ def test_help_lists_documented_flags_for_all_commands(cli_env):
                  "--sweep-widths", "--plot", "--vs", "--json", "--markdown", "--limit", "--repeats", "--no-blas",
                  "--trace", "--suffix-cache-tokens"]:
         assert flag in r.stdout, ("bench", flag)
+    r = mlxcel(["chat", "--prompt-lookup-policy", "cost"], cli_env)
+    assert r.returncode == 2 and "--prompt-lookup-policy" in r.stderr
+
+
+def test_help_shows_every_flag_name_whole_at_80_columns(monkeypatch):
+    import typer.main
+    from typer.testing import CliRunner
+
+    from mlxcel_py.cli import app
+
+    monkeypatch.setenv("COLUMNS", "80")
+    group = typer.main.get_command(app)
+    for name, cmd in group.commands.items():  # type: ignore[attr-defined]
+        if cmd.hidden:
+            continue
+        out = CliRunner().invoke(app, [name, "--help"], env={"COLUMNS": "80"}).output
+        assert "\u2026" not in out, name  # rich's ellipsis
+        assert max(len(line) for line in out.splitlines()) <= 80, name
+        for param in cmd.params:
+            if getattr(param, "hidden", False) or param.param_type_name != "option":
+                continue
+            for opt in param.opts + param.secondary_opts:
+                assert re.search(rf"(^|[\s,]){re.escape(opt)}([\s,]|$)", out, re.M), (name, opt)
 
 
 @pytest.mark.parametrize("args,fragment", [
@@ -120,3 +146,31 @@ def test_stop_string_ends_output_before_it(cli_env):
     r = mlxcel(["generate", "-p", "Count from 1 to 20, separated by commas.", "-n", "60", "--stop", "7"], cli_env)
     assert r.returncode == 0, r.stderr
     assert "7" not in r.stdout and "6" in r.stdout
+
+
+def _cache_snapshot(hub: "Path", repo: str, source: "Path") -> None:
+    """A model in the Hugging Face cache layout (models--org--name/snapshots/REV + refs/main)."""
+    import shutil
+
+    base = hub / ("models--" + repo.replace("/", "--"))
+    shutil.copytree(source, base / "snapshots" / "0123abc")
+    (base / "refs").mkdir(parents=True)
+    (base / "refs" / "main").write_text("0123abc")
+
+
+def test_run_resolves_a_bare_name_in_the_default_org(tmp_path, tiny_dir, cli_env):
+    hub = tmp_path / "hub"
+    _cache_snapshot(hub, "mlx-community/tiny-llama", tiny_dir)
+    _cache_snapshot(hub, "my-org/tiny-llama", tiny_dir)
+    env = {**cli_env, "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
+    r = mlxcel(["run", "tiny-llama", "-p", "hi", "-n", "3", "--no-chat-template", "-v"], env)
+    assert r.returncode == 0, r.stderr
+    assert "mlx-community/tiny-llama" in r.stderr
+    r = mlxcel(["run", "tiny-llama", "-p", "hi", "-n", "3", "--no-chat-template", "-v"],
+               {**env, "MLXCEL_DEFAULT_ORG": "my-org"})
+    assert r.returncode == 0 and "my-org/tiny-llama" in r.stderr
+    r = mlxcel(["run", "no-such-model", "-p", "hi"], env)
+    assert r.returncode == 1
+    assert ("error: --model no-such-model (read as mlx-community/no-such-model; set MLXCEL_DEFAULT_ORG for "
+            "another organisation): not in the local Hugging Face cache") in r.stderr
+    assert "Traceback" not in r.stderr

@@ -6,6 +6,7 @@ returns the frozen CommandOptions the validation layer checks. Defaults come fro
 
 from __future__ import annotations
 
+import copy
 from typing import Annotated, Any, Optional
 
 import typer
@@ -177,6 +178,18 @@ SERVER_PARAMS = [
     _kw("no_batch", NoBatchOpt, False), _kw("kv_unified", KvUnifiedOpt, False), _kw("warmup", WarmupOpt, True),
     _kw("api_key", ApiKeyOpt, None), _kw("alias", AliasOpt, None),
 ]
+def hidden(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
+    """The same options, parsed (so a refusal can name them) but left out of --help."""
+    out = []
+    for p in params:
+        base, info = p.annotation.__origin__, copy.copy(p.annotation.__metadata__[0])
+        info.hidden = True
+        out.append(p.replace(annotation=Annotated[base, info]))
+    return out
+
+
+# run, chat and serve refuse every --prompt-lookup* flag (generate's), so their help leaves them out
+LOOKUP_PARAMS_HIDDEN = hidden(LOOKUP_PARAMS)
 BENCH_PARAMS = (
     MODEL_PARAMS
     + [_kw("max_tokens", BenchMaxTokensOpt, O.DEFAULT_BENCH_MAX_TOKENS), _kw("no_chat_template", NoChatTemplateOpt, False),
@@ -191,6 +204,8 @@ BENCH_PARAMS = (
     + RUNTIME_PARAMS
 )
 ALL_MODEL_SIDE = MODEL_PARAMS + GENERATION_PARAMS + SAMPLING_PARAMS + SPEC_PARAMS + LOOKUP_PARAMS + RUNTIME_PARAMS
+# run and chat: generate's options without the prompt-lookup group in --help
+CHAT_SIDE = MODEL_PARAMS + GENERATION_PARAMS + SAMPLING_PARAMS + SPEC_PARAMS + LOOKUP_PARAMS_HIDDEN + RUNTIME_PARAMS
 
 
 def with_params(params: list[inspect.Parameter]):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from .. import fastpath, ui
 from ..validate import validate
-from ._options import ALL_MODEL_SIDE, build_options, with_params
+from ._options import CHAT_SIDE, build_options, with_params
 
 EPILOG = "Examples:\n\n  mlxcel chat\n\n  printf 'Hi\\nTell me a joke\\n' | mlxcel chat -n 64"
 
 
-@with_params(ALL_MODEL_SIDE)
+@with_params(CHAT_SIDE)
 def chat(**params) -> None:
     """Chat with the model in the terminal (streaming, /help, /clear, /bye, \"\"\" blocks)."""
     with ui.exit_on_error():

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from .. import fastpath, ui
 from ..validate import validate
-from ._options import ALL_MODEL_SIDE, build_options, positional_model, with_params
+from ._options import CHAT_SIDE, build_options, positional_model, with_params
 
 EPILOG = "Examples:\n\n  mlxcel run\n\n  mlxcel run ./my-model -p 'Hello'"
 
 
-@with_params(positional_model(ALL_MODEL_SIDE))
+@with_params(positional_model(CHAT_SIDE))
 def run(**params) -> None:
     """Ollama-style: `mlxcel run [MODEL]`; with -p one completion, without it an interactive chat."""
     with ui.exit_on_error():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import fastpath, ui
 from ..validate import validate
-from ._options import MODEL_PARAMS, RUNTIME_PARAMS, SAMPLING_PARAMS, SERVER_PARAMS, SPEC_PARAMS, LOOKUP_PARAMS, _kw, MaxTokensOpt, build_options, with_params
+from ._options import MODEL_PARAMS, RUNTIME_PARAMS, SAMPLING_PARAMS, SERVER_PARAMS, SPEC_PARAMS, LOOKUP_PARAMS_HIDDEN, _kw, MaxTokensOpt, build_options, with_params
 
 EPILOG = (
     "Examples:\n\n"
@@ -13,7 +13,7 @@ EPILOG = (
 )
 
 SERVE_PARAMS = (MODEL_PARAMS + [_kw("max_tokens", MaxTokensOpt, -1)] + SAMPLING_PARAMS + SPEC_PARAMS
-                + LOOKUP_PARAMS + SERVER_PARAMS + RUNTIME_PARAMS)
+                + LOOKUP_PARAMS_HIDDEN + SERVER_PARAMS + RUNTIME_PARAMS)
 
 
 @with_params(SERVE_PARAMS)
