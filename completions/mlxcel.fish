@@ -26,7 +26,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l workload -d 'Prompt
 complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l trace -d 'Multi-turn traces as JSON Lines of {"turns": [user messages]}: each turns prompt is the conversation so far, replayed through one engine per configuration (drafters with memory measured as used)'
 complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l sweep-widths -d 'Run each drafter at each proposal width (e'
 complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l plot -d 'Where --sweep-widths writes its plot (default mlxcel-bench-widths'
-complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l vs -d 'Also time a peer side by side: mlx-lm (stock plain decode, and its --draft-model path with a drafter)'
+complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l vs -d 'Also time a peer side by side: mlx-lm (stock plain decode, and its --draft-model path with a drafter) or llama'
 complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l json -d 'Write every run and the summary as JSON'
 complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l markdown -d 'Print the summary as a Markdown table on stdout (for READMEs)'
 complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l limit -d 'Use at most N prompts of each kind'

@@ -17,7 +17,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-from .options import DraftConfig, SamplingOptions
+from .options import PEERS, DraftConfig, SamplingOptions
 from .prompting import prompt_ids, render_messages
 from .workload import Trace, WorkItem
 
@@ -38,7 +38,7 @@ class RunRecord:
     prompt_index: int
     kind: str
     source: str
-    config: str  # "plain", a config_label, or "mlx-lm plain" / "mlx-lm draft k=N"
+    config: str  # "plain", a config_label, or a peer's "mlx-lm plain" / "mlx-lm draft k=N" / "llama.cpp lookup k=N"
     width: int | None
     tokens: int
     decode_tps: float
@@ -73,7 +73,7 @@ class SummaryRow:
     plain_peak_mib: float
     spec_peak_mib: float
     identical: int
-    peer_tps: float | None = None  # stock mlx-lm on the same prompts (plain, or its draft path)
+    peer_tps: float | None = None  # the peer on the same prompts (plain, or its speculation of the same kind)
     vs_peer: float | None = None  # median of per-prompt spec_tps / peer_tps
 
 
@@ -112,7 +112,7 @@ def run(
     draft_model: Any = None,
     mtp_head: Any = None,
     chat_template: bool = True,
-    peer: Any = None,  # peers.MlxLmPeer or None
+    peer: Any = None,  # a peers.WorkerPeer (mlx-lm or llama.cpp) or None
     repeats: int = 1,  # timed runs per prompt and configuration; the median-speed run is kept
     traces: Sequence[Trace] | None = None,  # multi-turn traces instead of `items`
     on_step: Callable[[str], None] = lambda s: None,
@@ -218,14 +218,21 @@ def _median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else 0.0
 
 
+def _is_peer(config: str) -> bool:
+    return config.split(" ", 1)[0] in PEERS
+
+
 def _peer_for(config: str, width: int | None, records: Sequence[RunRecord]) -> list[RunRecord]:
-    """The peer runs to compare a configuration with: mlx-lm's draft path at the same width for a
-    full-model drafter, else mlx-lm plain decode (mlx-lm has no prompt lookup)."""
-    if config.startswith("full-model"):
-        same = [r for r in records if r.config == f"mlx-lm draft k={width}"]
-        if same:
-            return same
-    return [r for r in records if r.config == "mlx-lm plain"]
+    """The peer runs to compare a configuration with: the peer's own speculation of the same kind at
+    the same width (mlx-lm's draft path for a full-model drafter, llama.cpp's prompt lookup for
+    prompt lookup), else the peer's plain decoding."""
+    same = {"full-model": f"mlx-lm draft k={width}", "prompt-lookup": f"llama.cpp lookup k={width}"}
+    for prefix, label in same.items():
+        if config.startswith(prefix):
+            runs = [r for r in records if r.config == label]
+            if runs:
+                return runs
+    return [r for r in records if _is_peer(r.config) and r.config.endswith(" plain")]
 
 
 def summarize(result: BenchResult) -> list[SummaryRow]:
@@ -235,7 +242,7 @@ def summarize(result: BenchResult) -> list[SummaryRow]:
     kinds = sorted({r.kind for r in recs})
     rows = []
     for config in result.configs:
-        if config == "plain" or config.startswith("mlx-lm"):
+        if config == "plain" or _is_peer(config):
             continue
         mine = [r for r in recs if r.config == config]
         peer_all = _peer_for(config, mine[0].width if mine else None, recs)
@@ -272,8 +279,9 @@ def summarize(result: BenchResult) -> list[SummaryRow]:
 
 
 def plain_vs_peer(result: BenchResult) -> float | None:
-    """Median over prompts of our plain decode tok/s over stock mlx-lm's plain decode tok/s."""
-    peer = {r.prompt_index: r for r in result.records if r.config == "mlx-lm plain" and r.decode_tps > 0}
+    """Median over prompts of our plain decode tok/s over the peer's plain decode tok/s."""
+    peer = {r.prompt_index: r for r in result.records
+            if _is_peer(r.config) and r.config.endswith(" plain") and r.decode_tps > 0}
     ratios = [r.decode_tps / peer[r.prompt_index].decode_tps for r in result.records
               if r.config == "plain" and r.prompt_index in peer]
     return _median(ratios) if ratios else None

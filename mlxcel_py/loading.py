@@ -32,6 +32,7 @@ class ResolvedModel:
     path: Path
     source: str  # human text: "local folder ...", "GGUF ... (converted)", "default model ..."
     config: dict = field(repr=False, hash=False, compare=False, default_factory=dict)
+    gguf: Path | None = None  # the GGUF file the folder was converted from (peers run on it)
 
 
 @dataclass
@@ -87,7 +88,7 @@ def resolve(spec: str | None, *, revision: str | None = None, what: str = "--mod
         path = default_model.default_gguf()
         folder = gguf.ensure_converted(path, cache_root)
         source = f"default model {default_model.DEFAULT_MODEL_NAME} (from the {default_model.DEFAULT_MODEL_PACKAGE} wheel, {path.name}, converted in {folder})"
-        return ResolvedModel(folder, source, read_config(folder, what=what))
+        return ResolvedModel(folder, source, read_config(folder, what=what), gguf=path)
     p = Path(spec).expanduser()
     if p.exists():
         if revision is not None:
@@ -98,7 +99,8 @@ def resolve(spec: str | None, *, revision: str | None = None, what: str = "--mod
             if magic != b"GGUF":
                 raise ModelError(f"{what} {spec}: a file that is not GGUF; pass a model folder or a .gguf file")
             folder = gguf.ensure_converted(p.resolve(), cache_root)
-            return ResolvedModel(folder, f"GGUF file {p} (converted in {folder})", read_config(folder, what=what))
+            return ResolvedModel(folder, f"GGUF file {p} (converted in {folder})", read_config(folder, what=what),
+                                 gguf=p.resolve())
         return ResolvedModel(p, f"local folder {p}", read_config(p, what=what))
     if REPO_ID.match(spec) and not spec.startswith("."):
         folder = _hub_snapshot(spec, revision, what)

@@ -178,7 +178,7 @@ class RunConfig:
 # ---- mlxcel bench ----
 
 DEFAULT_BENCH_MAX_TOKENS = 128
-PEERS = ("mlx-lm",)
+PEERS = ("mlx-lm", "llama.cpp")
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ class BenchOptions:
 
     workload: str | None = None  # None: the built-in set
     sweep_widths: str | None = None  # "1,2,4,7,12"
-    vs: str | None = None  # "mlx-lm"
+    vs: str | None = None  # one of PEERS
     json_path: str | None = None
     markdown: bool = False
     plot_path: str | None = None

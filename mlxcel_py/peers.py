@@ -1,8 +1,10 @@
-"""The side-by-side peer for `mlxcel bench --vs mlx-lm`: a stock mlx-lm worker process.
+"""The side-by-side peers for `mlxcel bench --vs`: stock mlx-lm and llama.cpp, each a worker process.
 
-One long-lived subprocess (see peer_worker.py) loads the model once and answers one request per
-prompt, so its runs interleave with ours in the same benchmark. Only token ids cross the pipe,
-so both sides see the same prompt. mlx-lm's tok/s is its own `generation_tps`.
+One long-lived subprocess per peer (peer_worker.py for mlx-lm, peer_llama_cpp.py for llama.cpp)
+loads the model once and answers one request per prompt, so its runs interleave with ours in the
+same benchmark. Only token ids cross the pipe, so every side sees the same prompt. mlx-lm's tok/s
+is its own `generation_tps`; llama.cpp's is timed in its worker the same way (after the first token).
+Each peer's configurations are labelled "<name> plain" and "<name> <drafter> k=N".
 """
 
 from __future__ import annotations
@@ -26,30 +28,30 @@ class PeerOutput:
     peak_mib: float
 
 
-class MlxLmPeer:
-    name = "mlx-lm"
+class WorkerPeer:
+    name = "peer"
+    drafter = "draft"  # label of the peer's speculative configurations
+    module = ""
 
-    def __init__(self, model_path: Path, *, draft_path: Path | None = None, draft_widths: Sequence[int] = (),
-                 sampling: SamplingOptions = SamplingOptions()):
-        self.draft_widths = tuple(draft_widths) if draft_path else ()
+    def __init__(self, args: Sequence[str], *, draft_widths: Sequence[int] = (),
+                 sampling: SamplingOptions = SamplingOptions(), env: dict | None = None):
+        self.draft_widths = tuple(draft_widths)
         self.sampling = sampling
         self._log = tempfile.TemporaryFile(mode="w+")
-        cmd = [sys.executable, "-m", "mlxcel_py.peer_worker", str(model_path)]
-        if draft_path:
-            cmd.append(str(draft_path))
+        cmd = [sys.executable, "-m", self.module, *args]
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-                                      text=True, bufsize=1)
+                                      text=True, bufsize=1, env=env)
         self._expect("ready")
 
     def configs(self) -> list[tuple[str, int | None]]:
-        return [("mlx-lm plain", None)] + [(f"mlx-lm draft k={w}", w) for w in self.draft_widths]
+        return [(f"{self.name} plain", None)] + [(f"{self.name} {self.drafter} k={w}", w) for w in self.draft_widths]
 
     def _expect(self, what: str) -> dict:
         line = self._proc.stdout.readline() if self._proc.stdout else ""
         if not line:
             self._log.seek(0)
             tail = [ln for ln in self._log.read().splitlines() if ln.strip()]
-            raise MlxcelError(f"--vs mlx-lm: the stock mlx-lm worker stopped ({what}): "
+            raise MlxcelError(f"--vs {self.name}: the {self.name} worker stopped ({what}): "
                               f"{tail[-1] if tail else 'no output'}")
         return json.loads(line)
 
@@ -76,3 +78,32 @@ class MlxLmPeer:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
         self._log.close()
+
+
+class MlxLmPeer(WorkerPeer):
+    """Stock mlx-lm: plain decoding and its `--draft-model` path at the full-model drafter's widths."""
+
+    name, drafter, module = "mlx-lm", "draft", "mlxcel_py.peer_worker"
+
+    def __init__(self, model_path: Path, *, draft_path: Path | None = None, draft_widths: Sequence[int] = (),
+                 sampling: SamplingOptions = SamplingOptions()):
+        args = [str(model_path)] + ([str(draft_path)] if draft_path else [])
+        super().__init__(args, draft_widths=draft_widths if draft_path else (), sampling=sampling)
+
+
+class LlamaCppPeer(WorkerPeer):
+    """llama.cpp on the same GGUF file: plain decoding and its prompt lookup at the same widths."""
+
+    name, drafter, module = "llama.cpp", "lookup", "mlxcel_py.peer_llama_cpp"
+
+    def __init__(self, gguf_path: Path, *, lookup_widths: Sequence[int] = (), ngram_max: int = 3,
+                 sampling: SamplingOptions = SamplingOptions()):
+        super().__init__([str(gguf_path), str(ngram_max)], draft_widths=lookup_widths, sampling=sampling)
+
+
+def peer_label(config: str) -> str | None:
+    """The peer a configuration label belongs to ("mlx-lm plain" -> "mlx-lm"), None for ours."""
+    for peer in (MlxLmPeer, LlamaCppPeer):
+        if config.startswith(peer.name + " "):
+            return peer.name
+    return None

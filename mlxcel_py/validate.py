@@ -8,6 +8,8 @@ DFlash folders, config.json) live in `preflight`, which reads config files but n
 
 from __future__ import annotations
 
+import importlib.util
+
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -331,6 +333,14 @@ def validate_bench(opts: CommandOptions, bench: BenchOptions) -> BenchPlan:
     may be given together (each is benchmarked), and with neither, prompt lookup is benchmarked."""
     if bench.vs is not None and bench.vs not in PEERS:
         raise UsageError(f"--vs {bench.vs}: the peer to compare against must be one of {', '.join(PEERS)}")
+    if bench.vs == "llama.cpp":
+        spec = opts.model.model
+        if spec is not None and not (spec.endswith(".gguf") and Path(spec).expanduser().is_file()):
+            raise UsageError("--vs llama.cpp runs llama.cpp on the same GGUF file: pass -m FILE.gguf "
+                             "(or omit -m for the default model)")
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise UsageError("--vs llama.cpp needs llama-cpp-python, which is not installed",
+                             hint="pip install -e '.[llama]' (it builds llama.cpp from source, a few minutes)")
     if bench.limit is not None and bench.limit < 1:
         raise UsageError(f"--limit must be at least 1, got {bench.limit}")
     if not 1 <= bench.repeats <= 100:

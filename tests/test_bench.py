@@ -99,7 +99,7 @@ def test_bench_draft_model_and_lookup_side_by_side_with_mlx_lm(tiny_dir, tiny_dr
     peer_runs = [x for x in data["runs"] if x["config"].startswith("mlx-lm")]
     assert all(x["tokens"] > 0 and x["decode_tps"] > 0 for x in peer_runs)
     assert "mlx-lm tok/s" in r.stderr
-    assert data["plain_vs_peer"] > 0 and "plain decode vs stock mlx-lm plain decode" in r.stderr
+    assert data["plain_vs_peer"] > 0 and "plain decode vs mlx-lm plain decode" in r.stderr
 
 
 def _rec(i, kind, config, tps, width=None, **kw):
@@ -132,3 +132,34 @@ def test_recommended_width_is_the_narrowest_within_two_percent_of_the_best():
     assert (c.width, c.flag) == (4, "--prompt-lookup-max-draft")
     (c,) = benchmark.recommend_widths([row(2, 1.5), row(4, 2.0), row(7, 2.5)])
     assert c.width == 7
+
+
+def test_bench_side_by_side_with_llama_cpp_on_the_same_gguf(tiny_workload, cli_env, tmp_path):
+    """The llama.cpp peer's plumbing, with a stand-in llama_cpp package (tests/fake_llama_cpp)."""
+    import os
+
+    import gguf_files
+    from gguf_files import Q
+
+    model = tmp_path / "tiny.gguf"
+    gguf_files.write(model, "llama", [Q.F32])
+    log = tmp_path / "llama.log"
+    fake = str(os.path.join(os.path.dirname(__file__), "fake_llama_cpp"))
+    env = {**cli_env, "PYTHONPATH": os.pathsep.join([fake, cli_env.get("PYTHONPATH", "")]), "FAKE_LLAMA_LOG": str(log)}
+    out_json = tmp_path / "b.json"
+    r = _bench(["-m", str(model), "--prompt-lookup", "--workload", str(tiny_workload), "--limit", "1",
+                "--max-tokens", "10", "--vs", "llama.cpp", "--json", str(out_json), "--markdown"], env)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out_json.read_text())
+    assert data["configs"] == ["plain", "prompt-lookup k=7", "llama.cpp plain", "llama.cpp lookup k=7"]
+    peer_runs = [x for x in data["runs"] if x["config"].startswith("llama.cpp")]
+    assert len(peer_runs) == 2 * 2 and all(x["tokens"] == 10 and x["decode_tps"] > 0 for x in peer_runs)
+    lookup = {x["kind"]: x["decode_tps"] for x in peer_runs if x["config"] == "llama.cpp lookup k=7"}
+    for s in data["summary"]:  # prompt lookup is compared with llama.cpp's lookup at the same width
+        if s["kind"] != "all":
+            assert s["peer_tps"] == pytest.approx(lookup[s["kind"]])
+        assert s["vs_peer"] > 0
+    asked = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {a["width"] for a in asked} == {None, 7} and all(a["temp"] == 0.0 for a in asked)
+    assert "| llama.cpp tok/s | vs llama.cpp |" in r.stdout
+    assert data["plain_vs_peer"] > 0 and "plain decode vs llama.cpp plain decode" in r.stderr

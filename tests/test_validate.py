@@ -56,7 +56,8 @@ RULES = [
     (["bench", "--sweep-widths", "1,x"], "--sweep-widths 1,x: expected comma-separated integers"),
     (["bench", "--sweep-widths", "0,4"], "--sweep-widths: width 0 is outside 1..64"),
     (["bench", "--sweep-widths", "4,2,4"], "a width is listed twice"),
-    (["bench", "--vs", "vllm"], "--vs vllm: the peer to compare against must be one of mlx-lm"),
+    (["bench", "--vs", "vllm"], "--vs vllm: the peer to compare against must be one of mlx-lm, llama.cpp"),
+    (["bench", "--vs", "llama.cpp", "-m", "/tmp"], "--vs llama.cpp runs llama.cpp on the same GGUF file: pass -m FILE.gguf"),
     (["bench", "--limit", "0"], "--limit must be at least 1"),
     (["bench", "--repeats", "0"], "--repeats must be between 1 and 100"),
     (["bench", "--max-tokens", "0"], "--max-tokens must be at least 1 for a benchmark"),
@@ -188,3 +189,18 @@ def test_bench_has_no_r_short_flag_and_its_max_tokens_help_says_at_least_1(monke
     assert r.exit_code == 2 and "No such option" in r.output
     help_text = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"}).output
     assert "at least 1" in help_text and "until EOS" not in help_text
+
+
+def test_bench_vs_llama_cpp_without_the_package_is_refused(no_loading, monkeypatch, tmp_path):
+    import importlib.util
+
+    from mlxcel_py import validate
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(validate.importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    result = CliRunner().invoke(app, ["bench", "--vs", "llama.cpp"])
+    assert result.exit_code == 2
+    assert "--vs llama.cpp needs llama-cpp-python, which is not installed" in result.stderr
+    assert "pip install -e '.[llama]'" in result.stderr
+    assert no_loading == []

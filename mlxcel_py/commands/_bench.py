@@ -27,7 +27,7 @@ def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for pkg in ("mlx", "mlx-lm", "mlxcel-py"):
+    for pkg in ("mlx", "mlx-lm", "mlxcel-py", "llama-cpp-python"):
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
@@ -39,12 +39,12 @@ def _fmt(x: float | None, spec: str = ".1f", suffix: str = "") -> str:
     return "–" if x is None else f"{x:{spec}}{suffix}"
 
 
-def _columns(rows: Sequence[SummaryRow]) -> tuple[list[str], list[list[str]]]:
+def _columns(rows: Sequence[SummaryRow], peer_name: str | None = "mlx-lm") -> tuple[list[str], list[list[str]]]:
     peer = any(r.peer_tps is not None for r in rows)
     headers = ["drafter", "kind", "prompts", "plain tok/s", "spec tok/s", "speedup", "mean accepted prefix",
                "tokens/verify", "acceptance", "draft ms/round", "verify ms/round", "identical"]
     if peer:
-        headers += ["mlx-lm tok/s", "vs mlx-lm"]
+        headers += [f"{peer_name} tok/s", f"vs {peer_name}"]
     body = []
     for r in rows:
         line = [r.config, r.kind, str(r.prompts), _fmt(r.plain_tps), _fmt(r.spec_tps), _fmt(r.speedup, ".2f", "x"),
@@ -57,8 +57,8 @@ def _columns(rows: Sequence[SummaryRow]) -> tuple[list[str], list[list[str]]]:
     return headers, body
 
 
-def markdown(rows: Sequence[SummaryRow]) -> str:
-    headers, body = _columns(rows)
+def markdown(rows: Sequence[SummaryRow], peer_name: str | None = "mlx-lm") -> str:
+    headers, body = _columns(rows, peer_name)
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(r) + " |" for r in body]
     return "\n".join(lines) + "\n"
@@ -88,6 +88,16 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
         ui.info("starting stock mlx-lm (its own process, bundled BLAS, weights as stored)")
         peer = MlxLmPeer(target.resolved.path, draft_path=session.draft.resolved.path if session.draft else None,
                          draft_widths=widths, sampling=opts.sampling)
+    elif b.vs == "llama.cpp":
+        from ..peers import LlamaCppPeer
+
+        if target.resolved.gguf is None:  # validation checked -m; a config file can still name a folder
+            raise MlxcelError("--vs llama.cpp runs llama.cpp on the same GGUF file, and this model is not one")
+        lookups = [d for d in plan.drafts if d.kind == "prompt-lookup"]
+        widths = sorted({d.lookup.max_draft for d in lookups})
+        ngram = lookups[0].lookup.ngram_max if lookups else 3
+        ui.info(f"starting llama.cpp (llama-cpp-python, its own process) on {target.resolved.gguf.name}")
+        peer = LlamaCppPeer(target.resolved.gguf, lookup_widths=widths, ngram_max=ngram, sampling=opts.sampling)
     per_prompt = (1 + len(drafts) + (len(peer.configs()) if peer else 0)) * b.repeats
     n_prompts = sum(len(t.turns) for t in traces) if traces else len(items)
     ui.info(f"benchmark: {n_prompts} prompts{f' in {len(traces)} traces' if traces else ''} x {per_prompt} runs, max {g.max_tokens} tokens, "
@@ -106,7 +116,7 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
             peer.close()
     rows = benchmark.summarize(result)
     choices = benchmark.recommend_widths(rows) if plan.widths else []
-    headers, body = _columns(rows)
+    headers, body = _columns(rows, b.vs)
     ui.table(f"mlxcel bench: {target.resolved.source}", headers, body, right_from=2)
     overall = [r for r in rows if r.kind == ALL_KINDS]  # one row per configuration
     if overall:
@@ -116,7 +126,7 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
                 f"BLAS {session.blas.name}, weights {target.dtype}, kernels {target.kernels}")
     ratio = benchmark.plain_vs_peer(result)
     if ratio is not None:
-        ui.info(f"plain decode vs stock mlx-lm plain decode: {ratio:.2f}x (median over prompts)")
+        ui.info(f"plain decode vs {b.vs} plain decode: {ratio:.2f}x (median over prompts)")
     for r in (r for r in overall if r.identical < r.prompts):
         ui.warn(f"{r.config}: {r.prompts - r.identical} prompt(s) produced output different from plain decoding"
                 + ("" if opts.sampling.greedy or opts.sampling.seed is not None else " (sampling without --seed)"))
@@ -144,7 +154,7 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
             raise MlxcelError(f"--json {b.json_path}: cannot write it ({exc.strerror})") from None
         ui.info(f"json: {b.json_path}")
     if b.markdown:
-        ui.write_out(markdown(rows))
+        ui.write_out(markdown(rows, b.vs))
 
 
 def _say_choices(choices: Sequence[WidthChoice]) -> None:

@@ -78,7 +78,7 @@ TraceOpt = Annotated[Optional[str], typer.Option("--trace", metavar="FILE.jsonl"
 WorkloadOpt = Annotated[Optional[str], typer.Option("--workload", metavar="FILE.jsonl", help="Prompts as JSON Lines of {\"kind\", \"prompt\"} (the format of shared/workloads/public.jsonl). Default: a small built-in set.", rich_help_panel=BENCH)]
 SweepWidthsOpt = Annotated[Optional[str], typer.Option("--sweep-widths", metavar="W,W,...", help="Run each drafter at each proposal width (e.g. 1,2,4,7,12), plot the sweep and recommend a width.", rich_help_panel=BENCH)]
 PlotOpt = Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png", help="Where --sweep-widths writes its plot (default mlxcel-bench-widths.png).", rich_help_panel=BENCH)]
-VsOpt = Annotated[Optional[str], typer.Option("--vs", metavar="PEER", help="Also time a peer side by side: mlx-lm (stock plain decode, and its --draft-model path with a drafter).", rich_help_panel=BENCH)]
+VsOpt = Annotated[Optional[str], typer.Option("--vs", metavar="PEER", help="Also time a peer side by side: mlx-lm (stock plain decode, and its --draft-model path with a drafter) or llama.cpp (llama-cpp-python on the same GGUF: plain, and its prompt lookup at the same widths).", rich_help_panel=BENCH)]
 JsonOpt = Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="Write every run and the summary as JSON.", rich_help_panel=BENCH)]
 MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="Print the summary as a Markdown table on stdout (for READMEs).", rich_help_panel=BENCH)]
 RepeatsOpt = Annotated[int, typer.Option("--repeats", metavar="N", help="Time each prompt under each configuration N times (interleaved) and keep the median-speed run.", rich_help_panel=BENCH)]
