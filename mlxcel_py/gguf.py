@@ -5,7 +5,7 @@ tensor table, so the architecture and every tensor type are known before anythin
 an unmapped architecture (`gguf_arch`), an unmapped tensor or a type nobody can decode is refused
 there, naming it. Decoding: a file whose tensors are all types MLX reads itself (F32, F16, Q4_0,
 Q4_1, Q8_0) goes through `mx.load`, which hands back Q4_0/Q4_1/Q8_0 as MLX affine triples
-(group 32, scales widened to float32 here); any other file (K-quants, i-quants, Q5_x, BF16...) is decoded tensor by tensor with
+(group 32; on the CPU the scales are widened to float32); any other file (K-quants, i-quants, Q5_x, BF16...) is decoded tensor by tensor with
 gguf-py's dequantizers. On the CPU those tensors are stored as float32 (the loader's CPU dtype
 anyway); on Metal/CUDA they are re-quantized to MLX's affine 4- or 8-bit so weights stay small.
 Then the architecture's quirks are undone (`gguf_arch`), a `config.json` written (with per-module
@@ -90,11 +90,12 @@ def _decode(tensor):
     return quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
 
 
-def convert(gguf_path: Path, out_dir: Path, *, quantize_decoded: bool | None = None) -> Path:
+def convert(gguf_path: Path, out_dir: Path, *, for_cpu: bool | None = None) -> Path:
     """Write an mlx-lm folder for `gguf_path` into `out_dir` (atomically) and return it.
 
-    `quantize_decoded`: re-quantize tensors decoded by gguf-py to MLX affine bits (default: when
-    MLX's default device is not the CPU).
+    `for_cpu` (default: MLX's default device is the CPU): tensors decoded by gguf-py stay float32 and
+    MLX's block scales are widened to float32; otherwise decoded tensors are re-quantized to MLX
+    affine bits and scales stay half precision.
     """
     import mlx.core as mx
 
@@ -118,8 +119,8 @@ def convert(gguf_path: Path, out_dir: Path, *, quantize_decoded: bool | None = N
     config = {"model_type": arch.model_type, **arch.config(gguf_arch.Meta(md, arch_name, gguf_path, vectors), shapes)}
     config["bos_token_id"] = int(md.get("tokenizer.ggml.bos_token_id", 1))
     config["eos_token_id"] = int(md.get("tokenizer.ggml.eos_token_id", 2))
-    if quantize_decoded is None:
-        quantize_decoded = mx.default_device() != mx.cpu
+    if for_cpu is None:
+        for_cpu = mx.default_device() == mx.cpu
 
     out: dict[str, Any] = {}
     quant: dict[str, Any] = {}
@@ -134,9 +135,11 @@ def convert(gguf_path: Path, out_dir: Path, *, quantize_decoded: bool | None = N
             if mlx_name is None:
                 continue  # ignored tensors (rope factors, read above)
             mlx_name = mlx_name.rsplit(".", 1)[0] + "." + name.rsplit(".", 1)[1]
-            if name.endswith((".scales", ".biases")):
+            if name.endswith((".scales", ".biases")) and for_cpu:
                 # MLX reads the f16 block scales as float16, and dequantizing then rounds every
-                # weight to half precision; llama.cpp multiplies in float32, and so do we
+                # weight to half precision; llama.cpp multiplies in float32, and so does the CPU
+                # path (which dequantizes at load). On Metal/CUDA they stay half: float32 scales
+                # would make every activation float32 there.
                 value = value.astype(mx.float32)
             out[mlx_name] = _undo_quirks(arch, mlx_name, value, config)
             if name.endswith(".scales"):
@@ -150,7 +153,7 @@ def convert(gguf_path: Path, out_dir: Path, *, quantize_decoded: bool | None = N
                 continue
             value = _undo_quirks(arch, mlx_name, mx.array(_decode(tensor)), config)
             kind = tensor.tensor_type.name
-            if quantize_decoded and kind not in _FLOAT_TYPES and value.ndim >= 2 and value.shape[-1] % GROUP_SIZE == 0:
+            if not for_cpu and kind not in _FLOAT_TYPES and value.ndim >= 2 and value.shape[-1] % GROUP_SIZE == 0:
                 bits = 8 if kind in _EIGHT_BIT else 4
                 w, scales, biases = mx.quantize(value, group_size=GROUP_SIZE, bits=bits)
                 module = mlx_name.rsplit(".", 1)[0]

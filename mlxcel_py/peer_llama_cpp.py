@@ -40,13 +40,24 @@ def main() -> None:
         llama_cpp.llama_cpp.llama_model_default_params = params
     threads = int(os.environ.get("MLXCEL_LLAMA_THREADS", "0")) or os.cpu_count() or 1
     ngram = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    llm = llama_cpp.Llama(sys.argv[1], n_ctx=int(os.environ.get("MLXCEL_LLAMA_CTX", "4096")), n_threads=threads,
-                          n_batch=512, verbose=False)
+    ctx = int(os.environ.get("MLXCEL_LLAMA_CTX", "4096"))
+    instances: dict[bool, object] = {}
+
+    def instance(lookup: bool):
+        # llama-cpp-python's draft verification reads every position's logits (logits_all); plain
+        # decoding gets an instance without that, as a llama.cpp user would run it
+        if lookup not in instances:
+            instances[lookup] = llama_cpp.Llama(sys.argv[1], n_ctx=ctx, n_threads=threads, n_batch=512,
+                                                logits_all=lookup, verbose=False)
+        return instances[lookup]
+
+    instance(False)
     proto.write(json.dumps({"ready": True, "threads": threads}) + "\n")
     proto.flush()
     for line in sys.stdin:
         req = json.loads(line)
         width = req.get("num_draft")
+        llm = instance(bool(width))
         llm.draft_model = LlamaPromptLookupDecoding(max_ngram_size=ngram, num_pred_tokens=width) if width else None
         llm.reset()  # no prefix reuse across requests: every run pays its own prefill, as ours do
         eos = llm.token_eos()

@@ -161,5 +161,6 @@ def test_bench_side_by_side_with_llama_cpp_on_the_same_gguf(tiny_workload, cli_e
         assert s["vs_peer"] > 0
     asked = [json.loads(line) for line in log.read_text().splitlines()]
     assert {a["width"] for a in asked} == {None, 7} and all(a["temp"] == 0.0 for a in asked)
+    assert all(a["logits_all"] == (a["width"] is not None) for a in asked)  # drafts need every position's logits
     assert "| llama.cpp tok/s | vs llama.cpp |" in r.stdout
     assert data["plain_vs_peer"] > 0 and "plain decode vs llama.cpp plain decode" in r.stderr

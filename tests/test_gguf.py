@@ -51,7 +51,7 @@ def _greedy(folder) -> list[int]:
 def test_gguf_imports_like_the_same_weights_as_a_folder(tmp_path, family, kinds):
     path = tmp_path / f"{family}.gguf"
     _, own, names = gguf_files.write(path, family, DECODED if kinds == "decoded" else NATIVE)
-    folder = importer.convert(path, tmp_path / "converted", quantize_decoded=False)
+    folder = importer.convert(path, tmp_path / "converted", for_cpu=True)
     want = gguf_files.expected(path, family, names)
     got = _imported(folder)
     assert set(got) == set(want)
@@ -92,7 +92,7 @@ def test_tokenizer_round_trips_the_vocabulary(tmp_path, family):
 def test_k_quants_are_requantized_for_metal_and_cuda(tmp_path):
     path = tmp_path / "m.gguf"
     _, _, names = gguf_files.write(path, "qwen3", [Q.Q4_K, Q.Q6_K, Q.F16])
-    folder = importer.convert(path, tmp_path / "converted", quantize_decoded=True)
+    folder = importer.convert(path, tmp_path / "converted", for_cpu=False)
     cfg = gguf_files.read_json(folder / "config.json")
     w = mx.load(str(folder / "model.safetensors"))
     want = gguf_files.expected(path, "qwen3", names)
@@ -166,3 +166,12 @@ def test_an_interrupted_conversion_leaves_no_usable_entry(tmp_path, monkeypatch)
     importer.ensure_converted(path, cache)  # a complete entry is re-used as it is
     assert (out / "model.safetensors").stat().st_mtime_ns == first
     shutil.rmtree(cache)
+
+
+def test_block_scales_are_float32_for_the_cpu_and_half_elsewhere(tmp_path):
+    path = tmp_path / "m.gguf"
+    gguf_files.write(path, "qwen2", [Q.Q8_0, Q.Q4_0])
+    for for_cpu, dtype in ((True, mx.float32), (False, mx.float16)):
+        folder = importer.convert(path, tmp_path / f"converted-{for_cpu}", for_cpu=for_cpu)
+        scales = [v for k, v in mx.load(str(folder / "model.safetensors")).items() if k.endswith((".scales", ".biases"))]
+        assert scales and all(v.dtype == dtype for v in scales)

@@ -23,10 +23,11 @@ def llama_model_default_params():
 
 
 class Llama:
-    def __init__(self, model_path, **kwargs):
+    def __init__(self, model_path, logits_all=False, **kwargs):
         if not os.path.isfile(model_path):
             raise ValueError(f"Model path does not exist: {model_path}")
         self.draft_model = None
+        self.logits_all = logits_all
 
     def token_eos(self):
         return -1
@@ -37,7 +38,8 @@ class Llama:
     def generate(self, tokens, **kwargs):
         with open(os.environ["FAKE_LLAMA_LOG"], "a") as log:
             width = self.draft_model.num_pred_tokens if self.draft_model else None
-            log.write(json.dumps({"width": width, "prompt": len(tokens), "temp": kwargs.get("temp")}) + "\n")
+            log.write(json.dumps({"width": width, "prompt": len(tokens), "temp": kwargs.get("temp"),
+                                  "logits_all": self.logits_all}) + "\n")
         i = 0
         while True:
             time.sleep(0.001)
