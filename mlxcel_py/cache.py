@@ -30,7 +30,6 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import (
-    ArraysCache,
     CacheList,
     ChunkedKVCache,
     ConcatenateKVCache,

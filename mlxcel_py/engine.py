@@ -20,7 +20,7 @@ import mlx.core as mx
 from .cache import SequenceCache
 from .drafters import Drafter, FullModelDrafter, PromptLookupDrafter
 from .options import DraftConfig, SamplingOptions
-from .policy import CostPolicy, make_policy
+from .policy import make_policy
 from .sampling import Decider
 from .stats import GenerationStats
 from .verify import RULE_GREEDY, RULE_PQ, RULE_SAMPLER_MATCH, verify_round

@@ -1,6 +1,7 @@
-"""Frozen option objects: what the user asked for, after parsing, before validation.
+"""Frozen option objects: what the user asked for after parsing (CommandOptions, BenchOptions)
+and what validation returns (RunConfig, BenchPlan).
 
-Defaults live here once (DEFAULT_*), read by the Typer options, the server schemas and the
+Defaults live here once (DEFAULT_*), read by the Typer options, the HTTP server and the
 validation layer alike. No typer, no mlx: this module and `validate` stay importable without MLX,
 so `--help`, completion and flag checks are fast.
 """
@@ -171,7 +172,6 @@ class RunConfig:
 
     options: CommandOptions
     draft: DraftConfig
-    max_tokens: int  # -1 resolved later against the context window
     warnings: tuple[str, ...] = ()  # accepted, but worth a line on stderr (e.g. a dropped drafter)
 
 

@@ -209,7 +209,7 @@ class SuffixStore:
         if not isinstance(seqs, list) or not all(
                 isinstance(s, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < top for t in s)
                 for s in seqs):
-            raise ValueError(f"\"sequences\" must be a list of lists of token ids"
+            raise ValueError("\"sequences\" must be a list of lists of token ids"
                              + (f" below the vocabulary size ({vocab_size})" if vocab_size else ""))
         store = cls(budget)
         for s in seqs:

@@ -1,20 +1,21 @@
 """The validation layer: parsed options -> a validated RunConfig, or a UsageError (exit 2).
 
-Pure (no MLX, no Typer). Every documented incompatible combination is refused here, before any
-model loads, with one line that names the flags and the fix. docs/validation.md lists each rule
-and tests/test_validate.py has a test per rule. Model-dependent checks (vocab, cache rollback,
-DFlash folders, config.json) live in `preflight`, which reads config files but no weights.
+Pure (no MLX, no Typer, no model files; it only looks at paths the flags name and whether an
+optional peer package is installed). Every documented incompatible combination is refused here,
+before any model loads, with one line that names the flags and the fix. docs/validation.md lists
+each rule and tests/test_validate.py has a test per rule. Checks that need a model's files run next
+to loading: `preflight.py` (DFlash folders, drafter vocabulary, from the configs a resolve read)
+and `loading.check_rollback_config` (caches, on a weightless instance).
 """
 
 from __future__ import annotations
 
 import importlib.util
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
-from .errors import ModelError, UsageError
+from .errors import UsageError
 from .options import (
     DEFAULT_FULL_MODEL_BLOCK,
     DEFAULT_MAX_DRAFT,
@@ -192,7 +193,7 @@ def validate(opts: CommandOptions) -> RunConfig:
     if spec_off:
         dropped = (f"--spec-type none: the drafter {opts.model.draft_model} is dropped; decoding plainly",) \
             if opts.model.draft_model else ()
-        return RunConfig(opts, DraftConfig(), opts.generation.max_tokens, warnings=dropped)
+        return RunConfig(opts, DraftConfig(), warnings=dropped)
 
     if lk.enabled:
         g = opts.generation
@@ -213,12 +214,12 @@ def validate(opts: CommandOptions) -> RunConfig:
         if lk.ngram_min is not None and lk.ngram_max is None and cfg.ngram_min > cfg.ngram_max:
             cfg = replace(cfg, ngram_max=min(cfg.ngram_min, NGRAM_MAX_LIMIT))
         validate_lookup_bounds(cfg.ngram_min, cfg.ngram_max, cfg.max_draft)
-        return RunConfig(opts, DraftConfig(kind="prompt-lookup", lookup=cfg), opts.generation.max_tokens)
+        return RunConfig(opts, DraftConfig(kind="prompt-lookup", lookup=cfg))
 
     if kind == "prompt-lookup":  # serve
         block = spec.draft_block_size if spec.draft_block_size is not None else DEFAULT_SERVER_LOOKUP_BLOCK
         cfg = LookupConfig(max_draft=block)
-        return RunConfig(opts, DraftConfig(kind="prompt-lookup", lookup=cfg), opts.generation.max_tokens)
+        return RunConfig(opts, DraftConfig(kind="prompt-lookup", lookup=cfg))
 
     if kind in NOT_IMPLEMENTED_KINDS:
         raise UsageError(f"--draft-kind {kind} is not available in mlxcel-py yet; use --draft-kind full-model "
@@ -236,23 +237,22 @@ def validate(opts: CommandOptions) -> RunConfig:
             kind="suffix", kind_explicit=True, block_size=block, block_explicit=explicit_block,
             lookup=LookupConfig(max_draft=block, policy="cost", adaptive=True),
             suffix_cache_tokens=spec.suffix_cache_tokens or DEFAULT_SUFFIX_CACHE_TOKENS,
-            suffix_store=spec.suffix_store), opts.generation.max_tokens)
+            suffix_store=spec.suffix_store))
     if kind == "mtp":
         if spec.pp_size > 1:
             raise UsageError("--draft-kind mtp does not support pipeline parallelism (--pp-size > 1); drop one")
         return RunConfig(opts, DraftConfig(kind="mtp", draft_model=draft_model, kind_explicit=True,
                                            block_size=spec.draft_block_size if explicit_block else DEFAULT_MTP_BLOCK,
-                                           block_explicit=explicit_block), opts.generation.max_tokens)
+                                           block_explicit=explicit_block))
     if draft_model:
         if spec.pp_size > 1:
             raise UsageError("--draft-model does not support pipeline parallelism (--pp-size > 1); drop one")
         block = spec.draft_block_size if spec.draft_block_size is not None else DEFAULT_FULL_MODEL_BLOCK
         return RunConfig(opts, DraftConfig(kind="full-model", draft_model=draft_model, block_size=block,
-                                           block_explicit=explicit_block, kind_explicit=kind is not None),
-                         opts.generation.max_tokens)
+                                           block_explicit=explicit_block, kind_explicit=kind is not None))
     if spec.pp_size > 1:
         raise UsageError("--pp-size > 1: pipeline parallelism is not available in mlxcel-py (one device); drop --pp-size")
-    return RunConfig(opts, DraftConfig(), opts.generation.max_tokens)
+    return RunConfig(opts, DraftConfig())
 
 
 def _suffix_flags(opts: CommandOptions, kind: str | None) -> None:
@@ -269,41 +269,6 @@ def _suffix_flags(opts: CommandOptions, kind: str | None) -> None:
             raise UsageError(f"--suffix-store {spec.suffix_store}: a folder; pass a file path")
         if not store.parent.is_dir():
             raise UsageError(f"--suffix-store {spec.suffix_store}: the folder {store.parent} does not exist")
-
-
-def _read_json(path: Path, what: str) -> dict:
-    cfg = path / "config.json"
-    if not cfg.is_file():
-        raise ModelError(f"{what} {path}: no config.json in this folder")
-    try:
-        data = json.loads(cfg.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelError(f"{what} {cfg}: malformed JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ModelError(f"{what} {cfg}: expected a JSON object")
-    return data
-
-
-def is_dflash_config(cfg: dict) -> bool:
-    return "dflash_config" in cfg or "DFlashDraftModel" in (cfg.get("architectures") or [])
-
-
-def preflight_draft(target_cfg: dict, draft_path: Path) -> dict:
-    """Config-level drafter checks that run before any weight loads; returns the drafter config."""
-    cfg = _read_json(draft_path, "--draft-model")
-    if is_dflash_config(cfg):
-        raise ModelError(f"--draft-model {draft_path} is a DFlash speculative drafter, not a standalone model; "
-                         f"mlxcel-py has no DFlash round loop (pass a small causal LM as --draft-model)")
-    tv, dv = target_cfg.get("vocab_size"), cfg.get("vocab_size")
-    if not isinstance(tv, int):
-        raise ModelError("the target model's config.json declares no vocab_size, so a drafter cannot be checked "
-                         "against it")
-    if not isinstance(dv, int):
-        raise ModelError(f"--draft-model {draft_path}: config.json declares no vocab_size")
-    if dv > tv:
-        raise ModelError(f"--draft-model {draft_path}: vocabulary ({dv}) is larger than the target's ({tv}); "
-                         f"the drafter must share the target's tokenizer")
-    return cfg
 
 
 def _parse_widths(text: str) -> tuple[int, ...]:

@@ -9,8 +9,8 @@ import subprocess
 import pytest
 
 from conftest import mlxcel_cmd
-from mlxcel_py import benchmark
-from mlxcel_py.benchmark import BenchResult, RunRecord
+from mlxcel_py.bench import runner as benchmark
+from mlxcel_py.bench.runner import BenchResult, RunRecord
 
 SUMMARY_FIELDS = {
     "config", "width", "kind", "prompts", "plain_tps", "spec_tps", "speedup", "mean_accepted_prefix",

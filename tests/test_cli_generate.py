@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+from pathlib import Path
 import re
 import subprocess
 
@@ -148,7 +148,7 @@ def test_stop_string_ends_output_before_it(cli_env):
     assert "7" not in r.stdout and "6" in r.stdout
 
 
-def _cache_snapshot(hub: "Path", repo: str, source: "Path") -> None:
+def _cache_snapshot(hub: Path, repo: str, source: Path) -> None:
     """A model in the Hugging Face cache layout (models--org--name/snapshots/REV + refs/main)."""
     import shutil
 

@@ -12,14 +12,13 @@ from collections import Counter
 import mlx.core as mx
 import pytest
 
-from conftest import make_tiny_model, write_byte_tokenizer
+from conftest import make_tiny_model
 from mlxcel_py import loading
 from mlxcel_py.commands._options import build_options
-from mlxcel_py.engine import Engine
 from mlxcel_py.errors import ModelError
 from mlxcel_py.options import DraftConfig, SamplingOptions
 from mlxcel_py.prompting import prompt_ids
-from mlxcel_py.session import open_session
+from mlxcel_py.engine_builder import open_session
 from mlxcel_py.validate import validate
 from test_engine import engine_for, prompts, run
 

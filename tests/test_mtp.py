@@ -18,11 +18,10 @@ import pytest
 
 import tiny_models
 from conftest import mlxcel_cmd
-from mlxcel_py import loading
 from mlxcel_py.commands._options import build_options
 from mlxcel_py.errors import ModelError
-from mlxcel_py.options import DraftConfig, SamplingOptions
-from mlxcel_py.session import open_session
+from mlxcel_py.options import SamplingOptions
+from mlxcel_py.engine_builder import open_session
 from mlxcel_py.validate import validate
 from test_families import copy_prompts
 from test_engine import run

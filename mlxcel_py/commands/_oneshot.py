@@ -9,7 +9,7 @@ from .. import ui
 from ..errors import MlxcelError, UsageError
 from ..options import RunConfig
 from ..prompting import prompt_ids
-from ..session import Session, describe_draft, open_session, resolved_drafter_line
+from ..engine_builder import Session, describe_draft, open_session, resolved_drafter_line
 from ..text import TextStream
 from ._report import print_profile, summary_lines
 

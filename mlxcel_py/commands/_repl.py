@@ -11,19 +11,11 @@ from __future__ import annotations
 import sys
 from typing import Iterator
 
-from .. import ui
+from .. import chat_view, ui
 from ..options import RunConfig
 from ..prompting import render_messages
-from ..session import describe_draft, open_session
+from ..engine_builder import describe_draft, open_session
 from ..text import TextStream
-
-HELP = """Commands:
-  /help, /?   show this help
-  /clear      forget the conversation
-  /bye        exit (Ctrl-D too)
-  \"\"\"         start or end a multi-line message
-Ctrl-C cancels a reply that is streaming; the conversation is kept."""
-
 
 def _lines(interactive: bool) -> Iterator[str]:
     if interactive:
@@ -35,7 +27,7 @@ def _lines(interactive: bool) -> Iterator[str]:
             try:
                 yield input(">>> ")
             except KeyboardInterrupt:
-                ui.err().print("\n(use /bye or Ctrl-D to exit)", style="ui.muted")
+                chat_view.exit_hint()
                 continue
             except EOFError:
                 return
@@ -72,9 +64,9 @@ def run_chat(run: RunConfig) -> None:
     eng = session.engine
     eng.warmup(sampling=opts.sampling)
     if interactive:
-        ui.err().print(f"mlxcel chat: {describe_draft(eng.draft)}. Type /help for commands.", style="ui.accent")
+        chat_view.banner(describe_draft(eng.draft))
     else:
-        ui.info("(non-interactive stdin detected: reading messages until EOF)")
+        chat_view.reading_piped()
     pending = [g.prompt] if g.prompt else []
     messages = read_messages(_lines(interactive), interactive)
     try:
@@ -84,7 +76,7 @@ def run_chat(run: RunConfig) -> None:
         if said:
             ui.info(said)
     if interactive:
-        ui.err().print("Bye!", style="ui.muted")
+        chat_view.bye()
 
 
 def _converse(session, run: RunConfig, pending: list, messages, interactive: bool) -> None:
@@ -111,12 +103,12 @@ def _converse(session, run: RunConfig, pending: list, messages, interactive: boo
                 break
             if cmd == "/clear":
                 history = list(base)
-                ui.err().print("Conversation cleared.", style="ui.muted")
+                chat_view.cleared()
                 continue
             if cmd in ("/help", "/?"):
-                ui.err().print(HELP, markup=False)
+                chat_view.show_help()
                 continue
-            ui.err().print(f"Unknown command: {cmd}. Type /? for the list of commands.", style="ui.warn", markup=False)
+            chat_view.unknown_command(cmd)
             continue
         history.append({"role": "user", "content": msg})
         ids = render_messages(tok, history, chat_template=g.chat_template)
@@ -129,11 +121,8 @@ def _converse(session, run: RunConfig, pending: list, messages, interactive: boo
         except KeyboardInterrupt:
             stream.generation.close()
             ui.write_out("\n")
-            ui.err().print("(reply cancelled; the conversation is kept)", style="ui.muted")
+            chat_view.reply_cancelled()
         history.append({"role": "assistant", "content": stream.text})
         ui.write_out("\n\n" if interactive else "\n")
         if g.profile:
-            st = gen.stats
-            spec = (f", {st.draft_kind}: {st.drafted_rounds} drafted rounds, {st.accepted}/{st.proposed} accepted"
-                    if st.draft_kind else "")
-            ui.info(f"[{st.generated_tokens} tokens, {st.decode_tps:.1f} tok/s, {st.cached_tokens} prompt tokens reused{spec}]")
+            chat_view.turn_stats(gen.stats)

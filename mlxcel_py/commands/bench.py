@@ -19,7 +19,7 @@ EPILOG = (
 @with_params(BENCH_PARAMS)
 def bench(**params) -> None:
     """Benchmark plain vs speculative decoding on a workload (table, JSON, width sweep, plot)."""
-    from .. import workload
+    from ..bench import workload
     from ..errors import UsageError
     from ..validate import validate_bench
 
@@ -36,10 +36,10 @@ def bench(**params) -> None:
                 raise UsageError(f"{flag} {path}: the folder {Path(path).resolve().parent} does not exist; "
                                  f"create it or pick another path")
         if plan.widths:
-            from .. import bench_plot
+            from ..bench import plot as bench_plot
 
             bench_plot.require()
         fastpath.prepare(plan.run.options.model.blas)
-        from ._bench import run_bench
+        from ..bench.report import run_bench
 
         run_bench(plan, items, traces)

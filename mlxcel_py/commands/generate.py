@@ -14,12 +14,11 @@ EPILOG = (
 )
 
 
-@with_params(ALL_MODEL_SIDE)
-def generate(**params) -> None:
-    """Generate text for a prompt (-p) to stdout; without -p, an interactive chat."""
+def generate_or_chat(command: str, params: dict) -> None:
+    """The body of `generate` and `run`: one completion with -p, else the interactive chat."""
     with ui.exit_on_error():
-        run = validate(build_options("generate", params))
-        fastpath.prepare((run).options.model.blas)
+        run = validate(build_options(command, params))
+        fastpath.prepare(run.options.model.blas)
         if run.options.generation.prompt is None:
             from ._repl import run_chat
 
@@ -28,3 +27,9 @@ def generate(**params) -> None:
         from ._oneshot import run_oneshot
 
         run_oneshot(run)
+
+
+@with_params(ALL_MODEL_SIDE)
+def generate(**params) -> None:
+    """Generate text for a prompt (-p) to stdout; without -p, an interactive chat."""
+    generate_or_chat("generate", params)

@@ -8,7 +8,7 @@ import sys
 
 from .. import ui
 from ..options import RunConfig
-from ..session import describe_draft, open_session, resolved_drafter_line
+from ..engine_builder import describe_draft, open_session, resolved_drafter_line
 
 
 def run_server(run: RunConfig) -> None:

@@ -1,6 +1,6 @@
 """A stand-in for llama-cpp-python (which builds llama.cpp, so CI does not install it).
 
-It answers the calls `mlxcel_py.peer_llama_cpp` makes, so the peer's plumbing (worker protocol,
+It answers the calls `mlxcel_py.bench.peer_llama_cpp` makes, so the peer's plumbing (worker protocol,
 configurations, timing, the bench table) is tested without llama.cpp: it "generates" the prompt's
 tokens in a loop, at about one token per millisecond, and logs each request's drafter width to
 the file named by FAKE_LLAMA_LOG so a test can check what the worker asked for.

@@ -1,6 +1,6 @@
 """Stock mlx-lm in its own process, for `mlxcel bench --vs mlx-lm`.
 
-Run as `python -m mlxcel_py.peer_worker MODEL [DRAFT_MODEL]`. It never imports mlxcel_py's fast
+Run as `python -m mlxcel_py.bench.peer_mlx_lm MODEL [DRAFT_MODEL]`. It never imports mlxcel_py's fast
 path, so mlx-lm runs exactly as a user gets it (bundled BLAS, weights as stored). Protocol: one
 JSON object per line on stdin ({"ids", "max_tokens", "num_draft"?, sampling...}), one JSON answer
 per line on the original stdout; anything mlx-lm prints goes to stderr.

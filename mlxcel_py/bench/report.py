@@ -13,12 +13,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Sequence
 
-from .. import benchmark, ui
-from ..benchmark import ALL_KINDS, SummaryRow, WidthChoice
+from .. import ui
+from . import runner as benchmark
+from .runner import ALL_KINDS, SummaryRow, WidthChoice
 from ..errors import MlxcelError
 from ..options import BenchPlan, DraftConfig
-from ..session import open_session
-from ..workload import Trace, WorkItem
+from ..engine_builder import open_session
+from .workload import Trace, WorkItem
 
 DEFAULT_PLOT = "mlxcel-bench-widths.png"
 
@@ -82,14 +83,14 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
     drafts = [_as_loaded(d, session.engine.draft, sweeping=bool(plan.widths)) for d in plan.drafts]
     peer = None
     if b.vs == "mlx-lm":
-        from ..peers import MlxLmPeer
+        from .peers import MlxLmPeer
 
         widths = [d.block_size for d in plan.drafts if d.kind == "full-model"]
         ui.info("starting stock mlx-lm (its own process, bundled BLAS, weights as stored)")
         peer = MlxLmPeer(target.resolved.path, draft_path=session.draft.resolved.path if session.draft else None,
                          draft_widths=widths, sampling=opts.sampling)
     elif b.vs == "llama.cpp":
-        from ..peers import LlamaCppPeer
+        from .peers import LlamaCppPeer
 
         if target.resolved.gguf is None:  # validation checked -m; a config file can still name a folder
             raise MlxcelError("--vs llama.cpp runs llama.cpp on the same GGUF file, and this model is not one")
@@ -133,7 +134,7 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
     plot_path = None
     if plan.widths:
         plot_path = Path(b.plot_path or DEFAULT_PLOT)
-        from ..bench_plot import plot_sweep
+        from .plot import plot_sweep
 
         name = target.resolved.source.split(" (")[0]
         plot_sweep(rows, choices, plot_path, title=f"mlxcel bench: {name}, {n_prompts} prompts, max {g.max_tokens} "

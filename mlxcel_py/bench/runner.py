@@ -17,8 +17,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-from .options import PEERS, DraftConfig, SamplingOptions
-from .prompting import prompt_ids, render_messages
+from ..options import PEERS, DraftConfig, SamplingOptions
+from ..prompting import prompt_ids, render_messages
 from .workload import Trace, WorkItem
 
 ALL_KINDS = "all"
@@ -118,7 +118,7 @@ def run(
     on_step: Callable[[str], None] = lambda s: None,
 ) -> BenchResult:
     """Time every prompt plainly, under every draft configuration, and on the peer."""
-    from .engine import Engine  # here, not at the top: summaries and plots stay importable without MLX
+    from ..engine import Engine  # here, not at the top: summaries and plots stay importable without MLX
 
     eos = tokenizer.eos_token_ids
     plain = Engine(model, eos_ids=eos, vocab_size=vocab_size, context_length=context_length)

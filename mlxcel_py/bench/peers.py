@@ -1,6 +1,6 @@
 """The side-by-side peers for `mlxcel bench --vs`: stock mlx-lm and llama.cpp, each a worker process.
 
-One long-lived subprocess per peer (peer_worker.py for mlx-lm, peer_llama_cpp.py for llama.cpp)
+One long-lived subprocess per peer (peer_mlx_lm.py for mlx-lm, peer_llama_cpp.py for llama.cpp)
 loads the model once and answers one request per prompt, so its runs interleave with ours in the
 same benchmark. Only token ids cross the pipe, so every side sees the same prompt. mlx-lm's tok/s
 is its own `generation_tps`; llama.cpp's is timed in its worker the same way (after the first token).
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .errors import MlxcelError
-from .options import SamplingOptions
+from ..errors import MlxcelError
+from ..options import SamplingOptions
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class WorkerPeer:
 class MlxLmPeer(WorkerPeer):
     """Stock mlx-lm: plain decoding and its `--draft-model` path at the full-model drafter's widths."""
 
-    name, drafter, module = "mlx-lm", "draft", "mlxcel_py.peer_worker"
+    name, drafter, module = "mlx-lm", "draft", "mlxcel_py.bench.peer_mlx_lm"
 
     def __init__(self, model_path: Path, *, draft_path: Path | None = None, draft_widths: Sequence[int] = (),
                  sampling: SamplingOptions = SamplingOptions()):
@@ -94,7 +94,7 @@ class MlxLmPeer(WorkerPeer):
 class LlamaCppPeer(WorkerPeer):
     """llama.cpp on the same GGUF file: plain decoding and its prompt lookup at the same widths."""
 
-    name, drafter, module = "llama.cpp", "lookup", "mlxcel_py.peer_llama_cpp"
+    name, drafter, module = "llama.cpp", "lookup", "mlxcel_py.bench.peer_llama_cpp"
 
     def __init__(self, gguf_path: Path, *, lookup_widths: Sequence[int] = (), ngram_max: int = 3,
                  sampling: SamplingOptions = SamplingOptions()):

@@ -12,9 +12,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UsageError
+from ..errors import UsageError
 
-BUILTIN = Path(__file__).with_name("data") / "bench_default.jsonl"
+BUILTIN = Path(__file__).parents[1] / "data" / "bench_default.jsonl"
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from .benchmark import ALL_KINDS, SummaryRow, WidthChoice
-from .errors import MlxcelError
+from .runner import ALL_KINDS, SummaryRow, WidthChoice
+from ..errors import MlxcelError
 
 
 def require() -> None:

@@ -16,7 +16,7 @@ from . import fastpath, loading
 from .errors import ModelError
 from .options import DEFAULT_MTP_BLOCK, DraftConfig, RunConfig
 from .policy import SHADOW_CONFIRM
-from .validate import is_dflash_config, preflight_draft
+from . import preflight
 
 
 @dataclass
@@ -78,9 +78,7 @@ def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None,
     blas = fastpath.prepare(run.options.model.blas)
     mopts = run.options.model
     resolved = loading.resolve(mopts.model, revision=mopts.revision)
-    if is_dflash_config(resolved.config):
-        raise ModelError(f"--model {resolved.path} is a DFlash speculative drafter, not a standalone model; "
-                         f"pass the target model as -m (mlxcel-py has no DFlash round loop)")
+    preflight.check_target(resolved)
     draft_resolved = None
     head_source = None
     if run.draft.kind == "full-model":
@@ -98,7 +96,7 @@ def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None,
                                              else DEFAULT_MTP_BLOCK))
             draft_resolved = None
         else:
-            preflight_draft(resolved.config, draft_resolved.path)
+            preflight.check_drafter(resolved, draft_resolved)
             _check_token_ids(loading.load_tokenizer_only(resolved), loading.load_tokenizer_only(draft_resolved),
                              run.draft.draft_model)
             loading.check_rollback_config(draft_resolved.config, what="the draft model")

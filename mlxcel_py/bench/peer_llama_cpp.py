@@ -1,6 +1,6 @@
 """llama.cpp in its own process, for `mlxcel bench --vs llama.cpp` (llama-cpp-python, optional).
 
-Run as `python -m mlxcel_py.peer_llama_cpp MODEL.gguf`. Same protocol as peer_worker.py: one JSON
+Run as `python -m mlxcel_py.bench.peer_llama_cpp MODEL.gguf`. Same protocol as peer_mlx_lm.py: one JSON
 request per line on stdin ({"ids", "max_tokens", "num_draft"?, sampling...}), one JSON answer per
 line on the original stdout. `num_draft` runs llama-cpp-python's prompt-lookup decoding
 (`LlamaPromptLookupDecoding`, llama.cpp's n-gram lookup) at that width, else plain decoding. Decode

@@ -1,0 +1,58 @@
+"""The terminal chat's presentation, beside ui.py: banner, command replies, notes, turn stats.
+
+`commands/_repl.py` decides what a chat does; this module says it. Everything here goes to
+stderr (replies themselves go to stdout through `ui.write_out`), so `mlxcel chat > file` keeps
+only the model's words.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .ui import err, info
+
+HELP = """Commands:
+  /help, /?   show this help
+  /clear      forget the conversation
+  /bye        exit (Ctrl-D too)
+  \"\"\"         start or end a multi-line message
+Ctrl-C cancels a reply that is streaming; the conversation is kept."""
+
+
+def banner(drafter: str) -> None:
+    err().print(f"mlxcel chat: {drafter}. Type /help for commands.", style="ui.accent", markup=False)
+
+
+def reading_piped() -> None:
+    info("(non-interactive stdin detected: reading messages until EOF)")
+
+
+def show_help() -> None:
+    err().print(HELP, markup=False)
+
+
+def cleared() -> None:
+    err().print("Conversation cleared.", style="ui.muted")
+
+
+def unknown_command(cmd: str) -> None:
+    err().print(f"Unknown command: {cmd}. Type /? for the list of commands.", style="ui.warn", markup=False)
+
+
+def exit_hint() -> None:
+    err().print("\n(use /bye or Ctrl-D to exit)", style="ui.muted")
+
+
+def reply_cancelled() -> None:
+    err().print("(reply cancelled; the conversation is kept)", style="ui.muted")
+
+
+def turn_stats(st: Any) -> None:
+    """`--profile` in chat: one line per reply."""
+    spec = (f", {st.draft_kind}: {st.drafted_rounds} drafted rounds, {st.accepted}/{st.proposed} accepted"
+            if st.draft_kind else "")
+    info(f"[{st.generated_tokens} tokens, {st.decode_tps:.1f} tok/s, {st.cached_tokens} prompt tokens reused{spec}]")
+
+
+def bye() -> None:
+    err().print("Bye!", style="ui.muted")
