@@ -111,8 +111,15 @@ class ServerOptions:
     no_batch: bool = False
     kv_unified: bool = False
     warmup: bool = True
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()  # as given: repeated flags, each possibly comma-separated
+    api_key_file: str | None = None
+    cors_origins: tuple[str, ...] = ()
     alias: str | None = None
+    threads: int | None = None
+    ctx_size: int = 0  # 0: the model's context window
+    parallel: int = 1
+    log_disable: bool = False
+    ignored: tuple[str, ...] = ()  # llama-server flags given that do not apply here (GPU offload...)
 
 
 @dataclass(frozen=True)

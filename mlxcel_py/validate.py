@@ -142,6 +142,34 @@ def _spec_type(opts: CommandOptions, kind: str | None, draft_model: str | None) 
 
 def validate(opts: CommandOptions) -> RunConfig:
     """Check one command's options; return the resolved run configuration."""
+    if opts.command == "serve":
+        _server(opts)
+    run = _validate(opts)
+    notes = _server_notes(opts) if opts.command == "serve" else ()
+    return replace(run, warnings=run.warnings + notes) if notes else run
+
+
+def _server(opts: CommandOptions) -> None:
+    srv = opts.server
+    if srv.ctx_size < 0:
+        raise UsageError(f"--ctx-size must be 0 (the model's window) or a positive number of tokens, got {srv.ctx_size}")
+    if srv.parallel < 1:
+        raise UsageError(f"--parallel (-np) must be at least 1, got {srv.parallel}")
+    if srv.threads is not None and srv.threads < 1:
+        raise UsageError(f"--threads (-t) must be at least 1, got {srv.threads}")
+
+
+def _server_notes(opts: CommandOptions) -> tuple[str, ...]:
+    """llama-server flags that are accepted but change nothing here: one line each, not an error."""
+    srv = opts.server
+    notes = [f"{flag} is a llama.cpp setting that does not apply to MLX; ignored" for flag in srv.ignored]
+    if srv.parallel > 1:
+        notes.append(f"--parallel {srv.parallel}: requests are decoded one at a time (continuous batching is not "
+                     f"built yet); the others wait in the queue")
+    return tuple(notes)
+
+
+def _validate(opts: CommandOptions) -> RunConfig:
     if opts.sampling.seed == -1:  # -1 means a random seed, as in mlxcel-server and our HTTP API
         opts = replace(opts, sampling=replace(opts.sampling, seed=None))
     cmd = opts.command

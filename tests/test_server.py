@@ -138,7 +138,7 @@ def test_http_greedy_equals_cli_generate_with_and_without_speculation(server):
     (b"{not json", 400, "invalid_request_error"),
     ({"messages": "hi"}, 400, "invalid_request_error"),
     ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "invalid_request_error"),
-    ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-9"}, 404, "not_found_error"),
+    ({"messages": [{"role": "user", "content": "hi"}], "model": 9}, 400, "invalid_request_error"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -5}, 400, "invalid_request_error"),
     ({"messages": [{"role": "user", "content": "word " * 9000}]}, 400, "exceed_context_size_error"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
@@ -222,14 +222,18 @@ def test_mlxcel_server_script_and_api_key(tmp_path):
                 break
         assert url, "mlxcel-server did not start"
         assert get(url + "/health")["status"] == "ok"  # no key needed for health
-        req = urllib.request.Request(url + "/v1/models")
+        req = urllib.request.Request(url + "/tokenize", data=b'{"content": "hi"}',
+                                     headers={"Content-Type": "application/json"})
         try:
             urllib.request.urlopen(req, timeout=30)
             raise AssertionError("expected 401")
         except urllib.error.HTTPError as e:
-            assert e.code == 401 and json.loads(e.read())["error"]["type"] == "missing_api_key"
-        req = urllib.request.Request(url + "/v1/models", headers={"Authorization": "Bearer s3cret"})
+            assert e.code == 401 and json.loads(e.read())["error"]["type"] == "authentication_error"
+        req = urllib.request.Request(url + "/tokenize", data=b'{"content": "hi"}',
+                                     headers={"Authorization": "Bearer s3cret", "Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as resp:
+            assert json.loads(resp.read())["tokens"]
+        with urllib.request.urlopen(url + "/v1/models", timeout=30) as resp:  # public, as in llama-server
             assert json.loads(resp.read())["data"][0]["id"] == "SmolLM2-135M-Instruct"
     finally:
         proc.terminate()

@@ -204,3 +204,45 @@ def test_bench_vs_llama_cpp_without_the_package_is_refused(no_loading, monkeypat
     assert "--vs llama.cpp needs llama-cpp-python, which is not installed" in result.stderr
     assert "pip install -e '.[llama]'" in result.stderr
     assert no_loading == []
+
+
+def test_serve_takes_llama_server_command_lines(monkeypatch, no_loading, tmp_path):
+    """llama-server spellings parse with its meanings; GPU-only flags are accepted with a note."""
+    from mlxcel_py.server import main as server_main
+
+    seen = []
+    monkeypatch.setattr(server_main, "run_server", lambda cfg: seen.append(cfg))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    argv = ["serve", "-np", "2", "-ngl", "99", "-fa", "on", "-cb", "-ctk", "q8_0", "-ctv", "q8_0", "-c", "256",
+            "-n", "64", "-t", "1", "--temp", "0.7", "-kvu", "--api-key", "a,b", "--api-key", "c",
+            "--cors-origins", "https://x.example, https://y.example", "--log-disable"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    srv = seen[0].options.server
+    assert (srv.parallel, srv.ctx_size, srv.threads, srv.kv_unified, srv.log_disable) == (2, 256, 1, True, True)
+    assert seen[0].options.generation.max_tokens == 64 and seen[0].options.sampling.temp == 0.7
+    assert srv.api_keys == ("a,b", "c") and srv.cors_origins == ("https://x.example", "https://y.example")
+    assert set(srv.ignored) == {"--n-gpu-layers", "--flash-attn", "--cont-batching", "--cache-type-k", "--cache-type-v"}
+    warnings = seen[0].warnings
+    assert "--n-gpu-layers is a llama.cpp setting that does not apply to MLX; ignored" in warnings
+    assert any(w.startswith("--parallel 2: requests are decoded one at a time") for w in warnings)
+    import os
+
+    assert os.environ.get("OPENBLAS_NUM_THREADS") == "1"
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    # -t is threads on serve (llama-server's meaning): a temperature there is a usage error naming it
+    result = CliRunner().invoke(app, ["serve", "-t", "0.7"])
+    assert result.exit_code == 2 and "-t" in result.output
+    assert no_loading == []
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["serve", "-c", "-1"], "--ctx-size must be 0 (the model's window) or a positive number of tokens"),
+    (["serve", "-np", "0"], "--parallel (-np) must be at least 1"),
+    (["serve", "-t", "0"], "--threads (-t) must be at least 1"),
+])
+def test_serve_flag_ranges(argv, message, no_loading, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2 and message in result.stderr

@@ -72,7 +72,9 @@ MaxBatchOpt = Annotated[int, typer.Option("--prompt-lookup-max-batch", metavar="
 NoBatchOpt = Annotated[bool, typer.Option("--no-batch", help="Serve requests strictly one at a time, with no speculation.", rich_help_panel=SERVER)]
 KvUnifiedOpt = Annotated[bool, typer.Option("--kv-unified", "-kvu", help="Unified KV budget (accepted; turns verify rounds off, as in mlxcel).", rich_help_panel=SERVER)]
 WarmupOpt = Annotated[bool, typer.Option("--warmup/--no-warmup", help="Warm every verify width at startup.", rich_help_panel=SERVER)]
-ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="Require 'Authorization: Bearer KEY'.", rich_help_panel=SERVER)]
+ApiKeyOpt = Annotated[Optional[list[str]], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="Require this key ('Authorization: Bearer KEY' or 'X-Api-Key: KEY') on every route but /health and /models; repeat it or separate keys with commas.", rich_help_panel=SERVER)]
+ApiKeyFileOpt = Annotated[Optional[str], typer.Option("--api-key-file", metavar="FILE", help="Read API keys from FILE, one per line.", rich_help_panel=SERVER)]
+CorsOpt = Annotated[Optional[str], typer.Option("--cors-origins", metavar="ORIGINS", help="Comma-separated origins allowed to call the server from a browser (default: none).", rich_help_panel=SERVER)]
 BENCH = "Benchmark"
 TraceOpt = Annotated[Optional[str], typer.Option("--trace", metavar="FILE.jsonl", help="Multi-turn traces as JSON Lines of {\"turns\": [user messages]}: each turn's prompt is the conversation so far, replayed through one engine per configuration (drafters with memory measured as used).", rich_help_panel="Benchmark")]
 WorkloadOpt = Annotated[Optional[str], typer.Option("--workload", metavar="FILE.jsonl", help="Prompts as JSON Lines of {\"kind\", \"prompt\"} (the format of shared/workloads/public.jsonl). Default: a small built-in set.", rich_help_panel=BENCH)]
@@ -83,6 +85,18 @@ JsonOpt = Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="
 MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="Print the summary as a Markdown table on stdout (for READMEs).", rich_help_panel=BENCH)]
 RepeatsOpt = Annotated[int, typer.Option("--repeats", metavar="N", help="Time each prompt under each configuration N times (interleaved) and keep the median-speed run.", rich_help_panel=BENCH)]
 LimitOpt = Annotated[Optional[int], typer.Option("--limit", metavar="N", help="Use at most N prompts of each kind.", rich_help_panel=BENCH)]
+# llama-server's spellings on serve: -t is threads there (temperature stays --temp), -n the server cap
+ServeTempOpt = Annotated[float, typer.Option("--temp", "--temperature", metavar="FLOAT", help="Default sampling temperature; 0 is greedy.", rich_help_panel=SAMPLING)]
+ServeMaxTokensOpt = Annotated[int, typer.Option("--n-predict", "-n", "--predict", "--max-tokens", metavar="N", help="Cap on every request's tokens (a request asking for more gets this many); -1: no cap.", rich_help_panel=GEN)]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", metavar="N", help="CPU threads for matrix products (OpenBLAS); default: all cores.", rich_help_panel=SERVER)]
+CtxSizeOpt = Annotated[int, typer.Option("--ctx-size", "-c", metavar="N", help="Context window in tokens (0: the model's); prompt plus reply never exceed it.", rich_help_panel=SERVER)]
+ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", metavar="N", help="Concurrent sequences (llama-server's slots); requests are decoded one at a time for now.", rich_help_panel=SERVER)]
+LogDisableOpt = Annotated[bool, typer.Option("--log-disable", help="No per-request access line on stderr.", rich_help_panel=SERVER)]
+GpuLayersOpt = Annotated[Optional[str], typer.Option("--n-gpu-layers", "-ngl", "--gpu-layers", metavar="N", help="llama-server's GPU offload (accepted; MLX places the whole model on its device).", rich_help_panel=SERVER)]
+FlashAttnOpt = Annotated[Optional[str], typer.Option("--flash-attn", "-fa", metavar="on|off|auto", help="llama-server's flash attention switch (accepted; MLX picks its own attention kernel).", rich_help_panel=SERVER)]
+ContBatchingOpt = Annotated[bool, typer.Option("--cont-batching", "-cb", help="llama-server's continuous batching switch (accepted; not built yet).", rich_help_panel=SERVER)]
+CacheTypeKOpt = Annotated[Optional[str], typer.Option("--cache-type-k", "-ctk", metavar="TYPE", help="llama-server's K cache type (accepted; the KV cache keeps the model's dtype).", rich_help_panel=SERVER)]
+CacheTypeVOpt = Annotated[Optional[str], typer.Option("--cache-type-v", "-ctv", metavar="TYPE", help="llama-server's V cache type (accepted; the KV cache keeps the model's dtype).", rich_help_panel=SERVER)]
 AliasOpt = Annotated[Optional[str], typer.Option("--alias", "-a", help="Model id reported by /v1/models.", rich_help_panel=SERVER)]
 
 
@@ -122,7 +136,12 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             host=g("host", O.DEFAULT_HOST), port=g("port", O.DEFAULT_PORT),
             prompt_lookup_max_batch=g("prompt_lookup_max_batch", O.DEFAULT_PROMPT_LOOKUP_MAX_BATCH),
             no_batch=g("no_batch", False), kv_unified=g("kv_unified", False), warmup=g("warmup", True),
-            api_key=g("api_key"), alias=g("alias"),
+            api_keys=tuple(g("api_key") or ()), api_key_file=g("api_key_file"), alias=g("alias"),
+            cors_origins=tuple(o.strip() for o in (g("cors_origins") or "").split(",") if o.strip()),
+            threads=g("threads"), ctx_size=g("ctx_size", 0), parallel=g("parallel", 1), log_disable=g("log_disable", False),
+            ignored=tuple(flag for flag, name in (("--n-gpu-layers", "n_gpu_layers"), ("--flash-attn", "flash_attn"),
+                                                  ("--cont-batching", "cont_batching"), ("--cache-type-k", "cache_type_k"),
+                                                  ("--cache-type-v", "cache_type_v")) if g(name)),
         ),
     )
 
@@ -176,7 +195,12 @@ SERVER_PARAMS = [
     _kw("host", HostOpt, O.DEFAULT_HOST), _kw("port", PortOpt, O.DEFAULT_PORT),
     _kw("prompt_lookup_max_batch", MaxBatchOpt, O.DEFAULT_PROMPT_LOOKUP_MAX_BATCH),
     _kw("no_batch", NoBatchOpt, False), _kw("kv_unified", KvUnifiedOpt, False), _kw("warmup", WarmupOpt, True),
-    _kw("api_key", ApiKeyOpt, None), _kw("alias", AliasOpt, None),
+    _kw("api_key", ApiKeyOpt, None), _kw("api_key_file", ApiKeyFileOpt, None), _kw("cors_origins", CorsOpt, None),
+    _kw("alias", AliasOpt, None), _kw("threads", ThreadsOpt, None), _kw("ctx_size", CtxSizeOpt, 0),
+    _kw("parallel", ParallelOpt, 1), _kw("log_disable", LogDisableOpt, False),
+    _kw("n_gpu_layers", GpuLayersOpt, None), _kw("flash_attn", FlashAttnOpt, None),
+    _kw("cont_batching", ContBatchingOpt, False), _kw("cache_type_k", CacheTypeKOpt, None),
+    _kw("cache_type_v", CacheTypeVOpt, None),
 ]
 def hidden(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
     """The same options, parsed (so a refusal can name them) but left out of --help."""
@@ -203,6 +227,8 @@ BENCH_PARAMS = (
        _kw("limit", LimitOpt, None), _kw("repeats", RepeatsOpt, 1)]
     + RUNTIME_PARAMS
 )
+# serve: llama-server's -t (threads) and -n (cap), so the sampling temperature loses -t there
+SERVE_SAMPLING_PARAMS = [_kw("temp", ServeTempOpt, O.DEFAULT_TEMP)] + SAMPLING_PARAMS[1:]
 ALL_MODEL_SIDE = MODEL_PARAMS + GENERATION_PARAMS + SAMPLING_PARAMS + SPEC_PARAMS + LOOKUP_PARAMS + RUNTIME_PARAMS
 # run and chat: generate's options without the prompt-lookup group in --help
 CHAT_SIDE = MODEL_PARAMS + GENERATION_PARAMS + SAMPLING_PARAMS + SPEC_PARAMS + LOOKUP_PARAMS_HIDDEN + RUNTIME_PARAMS

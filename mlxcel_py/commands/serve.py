@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 from .. import fastpath, ui
 from ..validate import validate
-from ._options import MODEL_PARAMS, RUNTIME_PARAMS, SAMPLING_PARAMS, SERVER_PARAMS, SPEC_PARAMS, LOOKUP_PARAMS_HIDDEN, _kw, MaxTokensOpt, build_options, with_params
+from ._options import (LOOKUP_PARAMS_HIDDEN, MODEL_PARAMS, RUNTIME_PARAMS, SERVE_SAMPLING_PARAMS, SERVER_PARAMS,
+                       SPEC_PARAMS, ServeMaxTokensOpt, _kw, build_options, with_params)
 
 EPILOG = (
     "Examples:\n\n"
@@ -12,7 +15,7 @@ EPILOG = (
     "  mlxcel serve -m ./Llama-3.1-8B --draft-model ./Llama-3.2-1B --port 0"
 )
 
-SERVE_PARAMS = (MODEL_PARAMS + [_kw("max_tokens", MaxTokensOpt, -1)] + SAMPLING_PARAMS + SPEC_PARAMS
+SERVE_PARAMS = (MODEL_PARAMS + [_kw("max_tokens", ServeMaxTokensOpt, -1)] + SERVE_SAMPLING_PARAMS + SPEC_PARAMS
                 + LOOKUP_PARAMS_HIDDEN + SERVER_PARAMS + RUNTIME_PARAMS)
 
 
@@ -21,7 +24,9 @@ def serve(**params) -> None:
     """Serve the model over HTTP (OpenAI and llama-server compatible), speculative per request."""
     with ui.exit_on_error():
         cfg = validate(build_options("serve", params))
-        fastpath.prepare((cfg).options.model.blas)
+        if cfg.options.server.threads:  # read by OpenBLAS when it loads, so set before prepare()
+            os.environ["OPENBLAS_NUM_THREADS"] = str(cfg.options.server.threads)
+        fastpath.prepare(cfg.options.model.blas)
         from ..server.main import run_server
 
         run_server(cfg)

@@ -1,14 +1,20 @@
 """FastAPI app: OpenAI routes, llama-server native routes, errors in the OpenAI shape.
 
 Each request's sampling fields override the server defaults (the CLI flags); the request is
-validated like CLI flags are, then handed to the single MLX worker. Requests that speculation
-cannot serve exactly (logprobs, structured output) decode plainly. Every failure is a 4xx/5xx
-with `{"error": {"message", "type", "code"}}`, and the server keeps serving.
+validated like CLI flags are, then handed to the single MLX worker. Fields whose meaning we cannot
+honour yet (n > 1, structured output, tools, logit_bias, logprobs) are refused by name rather than
+ignored. Bodies are bounded and parsed strictly (no NaN/Infinity, roles from a fixed set), and
+access is checked first (`security`: keys, Host on loopback, JSON content type). Every failure is
+a 4xx/5xx with `{"error": {"message", "type", "code"}}`, internal ones carrying only a request id,
+and the server keeps serving.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
+import sys
 import time
 import uuid
 from dataclasses import replace
@@ -19,10 +25,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .. import __version__
 from ..options import SamplingOptions
 from ..prompting import render_messages
 from ..text import TextPiece
+from .security import AccessPolicy, is_json_content_type
 from .worker import Job, Result, Worker
+
+BODY_LIMIT = 8 * 2**20  # bytes; a chat history of this size is far past any context window here
+MAX_STOPS, MAX_STOP_CHARS = 32, 1000
+ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool", "developer": "system"}
+# fields whose meaning we cannot honour yet: refused by name instead of ignored behind a 200
+UNSUPPORTED = ("json_schema", "grammar", "tools", "functions", "logit_bias", "logprobs", "top_logprobs")
 
 
 class ApiError(Exception):
@@ -57,25 +71,59 @@ def timings(stats: Any) -> dict:
     return t
 
 
+def _echo(value: Any, limit: int = 60) -> str:
+    """A client's value in an error message, cut short (a 1 MB string is not echoed back)."""
+    text = json.dumps(value, ensure_ascii=True, default=str)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _num(body: dict, key: str, kind: type, default: Any) -> Any:
     if key not in body or body[key] is None:
         return default
     v = body[key]
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) if kind is float else isinstance(v, int) and not isinstance(v, bool)
     if not ok:
-        raise ApiError(f"'{key}' must be a {'number' if kind is float else 'integer'}, got {json.dumps(v)}")
+        raise ApiError(f"'{key}' must be a {'number' if kind is float else 'integer'}, got {_echo(v)}")
+    if kind is float and not math.isfinite(v):
+        raise ApiError(f"'{key}' must be a finite number")
     return kind(v)
 
 
+def _no_constants(name: str) -> Any:
+    raise ApiError(f"malformed JSON body: {name} is not a number JSON allows")
+
+
+def refuse_unsupported(body: dict) -> None:
+    """Fields that change what a response means, which we cannot honour: 400 naming the field."""
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise ApiError(f"'n' must be 1 (one choice per request), got {_echo(n)}", code="unsupported_field")
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise ApiError("'response_format' (structured output) is not supported; omit it or use {\"type\": \"text\"}",
+                       code="unsupported_field")
+    for key in UNSUPPORTED:
+        if body.get(key):
+            raise ApiError(f"'{key}' is not supported by this server", code="unsupported_field")
+    if body.get("n_probs"):
+        raise ApiError("'n_probs' is not supported by this server", code="unsupported_field")
+
+
+def log(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
 def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_tokens: int, model_id: str,
-               api_key: str | None = None) -> FastAPI:
+               access: AccessPolicy = AccessPolicy(), cors_origins: tuple[str, ...] = (),
+               body_limit: int = BODY_LIMIT, access_log: bool = False) -> FastAPI:
     app = FastAPI(title="mlxcel-py", docs_url=None, redoc_url=None)
     tok = session.tokenizer
     engine = session.engine
     # the embedding's rows: a config may declare more than the tokenizer has (padding), never fewer
     vocab = engine.vocab_size or len(tok.get_vocab())
     created = int(time.time())
-    ids = {model_id, "default", str(session.target.resolved.path)}
+    fingerprint = "fp_" + hashlib.sha256(f"mlxcel-py {__version__} {model_id}".encode()).hexdigest()[:12]
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError):
@@ -94,28 +142,66 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
 
     @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if api_key and request.url.path not in ("/health", "/"):
-            header = request.headers.get("authorization", "")
-            if header.removeprefix("Bearer ").strip() != api_key:
-                kind = "missing_api_key" if not header else "invalid_api_key"
-                return JSONResponse(error_body("invalid or missing API key", kind), status_code=401)
-        return await call_next(request)
+    async def _guard(request: Request, call_next):
+        """Host, key, content type and size checks, then the route; any failure not already an
+        HTTP error becomes a 500 that carries a request id (details go to the server log only)."""
+        if not access.host_allowed(request.headers.get("host")):
+            return JSONResponse(error_body("the Host header must name this machine (loopback)", "invalid_request_error"),
+                                status_code=403)
+        if not access.authorized(request.url.path, request.headers):
+            return JSONResponse({"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}},
+                                status_code=401)
+        if request.method == "POST":
+            if not is_json_content_type(request.headers.get("content-type")):
+                return JSONResponse(error_body("send the body as JSON with 'Content-Type: application/json'",
+                                               "invalid_request_error"), status_code=415)
+            length = request.headers.get("content-length")
+            if length is not None and (not length.isdigit() or int(length) > body_limit):
+                return JSONResponse(error_body(f"the request body is larger than {body_limit} bytes",
+                                               "invalid_request_error"), status_code=413)
+        rid = uuid.uuid4().hex[:12]
+        start = time.perf_counter()
+        try:
+            response = await call_next(request)
+        except Exception as exc:  # a bug or a library failure: never echo its text to the client
+            log(f"mlxcel serve: request {rid} {request.method} {request.url.path} failed: {type(exc).__name__}: {exc}")
+            response = JSONResponse(error_body(f"internal server error (request id {rid})", "server_error"),
+                                    status_code=500)
+        if access_log:  # time to the response head (a stream's body follows)
+            client = request.client.host if request.client else "-"
+            log(f"{client} {request.method} {request.url.path} {response.status_code} "
+                f"{(time.perf_counter() - start) * 1000:.0f} ms")
+        return response
 
     async def body_of(request: Request) -> dict:
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > body_limit:
+                raise ApiError(f"the request body is larger than {body_limit} bytes", status=413)
         try:
-            data = json.loads(await request.body() or b"{}")
+            data = json.loads(bytes(raw) or b"{}", parse_constant=_no_constants)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ApiError(f"malformed JSON body: {exc}")
+        except RecursionError:
+            raise ApiError("malformed JSON body: nested too deeply")
+        except ValueError as exc:  # e.g. an integer with thousands of digits
+            raise ApiError(f"malformed JSON body: {str(exc).splitlines()[0][:120]}")
         if not isinstance(data, dict):
             raise ApiError("the request body must be a JSON object")
+        try:  # JSON may spell a lone UTF-16 surrogate ("\\ud800"); no tokenizer can encode one
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError("malformed JSON body: a string holds a lone UTF-16 surrogate (not valid Unicode text)")
         return data
 
     def check_model(body: dict) -> None:
+        # any name is served by the one loaded model, as llama-server does (OpenAI clients send
+        # names like gpt-3.5-turbo); only its type is checked
         m = body.get("model")
-        if m is not None and (not isinstance(m, str) or m not in ids):
-            raise ApiError(f"model '{m}' is not served here; use '{model_id}'", status=404, type="not_found_error",
-                           code="model_not_found")
+        if m is not None and not isinstance(m, str):
+            raise ApiError(f"'model' must be a string, got {_echo(m)}")
+        refuse_unsupported(body)
 
     def sampling_of(body: dict) -> SamplingOptions:
         s = replace(
@@ -142,9 +228,14 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         if n is None:
             n = _num(body, "max_completion_tokens", int, None)
         if n is None:
-            n = _num(body, "n_predict", int, max_tokens)
-        if n < -1:
+            n = _num(body, "n_predict", int, None)
+        if n is not None and n < -1:
             raise ApiError(f"'max_tokens' must be -1 or >= 0, got {n}")
+        # the server's -n/--n-predict caps every request, as llama-server clamps n_predict
+        if n is None or n == -1:
+            n = max_tokens
+        elif max_tokens >= 0:
+            n = min(n, max_tokens)
         if len(prompt) >= engine.context_length:
             raise ApiError(f"the prompt has {len(prompt)} tokens, which exceeds the context window "
                            f"({engine.context_length})", type="exceed_context_size_error")
@@ -154,15 +245,12 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         stop = body.get("stop")
         if stop is None:
             return []
-        if isinstance(stop, str):
-            return [stop]
-        if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-            return stop
-        raise ApiError("'stop' must be a string or a list of strings")
-
-    def eligible(body: dict) -> bool:
-        return not (body.get("logprobs") or body.get("n_probs") or body.get("response_format")
-                    or body.get("json_schema") or body.get("grammar"))
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise ApiError("'stop' must be a string or a list of strings")
+        if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ApiError(f"'stop' takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters")
+        return [s for s in stops if s]
 
     def token_ids(value, key: str) -> list[int]:
         """Token ids a client sent: MLX's embedding lookup does no bounds check, so an id past the
@@ -186,34 +274,50 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         if not isinstance(msgs, list) or not msgs:
             raise ApiError("'messages' must be a non-empty list")
         out = []
-        for m in msgs:
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise ApiError("each message needs a 'role' and 'content'")
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict):
+                raise ApiError(f"messages[{i}] must be an object with 'role' and 'content'")
+            role = m.get("role")
+            if not isinstance(role, str) or role not in ROLES:
+                # a free-form role would be rendered into the template as is (and could forge a turn)
+                raise ApiError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {_echo(role)}")
             content = m.get("content")
             if isinstance(content, list):
                 parts = []
                 for part in content:
-                    if isinstance(part, dict) and part.get("type") == "text":
-                        parts.append(str(part.get("text", "")))
-                    else:
-                        raise ApiError("this model takes text only: image, audio and other content parts are not supported")
+                    if not isinstance(part, dict) or part.get("type") != "text":
+                        raise ApiError(f"messages[{i}].content: this model takes text parts only "
+                                       f"(image, audio and other parts are not supported)")
+                    if not isinstance(part.get("text"), str):
+                        raise ApiError(f"messages[{i}].content: a text part needs a string 'text'")
+                    parts.append(part["text"])
                 content = "".join(parts)
             if content is None:
                 content = ""
             if not isinstance(content, str):
-                raise ApiError("message 'content' must be a string or a list of text parts")
-            out.append({"role": m["role"], "content": content})
+                raise ApiError(f"messages[{i}].content must be a string or a list of text parts")
+            out.append({"role": ROLES[role], "content": content})
         return render_messages(tok, out)
 
     def make_job(body: dict, prompt: list[int]) -> Job:
         return Job(prompt=prompt, max_tokens=limits_of(body, prompt), sampling=sampling_of(body),
-                   stop=stops_of(body), speculative=eligible(body))
+                   stop=stops_of(body))
+
+    def failed(payload: Any) -> str:
+        rid = uuid.uuid4().hex[:12]
+        log(f"mlxcel serve: request {rid}: generation failed: {payload}")
+        return f"generation failed (request id {rid})"
+
+    def check_worker() -> None:
+        if not worker.alive:
+            raise ApiError("the model worker is not running; see the server log", status=503, type="unavailable_error")
 
     async def collect(job: Job) -> Result:
+        check_worker()
         result = None
         async for kind, payload in worker.submit(job):
             if kind == "error":
-                raise ApiError(f"generation failed: {payload}", status=500, type="server_error")
+                raise ApiError(failed(payload), status=500, type="server_error")
             if kind == "done":
                 result = payload
         assert result is not None
@@ -226,6 +330,8 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
                head: dict | None = None, done_sentinel: bool = True) -> StreamingResponse:
         """SSE for one job: an optional head frame, one frame per text piece, the final frame."""
 
+        check_worker()
+
         async def events():
             if head is not None:
                 yield sse(head)
@@ -233,7 +339,7 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
                 if kind == "text":
                     yield sse(on_text(payload))
                 elif kind == "error":
-                    yield sse(error_body(f"generation failed: {payload}", "server_error"))
+                    yield sse(error_body(failed(payload), "server_error"))
                 else:
                     yield sse(on_done(payload))
             if done_sentinel:
@@ -245,6 +351,9 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
     @app.get("/health")
     @app.get("/")
     async def health():
+        if not worker.alive:  # llama-server's shape for a server that cannot answer
+            why = f"warmup failed: {worker.warmup_error}" if worker.warmup_error else "the model worker stopped"
+            return JSONResponse({"error": {"code": 503, "message": why, "type": "unavailable_error"}}, status_code=503)
         return {"status": "ok", "model": model_id,
                 "batch": {"active_sequences": worker.active, "queue_depth": worker.queue_depth, "max_batch_size": 1},
                 "context_size": engine.context_length}
@@ -277,7 +386,7 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         check_model(body)
         job = make_job(body, chat_prompt(body))
         cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        base = {"id": cid, "created": int(time.time()), "model": model_id, "system_fingerprint": None}
+        base = {"id": cid, "created": int(time.time()), "model": model_id, "system_fingerprint": fingerprint}
         if body.get("stream"):
             chunk = {**base, "object": "chat.completion.chunk"}
             return stream(
@@ -304,7 +413,8 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         check_model(body)
         job = make_job(body, text_prompt(body))
         cid = f"cmpl-{uuid.uuid4().hex[:24]}"
-        base = {"id": cid, "object": "text_completion", "created": int(time.time()), "model": model_id}
+        base = {"id": cid, "object": "text_completion", "created": int(time.time()), "model": model_id,
+                "system_fingerprint": fingerprint}
         if body.get("stream"):
             return stream(
                 job,
@@ -344,4 +454,9 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         r = await collect(job)
         return native(r, ptext, len(prompt))
 
+    if cors_origins:  # added last, so it is outermost: preflight OPTIONS never reach the key check
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "X-Api-Key"])
     return app

@@ -17,8 +17,13 @@ def run_server(run: RunConfig) -> None:
     from .app import create_app
     from .worker import Worker
 
+    from .security import AccessPolicy, is_loopback, parse_keys
+
     opts = run.options
     srv = opts.server
+    # the key file is read before the model loads, so a wrong path fails in a second
+    access = AccessPolicy(api_keys=parse_keys(srv.api_keys, srv.api_key_file),
+                          loopback_only_hosts=is_loopback(srv.host))
     session = open_session(run, say=ui.info, warn=ui.warn)
     draft = session.engine.draft  # as resolved at load (an MTP checkpoint's kind and width)
     speculative = draft.enabled and not srv.no_batch and not srv.kv_unified
@@ -37,7 +42,7 @@ def run_server(run: RunConfig) -> None:
 
     model_id = srv.alias or (DEFAULT_MODEL_NAME if opts.model.model is None else session.target.resolved.path.name)
     app = create_app(session, worker, defaults=opts.sampling, max_tokens=opts.generation.max_tokens,
-                     model_id=model_id, api_key=srv.api_key)
+                     model_id=model_id, access=access, cors_origins=srv.cors_origins, access_log=not srv.log_disable)
     family = socket.AF_INET6 if ":" in srv.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -60,6 +60,11 @@ class Worker:
         self.ready.wait()
 
     @property
+    def alive(self) -> bool:
+        """Can take requests: the thread runs and warmup (if any) succeeded."""
+        return self.thread.is_alive() and self.warmup_error is None
+
+    @property
     def queue_depth(self) -> int:
         return self.jobs.qsize()
 

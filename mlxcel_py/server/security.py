@@ -1,0 +1,84 @@
+"""Who may talk to the server: API keys, the Host header on loopback binds, JSON-only POSTs.
+
+- Keys (`--api-key`, repeatable or comma-separated, and `--api-key-file`, one per line) are
+  compared in constant time; `Authorization: Bearer KEY` (scheme in any case) or `X-Api-Key: KEY`.
+  `/health`, `/models` and `/v1/models` stay public, as in llama-server. A refusal is llama-server's
+  401 (`type: "authentication_error"`).
+- A server bound to loopback answers only requests whose Host names loopback: a web page on some
+  other site cannot reach it through DNS rebinding (its Host would be that site's name).
+- JSON routes take only a JSON content type, so a cross-site "simple" form POST (which a browser
+  sends without asking) is refused; CORS is off unless `--cors-origins` lists origins.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UsageError
+
+PUBLIC_PATHS = frozenset({"/health", "/", "/models", "/v1/models"})
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+
+
+def parse_keys(values: tuple[str, ...] | list[str] | None, key_file: str | None) -> tuple[str, ...]:
+    """Keys from repeated/comma-separated flags and a file (blank lines and '#' lines skipped)."""
+    keys = [k.strip() for v in values or () for k in v.split(",") if k.strip()]
+    if key_file:
+        try:
+            text = Path(key_file).expanduser().read_text()
+        except OSError as exc:
+            raise UsageError(f"--api-key-file {key_file}: cannot read it ({exc.strerror})") from None
+        keys += [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+        if not keys:
+            raise UsageError(f"--api-key-file {key_file}: no key in it (one key per line)")
+    return tuple(dict.fromkeys(keys))
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class AccessPolicy:
+    api_keys: tuple[str, ...] = ()
+    loopback_only_hosts: bool = False  # bound to loopback: the Host header must name loopback
+
+    def authorized(self, path: str, headers) -> bool:
+        if not self.api_keys or path in PUBLIC_PATHS:
+            return True
+        given = headers.get("x-api-key")
+        if given is None:
+            scheme, _, token = headers.get("authorization", "").partition(" ")
+            given = token.strip() if scheme.lower() == "bearer" else None
+        if not given:
+            return False
+        # compare with every key (no early exit), each in constant time
+        matches = [hmac.compare_digest(given.encode(), k.encode()) for k in self.api_keys]
+        return any(matches)
+
+    def host_allowed(self, host_header: str | None) -> bool:
+        if not self.loopback_only_hosts:
+            return True
+        if not host_header:
+            return False
+        host = host_header.strip()
+        if host.startswith("["):  # [::1]:8080
+            name = host[: host.find("]") + 1] if "]" in host else host
+        else:
+            name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+        return is_loopback(name.lower())
+
+
+def is_json_content_type(value: str | None) -> bool:
+    if not value:
+        return False
+    media = value.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))

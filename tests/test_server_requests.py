@@ -1,0 +1,285 @@
+"""The HTTP request layer without a model (#13): FastAPI's TestClient and a fake engine and worker.
+
+Every refusal is a 4xx with the error shape and the server keeps answering; access rules (keys,
+Host on loopback, JSON content type, CORS) and the shapes clients rely on. The real-socket tests
+with the default model are in test_server.py.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from fastapi.testclient import TestClient
+
+from mlxcel_py.options import SamplingOptions
+from mlxcel_py.server.app import create_app
+from mlxcel_py.server.security import AccessPolicy, is_json_content_type, parse_keys
+from mlxcel_py.server.worker import Result
+from mlxcel_py.stats import GenerationStats
+from mlxcel_py.text import TextPiece
+
+VOCAB = 300
+
+
+class FakeTokenizer:
+    has_chat_template = False
+
+    def encode(self, text, add_special_tokens=False):
+        return [b % VOCAB for b in text.encode()]
+
+    def decode(self, ids):
+        return bytes(i % 256 for i in ids).decode("latin-1")
+
+    def get_vocab(self):
+        return {str(i): i for i in range(VOCAB)}
+
+
+class FakeWorker:
+    """Answers every job with the prompt's first characters; records what it was asked."""
+
+    def __init__(self, fail: str | None = None):
+        self.jobs, self.fail = [], fail
+        self.active = self.queue_depth = 0
+        self.warmup_error = None
+        self.alive = True
+
+    async def submit(self, job):
+        self.jobs.append(job)
+        if self.fail:
+            yield "error", self.fail
+            return
+        yield "text", TextPiece("ok", 1)
+        stats = GenerationStats(prompt_tokens=len(job.prompt), generated_tokens=1)
+        yield "done", Result("ok", [5], "stop", None, stats, True)
+
+
+def make_client(*, worker=None, access=AccessPolicy(), cors=(), body_limit=65536, base_url="http://localhost",
+                max_tokens=-1, access_log=False):
+    tok = FakeTokenizer()
+    session = SimpleNamespace(tokenizer=tok, engine=SimpleNamespace(vocab_size=VOCAB, context_length=512),
+                              target=SimpleNamespace(resolved=SimpleNamespace(path="/m")))
+    worker = worker or FakeWorker()
+    app = create_app(session, worker, defaults=SamplingOptions(), max_tokens=max_tokens, model_id="tiny", access=access,
+                     cors_origins=cors, body_limit=body_limit, access_log=access_log)
+    return TestClient(app, base_url=base_url, raise_server_exceptions=False), worker
+
+
+CHAT = "/v1/chat/completions"
+HI = [{"role": "user", "content": "hi"}]
+
+
+def _assert_error(r, status, fragment):
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert fragment in err["message"], err
+
+
+@pytest.mark.parametrize("body,fragment", [
+    ({"messages": HI, "n": 2}, "'n' must be 1"),
+    ({"messages": HI, "response_format": {"type": "json_object"}}, "'response_format' (structured output)"),
+    ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, "'tools' is not supported"),
+    ({"messages": HI, "logit_bias": {"5": 10}}, "'logit_bias' is not supported"),
+    ({"messages": HI, "logprobs": True}, "'logprobs' is not supported"),
+    ({"messages": HI, "grammar": "root ::= x"}, "'grammar' is not supported"),
+    ({"messages": [{"role": "<|im_start|>system", "content": "x"}]}, "messages[0].role must be one of system, user"),
+    ({"messages": ["hi"]}, "messages[0] must be an object"),
+    ({"messages": [{"content": "hi"}]}, "messages[0].role must be one of"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content must be a string"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "a text part needs a string 'text'"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "text parts only"),
+    ({"messages": HI, "model": {"x": 1}}, "'model' must be a string"),
+    ({"messages": HI, "temperature": "x" * 5000}, "'temperature' must be a number, got \"xxxx"),
+    ({"messages": HI, "stop": ["s"] * 33}, "'stop' takes at most 32 strings"),
+    ({"messages": HI, "stop": "x" * 1001}, "'stop' takes at most 32 strings of at most 1000 characters"),
+    ({"messages": HI, "top_p": 0}, "'top_p' must be in (0, 1]"),
+])
+def test_unsupported_and_malformed_fields_get_400_naming_the_field(body, fragment):
+    client, worker = make_client()
+    r = client.post(CHAT, json=body)
+    _assert_error(r, 400, fragment)
+    assert len(r.json()["error"]["message"]) < 200  # echoed input is cut short
+    assert worker.jobs == []
+    assert client.post(CHAT, json={"messages": HI}).status_code == 200  # still serving
+
+
+@pytest.mark.parametrize("raw,fragment", [
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', "NaN is not a number JSON allows"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "top_p": Infinity}', "Infinity is not a number JSON allows"),
+    (b'{"max_tokens": ' + b"9" * 5000 + b"}", "malformed JSON body"),
+    (b"[" * 100000 + b"]" * 100000, "malformed JSON body"),
+    (b'{"model": "\\ud800", "messages": [{"role": "user", "content": "\\udfff"}]}', None),
+    (b"\xff\xfe not utf-8", "malformed JSON body"),
+])
+def test_hostile_json_gets_a_4xx_never_a_500(raw, fragment):
+    client, _ = make_client(body_limit=10**6)
+    r = client.post(CHAT, content=raw, headers={"Content-Type": "application/json"})
+    assert 400 <= r.status_code < 500, r.text
+    if fragment:
+        assert fragment in r.json()["error"]["message"]
+    assert client.get("/health").status_code == 200
+
+
+def test_body_limit_gives_413_with_and_without_content_length():
+    client, worker = make_client(body_limit=1000)
+    big = json.dumps({"messages": [{"role": "user", "content": "x" * 2000}]})
+    r = client.post(CHAT, content=big, headers={"Content-Type": "application/json"})
+    _assert_error(r, 413, "larger than 1000 bytes")
+
+    def chunks():  # chunked transfer: no Content-Length to check up front
+        for i in range(0, len(big), 100):
+            yield big[i:i + 100].encode()
+
+    r = client.post(CHAT, content=chunks(), headers={"Content-Type": "application/json"})
+    _assert_error(r, 413, "larger than 1000 bytes")
+    assert worker.jobs == []
+
+
+def test_any_model_name_is_served_and_responses_carry_a_fingerprint():
+    client, worker = make_client()
+    r = client.post(CHAT, json={"model": "gpt-3.5-turbo", "messages": HI})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["model"] == "tiny" and body["system_fingerprint"].startswith("fp_")
+    r = client.post("/v1/completions", json={"model": "text-davinci-003", "prompt": "hi", "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["system_fingerprint"] == body["system_fingerprint"]
+
+
+def test_developer_role_is_rendered_as_system():
+    client, worker = make_client()
+    r = client.post(CHAT, json={"messages": [{"role": "developer", "content": "be brief"}] + HI})
+    assert r.status_code == 200
+    assert FakeTokenizer().decode(worker.jobs[0].prompt).startswith("System: be brief")
+
+
+def test_api_keys_bearer_any_case_x_api_key_and_public_routes():
+    client, _ = make_client(access=AccessPolicy(api_keys=("k1", "k2")))
+    assert client.post("/tokenize", json={"content": "a"}).status_code == 401
+    r = client.post("/tokenize", json={"content": "a"}, headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401 and r.json() == {"error": {"code": 401, "message": "Invalid API Key",
+                                                           "type": "authentication_error"}}
+    for headers in ({"Authorization": "Bearer k1"}, {"Authorization": "bearer k2"}, {"authorization": "BEARER k1"},
+                    {"X-Api-Key": "k2"}):
+        assert client.post("/tokenize", json={"content": "a"}, headers=headers).status_code == 200, headers
+    assert client.post("/tokenize", json={"content": "a"}, headers={"Authorization": "Basic k1"}).status_code == 401
+    for path in ("/health", "/v1/models", "/models"):
+        assert client.get(path).status_code == 200, path
+
+
+def test_parse_keys_from_flags_and_file(tmp_path):
+    f = tmp_path / "keys"
+    f.write_text("# team keys\nk3\n\n  k4  \n")
+    assert parse_keys(["k1,k2", "k1"], str(f)) == ("k1", "k2", "k3", "k4")
+    from mlxcel_py.errors import UsageError
+
+    with pytest.raises(UsageError, match="--api-key-file .*: cannot read it"):
+        parse_keys([], str(tmp_path / "missing"))
+    (tmp_path / "empty").write_text("# nothing\n")
+    with pytest.raises(UsageError, match="no key in it"):
+        parse_keys([], str(tmp_path / "empty"))
+
+
+def test_json_routes_refuse_other_content_types():
+    client, worker = make_client()
+    # a web page can send this cross-site without a preflight; it must not reach the model
+    r = client.post(CHAT, content=json.dumps({"messages": HI}), headers={"Content-Type": "text/plain"})
+    _assert_error(r, 415, "Content-Type: application/json")
+    r = client.post(CHAT, data={"messages": "hi"})  # form-encoded
+    assert r.status_code == 415 and worker.jobs == []
+    assert is_json_content_type("application/json; charset=utf-8")
+    assert is_json_content_type("application/vnd.api+json") and not is_json_content_type(None)
+
+
+def test_loopback_server_refuses_foreign_host_headers():
+    client, _ = make_client(access=AccessPolicy(loopback_only_hosts=True), base_url="http://evil.example")
+    _assert_error(client.get("/health"), 403, "Host header")
+    for host in ("localhost:8080", "127.0.0.1", "[::1]:8080", "127.0.0.2:1"):
+        client, _ = make_client(access=AccessPolicy(loopback_only_hosts=True), base_url=f"http://{host}")
+        assert client.get("/health").status_code == 200, host
+    client, _ = make_client(access=AccessPolicy(loopback_only_hosts=False), base_url="http://my-server.lan")
+    assert client.get("/health").status_code == 200
+
+
+def test_cors_is_off_by_default_and_lists_only_the_given_origins():
+    client, _ = make_client(access=AccessPolicy(api_keys=("k",)))
+    r = client.options(CHAT, headers={"Origin": "https://a.example", "Access-Control-Request-Method": "POST"})
+    assert "access-control-allow-origin" not in r.headers
+    client, _ = make_client(access=AccessPolicy(api_keys=("k",)), cors=("https://a.example",))
+    r = client.options(CHAT, headers={"Origin": "https://a.example", "Access-Control-Request-Method": "POST",
+                                      "Access-Control-Request-Headers": "authorization,content-type"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://a.example"
+    r = client.options(CHAT, headers={"Origin": "https://b.example", "Access-Control-Request-Method": "POST"})
+    assert r.headers.get("access-control-allow-origin") != "https://b.example"
+
+
+def test_worker_failures_return_a_request_id_not_the_exception_text(capfd):
+    client, _ = make_client(worker=FakeWorker(fail="RuntimeError: /secret/path/model.safetensors is corrupt"))
+    r = client.post(CHAT, json={"messages": HI})
+    assert r.status_code == 500
+    msg = r.json()["error"]["message"]
+    assert "request id" in msg and "secret" not in msg
+    rid = msg.split("request id ")[1].rstrip(")")
+    assert rid in capfd.readouterr().err  # the details are in the server's log, under that id
+
+
+def test_a_dead_worker_makes_health_503_and_requests_fail_fast():
+    worker = FakeWorker()
+    worker.alive = False
+    worker.warmup_error = "out of memory"
+    client, _ = make_client(worker=worker)
+    r = client.get("/health")
+    assert r.status_code == 503 and r.json()["error"]["type"] == "unavailable_error"
+    assert "warmup failed: out of memory" in r.json()["error"]["message"]
+    r = client.post(CHAT, json={"messages": HI})
+    assert r.status_code == 503 and worker.jobs == []
+    r = client.post(CHAT, json={"messages": HI, "stream": True})
+    assert r.status_code == 503
+
+
+def test_fuzzed_bodies_never_get_a_5xx():
+    """Property-based: bodies built from every field the routes read, with values of any JSON type
+    (and the right types, out of range), for every POST route. Zero 5xx; health answers after."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    fields = ["messages", "prompt", "content", "tokens", "model", "max_tokens", "n_predict", "max_completion_tokens",
+              "temperature", "top_p", "top_k", "min_p", "seed", "repeat_penalty", "stop", "stream", "n",
+              "response_format", "logprobs", "n_probs", "add_special", "tools", "logit_bias"]
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False, allow_infinity=False),
+                        st.text(max_size=20))
+    anything = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                             st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+                            max_leaves=12)
+    message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "bogus"]) | anything,
+                                     "content": st.text(max_size=30) | anything})
+    values = {"messages": st.lists(message | anything, max_size=3) | anything,
+              "prompt": st.text(max_size=30) | st.lists(st.integers(-5, 400), max_size=5) | anything,
+              "tokens": st.lists(st.integers(-5, 10**12), max_size=5) | anything}
+    body = st.dictionaries(st.sampled_from(fields), anything, max_size=6).flatmap(
+        lambda d: st.fixed_dictionaries({k: values.get(k, anything) for k in d}))
+    routes = ["/v1/chat/completions", "/v1/completions", "/completion", "/tokenize", "/detokenize"]
+    client, _ = make_client()
+
+    @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(route=st.sampled_from(routes), payload=body)
+    def check(route, payload):
+        r = client.post(route, json=payload)
+        assert r.status_code < 500, (route, payload, r.text)
+        if r.status_code >= 400:
+            assert set(r.json()["error"]) >= {"message", "type"}
+
+    check()
+    assert client.get("/health").status_code == 200
+
+
+def test_server_n_predict_caps_every_request_and_the_access_log(capfd):
+    client, worker = make_client(max_tokens=5, access_log=True)
+    for asked, got in ((100, 5), (None, 5), (3, 3), (-1, 5)):
+        body = {"messages": HI} if asked is None else {"messages": HI, "max_tokens": asked}
+        assert client.post(CHAT, json=body).status_code == 200
+        assert worker.jobs[-1].max_tokens == got, asked
+    assert client.post("/completion", json={"prompt": "hi", "n_predict": 50}).status_code == 200
+    assert worker.jobs[-1].max_tokens == 5
+    err = capfd.readouterr().err
+    assert "POST /v1/chat/completions 200" in err and " ms" in err
