@@ -26,7 +26,7 @@ always stand at the same position.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import (
@@ -223,11 +223,15 @@ class SequenceCache:
         """Record that `tokens` were just fed through `run`."""
         self.tokens.extend(tokens)
 
-    def prefill(self, tokens: Sequence[int], chunk: int = 2048) -> None:
-        """Feed `tokens` in chunks, evaluating the cache after each so memory stays bounded."""
+    def prefill(self, tokens: Sequence[int], chunk: int = 2048, stop: Callable[[], bool] | None = None) -> bool:
+        """Feed `tokens` in chunks, evaluating the cache after each so memory stays bounded.
+        `stop` is asked between chunks (a server's cancelled request); False if it ended early."""
         for i in range(0, len(tokens), chunk):
+            if stop is not None and stop():
+                return False
             self.feed(tokens[i : i + chunk])
             self.eval()
+        return True
 
     def settle(self) -> None:
         """Replay pending tokens now, so the layers hold every committed position."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import mlx.core as mx
 
@@ -43,8 +43,9 @@ class Generation:
 
     def __init__(self, engine: "Engine", prompt: Sequence[int], *, max_tokens: int, sampling: SamplingOptions,
                  min_tokens: int = 0, ignore_eos: bool = False, speculative: bool = True,
-                 reuse_cache: bool = False, remember: bool = True):
+                 reuse_cache: bool = False, remember: bool = True, cancelled: Callable[[], bool] | None = None):
         self.engine = engine
+        self.cancelled = cancelled  # asked between prefill chunks: a long prompt stops early
         self.remember = remember  # add prompt + output to the suffix store at the end
         self.prompt = list(prompt)
         self.max_tokens = max_tokens
@@ -82,7 +83,9 @@ class Generation:
         # the MTP head drafts from the target's hidden states, so the target keeps them
         cache.keep_hidden(eng.hidden_tap if drafter is not None and drafter.kind == "mtp" else None)
         st.cached_tokens = cache.reuse_prefix(self.prompt)
-        cache.prefill(self.prompt[st.cached_tokens : -1])
+        if not cache.prefill(self.prompt[st.cached_tokens : -1], stop=self.cancelled):
+            self.finish_reason = "cancelled"
+            return
         st.prefill_s = time.perf_counter() - t0
 
         history = list(self.prompt)
@@ -244,9 +247,10 @@ class Engine:
 
     def generate(self, prompt: Sequence[int], *, max_tokens: int, sampling: SamplingOptions | None = None,
                  min_tokens: int = 0, ignore_eos: bool = False, speculative: bool = True,
-                 reuse_cache: bool = False, remember: bool = True) -> Generation:
+                 reuse_cache: bool = False, remember: bool = True,
+                 cancelled: Callable[[], bool] | None = None) -> Generation:
         return Generation(self, prompt, max_tokens=self.resolve_max_tokens(max_tokens, len(prompt)),
-                          sampling=sampling or SamplingOptions(), min_tokens=min_tokens,
+                          sampling=sampling or SamplingOptions(), min_tokens=min_tokens, cancelled=cancelled,
                           ignore_eos=ignore_eos, speculative=speculative, reuse_cache=reuse_cache,
                           remember=remember)
 

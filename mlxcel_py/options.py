@@ -119,6 +119,7 @@ class ServerOptions:
     ctx_size: int = 0  # 0: the model's context window
     parallel: int = 1
     log_disable: bool = False
+    shutdown_grace: int = 5  # seconds requests in flight get after SIGTERM before they are cancelled
     ignored: tuple[str, ...] = ()  # llama-server flags given that do not apply here (GPU offload...)
 
 

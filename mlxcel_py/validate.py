@@ -155,6 +155,8 @@ def _server(opts: CommandOptions) -> None:
         raise UsageError(f"--ctx-size must be 0 (the model's window) or a positive number of tokens, got {srv.ctx_size}")
     if srv.parallel < 1:
         raise UsageError(f"--parallel (-np) must be at least 1, got {srv.parallel}")
+    if srv.shutdown_grace < 0:
+        raise UsageError(f"--shutdown-grace must be 0 or more seconds, got {srv.shutdown_grace}")
     if srv.threads is not None and srv.threads < 1:
         raise UsageError(f"--threads (-t) must be at least 1, got {srv.threads}")
 

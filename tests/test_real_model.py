@@ -18,7 +18,7 @@ def _plain(real, ids: list[int]) -> list[int]:
     """Plain decoding's tokens, computed once per prompt for every policy's comparison."""
     key = tuple(ids)
     if key not in _plain_outputs:
-        _plain_outputs[key] = run(engine_for(real), ids, max_tokens=48)[0]
+        _plain_outputs[key] = run(engine_for(real), ids, max_tokens=40)[0]
     return _plain_outputs[key]
 
 
@@ -29,7 +29,7 @@ def test_prompt_lookup_equals_plain_on_workloads(real, workloads, policy, adapti
     accepted = 0
     for item in workloads[::4]:  # one of each kind and several sources
         ids = prompt_ids(real.tokenizer, item["prompt"])
-        b, g = run(spec, ids, max_tokens=48)
+        b, g = run(spec, ids, max_tokens=40)
         assert _plain(real, ids) == b, item["source"]
         accepted += g.stats.accepted
     assert accepted > 0

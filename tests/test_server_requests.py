@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from mlxcel_py.options import SamplingOptions
 from mlxcel_py.server.app import create_app
 from mlxcel_py.server.security import AccessPolicy, is_json_content_type, parse_keys
-from mlxcel_py.server.worker import Result
+from mlxcel_py.server.worker import Busy, Result
 from mlxcel_py.stats import GenerationStats
 from mlxcel_py.text import TextPiece
 
@@ -44,6 +44,11 @@ class FakeWorker:
         self.active = self.queue_depth = 0
         self.warmup_error = None
         self.alive = True
+        self.full = False
+
+    def admit(self, job):
+        if self.full:
+            raise Busy("64 requests are waiting")
 
     async def submit(self, job):
         self.jobs.append(job)
@@ -283,3 +288,14 @@ def test_server_n_predict_caps_every_request_and_the_access_log(capfd):
     assert worker.jobs[-1].max_tokens == 5
     err = capfd.readouterr().err
     assert "POST /v1/chat/completions 200" in err and " ms" in err
+
+
+def test_a_full_queue_answers_503_with_retry_after():
+    worker = FakeWorker()
+    worker.full = True
+    client, _ = make_client(worker=worker)
+    for stream in (False, True):
+        r = client.post(CHAT, json={"messages": HI, "stream": stream})
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert "the server is busy (64 requests are waiting)" in r.json()["error"]["message"]
+    assert worker.jobs == []

@@ -236,7 +236,7 @@ def test_real_model_trace_turns_equal_plain_for_suffix_and_lookup(cli_env, tmp_p
     obj = json.loads(line)
     trace.write_text(json.dumps({"source": obj["source"], "turns": obj["turns"][:2]}) + "\n")
     out = tmp_path / "b.json"
-    r = cli(["bench", "--trace", str(trace), "--draft-kind", "suffix", "--prompt-lookup", "--max-tokens", "40",
+    r = cli(["bench", "--trace", str(trace), "--draft-kind", "suffix", "--prompt-lookup", "--max-tokens", "32",
              "--json", str(out)], cli_env)
     assert r.returncode == 0, r.stderr
     summary = json.loads(out.read_text())["summary"]

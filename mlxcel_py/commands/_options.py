@@ -91,6 +91,7 @@ ServeMaxTokensOpt = Annotated[int, typer.Option("--n-predict", "-n", "--predict"
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", metavar="N", help="CPU threads for matrix products (OpenBLAS); default: all cores.", rich_help_panel=SERVER)]
 CtxSizeOpt = Annotated[int, typer.Option("--ctx-size", "-c", metavar="N", help="Context window in tokens (0: the model's); prompt plus reply never exceed it.", rich_help_panel=SERVER)]
 ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", metavar="N", help="Concurrent sequences (llama-server's slots); requests are decoded one at a time for now.", rich_help_panel=SERVER)]
+ShutdownGraceOpt = Annotated[int, typer.Option("--shutdown-grace", metavar="SECONDS", help="On SIGTERM/Ctrl-C, how long requests in flight may finish before they are cancelled.", rich_help_panel=SERVER)]
 LogDisableOpt = Annotated[bool, typer.Option("--log-disable", help="No per-request access line on stderr.", rich_help_panel=SERVER)]
 GpuLayersOpt = Annotated[Optional[str], typer.Option("--n-gpu-layers", "-ngl", "--gpu-layers", metavar="N", help="llama-server's GPU offload (accepted; MLX places the whole model on its device).", rich_help_panel=SERVER)]
 FlashAttnOpt = Annotated[Optional[str], typer.Option("--flash-attn", "-fa", metavar="on|off|auto", help="llama-server's flash attention switch (accepted; MLX picks its own attention kernel).", rich_help_panel=SERVER)]
@@ -139,6 +140,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             api_keys=tuple(g("api_key") or ()), api_key_file=g("api_key_file"), alias=g("alias"),
             cors_origins=tuple(o.strip() for o in (g("cors_origins") or "").split(",") if o.strip()),
             threads=g("threads"), ctx_size=g("ctx_size", 0), parallel=g("parallel", 1), log_disable=g("log_disable", False),
+            shutdown_grace=g("shutdown_grace", 5),
             ignored=tuple(flag for flag, name in (("--n-gpu-layers", "n_gpu_layers"), ("--flash-attn", "flash_attn"),
                                                   ("--cont-batching", "cont_batching"), ("--cache-type-k", "cache_type_k"),
                                                   ("--cache-type-v", "cache_type_v")) if g(name)),
@@ -198,6 +200,7 @@ SERVER_PARAMS = [
     _kw("api_key", ApiKeyOpt, None), _kw("api_key_file", ApiKeyFileOpt, None), _kw("cors_origins", CorsOpt, None),
     _kw("alias", AliasOpt, None), _kw("threads", ThreadsOpt, None), _kw("ctx_size", CtxSizeOpt, 0),
     _kw("parallel", ParallelOpt, 1), _kw("log_disable", LogDisableOpt, False),
+    _kw("shutdown_grace", ShutdownGraceOpt, 5),
     _kw("n_gpu_layers", GpuLayersOpt, None), _kw("flash_attn", FlashAttnOpt, None),
     _kw("cont_batching", ContBatchingOpt, False), _kw("cache_type_k", CacheTypeKOpt, None),
     _kw("cache_type_v", CacheTypeVOpt, None),

@@ -11,6 +11,7 @@ and the server keeps serving.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
@@ -30,7 +31,7 @@ from ..options import SamplingOptions
 from ..prompting import render_messages
 from ..text import TextPiece
 from .security import AccessPolicy, is_json_content_type
-from .worker import Job, Result, Worker
+from .worker import Busy, Job, Result, Worker
 
 BODY_LIMIT = 8 * 2**20  # bytes; a chat history of this size is far past any context window here
 MAX_STOPS, MAX_STOP_CHARS = 32, 1000
@@ -40,9 +41,10 @@ UNSUPPORTED = ("json_schema", "grammar", "tools", "functions", "logit_bias", "lo
 
 
 class ApiError(Exception):
-    def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error", code: str | None = None):
+    def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error", code: str | None = None,
+                 headers: dict | None = None):
         super().__init__(message)
-        self.message, self.status, self.type, self.code = message, status, type, code
+        self.message, self.status, self.type, self.code, self.headers = message, status, type, code, headers
 
 
 def error_body(message: str, type: str, code: str | None = None) -> dict:
@@ -127,7 +129,7 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError):
-        return JSONResponse(error_body(exc.message, exc.type, exc.code), status_code=exc.status)
+        return JSONResponse(error_body(exc.message, exc.type, exc.code), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError):
@@ -300,26 +302,48 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         return render_messages(tok, out)
 
     def make_job(body: dict, prompt: list[int]) -> Job:
+        ignore_eos = body.get("ignore_eos", False)
+        if not isinstance(ignore_eos, bool):
+            raise ApiError("'ignore_eos' must be true or false")
         return Job(prompt=prompt, max_tokens=limits_of(body, prompt), sampling=sampling_of(body),
-                   stop=stops_of(body))
+                   stop=stops_of(body), ignore_eos=ignore_eos)
 
     def failed(payload: Any) -> str:
         rid = uuid.uuid4().hex[:12]
         log(f"mlxcel serve: request {rid}: generation failed: {payload}")
         return f"generation failed (request id {rid})"
 
-    def check_worker() -> None:
+    def admit(job: Job) -> None:
+        """Into the worker's queue now, so a dead worker or a full queue answers before any body."""
         if not worker.alive:
             raise ApiError("the model worker is not running; see the server log", status=503, type="unavailable_error")
+        try:
+            worker.admit(job)
+        except Busy as exc:
+            raise ApiError(f"the server is busy ({exc}); retry later", status=503, type="unavailable_error",
+                           headers={"Retry-After": "1"}) from None
 
-    async def collect(job: Job) -> Result:
-        check_worker()
+    async def collect(job: Job, request: Request) -> Result:
+        """A non-streaming job's result; a client that hangs up cancels it (checked every 0.2 s)."""
+        admit(job)
+
+        async def watch() -> None:
+            while not job.cancelled.is_set():
+                if await request.is_disconnected():
+                    job.cancel()
+                    return
+                await asyncio.sleep(0.2)
+
+        watcher = asyncio.create_task(watch())
         result = None
-        async for kind, payload in worker.submit(job):
-            if kind == "error":
-                raise ApiError(failed(payload), status=500, type="server_error")
-            if kind == "done":
-                result = payload
+        try:
+            async for kind, payload in worker.submit(job):
+                if kind == "error":
+                    raise ApiError(failed(payload), status=500, type="server_error")
+                if kind == "done":
+                    result = payload
+        finally:
+            watcher.cancel()
         assert result is not None
         return result
 
@@ -330,7 +354,7 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
                head: dict | None = None, done_sentinel: bool = True) -> StreamingResponse:
         """SSE for one job: an optional head frame, one frame per text piece, the final frame."""
 
-        check_worker()
+        admit(job)
 
         async def events():
             if head is not None:
@@ -369,7 +393,8 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         content = body.get("content")
         if not isinstance(content, str):
             raise ApiError("'content' must be a string")
-        return {"tokens": list(tok.encode(content, add_special_tokens=bool(body.get("add_special", False))))}
+        ids = await asyncio.to_thread(tok.encode, content, add_special_tokens=bool(body.get("add_special", False)))
+        return {"tokens": list(ids)}
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
@@ -384,7 +409,7 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
     async def chat_completions(request: Request):
         body = await body_of(request)
         check_model(body)
-        job = make_job(body, chat_prompt(body))
+        job = make_job(body, await asyncio.to_thread(chat_prompt, body))  # templating off the event loop
         cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         base = {"id": cid, "created": int(time.time()), "model": model_id, "system_fingerprint": fingerprint}
         if body.get("stream"):
@@ -396,7 +421,7 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
                            "usage": usage(r), "timings": timings(r.stats)},
                 head={**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
             )
-        r = await collect(job)
+        r = await collect(job, request)
         return {**base, "object": "chat.completion",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text},
                              "finish_reason": r.finish_reason, "logprobs": None}],
@@ -411,7 +436,7 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
     async def completions(request: Request):
         body = await body_of(request)
         check_model(body)
-        job = make_job(body, text_prompt(body))
+        job = make_job(body, await asyncio.to_thread(text_prompt, body))
         cid = f"cmpl-{uuid.uuid4().hex[:24]}"
         base = {"id": cid, "object": "text_completion", "created": int(time.time()), "model": model_id,
                 "system_fingerprint": fingerprint}
@@ -422,7 +447,7 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
                 lambda r: {**base, "choices": [{"index": 0, "text": "", "finish_reason": r.finish_reason, "logprobs": None}],
                            "usage": usage(r), "timings": timings(r.stats)},
             )
-        r = await collect(job)
+        r = await collect(job, request)
         return {**base, "choices": [{"index": 0, "text": r.text, "finish_reason": r.finish_reason, "logprobs": None}],
                 "usage": usage(r), "timings": timings(r.stats)}
 
@@ -439,7 +464,7 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
     async def native_completion(request: Request):
         body = await body_of(request)
         check_model(body)
-        prompt = text_prompt(body)
+        prompt = await asyncio.to_thread(text_prompt, body)
         job = make_job(body, prompt)
         ptext = body.get("prompt") if isinstance(body.get("prompt"), str) else ""
         if body.get("stream"):
@@ -451,7 +476,7 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
                 lambda r: {**native(r, ptext, len(prompt)), "content": ""},
                 done_sentinel=False,
             )
-        r = await collect(job)
+        r = await collect(job, request)
         return native(r, ptext, len(prompt))
 
     if cors_origins:  # added last, so it is outermost: preflight OPTIONS never reach the key check

@@ -57,7 +57,10 @@ def run_server(run: RunConfig) -> None:
     ui.info(line)
     ui.err().print(f"mlxcel serve: model {model_id} listening on http://{srv.host}:{port}", markup=False)
     sys.stderr.flush()
-    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    # on SIGTERM/SIGINT uvicorn stops accepting, waits this long for requests in flight, then
+    # cancels them (their streams end, the finally below stops the worker's job)
+    config = uvicorn.Config(app, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=srv.shutdown_grace)
     server = uvicorn.Server(config)
     # uvicorn shuts down on SIGTERM, then re-raises it under the handler it found: make that an
     # exception, so the cleanup below (worker, suffix store) runs instead of the default kill

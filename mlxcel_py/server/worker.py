@@ -1,8 +1,10 @@
-"""One MLX worker thread behind a queue; requests stream events back to the asyncio side.
+"""One MLX worker thread behind a bounded queue; requests stream events back to the asyncio side.
 
 All model work (warmup included) runs on this thread, one request at a time, so concurrent
-clients are served in order without sharing caches. A client that disconnects sets its job's
-cancel flag: a queued job is skipped, a running one stops at the next token and frees the worker.
+clients are served in order without sharing caches. A client that disconnects (streaming or not)
+sets its job's cancel flag: a queued job is skipped, a running one stops between prefill chunks or
+at the next token and frees the worker. Beyond `max_queue` waiting jobs, `submit` refuses at once
+(`Busy`, a 503 with Retry-After) instead of letting the queue grow without bound.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class Job:
     sampling: SamplingOptions
     stop: Sequence[str] = ()
     speculative: bool = True
+    ignore_eos: bool = False
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -42,11 +45,20 @@ class Result:
     speculative: bool
 
 
+class Busy(Exception):
+    """The queue is full: the client should retry later."""
+
+
+MAX_QUEUE = 64
+
+
 class Worker:
-    def __init__(self, engine: Any, tokenizer: Any, *, speculative_allowed: bool = True):
+    def __init__(self, engine: Any, tokenizer: Any, *, speculative_allowed: bool = True, max_queue: int = MAX_QUEUE):
         self.engine = engine
         self.tokenizer = tokenizer
         self.speculative_allowed = speculative_allowed
+        self.max_queue = max_queue
+        self.current: Job | None = None
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.active = 0
         self.served = 0
@@ -86,17 +98,20 @@ class Worker:
             if job.cancelled.is_set():
                 continue
             self.active = 1
+            self.current = job
             try:
                 self._run(job)
             except Exception as exc:
                 self._emit(job, "error", f"{type(exc).__name__}: {exc}")
             finally:
                 self.active = 0
+                self.current = None
                 self.served += 1
 
     def _run(self, job: Job) -> None:
         spec = job.speculative and self.speculative_allowed
-        gen = self.engine.generate(job.prompt, max_tokens=job.max_tokens, sampling=job.sampling, speculative=spec)
+        gen = self.engine.generate(job.prompt, max_tokens=job.max_tokens, sampling=job.sampling, speculative=spec,
+                                   ignore_eos=job.ignore_eos, cancelled=job.cancelled.is_set)
         stream = TextStream(gen, self.tokenizer, job.stop)
         for piece in stream:
             if job.cancelled.is_set():
@@ -106,10 +121,17 @@ class Worker:
         finish = stream.finish_reason or ("cancelled" if job.cancelled.is_set() else "stop")
         self._emit(job, "done", Result(stream.text, list(gen.tokens), finish, stream.stop_word, gen.stats, spec))
 
-    async def submit(self, job: Job) -> AsyncIterator[tuple[str, Any]]:
+    def admit(self, job: Job) -> None:
+        """Queue a job, or refuse it at once when `max_queue` jobs already wait."""
+        if self.jobs.qsize() >= self.max_queue:
+            raise Busy(f"{self.jobs.qsize()} requests are waiting")
         job.loop = asyncio.get_running_loop()
         job.events = asyncio.Queue()
         self.jobs.put(job)
+
+    async def submit(self, job: Job) -> AsyncIterator[tuple[str, Any]]:
+        if job.events is None:
+            self.admit(job)
         try:
             while True:
                 kind, payload = await job.events.get()
@@ -119,5 +141,14 @@ class Worker:
         finally:
             job.cancel()
 
+    def cancel_all(self) -> None:
+        """Shutdown: every queued job is skipped and the running one stops at its next check."""
+        if self.current is not None:
+            self.current.cancel()
+        for job in list(self.jobs.queue):
+            if job is not None:
+                job.cancel()
+
     def stop(self) -> None:
+        self.cancel_all()
         self.jobs.put(None)
