@@ -91,7 +91,7 @@ def test_openai_client_chat_stream_and_completion(server):
     assert comp.choices[0].text
 
 
-def test_timings_draft_counters_on_copy_prompt_none_on_plain(server):
+def test_timings_draft_counters_on_copy_prompt(server):
     url, _, _ = server
     body = {"messages": [{"role": "user", "content": COPY_PROMPT}], "max_tokens": 48, "temperature": 0}
     status, r = post(url + "/v1/chat/completions", body)
@@ -99,9 +99,8 @@ def test_timings_draft_counters_on_copy_prompt_none_on_plain(server):
     t = r["timings"]
     assert t["draft_kind"] == "prompt-lookup" and t["draft_rounds"] > 0 and t["draft_n"] >= t["draft_n_accepted"] > 0
     assert t["predicted_n"] == r["usage"]["completion_tokens"]
-    status, plain = post(url + "/v1/chat/completions", {**body, "logprobs": True})  # ineligible: decodes plainly
-    assert status == 200 and "draft_n" not in plain["timings"]
-    assert plain["choices"][0]["message"]["content"] == r["choices"][0]["message"]["content"]
+    status, refused = post(url + "/v1/chat/completions", {**body, "logprobs": True})  # refused, not ignored
+    assert status == 400 and "'logprobs' is not supported" in refused["error"]["message"]
     # native route carries the same counters; its stream ends with the full object, no [DONE]
     status, n = post(url + "/completion", {"prompt": "a b c d a b c d a b c d a b", "n_predict": 16})
     assert status == 200 and list(n)[:3] == ["index", "content", "tokens"] and "timings" in n
@@ -197,7 +196,7 @@ def test_disconnect_mid_stream_frees_the_worker(server):
     assert get(url + "/health")["batch"]["active_sequences"] == 0
 
 
-def test_load_script_8_clients_x_5_requests(server):
+def test_load_script_8_clients_x_2_requests(server):
     url, _, _ = server
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "load_test.py"), "--url", url, "--clients", "8",
                         "--requests", "2", "--max-tokens", "6"], capture_output=True, text=True, timeout=600)
@@ -270,7 +269,7 @@ def test_non_streaming_request_is_cancelled_when_its_client_leaves(server):
 
 def test_a_client_leaving_during_a_long_prefill_frees_the_worker_before_it_ends(server):
     url, _, _ = server
-    prompt = [100 + (i * 7) % 5000 for i in range(7000)]  # four prefill chunks
+    prompt = [100 + (i * 7) % 5000 for i in range(1100)]  # three prefill chunks (cache.PREFILL_CHUNK)
     start = time.time()
     code, _ = post(url + "/v1/completions", {"prompt": prompt, "max_tokens": 1})
     full = time.time() - start
@@ -281,6 +280,7 @@ def test_a_client_leaving_during_a_long_prefill_frees_the_worker_before_it_ends(
 
 
 def test_sigterm_during_a_long_generation_ends_the_server_in_seconds(tmp_path):
+    import http.client
     import os
     import signal
     import threading
@@ -288,9 +288,16 @@ def test_sigterm_during_a_long_generation_ends_the_server_in_seconds(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path))
     proc, url, _ = start_server(env, "--no-warmup", "--shutdown-grace", "1")
     try:
-        t = threading.Thread(target=post, args=(url + "/v1/completions", {"prompt": "Count to 10000:",
-                                                                          "max_tokens": 5000, "ignore_eos": True}),
-                             daemon=True)
+        outcome = []
+
+        def client():
+            try:
+                outcome.append(post(url + "/v1/completions", {"prompt": "Count to 10000:", "max_tokens": 5000,
+                                                              "ignore_eos": True})[0])
+            except (OSError, http.client.HTTPException, ValueError) as exc:  # cut off, or a non-JSON 5xx
+                outcome.append(type(exc).__name__)
+
+        t = threading.Thread(target=client, daemon=True)
         t.start()
         deadline = time.time() + 30
         while not get(url + "/health")["batch"]["active_sequences"] and time.time() < deadline:
@@ -299,6 +306,8 @@ def test_sigterm_during_a_long_generation_ends_the_server_in_seconds(tmp_path):
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
         assert time.time() - start < 10
+        t.join(timeout=10)
+        assert outcome and outcome[0] != 200  # the client got an end (an error or a closed connection), not a hang
     finally:
         if proc.poll() is None:
             proc.kill()

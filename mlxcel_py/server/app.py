@@ -116,6 +116,67 @@ def log(message: str) -> None:
     sys.stderr.flush()
 
 
+class Guard:
+    """Host, key, content type and size checks before any route; any failure that is not already
+    an HTTP error becomes a 500 carrying a request id (the details go to the server log only).
+
+    Plain ASGI rather than `@app.middleware("http")`: Starlette's BaseHTTPMiddleware wraps the
+    request's receive channel, and a route behind it cannot see its client disconnect (which is
+    how a non-streaming request is cancelled)."""
+
+    def __init__(self, app, *, access: AccessPolicy, body_limit: int, access_log: bool):
+        self.app, self.access, self.body_limit, self.access_log = app, access, body_limit, access_log
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        from starlette.datastructures import Headers
+
+        headers = Headers(scope=scope)
+        method, path = scope["method"], scope["path"]
+        refusal = self.check(method, path, headers)
+        if refusal is not None:
+            return await refusal(scope, receive, send)
+        rid = uuid.uuid4().hex[:12]
+        start = time.perf_counter()
+        state = {"status": None}
+
+        async def tracked(message):
+            if message["type"] == "http.response.start":
+                state["status"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:  # a bug or a library failure: never echo its text to the client
+            log(f"mlxcel serve: request {rid} {method} {path} failed: {type(exc).__name__}: {exc}")
+            if state["status"] is None:
+                state["status"] = 500
+                await JSONResponse(error_body(f"internal server error (request id {rid})", "server_error"),
+                                   status_code=500)(scope, receive, send)
+        if self.access_log:  # time to the end of the response (a stream's whole body)
+            client = scope.get("client")
+            log(f"{client[0] if client else '-'} {method} {path} {state['status']} "
+                f"{(time.perf_counter() - start) * 1000:.0f} ms")
+
+    def check(self, method: str, path: str, headers) -> JSONResponse | None:
+        if not self.access.host_allowed(headers.get("host")):
+            return JSONResponse(error_body("the Host header must name this machine (loopback)", "invalid_request_error"),
+                                status_code=403)
+        if not self.access.authorized(path, headers):
+            return JSONResponse({"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}},
+                                status_code=401)
+        if method == "POST":
+            if not is_json_content_type(headers.get("content-type")):
+                return JSONResponse(error_body("send the body as JSON with 'Content-Type: application/json'",
+                                               "invalid_request_error"), status_code=415)
+            length = headers.get("content-length")
+            if length is not None and (not length.isdigit() or int(length) > self.body_limit):
+                return JSONResponse(error_body(f"the request body is larger than {self.body_limit} bytes",
+                                               "invalid_request_error"), status_code=413)
+        return None
+
+
 def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_tokens: int, model_id: str,
                access: AccessPolicy = AccessPolicy(), cors_origins: tuple[str, ...] = (),
                body_limit: int = BODY_LIMIT, access_log: bool = False) -> FastAPI:
@@ -142,38 +203,6 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
     async def _http(_: Request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
-
-    @app.middleware("http")
-    async def _guard(request: Request, call_next):
-        """Host, key, content type and size checks, then the route; any failure not already an
-        HTTP error becomes a 500 that carries a request id (details go to the server log only)."""
-        if not access.host_allowed(request.headers.get("host")):
-            return JSONResponse(error_body("the Host header must name this machine (loopback)", "invalid_request_error"),
-                                status_code=403)
-        if not access.authorized(request.url.path, request.headers):
-            return JSONResponse({"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}},
-                                status_code=401)
-        if request.method == "POST":
-            if not is_json_content_type(request.headers.get("content-type")):
-                return JSONResponse(error_body("send the body as JSON with 'Content-Type: application/json'",
-                                               "invalid_request_error"), status_code=415)
-            length = request.headers.get("content-length")
-            if length is not None and (not length.isdigit() or int(length) > body_limit):
-                return JSONResponse(error_body(f"the request body is larger than {body_limit} bytes",
-                                               "invalid_request_error"), status_code=413)
-        rid = uuid.uuid4().hex[:12]
-        start = time.perf_counter()
-        try:
-            response = await call_next(request)
-        except Exception as exc:  # a bug or a library failure: never echo its text to the client
-            log(f"mlxcel serve: request {rid} {request.method} {request.url.path} failed: {type(exc).__name__}: {exc}")
-            response = JSONResponse(error_body(f"internal server error (request id {rid})", "server_error"),
-                                    status_code=500)
-        if access_log:  # time to the response head (a stream's body follows)
-            client = request.client.host if request.client else "-"
-            log(f"{client} {request.method} {request.url.path} {response.status_code} "
-                f"{(time.perf_counter() - start) * 1000:.0f} ms")
-        return response
 
     async def body_of(request: Request) -> dict:
         raw = bytearray()
@@ -479,6 +508,7 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         r = await collect(job, request)
         return native(r, ptext, len(prompt))
 
+    app.add_middleware(Guard, access=access, body_limit=body_limit, access_log=access_log)
     if cors_origins:  # added last, so it is outermost: preflight OPTIONS never reach the key check
         from fastapi.middleware.cors import CORSMiddleware
 
