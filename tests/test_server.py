@@ -172,6 +172,11 @@ def test_tokenize_roundtrip(server):
     _, t = post(url + "/tokenize", {"content": "hello world"})
     _, d = post(url + "/detokenize", {"tokens": t["tokens"]})
     assert d["content"] == "hello world"
+    text = "héllo 日本 🙂"
+    _, p = post(url + "/tokenize", {"content": text, "with_pieces": True})
+    raw = b"".join(x["piece"].encode() if isinstance(x["piece"], str) else bytes(x["piece"]) for x in p["tokens"])
+    assert raw.decode() == text  # pieces that split a character come back as their bytes
+    assert any(isinstance(x["piece"], list) for x in p["tokens"])
 
 
 def test_disconnect_mid_stream_frees_the_worker(server):

@@ -299,3 +299,13 @@ def test_a_full_queue_answers_503_with_retry_after():
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
         assert "the server is busy (64 requests are waiting)" in r.json()["error"]["message"]
     assert worker.jobs == []
+
+
+def test_tokenize_with_pieces_and_completion_return_tokens():
+    client, _ = make_client()
+    r = client.post("/tokenize", json={"content": "hi", "with_pieces": True})
+    assert r.json() == {"tokens": [{"id": 104, "piece": "h"}, {"id": 105, "piece": "i"}]}
+    assert client.post("/tokenize", json={"content": "hi"}).json() == {"tokens": [104, 105]}
+    r = client.post("/completion", json={"prompt": "hi", "n_predict": 2, "return_tokens": True})
+    assert r.json()["tokens"] == [5]
+    assert client.post("/completion", json={"prompt": "hi", "n_predict": 2}).json()["tokens"] == []

@@ -33,6 +33,19 @@ from ..text import TextPiece
 from .security import AccessPolicy, is_json_content_type
 from .worker import Busy, Job, Result, Worker
 
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet back to bytes (for /tokenize pieces that are not whole UTF-8)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+_BYTE_DECODER = _byte_decoder()
 BODY_LIMIT = 8 * 2**20  # bytes; a chat history of this size is far past any context window here
 MAX_STOPS, MAX_STOP_CHARS = 32, 1000
 ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool", "developer": "system"}
@@ -422,8 +435,21 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         content = body.get("content")
         if not isinstance(content, str):
             raise ApiError("'content' must be a string")
-        ids = await asyncio.to_thread(tok.encode, content, add_special_tokens=bool(body.get("add_special", False)))
-        return {"tokens": list(ids)}
+        ids = list(await asyncio.to_thread(tok.encode, content, add_special_tokens=bool(body.get("add_special", False))))
+        if not body.get("with_pieces"):
+            return {"tokens": ids}
+        # llama-server's shape: each id with its piece (a string, or its bytes when not valid UTF-8)
+        return {"tokens": [{"id": i, "piece": piece(i)} for i in ids]}
+
+    def piece(token_id: int):
+        raw = tok.convert_ids_to_tokens(token_id) if hasattr(tok, "convert_ids_to_tokens") else None
+        text = tok.decode([token_id])
+        if "\ufffd" in text and isinstance(raw, str):  # a byte-level piece that is not whole UTF-8
+            try:
+                return list(bytes(_BYTE_DECODER[c] for c in raw))
+            except KeyError:
+                pass
+        return text
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
@@ -480,9 +506,10 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         return {**base, "choices": [{"index": 0, "text": r.text, "finish_reason": r.finish_reason, "logprobs": None}],
                 "usage": usage(r), "timings": timings(r.stats)}
 
-    def native(r: Result, prompt: str, n_eval: int) -> dict:
+    def native(r: Result, prompt: str, n_eval: int, return_tokens: bool = False) -> dict:
         stop_type = {"length": "limit"}.get(r.finish_reason, "word" if r.stop_word else "eos")
-        return {"index": 0, "content": r.text, "tokens": [], "id_slot": 0, "stop": True, "model": model_id,
+        return {"index": 0, "content": r.text, "tokens": list(r.tokens) if return_tokens else [], "id_slot": 0,
+                "stop": True, "model": model_id,
                 "tokens_predicted": r.stats.generated_tokens, "tokens_evaluated": n_eval,
                 "generation_settings": {}, "prompt": prompt, "has_new_line": "\n" in r.text, "truncated": False,
                 "stop_type": stop_type, "stopping_word": r.stop_word or "", "tokens_cached": r.stats.cached_tokens,
@@ -502,11 +529,12 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
                 job,
                 lambda piece: {"index": 0, "content": piece.text, "tokens": [], "stop": False, "id_slot": 0,
                                "tokens_predicted": piece.tokens, "tokens_evaluated": len(prompt)},
-                lambda r: {**native(r, ptext, len(prompt)), "content": ""},
+                lambda r: {**native(r, ptext, len(prompt), return_tokens=body.get("return_tokens") is True),
+                           "content": ""},
                 done_sentinel=False,
             )
         r = await collect(job, request)
-        return native(r, ptext, len(prompt))
+        return native(r, ptext, len(prompt), return_tokens=body.get("return_tokens") is True)
 
     app.add_middleware(Guard, access=access, body_limit=body_limit, access_log=access_log)
     if cors_origins:  # added last, so it is outermost: preflight OPTIONS never reach the key check
