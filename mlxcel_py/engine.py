@@ -31,6 +31,28 @@ class TokenEvent:
     from_draft: bool
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The target model's log-probability of an emitted token (log-softmax of its raw logits, as
+    OpenAI's `logprobs` reports them), and the `top` most likely tokens at that position."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprobs(rows: mx.array, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
+    lp = rows.astype(mx.float32)
+    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
+    chosen = mx.take_along_axis(lp, mx.array(list(tokens), dtype=mx.int32)[:, None], axis=-1)[:, 0].tolist()
+    best: list = [[] for _ in tokens]
+    if top:
+        order = mx.argsort(-lp, axis=-1)[:, :top]
+        vals = mx.take_along_axis(lp, order, axis=-1)
+        best = [list(zip(o, v)) for o, v in zip(order.tolist(), vals.tolist())]
+    return [TokenLogprob(t, c, tuple(b)) for t, c, b in zip(tokens, chosen, best)]
+
+
 def on_cuda() -> bool:
     try:
         return mx.default_device() == mx.gpu and mx.cuda.is_available()
@@ -43,8 +65,12 @@ class Generation:
 
     def __init__(self, engine: "Engine", prompt: Sequence[int], *, max_tokens: int, sampling: SamplingOptions,
                  min_tokens: int = 0, ignore_eos: bool = False, speculative: bool = True,
-                 reuse_cache: bool = False, remember: bool = True, cancelled: Callable[[], bool] | None = None):
+                 reuse_cache: bool = False, remember: bool = True, cancelled: Callable[[], bool] | None = None,
+                 logprobs: int | None = None):
         self.engine = engine
+        # None: none; N >= 0: each emitted token's logprob and the N most likely (self.logprobs_out)
+        self.logprobs = logprobs
+        self.logprobs_out: list[TokenLogprob] = []
         self.cancelled = cancelled  # asked between prefill chunks: a long prompt stops early
         self.remember = remember  # add prompt + output to the suffix store at the end
         self.prompt = list(prompt)
@@ -137,20 +163,26 @@ class Generation:
                     st.positions_tested += min(verdict.accepted + 1, len(draft))
                     policy.drafted(len(draft), verdict.accepted)
                     new, n_from_draft = verdict.tokens, verdict.accepted
+                    rows = verdict.rows
                 else:
                     tp = time.perf_counter()
                     logits = cache.feed(history[-1:])
                     new, n_from_draft = decider.decide(logits, history, history[-1:]), 0
+                    rows = logits
                     if policy is not None:
                         policy.timed(1, time.perf_counter() - tp)
                         policy.plain()
                 st.rounds += 1
+                # the rows that chose each token: in a verify round the same ones plain decoding computes
+                lps = token_logprobs(rows, new, self.logprobs) if self.logprobs is not None else None
                 for i, tok in enumerate(new):
                     if tok in eos and emitted >= self.min_tokens:
                         self.finish_reason = "stop"
                         return
                     history.append(tok)
                     self.tokens.append(tok)
+                    if lps is not None:
+                        self.logprobs_out.append(lps[i])
                     emitted += 1
                     st.generated_tokens = emitted
                     if i < n_from_draft:
@@ -248,9 +280,10 @@ class Engine:
     def generate(self, prompt: Sequence[int], *, max_tokens: int, sampling: SamplingOptions | None = None,
                  min_tokens: int = 0, ignore_eos: bool = False, speculative: bool = True,
                  reuse_cache: bool = False, remember: bool = True,
-                 cancelled: Callable[[], bool] | None = None) -> Generation:
+                 cancelled: Callable[[], bool] | None = None, logprobs: int | None = None) -> Generation:
         return Generation(self, prompt, max_tokens=self.resolve_max_tokens(max_tokens, len(prompt)),
                           sampling=sampling or SamplingOptions(), min_tokens=min_tokens, cancelled=cancelled,
+                          logprobs=logprobs,
                           ignore_eos=ignore_eos, speculative=speculative, reuse_cache=reuse_cache,
                           remember=remember)
 

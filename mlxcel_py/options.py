@@ -17,6 +17,9 @@ DEFAULT_TOP_K = 0
 DEFAULT_MIN_P = 0.0
 DEFAULT_REPETITION_PENALTY = 1.0
 DEFAULT_REPEAT_LAST_N = -1  # -1: whole context, 0: off
+# llama-server's (and mlxcel serve's) defaults, used by serve when neither a flag nor the model's
+# generation_config.json says otherwise
+SERVER_SAMPLING_DEFAULTS = {"temp": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05}
 
 DEFAULT_NGRAM_MAX = 3
 DEFAULT_NGRAM_MIN = 2
@@ -120,6 +123,7 @@ class ServerOptions:
     parallel: int = 1
     log_disable: bool = False
     shutdown_grace: int = 5  # seconds requests in flight get after SIGTERM before they are cancelled
+    sampling_given: tuple[str, ...] = ()  # sampling flags given on the command line (the rest: model/server defaults)
     ignored: tuple[str, ...] = ()  # llama-server flags given that do not apply here (GPU offload...)
 
 

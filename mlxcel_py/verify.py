@@ -32,6 +32,7 @@ class Verdict:
     tokens: list[int]  # draft[:accepted] + [the target's own token]
     rule: str
     rollback_s: float = 0.0
+    rows: mx.array | None = None  # the target's logits that chose each of `tokens` (for logprobs)
 
 
 def verify_round(
@@ -60,7 +61,7 @@ def verify_round(
     rolled = cache.truncate(len(cache.tokens) - (len(draft) - accepted))
     cache.release()
     assert rolled, "a verify round always has a checkpoint to roll back to"
-    return Verdict(accepted, list(draft[:accepted]) + [token], rule, time.perf_counter() - t)
+    return Verdict(accepted, list(draft[:accepted]) + [token], rule, time.perf_counter() - t, logits[: accepted + 1])
 
 
 def _accept_pq(logits, history, inputs, draft, decider: Decider, q: mx.array) -> tuple[int, int]:

@@ -177,3 +177,26 @@ def test_prompt_cache_reuse_across_turns(tiny):
     assert g.stats.cached_tokens >= len(p) + len(first) - 1
     fresh, _ = run(engine_for(tiny), second_prompt, max_tokens=10)
     assert b == fresh
+
+
+def test_logprobs_are_the_targets_own_with_and_without_speculation(tiny):
+    """Each emitted token's logprob is the log-softmax of the target's logits at its position, the
+    same (to float rounding) whether it came from a verify round or a plain step."""
+    plain, spec = engine_for(tiny), engine_for(tiny, lookup("graded", adaptive=False))
+    accepted = 0
+    for p in prompts(6, seed=5):
+        a, ga = run(plain, p, max_tokens=24, logprobs=3)
+        b, gb = run(spec, p, max_tokens=24, logprobs=3)
+        assert a == b
+        accepted += gb.stats.accepted
+        assert [x.token for x in ga.logprobs_out] == a == [x.token for x in gb.logprobs_out]
+        for x, y in zip(ga.logprobs_out, gb.logprobs_out):
+            assert abs(x.logprob - y.logprob) < 1e-4
+            assert [t for t, _ in x.top] == [t for t, _ in y.top] and len(x.top) == 3
+            assert x.top[0][0] == x.token and x.top[0][1] >= x.logprob - 1e-6  # greedy: the top token
+        # against a direct forward of the whole sequence
+        rows = tiny.model(mx.array([p + a[:-1]]))[0, len(p) - 1:]
+        ref = rows - mx.logsumexp(rows, axis=-1, keepdims=True)
+        for i, x in enumerate(ga.logprobs_out):
+            assert abs(ref[i, x.token].item() - x.logprob) < 1e-3
+    assert accepted > 0  # some logprobs came from verify rounds

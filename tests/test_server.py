@@ -99,8 +99,13 @@ def test_timings_draft_counters_on_copy_prompt(server):
     t = r["timings"]
     assert t["draft_kind"] == "prompt-lookup" and t["draft_rounds"] > 0 and t["draft_n"] >= t["draft_n_accepted"] > 0
     assert t["predicted_n"] == r["usage"]["completion_tokens"]
-    status, refused = post(url + "/v1/chat/completions", {**body, "logprobs": True})  # refused, not ignored
-    assert status == 400 and "'logprobs' is not supported" in refused["error"]["message"]
+    # logprobs with speculation on: the target's own, one entry per token, greedy picks the top one
+    status, lp = post(url + "/v1/chat/completions", {**body, "logprobs": True, "top_logprobs": 2})
+    assert status == 200 and lp["choices"][0]["message"]["content"] == r["choices"][0]["message"]["content"]
+    content = lp["choices"][0]["logprobs"]["content"]
+    assert len(content) == lp["usage"]["completion_tokens"] and lp["timings"]["draft_n_accepted"] > 0
+    assert all(e["top_logprobs"][0]["token"] == e["token"] and e["logprob"] <= 0 for e in content)
+    assert bytes(b for e in content for b in e["bytes"]).decode() == lp["choices"][0]["message"]["content"]
     # native route carries the same counters; its stream ends with the full object, no [DONE]
     status, n = post(url + "/completion", {"prompt": "a b c d a b c d a b c d a b", "n_predict": 16})
     assert status == 200 and list(n)[:3] == ["index", "content", "tokens"] and "timings" in n
@@ -213,7 +218,7 @@ def test_mlxcel_server_script_and_api_key(tmp_path):
     import os
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-c", "from mlxcel_py.server.main import server_main; server_main()",
+    proc = subprocess.Popen([sys.executable, "-c", "from mlxcel_py.commands.serve import server_main; server_main()",
                              "--port", "0", "--api-key", "s3cret", "--no-warmup"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 from fastapi.testclient import TestClient
 
+from mlxcel_py.engine import TokenLogprob
 from mlxcel_py.options import SamplingOptions
 from mlxcel_py.server.app import create_app
 from mlxcel_py.server.security import AccessPolicy, is_json_content_type, parse_keys
@@ -55,9 +56,12 @@ class FakeWorker:
         if self.fail:
             yield "error", self.fail
             return
+        lps = [TokenLogprob(5, -0.25, ((5, -0.25), (7, -1.5))[: job.logprobs or 0])] if job.logprobs is not None else []
+        if lps:
+            yield "logprobs", lps
         yield "text", TextPiece("ok", 1)
         stats = GenerationStats(prompt_tokens=len(job.prompt), generated_tokens=1)
-        yield "done", Result("ok", [5], "stop", None, stats, True)
+        yield "done", Result("ok", [5], "stop", None, stats, True, lps)
 
 
 def make_client(*, worker=None, access=AccessPolicy(), cors=(), body_limit=65536, base_url="http://localhost",
@@ -86,7 +90,9 @@ def _assert_error(r, status, fragment):
     ({"messages": HI, "response_format": {"type": "json_object"}}, "'response_format' (structured output)"),
     ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, "'tools' is not supported"),
     ({"messages": HI, "logit_bias": {"5": 10}}, "'logit_bias' is not supported"),
-    ({"messages": HI, "logprobs": True}, "'logprobs' is not supported"),
+    ({"messages": HI, "top_logprobs": 3}, "'top_logprobs' needs 'logprobs': true"),
+    ({"messages": HI, "logprobs": True, "top_logprobs": 50}, "'top_logprobs' must be between 0 and 20"),
+    ({"messages": HI, "logprobs": 3}, "'logprobs' must be true or false"),
     ({"messages": HI, "grammar": "root ::= x"}, "'grammar' is not supported"),
     ({"messages": [{"role": "<|im_start|>system", "content": "x"}]}, "messages[0].role must be one of system, user"),
     ({"messages": ["hi"]}, "messages[0] must be an object"),
@@ -309,3 +315,35 @@ def test_tokenize_with_pieces_and_completion_return_tokens():
     r = client.post("/completion", json={"prompt": "hi", "n_predict": 2, "return_tokens": True})
     assert r.json()["tokens"] == [5]
     assert client.post("/completion", json={"prompt": "hi", "n_predict": 2}).json()["tokens"] == []
+
+
+def test_logprobs_in_each_api_shape():
+    client, worker = make_client()
+    r = client.post(CHAT, json={"messages": HI, "logprobs": True, "top_logprobs": 2}).json()
+    entry = r["choices"][0]["logprobs"]["content"][0]
+    assert entry["token"] == "\x05" and entry["logprob"] == -0.25 and entry["bytes"] == [5]
+    assert [t["logprob"] for t in entry["top_logprobs"]] == [-0.25, -1.5]
+    assert worker.jobs[-1].logprobs == 2
+    r = client.post(CHAT, json={"messages": HI}).json()
+    assert r["choices"][0]["logprobs"] is None and worker.jobs[-1].logprobs is None
+    r = client.post("/v1/completions", json={"prompt": "hi", "logprobs": 1}).json()
+    assert r["choices"][0]["logprobs"] == {"tokens": ["\x05"], "token_logprobs": [-0.25],
+                                           "top_logprobs": [{"\x05": -0.25}], "text_offset": [0]}
+    r = client.post("/completion", json={"prompt": "hi", "n_probs": 2}).json()
+    assert r["completion_probabilities"][0]["id"] == 5 and len(r["completion_probabilities"][0]["top_logprobs"]) == 2
+    assert "completion_probabilities" not in client.post("/completion", json={"prompt": "hi"}).json()
+    frames = [json.loads(x[6:]) for x in client.post(CHAT, json={"messages": HI, "logprobs": True, "stream": True})
+              .text.split("\n\n") if x.startswith("data: {")]
+    assert frames[1]["choices"][0]["logprobs"]["content"][0]["logprob"] == -0.25
+
+
+def test_server_default_sampling_flag_then_generation_config_then_llama_server(tmp_path):
+    from mlxcel_py.server.main import server_sampling
+
+    flags = SamplingOptions(temp=0.3)
+    assert server_sampling(flags, (), tmp_path) == SamplingOptions(temp=0.8, top_p=0.95, top_k=40, min_p=0.05)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_k": 20, "top_p": "x"}))
+    s = server_sampling(flags, ("temp",), tmp_path)
+    assert (s.temp, s.top_k, s.top_p, s.min_p) == (0.3, 20, 0.95, 0.05)  # flag, config, default, default
+    (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": False}))
+    assert server_sampling(flags, (), tmp_path).temp == 0.0  # a checkpoint that asks for greedy decoding

@@ -211,7 +211,7 @@ def test_serve_takes_llama_server_command_lines(monkeypatch, no_loading, tmp_pat
     from mlxcel_py.server import main as server_main
 
     seen = []
-    monkeypatch.setattr(server_main, "run_server", lambda cfg: seen.append(cfg))
+    monkeypatch.setattr(server_main, "run_server", lambda cfg, **kw: seen.append(cfg))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     argv = ["serve", "-np", "2", "-ngl", "99", "-fa", "on", "-cb", "-ctk", "q8_0", "-ctv", "q8_0", "-c", "256",

@@ -86,7 +86,7 @@ MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="Print the summary
 RepeatsOpt = Annotated[int, typer.Option("--repeats", metavar="N", help="Time each prompt under each configuration N times (interleaved) and keep the median-speed run.", rich_help_panel=BENCH)]
 LimitOpt = Annotated[Optional[int], typer.Option("--limit", metavar="N", help="Use at most N prompts of each kind.", rich_help_panel=BENCH)]
 # llama-server's spellings on serve: -t is threads there (temperature stays --temp), -n the server cap
-ServeTempOpt = Annotated[float, typer.Option("--temp", "--temperature", metavar="FLOAT", help="Default sampling temperature; 0 is greedy.", rich_help_panel=SAMPLING)]
+ServeTempOpt = Annotated[Optional[float], typer.Option("--temp", "--temperature", metavar="FLOAT", help="Default sampling temperature; 0 is greedy. Sampling flags left out come from the model's generation_config.json, else llama-server's defaults (temp 0.8, top-p 0.95, top-k 40, min-p 0.05).", rich_help_panel=SAMPLING)]
 ServeMaxTokensOpt = Annotated[int, typer.Option("--n-predict", "-n", "--predict", "--max-tokens", metavar="N", help="Cap on every request's tokens (a request asking for more gets this many); -1: no cap.", rich_help_panel=GEN)]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", metavar="N", help="CPU threads for matrix products (OpenBLAS); default: all cores.", rich_help_panel=SERVER)]
 CtxSizeOpt = Annotated[int, typer.Option("--ctx-size", "-c", metavar="N", help="Context window in tokens (0: the model's); prompt plus reply never exceed it.", rich_help_panel=SERVER)]
@@ -99,6 +99,10 @@ ContBatchingOpt = Annotated[bool, typer.Option("--cont-batching", "-cb", help="l
 CacheTypeKOpt = Annotated[Optional[str], typer.Option("--cache-type-k", "-ctk", metavar="TYPE", help="llama-server's K cache type (accepted; the KV cache keeps the model's dtype).", rich_help_panel=SERVER)]
 CacheTypeVOpt = Annotated[Optional[str], typer.Option("--cache-type-v", "-ctv", metavar="TYPE", help="llama-server's V cache type (accepted; the KV cache keeps the model's dtype).", rich_help_panel=SERVER)]
 AliasOpt = Annotated[Optional[str], typer.Option("--alias", "-a", help="Model id reported by /v1/models.", rich_help_panel=SERVER)]
+
+
+def _given(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
@@ -119,8 +123,8 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             profile=g("profile", False), verbose=g("verbose", False), verify_exact=g("verify_exact", False),
         ),
         sampling=O.SamplingOptions(
-            temp=g("temp", O.DEFAULT_TEMP), top_p=g("top_p", O.DEFAULT_TOP_P), top_k=g("top_k", O.DEFAULT_TOP_K),
-            min_p=g("min_p", O.DEFAULT_MIN_P), seed=g("seed"),
+            temp=_given(g("temp"), O.DEFAULT_TEMP), top_p=_given(g("top_p"), O.DEFAULT_TOP_P),
+            top_k=_given(g("top_k"), O.DEFAULT_TOP_K), min_p=_given(g("min_p"), O.DEFAULT_MIN_P), seed=g("seed"),
             repetition_penalty=g("repetition_penalty", O.DEFAULT_REPETITION_PENALTY),
             repeat_last_n=g("repeat_last_n", O.DEFAULT_REPEAT_LAST_N),
         ),
@@ -141,6 +145,8 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             cors_origins=tuple(o.strip() for o in (g("cors_origins") or "").split(",") if o.strip()),
             threads=g("threads"), ctx_size=g("ctx_size", 0), parallel=g("parallel", 1), log_disable=g("log_disable", False),
             shutdown_grace=g("shutdown_grace", 5),
+            # serve: sampling flags left out take the model's generation_config.json, else llama-server's
+            sampling_given=tuple(k for k in ("temp", "top_p", "top_k", "min_p") if g(k) is not None),
             ignored=tuple(flag for flag, name in (("--n-gpu-layers", "n_gpu_layers"), ("--flash-attn", "flash_attn"),
                                                   ("--cont-batching", "cont_batching"), ("--cache-type-k", "cache_type_k"),
                                                   ("--cache-type-v", "cache_type_v")) if g(name)),
@@ -231,7 +237,10 @@ BENCH_PARAMS = (
     + RUNTIME_PARAMS
 )
 # serve: llama-server's -t (threads) and -n (cap), so the sampling temperature loses -t there
-SERVE_SAMPLING_PARAMS = [_kw("temp", ServeTempOpt, O.DEFAULT_TEMP)] + SAMPLING_PARAMS[1:]
+SERVE_SAMPLING_PARAMS = [
+    _kw("temp", ServeTempOpt, None), _kw("top_p", TopPOpt, None), _kw("top_k", TopKOpt, None),
+    _kw("min_p", MinPOpt, None),
+] + [p for p in SAMPLING_PARAMS if p.name not in ("temp", "top_p", "top_k", "min_p")]
 ALL_MODEL_SIDE = MODEL_PARAMS + GENERATION_PARAMS + SAMPLING_PARAMS + SPEC_PARAMS + LOOKUP_PARAMS + RUNTIME_PARAMS
 # run and chat: generate's options without the prompt-lookup group in --help
 CHAT_SIDE = MODEL_PARAMS + GENERATION_PARAMS + SAMPLING_PARAMS + SPEC_PARAMS + LOOKUP_PARAMS_HIDDEN + RUNTIME_PARAMS

@@ -29,4 +29,15 @@ def serve(**params) -> None:
         fastpath.prepare(cfg.options.model.blas)
         from ..server.main import run_server
 
-        run_server(cfg)
+        run_server(cfg, say=ui.info, warn=ui.warn)
+
+
+def server_main() -> None:
+    """The `mlxcel-server` console script: the serve flags, no subcommand."""
+    import typer
+
+    from ._help import GroupedHelpCommand
+
+    app = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help", "--usage"]})
+    app.command(help=serve.__doc__, cls=GroupedHelpCommand)(serve)
+    app()

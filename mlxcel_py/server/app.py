@@ -2,8 +2,8 @@
 
 Each request's sampling fields override the server defaults (the CLI flags); the request is
 validated like CLI flags are, then handed to the single MLX worker. Fields whose meaning we cannot
-honour yet (n > 1, structured output, tools, logit_bias, logprobs) are refused by name rather than
-ignored. Bodies are bounded and parsed strictly (no NaN/Infinity, roles from a fixed set), and
+honour yet (n > 1, structured output, tools, logit_bias) are refused by name rather than ignored;
+logprobs (OpenAI's `logprobs`/`top_logprobs`, llama-server's `n_probs`) are the target's own. Bodies are bounded and parsed strictly (no NaN/Infinity, roles from a fixed set), and
 access is checked first (`security`: keys, Host on loopback, JSON content type). Every failure is
 a 4xx/5xx with `{"error": {"message", "type", "code"}}`, internal ones carrying only a request id,
 and the server keeps serving.
@@ -50,7 +50,8 @@ BODY_LIMIT = 8 * 2**20  # bytes; a chat history of this size is far past any con
 MAX_STOPS, MAX_STOP_CHARS = 32, 1000
 ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool", "developer": "system"}
 # fields whose meaning we cannot honour yet: refused by name instead of ignored behind a 200
-UNSUPPORTED = ("json_schema", "grammar", "tools", "functions", "logit_bias", "logprobs", "top_logprobs")
+UNSUPPORTED = ("json_schema", "grammar", "tools", "functions", "logit_bias")
+MAX_TOP_LOGPROBS = 20
 
 
 class ApiError(Exception):
@@ -120,8 +121,30 @@ def refuse_unsupported(body: dict) -> None:
     for key in UNSUPPORTED:
         if body.get(key):
             raise ApiError(f"'{key}' is not supported by this server", code="unsupported_field")
-    if body.get("n_probs"):
-        raise ApiError("'n_probs' is not supported by this server", code="unsupported_field")
+
+
+def _top_count(body: dict, key: str) -> int | None:
+    n = _num(body, key, int, None)
+    if n is not None and not 0 <= n <= MAX_TOP_LOGPROBS:
+        raise ApiError(f"'{key}' must be between 0 and {MAX_TOP_LOGPROBS}, got {n}")
+    return n
+
+
+def logprobs_request(body: dict, route: str) -> int | None:
+    """How many top alternatives each token's logprob entry lists, or None for no logprobs.
+    OpenAI chat: logprobs (bool) + top_logprobs; legacy completions: logprobs (int); native: n_probs."""
+    if route == "chat":
+        want = body.get("logprobs")
+        if want is not None and not isinstance(want, bool):
+            raise ApiError("'logprobs' must be true or false")
+        top = _top_count(body, "top_logprobs")
+        if top is not None and not want:
+            raise ApiError("'top_logprobs' needs 'logprobs': true")
+        return (top or 0) if want else None
+    if route == "completions":
+        return _top_count(body, "logprobs")
+    n = _top_count(body, "n_probs")
+    return n if n else None
 
 
 def log(message: str) -> None:
@@ -343,12 +366,12 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
             out.append({"role": ROLES[role], "content": content})
         return render_messages(tok, out)
 
-    def make_job(body: dict, prompt: list[int]) -> Job:
+    def make_job(body: dict, prompt: list[int], logprobs: int | None = None) -> Job:
         ignore_eos = body.get("ignore_eos", False)
         if not isinstance(ignore_eos, bool):
             raise ApiError("'ignore_eos' must be true or false")
         return Job(prompt=prompt, max_tokens=limits_of(body, prompt), sampling=sampling_of(body),
-                   stop=stops_of(body), ignore_eos=ignore_eos)
+                   stop=stops_of(body), ignore_eos=ignore_eos, logprobs=logprobs)
 
     def failed(payload: Any) -> str:
         rid = uuid.uuid4().hex[:12]
@@ -392,7 +415,7 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
     def sse(obj: Any) -> str:
         return f"data: {json.dumps(obj)}\n\n"
 
-    def stream(job: Job, on_text: Callable[[TextPiece], dict], on_done: Callable[[Result], dict], *,
+    def stream(job: Job, on_text: Callable[[TextPiece, list], dict], on_done: Callable[[Result], dict], *,
                head: dict | None = None, done_sentinel: bool = True) -> StreamingResponse:
         """SSE for one job: an optional head frame, one frame per text piece, the final frame."""
 
@@ -401,9 +424,13 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         async def events():
             if head is not None:
                 yield sse(head)
+            lps: list = []
             async for kind, payload in worker.submit(job):
-                if kind == "text":
-                    yield sse(on_text(payload))
+                if kind == "logprobs":
+                    lps = payload
+                elif kind == "text":
+                    yield sse(on_text(payload, lps))
+                    lps = []
                 elif kind == "error":
                     yield sse(error_body(failed(payload), "server_error"))
                 else:
@@ -442,14 +469,42 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         return {"tokens": [{"id": i, "piece": piece(i)} for i in ids]}
 
     def piece(token_id: int):
-        raw = tok.convert_ids_to_tokens(token_id) if hasattr(tok, "convert_ids_to_tokens") else None
         text = tok.decode([token_id])
-        if "\ufffd" in text and isinstance(raw, str):  # a byte-level piece that is not whole UTF-8
-            try:
+        return token_bytes(token_id) if "\ufffd" in text else text  # bytes for part of a character
+
+    def token_bytes(token_id: int) -> list[int]:
+        raw = tok.convert_ids_to_tokens(token_id) if hasattr(tok, "convert_ids_to_tokens") else None
+        if isinstance(raw, str):
+            try:  # a byte-level BPE token spells its bytes in GPT-2's alphabet
                 return list(bytes(_BYTE_DECODER[c] for c in raw))
             except KeyError:
                 pass
-        return text
+        return list(tok.decode([token_id]).encode())
+
+    def chat_logprobs(entries: list) -> dict:
+        """OpenAI chat's `logprobs.content`: each token with its bytes and the top alternatives."""
+        def one(t: int, lp: float) -> dict:
+            return {"token": tok.decode([t]), "logprob": lp, "bytes": token_bytes(t)}
+
+        return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, v) for t, v in e.top]}
+                            for e in entries]}
+
+    def legacy_logprobs(entries: list, offset: int = 0) -> dict:
+        """OpenAI completions' `logprobs`: parallel lists, text offsets into the completion."""
+        texts = [tok.decode([e.token]) for e in entries]
+        offsets = []
+        for t in texts:
+            offsets.append(offset)
+            offset += len(t)
+        return {"tokens": texts, "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [{tok.decode([t]): v for t, v in e.top} for e in entries], "text_offset": offsets}
+
+    def native_probs(entries: list) -> list:
+        """llama-server's `completion_probabilities` (its logprob format)."""
+        def one(t: int, lp: float) -> dict:
+            return {"id": t, "token": tok.decode([t]), "bytes": token_bytes(t), "logprob": lp}
+
+        return [{**one(e.token, e.logprob), "top_logprobs": [one(t, v) for t, v in e.top]} for e in entries]
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
@@ -464,14 +519,16 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
     async def chat_completions(request: Request):
         body = await body_of(request)
         check_model(body)
-        job = make_job(body, await asyncio.to_thread(chat_prompt, body))  # templating off the event loop
+        lp = logprobs_request(body, "chat")
+        job = make_job(body, await asyncio.to_thread(chat_prompt, body), lp)  # templating off the event loop
         cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         base = {"id": cid, "created": int(time.time()), "model": model_id, "system_fingerprint": fingerprint}
         if body.get("stream"):
             chunk = {**base, "object": "chat.completion.chunk"}
             return stream(
                 job,
-                lambda piece: {**chunk, "choices": [{"index": 0, "delta": {"content": piece.text}, "finish_reason": None}]},
+                lambda piece, lps: {**chunk, "choices": [{"index": 0, "delta": {"content": piece.text}, "finish_reason": None,
+                                                          "logprobs": chat_logprobs(lps) if lp is not None else None}]},
                 lambda r: {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": r.finish_reason}],
                            "usage": usage(r), "timings": timings(r.stats)},
                 head={**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
@@ -479,7 +536,8 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         r = await collect(job, request)
         return {**base, "object": "chat.completion",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text},
-                             "finish_reason": r.finish_reason, "logprobs": None}],
+                             "finish_reason": r.finish_reason,
+                             "logprobs": chat_logprobs(r.logprobs) if lp is not None else None}],
                 "usage": usage(r), "timings": timings(r.stats)}
 
     def usage(r: Result) -> dict:
@@ -491,24 +549,34 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
     async def completions(request: Request):
         body = await body_of(request)
         check_model(body)
-        job = make_job(body, await asyncio.to_thread(text_prompt, body))
+        lp = logprobs_request(body, "completions")
+        job = make_job(body, await asyncio.to_thread(text_prompt, body), lp)
         cid = f"cmpl-{uuid.uuid4().hex[:24]}"
         base = {"id": cid, "object": "text_completion", "created": int(time.time()), "model": model_id,
                 "system_fingerprint": fingerprint}
         if body.get("stream"):
+            sent = [0]  # characters streamed so far: text_offset continues across chunks
+
+            def chunk(piece: TextPiece, lps: list) -> dict:
+                out = legacy_logprobs(lps, sent[0]) if lp is not None else None
+                sent[0] += len(piece.text)
+                return {**base, "choices": [{"index": 0, "text": piece.text, "finish_reason": None, "logprobs": out}]}
+
             return stream(
                 job,
-                lambda piece: {**base, "choices": [{"index": 0, "text": piece.text, "finish_reason": None, "logprobs": None}]},
+                chunk,
                 lambda r: {**base, "choices": [{"index": 0, "text": "", "finish_reason": r.finish_reason, "logprobs": None}],
                            "usage": usage(r), "timings": timings(r.stats)},
             )
         r = await collect(job, request)
-        return {**base, "choices": [{"index": 0, "text": r.text, "finish_reason": r.finish_reason, "logprobs": None}],
+        return {**base, "choices": [{"index": 0, "text": r.text, "finish_reason": r.finish_reason,
+                                     "logprobs": legacy_logprobs(r.logprobs) if lp is not None else None}],
                 "usage": usage(r), "timings": timings(r.stats)}
 
-    def native(r: Result, prompt: str, n_eval: int, return_tokens: bool = False) -> dict:
+    def native(r: Result, prompt: str, n_eval: int, return_tokens: bool = False, probs: bool = False) -> dict:
         stop_type = {"length": "limit"}.get(r.finish_reason, "word" if r.stop_word else "eos")
-        return {"index": 0, "content": r.text, "tokens": list(r.tokens) if return_tokens else [], "id_slot": 0,
+        extra = {"completion_probabilities": native_probs(r.logprobs)} if probs else {}
+        return {**extra, "index": 0, "content": r.text, "tokens": list(r.tokens) if return_tokens else [], "id_slot": 0,
                 "stop": True, "model": model_id,
                 "tokens_predicted": r.stats.generated_tokens, "tokens_evaluated": n_eval,
                 "generation_settings": {}, "prompt": prompt, "has_new_line": "\n" in r.text, "truncated": False,
@@ -521,20 +589,22 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         body = await body_of(request)
         check_model(body)
         prompt = await asyncio.to_thread(text_prompt, body)
-        job = make_job(body, prompt)
+        lp = logprobs_request(body, "native")
+        job = make_job(body, prompt, lp)
+        want_tokens, probs = body.get("return_tokens") is True, lp is not None
         ptext = body.get("prompt") if isinstance(body.get("prompt"), str) else ""
         if body.get("stream"):
             # the native stream ends with the full object and has no [DONE] sentinel
             return stream(
                 job,
-                lambda piece: {"index": 0, "content": piece.text, "tokens": [], "stop": False, "id_slot": 0,
-                               "tokens_predicted": piece.tokens, "tokens_evaluated": len(prompt)},
-                lambda r: {**native(r, ptext, len(prompt), return_tokens=body.get("return_tokens") is True),
-                           "content": ""},
+                lambda piece, lps: {"index": 0, "content": piece.text, "tokens": [], "stop": False, "id_slot": 0,
+                                    "tokens_predicted": piece.tokens, "tokens_evaluated": len(prompt),
+                                    **({"completion_probabilities": native_probs(lps)} if probs else {})},
+                lambda r: {**native(r, ptext, len(prompt), return_tokens=want_tokens), "content": ""},
                 done_sentinel=False,
             )
         r = await collect(job, request)
-        return native(r, ptext, len(prompt), return_tokens=body.get("return_tokens") is True)
+        return native(r, ptext, len(prompt), return_tokens=want_tokens, probs=probs)
 
     app.add_middleware(Guard, access=access, body_limit=body_limit, access_log=access_log)
     if cors_origins:  # added last, so it is outermost: preflight OPTIONS never reach the key check

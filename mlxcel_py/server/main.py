@@ -1,4 +1,8 @@
-"""`mlxcel serve` / `mlxcel-server`: load once, warm up, bind (port 0 = ephemeral), run uvicorn."""
+"""Run the server: load once, warm up, bind (port 0 = ephemeral), run uvicorn until a signal.
+
+No CLI or terminal code here: the command (`commands/serve.py`) passes `say`/`warn` callbacks
+for the startup lines and owns how they look.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,16 @@ import signal
 import socket
 import sys
 
-from .. import ui
-from ..options import RunConfig
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from ..options import SERVER_SAMPLING_DEFAULTS, RunConfig, SamplingOptions
 from ..engine_builder import describe_draft, open_session, resolved_drafter_line
 
 
-def run_server(run: RunConfig) -> None:
+def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[str], None]) -> None:
     import uvicorn
 
     from .app import create_app
@@ -24,11 +32,11 @@ def run_server(run: RunConfig) -> None:
     # the key file is read before the model loads, so a wrong path fails in a second
     access = AccessPolicy(api_keys=parse_keys(srv.api_keys, srv.api_key_file),
                           loopback_only_hosts=is_loopback(srv.host))
-    session = open_session(run, say=ui.info, warn=ui.warn)
+    session = open_session(run, say=say, warn=warn)
     draft = session.engine.draft  # as resolved at load (an MTP checkpoint's kind and width)
     speculative = draft.enabled and not srv.no_batch and not srv.kv_unified
     if (resolved := resolved_drafter_line(draft)) is not None:
-        ui.info(resolved)
+        say(resolved)
     line = describe_draft(draft)
     if draft.kind == "prompt-lookup":
         line = line.rstrip(")") + f", max_batch={srv.prompt_lookup_max_batch})"
@@ -37,11 +45,14 @@ def run_server(run: RunConfig) -> None:
     worker = Worker(session.engine, session.tokenizer, speculative_allowed=speculative)
     worker.start(warmup=srv.warmup)
     if worker.warmup_error:
-        ui.warn(f"warmup failed: {worker.warmup_error}")
+        warn(f"warmup failed: {worker.warmup_error}")
     from ..default_model import DEFAULT_MODEL_NAME
 
     model_id = srv.alias or (DEFAULT_MODEL_NAME if opts.model.model is None else session.target.resolved.path.name)
-    app = create_app(session, worker, defaults=opts.sampling, max_tokens=opts.generation.max_tokens,
+    defaults = server_sampling(opts.sampling, srv.sampling_given, session.target.resolved.path)
+    say(f"default sampling: temp {defaults.temp:g}, top-p {defaults.top_p:g}, top-k {defaults.top_k}, "
+        f"min-p {defaults.min_p:g} (requests may override)")
+    app = create_app(session, worker, defaults=defaults, max_tokens=opts.generation.max_tokens,
                      model_id=model_id, access=access, cors_origins=srv.cors_origins, access_log=not srv.log_disable)
     family = socket.AF_INET6 if ":" in srv.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -54,8 +65,8 @@ def run_server(run: RunConfig) -> None:
         raise MlxcelError(f"--host {srv.host} --port {srv.port}: cannot bind ({exc.strerror})") from None
     sock.listen(2048)  # accept (queue) connections from the moment the port is announced
     port = sock.getsockname()[1]
-    ui.info(line)
-    ui.err().print(f"mlxcel serve: model {model_id} listening on http://{srv.host}:{port}", markup=False)
+    say(line)
+    say(f"mlxcel serve: model {model_id} listening on http://{srv.host}:{port}")
     sys.stderr.flush()
     # on SIGTERM/SIGINT uvicorn stops accepting, waits this long for requests in flight, then
     # cancels them (their streams end, the finally below stops the worker's job)
@@ -71,19 +82,29 @@ def run_server(run: RunConfig) -> None:
         worker.stop()
         said = session.save_store()  # the suffix drafter's memory of this server's requests
         if said:
-            ui.info(said)
+            say(said)
 
 
 def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def server_main() -> None:
-    """The `mlxcel-server` console script: the serve flags, no subcommand."""
-    import typer
 
-    from ..commands.serve import serve
-
-    app = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help", "--usage"]})
-    app.command(help=serve.__doc__)(serve)
-    app()
+def server_sampling(flags: SamplingOptions, given: tuple[str, ...], model_dir: Path) -> SamplingOptions:
+    """The server's default sampling, field by field: a command-line flag, else the model's
+    generation_config.json (temperature, top_p, top_k, min_p), else llama-server's defaults."""
+    try:
+        gen = json.loads((Path(model_dir) / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        gen = {}
+    if not isinstance(gen, dict) or gen.get("do_sample") is False:
+        gen = {"temperature": 0.0} if isinstance(gen, dict) and gen.get("do_sample") is False else {}
+    keys = {"temp": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p"}
+    values = {}
+    for field_name, key in keys.items():
+        if field_name in given:
+            continue
+        v = gen.get(key)
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+        values[field_name] = type(SERVER_SAMPLING_DEFAULTS[field_name])(v) if ok else SERVER_SAMPLING_DEFAULTS[field_name]
+    return replace(flags, **values)

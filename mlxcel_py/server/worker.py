@@ -27,6 +27,7 @@ class Job:
     stop: Sequence[str] = ()
     speculative: bool = True
     ignore_eos: bool = False
+    logprobs: int | None = None  # top-N per token ("logprobs" events before each text piece)
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -43,6 +44,7 @@ class Result:
     stop_word: str | None
     stats: Any
     speculative: bool
+    logprobs: list = field(default_factory=list)  # engine.TokenLogprob per emitted token, when asked
 
 
 class Busy(Exception):
@@ -111,15 +113,20 @@ class Worker:
     def _run(self, job: Job) -> None:
         spec = job.speculative and self.speculative_allowed
         gen = self.engine.generate(job.prompt, max_tokens=job.max_tokens, sampling=job.sampling, speculative=spec,
-                                   ignore_eos=job.ignore_eos, cancelled=job.cancelled.is_set)
+                                   ignore_eos=job.ignore_eos, cancelled=job.cancelled.is_set, logprobs=job.logprobs)
         stream = TextStream(gen, self.tokenizer, job.stop)
+        sent = 0
         for piece in stream:
             if job.cancelled.is_set():
                 break
+            if job.logprobs is not None:  # the logprobs of the tokens this piece completes
+                self._emit(job, "logprobs", gen.logprobs_out[sent : piece.tokens])
+                sent = piece.tokens
             self._emit(job, "text", piece)
         stream.generation.close()
         finish = stream.finish_reason or ("cancelled" if job.cancelled.is_set() else "stop")
-        self._emit(job, "done", Result(stream.text, list(gen.tokens), finish, stream.stop_word, gen.stats, spec))
+        self._emit(job, "done", Result(stream.text, list(gen.tokens), finish, stream.stop_word, gen.stats, spec,
+                                       list(gen.logprobs_out)))
 
     def admit(self, job: Job) -> None:
         """Queue a job, or refuse it at once when `max_queue` jobs already wait."""
