@@ -71,7 +71,7 @@ class Generation:
         # None: none; N >= 0: each emitted token's logprob and the N most likely (self.logprobs_out)
         self.logprobs = logprobs
         self.logprobs_out: list[TokenLogprob] = []
-        self.cancelled = cancelled  # asked between prefill chunks: a long prompt stops early
+        self.cancelled = cancelled  # asked between prefill chunks and before every round
         self.remember = remember  # add prompt + output to the suffix store at the end
         self.prompt = list(prompt)
         self.max_tokens = max_tokens
@@ -131,6 +131,11 @@ class Generation:
         emitted = 0
         try:
             while emitted < self.max_tokens:
+                if self.cancelled is not None and self.cancelled():
+                    # checked per round, not per yielded piece: text held back for a stop string
+                    # yields nothing for a while, and a cancelled request must still stop
+                    self.finish_reason = "cancelled"
+                    return
                 draft: list[int] = []
                 q = None
                 if drafter is not None:

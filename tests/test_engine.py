@@ -200,3 +200,17 @@ def test_logprobs_are_the_targets_own_with_and_without_speculation(tiny):
         for i, x in enumerate(ga.logprobs_out):
             assert abs(ref[i, x.token].item() - x.logprob) < 1e-3
     assert accepted > 0  # some logprobs came from verify rounds
+
+
+def test_a_cancelled_generation_stops_in_prefill_and_between_rounds(tiny):
+    eng = engine_for(tiny)
+    calls = []
+
+    def cancelled():
+        calls.append(1)
+        return len(calls) > 3  # false for the prefill chunk and two rounds, then true
+
+    toks, g = run(eng, prompts(1)[0], max_tokens=50, cancelled=cancelled)
+    assert g.finish_reason == "cancelled" and len(toks) == 2
+    toks, g = run(eng, list(range(1, 200)) * 6, max_tokens=5, cancelled=lambda: True)  # 1194 tokens: 3 chunks
+    assert toks == [] and g.finish_reason == "cancelled" and g.stats.prefill_s == 0.0

@@ -321,3 +321,27 @@ def test_sigterm_during_a_long_generation_ends_the_server_in_seconds(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_100_concurrent_clients_get_200_or_503_never_a_5xx_or_a_hang(server):
+    """More clients than the queue holds (64): the rest get a quick 503 with Retry-After."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    url, _, _ = server
+
+    def one(i):
+        data = json.dumps({"prompt": f"{i} apples", "max_tokens": 1, "temperature": 0}).encode()
+        req = urllib.request.Request(url + "/v1/completions", data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, None
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers.get("Retry-After")
+
+    with ThreadPoolExecutor(100) as pool:
+        results = list(pool.map(one, range(100)))
+    codes = {c for c, _ in results}
+    assert codes <= {200, 503}, codes
+    assert any(c == 200 for c, _ in results)
+    assert all(retry == "1" for c, retry in results if c == 503)
+    assert get(url + "/health")["status"] == "ok"

@@ -293,7 +293,7 @@ def test_server_n_predict_caps_every_request_and_the_access_log(capfd):
     assert client.post("/completion", json={"prompt": "hi", "n_predict": 50}).status_code == 200
     assert worker.jobs[-1].max_tokens == 5
     err = capfd.readouterr().err
-    assert "POST /v1/chat/completions 200" in err and " ms" in err
+    assert "POST /v1/chat/completions 200 1 tokens" in err and " ms" in err
 
 
 def test_a_full_queue_answers_503_with_retry_after():

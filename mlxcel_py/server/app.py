@@ -192,8 +192,9 @@ class Guard:
                                    status_code=500)(scope, receive, send)
         if self.access_log:  # time to the end of the response (a stream's whole body)
             client = scope.get("client")
-            log(f"{client[0] if client else '-'} {method} {path} {state['status']} "
-                f"{(time.perf_counter() - start) * 1000:.0f} ms")
+            tokens = scope.get("state", {}).get("tokens")  # set by generation routes (request.state)
+            log(f"{client[0] if client else '-'} {method} {path} {state['status']}"
+                f"{f' {tokens} tokens' if tokens is not None else ''} {(time.perf_counter() - start) * 1000:.0f} ms")
 
     def check(self, method: str, path: str, headers) -> JSONResponse | None:
         if not self.access.host_allowed(headers.get("host")):
@@ -410,13 +411,15 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         finally:
             watcher.cancel()
         assert result is not None
+        request.state.tokens = result.stats.generated_tokens  # for the access line
         return result
 
     def sse(obj: Any) -> str:
         return f"data: {json.dumps(obj)}\n\n"
 
-    def stream(job: Job, on_text: Callable[[TextPiece, list], dict], on_done: Callable[[Result], dict], *,
-               head: dict | None = None, done_sentinel: bool = True) -> StreamingResponse:
+    def stream(job: Job, request: Request, on_text: Callable[[TextPiece, list], dict],
+               on_done: Callable[[Result], dict], *, head: dict | None = None,
+               done_sentinel: bool = True) -> StreamingResponse:
         """SSE for one job: an optional head frame, one frame per text piece, the final frame."""
 
         admit(job)
@@ -434,6 +437,7 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
                 elif kind == "error":
                     yield sse(error_body(failed(payload), "server_error"))
                 else:
+                    request.state.tokens = payload.stats.generated_tokens
                     yield sse(on_done(payload))
             if done_sentinel:
                 yield "data: [DONE]\n\n"
@@ -526,7 +530,7 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         if body.get("stream"):
             chunk = {**base, "object": "chat.completion.chunk"}
             return stream(
-                job,
+                job, request,
                 lambda piece, lps: {**chunk, "choices": [{"index": 0, "delta": {"content": piece.text}, "finish_reason": None,
                                                           "logprobs": chat_logprobs(lps) if lp is not None else None}]},
                 lambda r: {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": r.finish_reason}],
@@ -563,7 +567,7 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
                 return {**base, "choices": [{"index": 0, "text": piece.text, "finish_reason": None, "logprobs": out}]}
 
             return stream(
-                job,
+                job, request,
                 chunk,
                 lambda r: {**base, "choices": [{"index": 0, "text": "", "finish_reason": r.finish_reason, "logprobs": None}],
                            "usage": usage(r), "timings": timings(r.stats)},
@@ -596,7 +600,7 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
         if body.get("stream"):
             # the native stream ends with the full object and has no [DONE] sentinel
             return stream(
-                job,
+                job, request,
                 lambda piece, lps: {"index": 0, "content": piece.text, "tokens": [], "stop": False, "id_slot": 0,
                                     "tokens_predicted": piece.tokens, "tokens_evaluated": len(prompt),
                                     **({"completion_probabilities": native_probs(lps)} if probs else {})},
