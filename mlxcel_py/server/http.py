@@ -1,0 +1,130 @@
+"""HTTP plumbing shared by every route: the error type and shape, strict body reading, the guard.
+
+Every failure is `{"error": {"message", "type", "code"}}` with a 4xx/5xx status. Bodies are read
+with a size bound and parsed strictly (no NaN/Infinity, no lone surrogates; deep nesting and
+giant integers are 400s, not 500s). `Guard` checks access first (`security`: Host on loopback,
+keys, JSON content type, Content-Length) and turns any unexpected exception into a 500 that
+carries a request id, logging the details on stderr only.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from .security import AccessPolicy, is_json_content_type
+
+BODY_LIMIT = 8 * 2**20  # bytes; a chat history of this size is far past any context window here
+
+
+class ApiError(Exception):
+    def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error", code: str | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.message, self.status, self.type, self.code, self.headers = message, status, type, code, headers
+
+
+def error_body(message: str, type: str, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "code": code}}
+
+
+def log(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+def _no_constants(name: str) -> Any:
+    raise ApiError(f"malformed JSON body: {name} is not a number JSON allows")
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    """The body as a JSON object, read at most `limit` bytes far (chunked bodies included)."""
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise ApiError(f"the request body is larger than {limit} bytes", status=413)
+    try:
+        data = json.loads(bytes(raw) or b"{}", parse_constant=_no_constants)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(f"malformed JSON body: {exc}")
+    except RecursionError:
+        raise ApiError("malformed JSON body: nested too deeply")
+    except ValueError as exc:  # e.g. an integer with thousands of digits
+        raise ApiError(f"malformed JSON body: {str(exc).splitlines()[0][:120]}")
+    if not isinstance(data, dict):
+        raise ApiError("the request body must be a JSON object")
+    try:  # JSON may spell a lone UTF-16 surrogate ("\ud800"); no tokenizer can encode one
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError("malformed JSON body: a string holds a lone UTF-16 surrogate (not valid Unicode text)")
+    return data
+
+
+class Guard:
+    """Host, key, content type and size checks before any route; any failure that is not already
+    an HTTP error becomes a 500 carrying a request id (the details go to the server log only).
+    One access line per request unless `access_log` is off.
+
+    Plain ASGI rather than `@app.middleware("http")`: Starlette's BaseHTTPMiddleware wraps the
+    request's receive channel, and a route behind it cannot see its client disconnect (which is
+    how a non-streaming request is cancelled)."""
+
+    def __init__(self, app, *, access: AccessPolicy, body_limit: int, access_log: bool):
+        self.app, self.access, self.body_limit, self.access_log = app, access, body_limit, access_log
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        from starlette.datastructures import Headers
+
+        headers = Headers(scope=scope)
+        method, path = scope["method"], scope["path"]
+        refusal = self.check(method, path, headers)
+        if refusal is not None:
+            return await refusal(scope, receive, send)
+        rid = uuid.uuid4().hex[:12]
+        start = time.perf_counter()
+        state = {"status": None}
+
+        async def tracked(message):
+            if message["type"] == "http.response.start":
+                state["status"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:  # a bug or a library failure: never echo its text to the client
+            log(f"mlxcel serve: request {rid} {method} {path} failed: {type(exc).__name__}: {exc}")
+            if state["status"] is None:
+                state["status"] = 500
+                await JSONResponse(error_body(f"internal server error (request id {rid})", "server_error"),
+                                   status_code=500)(scope, receive, send)
+        if self.access_log:  # time to the end of the response (a stream's whole body)
+            client = scope.get("client")
+            tokens = scope.get("state", {}).get("tokens")  # set by generation routes (request.state)
+            log(f"{client[0] if client else '-'} {method} {path} {state['status']}"
+                f"{f' {tokens} tokens' if tokens is not None else ''} {(time.perf_counter() - start) * 1000:.0f} ms")
+
+    def check(self, method: str, path: str, headers) -> JSONResponse | None:
+        if not self.access.host_allowed(headers.get("host")):
+            return JSONResponse(error_body("the Host header must name this machine (loopback)", "invalid_request_error"),
+                                status_code=403)
+        if not self.access.authorized(path, headers):
+            return JSONResponse({"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}},
+                                status_code=401)
+        if method == "POST":
+            if not is_json_content_type(headers.get("content-type")):
+                return JSONResponse(error_body("send the body as JSON with 'Content-Type: application/json'",
+                                               "invalid_request_error"), status_code=415)
+            length = headers.get("content-length")
+            if length is not None and (not length.isdigit() or int(length) > self.body_limit):
+                return JSONResponse(error_body(f"the request body is larger than {self.body_limit} bytes",
+                                               "invalid_request_error"), status_code=413)
+        return None

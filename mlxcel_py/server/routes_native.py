@@ -1,0 +1,88 @@
+"""llama-server's native routes: `/completion`, `/tokenize`, `/detokenize`, `/health`.
+
+`/completion` streams bare JSON frames ending with the full object (no `[DONE]`), returns
+`tokens` with `return_tokens` and `completion_probabilities` with `n_probs`; `/tokenize` gives
+`{id, piece}` pairs with `with_pieces` (a piece that is part of a character comes back as its
+bytes); `/health` answers 503 in llama-server's shape when the worker cannot take requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from .context import ServerContext, timings
+from .schemas import DetokenizeRequest, NativeCompletionRequest, TokenizeRequest
+from .worker import Result
+
+router = APIRouter()
+
+
+def ctx_of(request: Request) -> ServerContext:
+    return request.app.state.ctx
+
+
+@router.get("/health")
+@router.get("/")
+async def health(request: Request):
+    ctx = ctx_of(request)
+    w = ctx.worker
+    if not w.alive:
+        why = f"warmup failed: {w.warmup_error}" if w.warmup_error else "the model worker stopped"
+        return JSONResponse({"error": {"code": 503, "message": why, "type": "unavailable_error"}}, status_code=503)
+    return {"status": "ok", "model": ctx.model_id,
+            "batch": {"active_sequences": w.active, "queue_depth": w.queue_depth, "max_batch_size": 1},
+            "context_size": ctx.engine.context_length}
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request):
+    ctx = ctx_of(request)
+    req, _ = await ctx.parse(request, TokenizeRequest)
+    ids = list(await asyncio.to_thread(ctx.tokenizer.encode, req.content, add_special_tokens=req.add_special))
+    if not req.with_pieces:
+        return {"tokens": ids}
+    return {"tokens": [{"id": i, "piece": ctx.piece(i)} for i in ids]}
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request):
+    ctx = ctx_of(request)
+    req, _ = await ctx.parse(request, DetokenizeRequest)
+    return {"content": ctx.tokenizer.decode(ctx.token_ids(req.tokens, "tokens"))}
+
+
+def _native(ctx: ServerContext, r: Result, prompt: str, n_eval: int, *, return_tokens: bool, probs: bool) -> dict:
+    stop_type = {"length": "limit"}.get(r.finish_reason, "word" if r.stop_word else "eos")
+    extra = {"completion_probabilities": ctx.native_probs(r.logprobs)} if probs else {}
+    return {**extra, "index": 0, "content": r.text, "tokens": list(r.tokens) if return_tokens else [], "id_slot": 0,
+            "stop": True, "model": ctx.model_id, "tokens_predicted": r.stats.generated_tokens,
+            "tokens_evaluated": n_eval, "generation_settings": {}, "prompt": prompt, "has_new_line": "\n" in r.text,
+            "truncated": False, "stop_type": stop_type, "stopping_word": r.stop_word or "",
+            "tokens_cached": r.stats.cached_tokens, "timings": timings(r.stats)}
+
+
+@router.post("/completion")
+@router.post("/completions")
+async def completion(request: Request):
+    ctx = ctx_of(request)
+    req, _ = await ctx.parse(request, NativeCompletionRequest)
+    prompt = await asyncio.to_thread(ctx.text_prompt, req.prompt)
+    lp = req.n_probs or None
+    job = ctx.job(req, prompt, lp)
+    ptext = req.prompt if isinstance(req.prompt, str) else ""
+    probs = lp is not None
+    if req.stream:
+        # the native stream ends with the full object and has no [DONE] sentinel
+        return ctx.stream(
+            job, request,
+            lambda piece, lps: {"index": 0, "content": piece.text, "tokens": [], "stop": False, "id_slot": 0,
+                                "tokens_predicted": piece.tokens, "tokens_evaluated": len(prompt),
+                                **({"completion_probabilities": ctx.native_probs(lps)} if probs else {})},
+            lambda r: {**_native(ctx, r, ptext, len(prompt), return_tokens=req.return_tokens, probs=False), "content": ""},
+            done_sentinel=False,
+        )
+    r = await ctx.collect(job, request)
+    return _native(ctx, r, ptext, len(prompt), return_tokens=req.return_tokens, probs=probs)

@@ -1,0 +1,91 @@
+"""OpenAI-compatible routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
+
+Shapes as OpenAI clients expect them: any `model` name is answered by the loaded model (named by
+`--alias`), `system_fingerprint`, `usage`, streaming chunks ending in `[DONE]`; llama-server's
+`timings` ride along. Logprobs are the target's own (`logprobs` + `top_logprobs` on chat, an
+integer `logprobs` on completions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+
+from ..text import TextPiece
+from .context import ServerContext, timings, usage
+from .http import ApiError
+from .schemas import ChatRequest, CompletionRequest
+
+router = APIRouter()
+
+
+def ctx_of(request: Request) -> ServerContext:
+    return request.app.state.ctx
+
+
+@router.get("/v1/models")
+@router.get("/models")
+async def models(request: Request):
+    ctx = ctx_of(request)
+    return {"object": "list", "data": [{"id": ctx.model_id, "object": "model", "created": ctx.created,
+                                        "owned_by": "mlxcel-py"}]}
+
+
+@router.post("/v1/chat/completions")
+@router.post("/chat/completions")
+async def chat_completions(request: Request):
+    ctx = ctx_of(request)
+    req, _ = await ctx.parse(request, ChatRequest)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise ApiError("'top_logprobs' needs 'logprobs': true")
+    lp = (req.top_logprobs or 0) if req.logprobs else None
+    job = ctx.job(req, await asyncio.to_thread(ctx.chat_prompt, req.messages), lp)  # templating off the loop
+    base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": ctx.model_id,
+            "system_fingerprint": ctx.fingerprint}
+    if req.stream:
+        chunk = {**base, "object": "chat.completion.chunk"}
+        return ctx.stream(
+            job, request,
+            lambda piece, lps: {**chunk, "choices": [{"index": 0, "delta": {"content": piece.text}, "finish_reason": None,
+                                                      "logprobs": ctx.chat_logprobs(lps) if lp is not None else None}]},
+            lambda r: {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": r.finish_reason}],
+                       "usage": usage(r), "timings": timings(r.stats)},
+            head={**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                        "finish_reason": None}]},
+        )
+    r = await ctx.collect(job, request)
+    return {**base, "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text},
+                         "finish_reason": r.finish_reason,
+                         "logprobs": ctx.chat_logprobs(r.logprobs) if lp is not None else None}],
+            "usage": usage(r), "timings": timings(r.stats)}
+
+
+@router.post("/v1/completions")
+async def completions(request: Request):
+    ctx = ctx_of(request)
+    req, _ = await ctx.parse(request, CompletionRequest)
+    lp = req.logprobs
+    job = ctx.job(req, await asyncio.to_thread(ctx.text_prompt, req.prompt), lp)
+    base = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
+            "model": ctx.model_id, "system_fingerprint": ctx.fingerprint}
+    if req.stream:
+        sent = [0]  # characters streamed so far: text_offset continues across chunks
+
+        def chunk(piece: TextPiece, lps: list) -> dict:
+            out = ctx.legacy_logprobs(lps, sent[0]) if lp is not None else None
+            sent[0] += len(piece.text)
+            return {**base, "choices": [{"index": 0, "text": piece.text, "finish_reason": None, "logprobs": out}]}
+
+        return ctx.stream(
+            job, request, chunk,
+            lambda r: {**base, "choices": [{"index": 0, "text": "", "finish_reason": r.finish_reason, "logprobs": None}],
+                       "usage": usage(r), "timings": timings(r.stats)},
+        )
+    r = await ctx.collect(job, request)
+    return {**base, "choices": [{"index": 0, "text": r.text, "finish_reason": r.finish_reason,
+                                 "logprobs": ctx.legacy_logprobs(r.logprobs) if lp is not None else None}],
+            "usage": usage(r), "timings": timings(r.stats)}

@@ -1,0 +1,159 @@
+"""Request bodies of every route, as pydantic models (strict types, unknown fields allowed).
+
+Strict: a string is not a number, a bool is not an integer, NaN and Infinity are not numbers.
+Unknown fields pass (OpenAI and llama-server clients send many we do not use); the ones that would
+change what a response means and that we cannot honour are refused by name in `refuse_unsupported`.
+Range checks that depend on the model (token ids within the vocabulary, prompt within the window)
+and the sampling ranges (the CLI's own `validate.check_sampling`) run in the routes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+TopCount = Annotated[int, Field(ge=0, le=20)]
+MAX_STOPS, MAX_STOP_CHARS = 32, 1000
+ROLES = ("system", "user", "assistant", "tool", "developer")
+# fields whose meaning we cannot honour yet: refused by name instead of ignored behind a 200
+UNSUPPORTED = ("json_schema", "grammar", "tools", "functions", "logit_bias")
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class Sampling(_Body):
+    """Fields every generation route reads (OpenAI and llama-server spellings)."""
+
+    model: str | None = None
+    temperature: FiniteFloat | None = None
+    top_p: FiniteFloat | None = None
+    top_k: int | None = None
+    min_p: FiniteFloat | None = None
+    seed: int | None = None
+    repeat_penalty: FiniteFloat | None = None
+    repetition_penalty: FiniteFloat | None = None
+    stop: Union[str, list[str], None] = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    n_predict: int | None = None
+    ignore_eos: bool = False
+    stream: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stops(cls, v):
+        stops = [v] if isinstance(v, str) else v or []
+        if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters")
+        return v
+
+    def stops(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        return [s for s in stops if s]
+
+    def requested_tokens(self) -> int | None:
+        for n in (self.max_tokens, self.max_completion_tokens, self.n_predict):
+            if n is not None:
+                return n
+        return None
+
+
+class TextPart(_Body):
+    type: str
+    text: str | None = None
+
+
+class Message(_Body):
+    # a free-form role would be rendered into the chat template as is (and could forge a turn)
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: Union[str, list[TextPart], None] = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_only(cls, v):
+        for part in v if isinstance(v, list) else ():
+            if part.type != "text":
+                raise ValueError("this model takes text parts only (image, audio and other parts are not supported)")
+            if part.text is None:
+                raise ValueError("a text part needs a string 'text'")
+        return v
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text or "" for p in self.content)
+        return self.content or ""
+
+
+class ChatRequest(Sampling):
+    """OpenAI `POST /v1/chat/completions`."""
+
+    messages: Annotated[list[Message], Field(min_length=1)]
+    logprobs: bool | None = None
+    top_logprobs: TopCount | None = None
+
+
+class CompletionRequest(Sampling):
+    """OpenAI `POST /v1/completions`: a string, a one-string list, or token ids."""
+
+    prompt: Union[str, list[int], list[str]]
+    logprobs: TopCount | None = None
+
+
+class NativeCompletionRequest(Sampling):
+    """llama-server `POST /completion`."""
+
+    prompt: Union[str, list[int], list[str]]
+    n_probs: TopCount | None = None
+    return_tokens: bool = False
+
+
+class TokenizeRequest(_Body):
+    content: str
+    add_special: bool = False
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(_Body):
+    tokens: list[int]
+
+
+def _is_tag(part: Any) -> bool:
+    """pydantic names the member of a union it tried ('str', 'list[int]') and validators in locs."""
+    p = str(part)
+    return "[" in p or p in ("str", "int", "float", "bool", "none", "dict", "list") or p.startswith("function-")
+
+
+def describe(error: ValidationError) -> str:
+    """One line for a 400: where (a dotted path) and what, never the client's whole value. For a
+    value no member of a union accepts, the deepest complaint is the useful one (a bad list item
+    rather than 'not a string'); at equal depth the alternatives are listed."""
+    errors = error.errors()
+    deepest = max(len(e["loc"]) for e in errors)
+    first = next(e for e in errors if len(e["loc"]) == deepest)
+    path = [p for p in first["loc"] if not _is_tag(p)]
+    where = ".".join(str(p) for p in path)
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "literal_error" and where.endswith("role"):
+        msg = f"must be one of {', '.join(ROLES)}"
+    same = [e["msg"] for e in errors if [p for p in e["loc"] if not _is_tag(p)] == path and len(e["loc"]) == deepest]
+    if len(same) > 1 and all(m.startswith("Input should be ") for m in same):
+        msg = "Input should be " + " or ".join(dict.fromkeys(m.removeprefix("Input should be ") for m in same))
+    return f"'{where}': {msg}" if where else msg
+
+
+def refuse_unsupported(body: dict[str, Any]) -> str | None:
+    """The first field we cannot honour (n > 1, structured output, tools...), as a message."""
+    n = body.get("n")
+    if n is not None and n != 1:
+        return "'n' must be 1 (one choice per request)"
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        return "'response_format' (structured output) is not supported; omit it or use {\"type\": \"text\"}"
+    for key in UNSUPPORTED:
+        if body.get(key):
+            return f"'{key}' is not supported by this server"
+    return None
