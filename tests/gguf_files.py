@@ -54,6 +54,12 @@ DECODED = [Q.Q4_K, Q.Q6_K, Q.Q2_K, Q.Q3_K, Q.Q5_K, Q.IQ4_XS, Q.IQ4_NL, Q.Q5_0, Q
 _SCALE_FIELDS = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,),
                  Q.IQ4_XS: (0,), Q.IQ4_NL: (0,), Q.IQ2_XXS: (0,), Q.IQ3_S: (0,)}
 GPT2_MERGES = ["Ġ t", "h e", "Ġt he"]
+METADATA = {"block_count": "num_hidden_layers", "context_length": "max_position_embeddings",
+            "embedding_length": "hidden_size", "feed_forward_length": "intermediate_size",
+            "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
+            "attention.key_length": "head_dim", "attention.value_length": "head_dim",
+            "attention.layer_norm_rms_epsilon": "rms_norm_eps", "rope.freq_base": "rope_theta",
+            "vocab_size": "vocab_size", "rope.dimension_count": "head_dim"}
 
 
 def build_model(cfg: dict, seed: int = 0):
@@ -146,18 +152,8 @@ def write(path: Path, family: str, kinds: list, *, seed: int = 0) -> tuple[dict,
                                     cfg["num_hidden_layers"])
     w = gguf.GGUFWriter(str(path), arch)
     p = f"{arch}."
-    w.add_uint32(p + "block_count", cfg["num_hidden_layers"])
-    w.add_uint32(p + "context_length", cfg["max_position_embeddings"])
-    w.add_uint32(p + "embedding_length", cfg["hidden_size"])
-    w.add_uint32(p + "feed_forward_length", cfg["intermediate_size"])
-    w.add_uint32(p + "attention.head_count", cfg["num_attention_heads"])
-    w.add_uint32(p + "attention.head_count_kv", cfg["num_key_value_heads"])
-    w.add_uint32(p + "attention.key_length", cfg["head_dim"])
-    w.add_uint32(p + "attention.value_length", cfg["head_dim"])
-    w.add_float32(p + "attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
-    w.add_float32(p + "rope.freq_base", cfg["rope_theta"])
-    w.add_uint32(p + "vocab_size", cfg["vocab_size"])
-    w.add_uint32(p + "rope.dimension_count", cfg["head_dim"])
+    for key, name in METADATA.items():  # llama.cpp's key names, from the model's config
+        (w.add_float32 if isinstance(cfg[name], float) else w.add_uint32)(p + key, cfg[name])
     if "num_experts" in cfg or "num_local_experts" in cfg:
         w.add_uint32(p + "expert_count", cfg.get("num_experts", cfg.get("num_local_experts")))
         w.add_uint32(p + "expert_used_count", cfg["num_experts_per_tok"])

@@ -245,6 +245,11 @@ class ServerContext:
         return [{**one(e.token, e.logprob), "top_logprobs": [one(t, v) for t, v in e.top]} for e in entries]
 
 
+def ctx_of(request: Request) -> ServerContext:
+    """The state `create_app` put on the app, from a route's request."""
+    return request.app.state.ctx
+
+
 def sse(obj: Any) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 

@@ -13,15 +13,11 @@ import asyncio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from .context import ServerContext, timings
+from .context import ServerContext, ctx_of, timings
 from .schemas import DetokenizeRequest, NativeCompletionRequest, TokenizeRequest
 from .worker import Result
 
 router = APIRouter()
-
-
-def ctx_of(request: Request) -> ServerContext:
-    return request.app.state.ctx
 
 
 @router.get("/health")

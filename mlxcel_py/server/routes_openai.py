@@ -15,15 +15,11 @@ import uuid
 from fastapi import APIRouter, Request
 
 from ..text import TextPiece
-from .context import ServerContext, timings, usage
+from .context import ctx_of, timings, usage
 from .http import ApiError
 from .schemas import ChatRequest, CompletionRequest
 
 router = APIRouter()
-
-
-def ctx_of(request: Request) -> ServerContext:
-    return request.app.state.ctx
 
 
 @router.get("/v1/models")
