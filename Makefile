@@ -40,6 +40,10 @@ bench: model
 		--json docs/bench/suffix-traces.json --markdown > docs/bench/suffix-traces.md
 	$(MLXCEL) bench --workload benchmarks/repeated.jsonl --draft-kind suffix --prompt-lookup $(COST12) --max-tokens 256 \
 		--json docs/bench/suffix-repeated.json --markdown > docs/bench/suffix-repeated.md
+	@if $(PY) -c 'import llama_cpp' 2>/dev/null; then \
+		$(MLXCEL) bench $(BENCH_PUBLIC) --limit 2 --prompt-lookup --vs llama.cpp --json docs/bench/vs-llama-cpp.json \
+			--markdown > docs/bench/vs-llama-cpp.md; \
+	else echo "skipping --vs llama.cpp: pip install -e '.[llama]' first (it builds llama.cpp)"; fi
 	$(MLXCEL) bench $(BENCH_PUBLIC) --prompt-lookup-policy cost --sweep-widths 1,2,4,7,12,16 \
 		--plot docs/bench/widths.png --json docs/bench/widths.json --markdown > docs/bench/widths.md
 
