@@ -27,7 +27,6 @@ from typing import Any
 from . import gguf_arch, gguf_tokenizer
 from .errors import ModelError
 
-SUPPORTED_ARCHITECTURES = gguf_arch.SUPPORTED
 GROUP_SIZE = 32  # every GGUF block quant MLX reads has 32 values per block
 FORMAT = "v2"  # bump when the folder layout changes, so old cache entries are not re-used
 COMPLETE = "COMPLETE"

@@ -34,13 +34,13 @@ class WorkerPeer:
     module = ""
 
     def __init__(self, args: Sequence[str], *, draft_widths: Sequence[int] = (),
-                 sampling: SamplingOptions = SamplingOptions(), env: dict | None = None):
+                 sampling: SamplingOptions = SamplingOptions()):
         self.draft_widths = tuple(draft_widths)
         self.sampling = sampling
         self._log = tempfile.TemporaryFile(mode="w+")
         cmd = [sys.executable, "-m", self.module, *args]
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-                                      text=True, bufsize=1, env=env)
+                                      text=True, bufsize=1)
         self._expect("ready")
 
     def configs(self) -> list[tuple[str, int | None]]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -33,13 +32,6 @@ def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_t
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError):
         return JSONResponse(error_body(exc.message, exc.type, exc.code), status_code=exc.status, headers=exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {"msg": "invalid request"}
-        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-        return JSONResponse(error_body(f"invalid request: {first.get('msg')}" + (f" at '{where}'" if where else ""),
-                                       "invalid_request_error"), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException):

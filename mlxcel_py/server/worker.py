@@ -25,7 +25,6 @@ class Job:
     max_tokens: int
     sampling: SamplingOptions
     stop: Sequence[str] = ()
-    speculative: bool = True
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N per token ("logprobs" events before each text piece)
     loop: asyncio.AbstractEventLoop | None = None
@@ -111,7 +110,7 @@ class Worker:
                 self.served += 1
 
     def _run(self, job: Job) -> None:
-        spec = job.speculative and self.speculative_allowed
+        spec = self.speculative_allowed
         gen = self.engine.generate(job.prompt, max_tokens=job.max_tokens, sampling=job.sampling, speculative=spec,
                                    ignore_eos=job.ignore_eos, cancelled=job.cancelled.is_set, logprobs=job.logprobs)
         stream = TextStream(gen, self.tokenizer, job.stop)
