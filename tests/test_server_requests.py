@@ -352,3 +352,20 @@ def test_server_default_sampling_flag_then_generation_config_then_llama_server(t
     assert (s.temp, s.top_k, s.top_p, s.min_p) == (0.3, 20, 0.95, 0.05)  # flag, config, default, default
     (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": False}))
     assert server_sampling(flags, (), tmp_path).temp == 0.0  # a checkpoint that asks for greedy decoding
+
+
+def test_while_loading_every_route_answers_503_then_serves():
+    from mlxcel_py.server.context import ServerContext
+
+    app = create_app(access=AccessPolicy())
+    client = TestClient(app, base_url="http://localhost", raise_server_exceptions=False)
+    r = client.get("/health")
+    assert r.status_code == 503 and r.json() == {"error": {"code": 503, "message": "Loading model",
+                                                           "type": "unavailable_error"}}
+    r = client.post(CHAT, json={"messages": HI})
+    assert r.status_code == 503 and r.json()["error"]["message"] == "Loading model"
+    assert client.get("/v1/models").status_code == 503
+    engine = SimpleNamespace(vocab_size=VOCAB, context_length=512)
+    app.state.ctx = ServerContext(FakeTokenizer(), engine, FakeWorker(), SamplingOptions(), -1, "tiny")
+    assert client.get("/health").status_code == 200
+    assert client.post(CHAT, json={"messages": HI}).status_code == 200

@@ -1,6 +1,7 @@
 """The FastAPI app, wired: routes by API family, shared state, error handlers, access checks.
 
-`create_app` only assembles: the loaded model and worker go on `app.state.ctx` (`context`), the
+`create_app` only assembles: the loaded model and worker go on `app.state.ctx` (`context`; None
+while the model loads, and every route answers 503 "Loading model" as llama-server does), the
 OpenAI routes (`routes_openai`) and llama-server's native ones (`routes_native`) are included,
 every error becomes `{"error": {...}}`, and `http.Guard` (Host, keys, content type, size, request
 ids for 500s, the access line) wraps it all, with CORS outermost when `--cors-origins` asks for it.
@@ -22,12 +23,14 @@ from .security import AccessPolicy
 from .worker import Worker
 
 
-def create_app(session: Any, worker: Worker, *, defaults: SamplingOptions, max_tokens: int, model_id: str,
-               access: AccessPolicy = AccessPolicy(), cors_origins: tuple[str, ...] = (),
-               body_limit: int = BODY_LIMIT, access_log: bool = False) -> FastAPI:
+def create_app(session: Any = None, worker: Worker | None = None, *, defaults: SamplingOptions = SamplingOptions(),
+               max_tokens: int = -1, model_id: str = "", access: AccessPolicy = AccessPolicy(),
+               cors_origins: tuple[str, ...] = (), body_limit: int = BODY_LIMIT, access_log: bool = False) -> FastAPI:
+    """Without a session the app is loading: every route answers 503 until `app.state.ctx` is set."""
     app = FastAPI(title="mlxcel-py", docs_url=None, redoc_url=None)
-    app.state.ctx = ServerContext(session.tokenizer, session.engine, worker, defaults, max_tokens, model_id,
-                                  body_limit=body_limit)
+    app.state.body_limit = body_limit
+    app.state.ctx = None if session is None else ServerContext(
+        session.tokenizer, session.engine, worker, defaults, max_tokens, model_id, body_limit=body_limit)
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError):

@@ -245,9 +245,15 @@ class ServerContext:
         return [{**one(e.token, e.logprob), "top_logprobs": [one(t, v) for t, v in e.top]} for e in entries]
 
 
+LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}  # llama-server's
+
+
 def ctx_of(request: Request) -> ServerContext:
-    """The state `create_app` put on the app, from a route's request."""
-    return request.app.state.ctx
+    """The state `create_app` put on the app, from a route's request; 503 while the model loads."""
+    ctx = request.app.state.ctx
+    if ctx is None:
+        raise ApiError("Loading model", status=503, type="unavailable_error")
+    return ctx
 
 
 def sse(obj: Any) -> str:

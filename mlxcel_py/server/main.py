@@ -1,4 +1,5 @@
-"""Run the server: load once, warm up, bind (port 0 = ephemeral), run uvicorn until a signal.
+"""Run the server: bind (port 0 = ephemeral), load and warm up while answering 503, run uvicorn
+until a signal.
 
 No CLI or terminal code here: the command (`commands/serve.py`) passes `say`/`warn` callbacks
 for the startup lines and owns how they look.
@@ -6,11 +7,11 @@ for the startup lines and owns how they look.
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import socket
 import sys
-
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -20,18 +21,90 @@ from ..engine_builder import describe_draft, open_session, resolved_drafter_line
 
 
 def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[str], None]) -> None:
+    """Bind first, then load while already answering: `/health` (and every route) says 503
+    "Loading model" until the model is warm, as llama-server does. The `listening on` line is
+    printed once requests can be served."""
+    import threading
+
     import uvicorn
 
     from .app import create_app
-    from .worker import Worker
-
     from .security import AccessPolicy, is_loopback, parse_keys
+
+    srv = run.options.server
+    # the key file is read and the port bound before the model loads, so either fails in a second
+    access = AccessPolicy(api_keys=parse_keys(srv.api_keys, srv.api_key_file),
+                          loopback_only_hosts=is_loopback(srv.host))
+    sock = _bind(srv.host, srv.port)
+    app = create_app(access=access, cors_origins=srv.cors_origins, access_log=not srv.log_disable)
+    # on SIGTERM/SIGINT uvicorn stops accepting, waits this long for requests in flight, then
+    # cancels them (their streams end, the finally below stops the worker's job)
+    config = uvicorn.Config(app, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=srv.shutdown_grace)
+    server = uvicorn.Server(config)
+    loaded: dict = {}
+
+    def load() -> None:
+        try:
+            loaded["session"], loaded["worker"] = _load(run, app, sock, say=say, warn=warn)
+        except BaseException as exc:  # reported by the main thread once uvicorn has stopped
+            loaded["error"] = exc
+            server.should_exit = True
+
+    threading.Thread(target=load, name="mlxcel-load", daemon=True).start()
+    # uvicorn shuts down on SIGTERM, then re-raises it under the handler it found: make that an
+    # exception, so the cleanup below (worker, suffix store) runs instead of the default kill
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    code = 0
+    try:
+        server.run(sockets=[sock])
+    except SystemExit as exc:  # SIGTERM (see _exit_on_sigterm)
+        code = exc.code if isinstance(exc.code, int) else 1
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn shut down, then re-raised SIGINT
+        sys.stderr.write("\ninterrupted\n")
+        code = 130
+    finally:
+        if "worker" in loaded:
+            loaded["worker"].stop()
+            said = loaded["session"].save_store()  # the suffix drafter's memory of this server's requests
+            if said:
+                say(said)
+    if "error" in loaded:
+        raise loaded["error"]
+    _exit_now(code)
+
+
+def _exit_now(code: int) -> None:
+    """Leave without C++ static destructors: MLX, used from the worker thread, sometimes aborted in
+    them at interpreter exit ("terminate called without an active exception", exit 134). What is
+    worth keeping (the suffix store, the log) was written and flushed above."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        from ..errors import MlxcelError
+
+        raise MlxcelError(f"--host {host} --port {port}: cannot bind ({exc.strerror})") from None
+    sock.listen(2048)  # accept (queue) connections from the start; they get 503 while loading
+    return sock
+
+
+def _load(run: RunConfig, app, sock: socket.socket, *, say, warn):
+    """Load and warm the model, then put it on the app (requests stop getting 503)."""
+    from ..default_model import DEFAULT_MODEL_NAME
+    from .context import ServerContext
+    from .worker import Worker
 
     opts = run.options
     srv = opts.server
-    # the key file is read before the model loads, so a wrong path fails in a second
-    access = AccessPolicy(api_keys=parse_keys(srv.api_keys, srv.api_key_file),
-                          loopback_only_hosts=is_loopback(srv.host))
     session = open_session(run, say=say, warn=warn)
     draft = session.engine.draft  # as resolved at load (an MTP checkpoint's kind and width)
     speculative = draft.enabled and not srv.no_batch and not srv.kv_unified
@@ -46,43 +119,16 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
     worker.start(warmup=srv.warmup)
     if worker.warmup_error:
         warn(f"warmup failed: {worker.warmup_error}")
-    from ..default_model import DEFAULT_MODEL_NAME
-
     model_id = srv.alias or (DEFAULT_MODEL_NAME if opts.model.model is None else session.target.resolved.path.name)
     defaults = server_sampling(opts.sampling, srv.sampling_given, session.target.resolved.path)
     say(f"default sampling: temp {defaults.temp:g}, top-p {defaults.top_p:g}, top-k {defaults.top_k}, "
         f"min-p {defaults.min_p:g} (requests may override)")
-    app = create_app(session, worker, defaults=defaults, max_tokens=opts.generation.max_tokens,
-                     model_id=model_id, access=access, cors_origins=srv.cors_origins, access_log=not srv.log_disable)
-    family = socket.AF_INET6 if ":" in srv.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((srv.host, srv.port))
-    except OSError as exc:
-        from ..errors import MlxcelError
-
-        raise MlxcelError(f"--host {srv.host} --port {srv.port}: cannot bind ({exc.strerror})") from None
-    sock.listen(2048)  # accept (queue) connections from the moment the port is announced
-    port = sock.getsockname()[1]
+    app.state.ctx = ServerContext(session.tokenizer, session.engine, worker, defaults, opts.generation.max_tokens,
+                                  model_id, body_limit=app.state.body_limit)
     say(line)
-    say(f"mlxcel serve: model {model_id} listening on http://{srv.host}:{port}")
+    say(f"mlxcel serve: model {model_id} listening on http://{srv.host}:{sock.getsockname()[1]}")
     sys.stderr.flush()
-    # on SIGTERM/SIGINT uvicorn stops accepting, waits this long for requests in flight, then
-    # cancels them (their streams end, the finally below stops the worker's job)
-    config = uvicorn.Config(app, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=srv.shutdown_grace)
-    server = uvicorn.Server(config)
-    # uvicorn shuts down on SIGTERM, then re-raises it under the handler it found: make that an
-    # exception, so the cleanup below (worker, suffix store) runs instead of the default kill
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
-        server.run(sockets=[sock])
-    finally:
-        worker.stop()
-        said = session.save_store()  # the suffix drafter's memory of this server's requests
-        if said:
-            say(said)
+    return session, worker
 
 
 def _exit_on_sigterm(signum, frame) -> None:

@@ -13,7 +13,7 @@ import asyncio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from .context import ServerContext, ctx_of, timings
+from .context import LOADING, ServerContext, ctx_of, timings
 from .schemas import DetokenizeRequest, NativeCompletionRequest, TokenizeRequest
 from .worker import Result
 
@@ -23,6 +23,8 @@ router = APIRouter()
 @router.get("/health")
 @router.get("/")
 async def health(request: Request):
+    if request.app.state.ctx is None:
+        return JSONResponse(LOADING, status_code=503)
     ctx = ctx_of(request)
     w = ctx.worker
     if not w.alive:
