@@ -318,6 +318,7 @@ def test_sigterm_during_a_long_generation_ends_the_server_in_seconds(tmp_path):
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
         assert time.time() - start < 10
+        assert proc.returncode == 143  # 128 + SIGTERM after the cleanup, not an abort (134)
         t.join(timeout=10)
         assert outcome and outcome[0] != 200  # the client got an end (an error or a closed connection), not a hang
     finally:
