@@ -60,9 +60,10 @@ def _check_types(reader, gguf_path: Path) -> set[str]:
     import numpy as np
     from gguf import GGML_QUANT_SIZES, quants
 
-    types = {t.tensor_type.name for t in reader.tensors}
+    first = {}  # one tensor of each type: the probe below runs once per type, not per tensor
     for t in reader.tensors:
-        name = t.tensor_type.name
+        first.setdefault(t.tensor_type.name, t)
+    for name, t in first.items():
         if name in _FLOAT_TYPES or name in MLX_NATIVE:
             continue
         try:
@@ -72,7 +73,7 @@ def _check_types(reader, gguf_path: Path) -> set[str]:
                 f"{gguf_path}: tensor {t.name} has type {name}, which neither MLX nor gguf-py can decode",
                 hint="re-quantize the file with llama-quantize to Q4_K_M, Q8_0 or F16",
             ) from None
-    return types
+    return set(first)
 
 
 def _decode(tensor):

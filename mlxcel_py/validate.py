@@ -11,7 +11,6 @@ and `loading.check_rollback_config` (caches, on a weightless instance).
 from __future__ import annotations
 
 import importlib.util
-
 from dataclasses import replace
 from pathlib import Path
 

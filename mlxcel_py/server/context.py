@@ -13,6 +13,7 @@ embedding lookup does no bounds check, so an id past it would crash the process.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import time
@@ -40,20 +41,13 @@ HTTP_SAMPLING_NAMES = {"temp": "'temperature'", "top_p": "'top_p'", "top_k": "'t
 ROLE_FOR_TEMPLATE = {"developer": "system"}  # OpenAI's newer name for the system turn
 
 
+@functools.cache
 def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet back to bytes (token pieces that are not whole UTF-8)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) \
-        + list(range(ord("\xae"), ord("\xff") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+    """GPT-2's byte-level alphabet back to bytes (token pieces that are not whole UTF-8). Built on
+    first use: by then the tokenizer has imported transformers (importing it earlier prints noise)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-
-_BYTE_DECODER = _byte_decoder()
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 @dataclass
@@ -73,13 +67,13 @@ class ServerContext:
         self.fingerprint = "fp_" + hashlib.sha256(f"mlxcel-py {__version__} {self.model_id}".encode()).hexdigest()[:12]
 
     # ---- request -> job --------------------------------------------------------------------
-    async def parse(self, request: Request, model: type[Body]) -> tuple[Body, dict]:
+    async def parse(self, request: Request, model: type[Body]) -> Body:
         data = await read_json(request, self.body_limit)
         refused = schemas.refuse_unsupported(data)
         if refused:
             raise ApiError(refused, code="unsupported_field")
         try:
-            return model.model_validate(data), data
+            return model.model_validate(data)
         except ValidationError as exc:
             raise ApiError(schemas.describe(exc)) from None
 
@@ -209,7 +203,7 @@ class ServerContext:
         raw = tok.convert_ids_to_tokens(token_id) if hasattr(tok, "convert_ids_to_tokens") else None
         if isinstance(raw, str):
             try:  # a byte-level BPE token spells its bytes in GPT-2's alphabet
-                return list(bytes(_BYTE_DECODER[c] for c in raw))
+                return list(bytes(_byte_decoder()[c] for c in raw))
             except KeyError:
                 pass
         return list(tok.decode([token_id]).encode())

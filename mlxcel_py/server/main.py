@@ -143,8 +143,10 @@ def server_sampling(flags: SamplingOptions, given: tuple[str, ...], model_dir: P
         gen = json.loads((Path(model_dir) / "generation_config.json").read_text())
     except (OSError, ValueError):
         gen = {}
-    if not isinstance(gen, dict) or gen.get("do_sample") is False:
-        gen = {"temperature": 0.0} if isinstance(gen, dict) and gen.get("do_sample") is False else {}
+    if not isinstance(gen, dict):
+        gen = {}
+    elif gen.get("do_sample") is False:  # a checkpoint that asks for greedy decoding
+        gen = {"temperature": 0.0}
     keys = {"temp": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p"}
     values = {}
     for field_name, key in keys.items():

@@ -38,7 +38,7 @@ async def health(request: Request):
 @router.post("/tokenize")
 async def tokenize(request: Request):
     ctx = ctx_of(request)
-    req, _ = await ctx.parse(request, TokenizeRequest)
+    req = await ctx.parse(request, TokenizeRequest)
     ids = list(await asyncio.to_thread(ctx.tokenizer.encode, req.content, add_special_tokens=req.add_special))
     if not req.with_pieces:
         return {"tokens": ids}
@@ -48,7 +48,7 @@ async def tokenize(request: Request):
 @router.post("/detokenize")
 async def detokenize(request: Request):
     ctx = ctx_of(request)
-    req, _ = await ctx.parse(request, DetokenizeRequest)
+    req = await ctx.parse(request, DetokenizeRequest)
     return {"content": ctx.tokenizer.decode(ctx.token_ids(req.tokens, "tokens"))}
 
 
@@ -66,7 +66,7 @@ def _native(ctx: ServerContext, r: Result, prompt: str, n_eval: int, *, return_t
 @router.post("/completions")
 async def completion(request: Request):
     ctx = ctx_of(request)
-    req, _ = await ctx.parse(request, NativeCompletionRequest)
+    req = await ctx.parse(request, NativeCompletionRequest)
     prompt = await asyncio.to_thread(ctx.text_prompt, req.prompt)
     lp = req.n_probs or None
     job = ctx.job(req, prompt, lp)

@@ -34,7 +34,7 @@ async def models(request: Request):
 @router.post("/chat/completions")
 async def chat_completions(request: Request):
     ctx = ctx_of(request)
-    req, _ = await ctx.parse(request, ChatRequest)
+    req = await ctx.parse(request, ChatRequest)
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError("'top_logprobs' needs 'logprobs': true")
     lp = (req.top_logprobs or 0) if req.logprobs else None
@@ -63,7 +63,7 @@ async def chat_completions(request: Request):
 @router.post("/v1/completions")
 async def completions(request: Request):
     ctx = ctx_of(request)
-    req, _ = await ctx.parse(request, CompletionRequest)
+    req = await ctx.parse(request, CompletionRequest)
     lp = req.logprobs
     job = ctx.job(req, await asyncio.to_thread(ctx.text_prompt, req.prompt), lp)
     base = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
