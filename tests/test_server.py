@@ -320,7 +320,7 @@ def test_sigterm_during_a_long_generation_ends_the_server_in_seconds(tmp_path):
         assert time.time() - start < 10
         assert proc.returncode == 143  # 128 + SIGTERM after the cleanup, not an abort (134)
         t.join(timeout=10)
-        assert outcome and outcome[0] != 200  # the client got an end (an error or a closed connection), not a hang
+        assert outcome == [503]  # the client got an answer ("the server is shutting down"), not a hang
     finally:
         if proc.poll() is None:
             proc.kill()

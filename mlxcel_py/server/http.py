@@ -9,6 +9,7 @@ carries a request id, logging the details on stderr only.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -100,6 +101,14 @@ class Guard:
 
         try:
             await self.app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            # shutdown past --shutdown-grace cancels requests in flight: one line, not a traceback
+            # (the request ends here; its worker job is cancelled by the route's own cleanup)
+            log(f"mlxcel serve: request {rid} {method} {path} cancelled at shutdown")
+            if state["status"] is None:  # the client gets an answer, not a dropped connection
+                await JSONResponse(error_body("the server is shutting down", "unavailable_error"),
+                                   status_code=503)(scope, receive, send)
+            return
         except Exception as exc:  # a bug or a library failure: never echo its text to the client
             log(f"mlxcel serve: request {rid} {method} {path} failed: {type(exc).__name__}: {exc}")
             if state["status"] is None:
