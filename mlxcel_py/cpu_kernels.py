@@ -10,6 +10,10 @@ What: exp is MLX's own Cephes polynomial (mlx/backend/cpu/simd/math.h: x*log2(e)
 `mx.exp`, and is exactly 0 where MLX's is. Attention folds the query heads that share a KV head
 into the rows of one matmul; SwiGLU is silu(gate) * x with the same exp.
 
+Row-exact attention: with the row-exact quantized weights (cpu_weights), `enable_row_exact`
+routes attention over decode and verify blocks to the extension's one-row-at-a-time attention,
+whether or not these kernels are on (see that function for why).
+
 Where: `enable(model)` puts dispatchers into the model's mlx-lm module (its
 `scaled_dot_product_attention` and `swiglu` names). They run these kernels only inside
 `engaged(model)` for an enabled model, which the engine's forwards use, and mlx-lm's own functions
@@ -117,7 +121,7 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
 
 # -- dispatch ------------------------------------------------------------------------------------
 _local = threading.local()
-_enabled: set[int] = set()
+_enabled: dict[int, tuple[bool, Callable | None]] = {}  # id(model) -> (fast kernels, row-exact attention)
 
 
 def _engaged_now() -> bool:
@@ -128,12 +132,17 @@ def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sink
     """mlx-lm's signature; these kernels inside `engaged`, mlx-lm's otherwise."""
     if (_engaged_now() and queries.shape[2] <= MAX_ROWS and sinks is None and not hasattr(cache, "bits")
             and queries.dtype == mx.float32 and (mask is None or (isinstance(mask, str) and mask == "causal"))):
-        return attention(queries, keys, values, scale, mask)
+        exact = getattr(_local, "exact", None)
+        if exact is not None:  # the row-exact weights' companion: see enable_row_exact
+            return exact(queries, keys, values, scale, mask is not None)
+        if getattr(_local, "fast", False):
+            return attention(queries, keys, values, scale, mask)
     return _MLX_ATTENTION(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
 
 
 def swiglu(gate, x):
-    if _engaged_now() and gate.shape[-2] <= MAX_ROWS and gate.dtype == mx.float32 and x.dtype == mx.float32:
+    if (_engaged_now() and getattr(_local, "fast", False) and gate.shape[-2] <= MAX_ROWS
+            and gate.dtype == mx.float32 and x.dtype == mx.float32):
         return silu_times(gate, x)
     return _MLX_SWIGLU(gate, x)
 
@@ -164,10 +173,13 @@ def _unavailable() -> str | None:
     return self_check()  # once per process: the JIT and its compiler do not change
 
 
-def enable(model: Any) -> str:
-    """Use these kernels for `model`'s forwards inside `engaged(model)`; returns what is in use."""
-    if (why := _unavailable()) is not None:
-        return f"{STOCK} (fast kernels unavailable: {why})"
+def routes_attention(model: Any) -> bool:
+    """Whether `model`'s module calls mlx-lm's attention by name (so a dispatcher can stand in)."""
+    current = getattr(sys.modules.get(type(model).__module__), "scaled_dot_product_attention", None)
+    return current is _MLX_ATTENTION or current is scaled_dot_product_attention
+
+
+def _install(model: Any) -> bool:
     module = sys.modules.get(type(model).__module__)
     installed = False
     for name, (original, dispatcher) in _DISPATCH.items():
@@ -175,22 +187,48 @@ def enable(model: Any) -> str:
         if current is original:
             setattr(module, name, dispatcher)
         installed |= getattr(module, name, None) is dispatcher
-    if not installed:  # an architecture that calls neither function by these names
-        return STOCK
+    return installed
+
+
+def _register(model: Any, fast: bool | None = None, exact: Callable | None = None) -> None:
     key = id(model)
-    _enabled.add(key)
-    weakref.finalize(model, _enabled.discard, key)
+    was_fast, was_exact = _enabled.get(key, (False, None))
+    if key not in _enabled:
+        weakref.finalize(model, _enabled.pop, key, None)
+    _enabled[key] = (was_fast if fast is None else fast, exact or was_exact)
+
+
+def enable(model: Any) -> str:
+    """Use these kernels for `model`'s forwards inside `engaged(model)`; returns what is in use."""
+    if (why := _unavailable()) is not None:
+        return f"{STOCK} (fast kernels unavailable: {why})"
+    if not _install(model):  # an architecture that calls neither function by these names
+        return STOCK
+    _register(model, fast=True)
     return FAST
+
+
+def enable_row_exact(model: Any, attention_fn: Callable) -> bool:
+    """Route `model`'s attention over blocks of up to MAX_ROWS rows to `attention_fn(q, k, v,
+    scale, causal)`, which computes each query row alone. The row-exact matmul (cpu_weights)
+    needs it: its int8 activations turn the last-bit differences of a batched softmax into
+    different logits, so every op of a verify block must give each row exactly what a decode
+    step gives. False when the architecture does not call mlx-lm's attention by name."""
+    if not _install(model):
+        return False
+    _register(model, exact=attention_fn)
+    return True
 
 
 @contextmanager
 def engaged(model: Any) -> Iterator[None]:
     """Build `model`'s forward graphs with these kernels if it was enabled."""
-    if id(model) not in _enabled or _engaged_now():
+    flags = _enabled.get(id(model))
+    if flags is None or _engaged_now():
         yield
         return
-    _local.on = True
+    _local.on, (_local.fast, _local.exact) = True, flags
     try:
         yield
     finally:
-        _local.on = False
+        _local.on, _local.fast, _local.exact = False, False, None

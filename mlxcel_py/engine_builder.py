@@ -110,12 +110,17 @@ def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None,
     if run.draft.enabled:
         loading.check_rollback_config(resolved.config)
     say(f"model: {resolved.source}")
-    target = loading.load(resolved, dequantize=mopts.dequantize, fast_kernels=mopts.fast_kernels)
+    target = loading.load(resolved, dequantize=mopts.dequantize, fast_kernels=mopts.fast_kernels,
+                          cpu_weights=mopts.cpu_weights)
+    if target.weights is not None and target.weights.inexact:
+        (warn or say)(f"--cpu-weights {mopts.cpu_weights}: speculative output may differ from plain output on this "
+                      f"model ({target.weights.inexact}); --cpu-weights auto picks f32 for it")
     say(f"loaded in {target.load_seconds:.2f}s; weights {target.dtype}; BLAS {blas.name}"
         + (f" ({blas.path})" if blas.path else f" ({blas.note})") + f"; kernels {target.kernels}")
     draft = None
     if draft_resolved is not None:
-        draft = loading.load(draft_resolved, dequantize=mopts.dequantize, fast_kernels=mopts.fast_kernels)
+        draft = loading.load(draft_resolved, dequantize=mopts.dequantize, fast_kernels=mopts.fast_kernels,
+                             cpu_weights=mopts.cpu_weights)
         say(f"draft model: {draft_resolved.source} ({draft.dtype})")
     head = None
     if head_source is not None:

@@ -2,7 +2,7 @@
 
 Owns: telling a local folder, a GGUF file, a Hugging Face repo id and the default model apart;
 checking `config.json` before any weight is read; loading through `mlx_lm.load`; the CPU dtype
-choice (dequantize to float32) and kernels (`cpu_kernels`); and the checks that need a model
+weight form (`cpu_weights`: the row-exact quantized kernel or float32) and kernels (`cpu_kernels`); and the checks that need a model
 (caches that can be rolled back). Every library failure becomes a one-line ModelError here, so no traceback
 reaches the user.
 """
@@ -43,6 +43,7 @@ class LoadedModel:
     dtype: str
     load_seconds: float
     kernels: str  # what computes attention and SwiGLU (cpu_kernels.enable)
+    weights: Any = None  # cpu_weights.WeightsReport on the CPU (None: weights as stored)
 
     @property
     def config(self) -> dict:
@@ -173,24 +174,22 @@ def load_tokenizer_only(resolved: ResolvedModel):
         raise ModelError(f"cannot load the tokenizer in {resolved.path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
 
 
-def _cpu_dtype(model: Any, dequantize: bool) -> str:
-    """On the CPU, float32 dense weights are the fast path (quantized and half matmuls are slow)."""
+def _cpu_weights(model: Any, dequantize: bool, mode: str):
+    """On the CPU: the kernel's quantized layers or float32 (`cpu_weights`); elsewhere as stored."""
     import mlx.core as mx
     import mlx.nn as nn
-    from mlx_lm.utils import dequantize_model
+
+    from . import cpu_weights
 
     quantized = any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
-    on_cpu = mx.default_device() == mx.cpu
-    if not (on_cpu and dequantize):
-        return "quantized (as stored)" if quantized else "as stored"
-    if quantized:
-        dequantize_model(model)
-    model.set_dtype(mx.float32)
-    mx.eval(model.parameters())
-    return "float32 (dequantized for the CPU)" if quantized else "float32"
+    if not (mx.default_device() == mx.cpu and dequantize):
+        return ("quantized (as stored)" if quantized else "as stored"), None
+    report = cpu_weights.apply(model, mode)
+    return report.describe(), report
 
 
-def load(resolved: ResolvedModel, *, dequantize: bool = True, fast_kernels: bool = True) -> LoadedModel:
+def load(resolved: ResolvedModel, *, dequantize: bool = True, fast_kernels: bool = True,
+         cpu_weights: str = "auto") -> LoadedModel:
     """Read weights and tokenizer of a resolved model."""
     import mlx.core as mx
     import mlx_lm
@@ -203,7 +202,12 @@ def load(resolved: ResolvedModel, *, dequantize: bool = True, fast_kernels: bool
     except (ValueError, FileNotFoundError, KeyError, OSError, ImportError) as exc:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelError(f"cannot load {resolved.path}: {text}") from None
-    dtype = _cpu_dtype(model, dequantize)
+    dtype, weights = _cpu_weights(model, dequantize, cpu_weights)
     # only the CPU backend has the slow exp these kernels replace
     kernels = cpu_kernels.enable(model) if fast_kernels and mx.default_device() == mx.cpu else cpu_kernels.STOCK
-    return LoadedModel(model, tokenizer, resolved, dtype, time.perf_counter() - start, kernels)
+    if weights is not None and weights.kernel_layers and not weights.inexact:
+        from . import cpu_weights as cw
+
+        cpu_kernels.enable_row_exact(model, cw.attention)  # why_rows_not_exact checked that it routes
+        kernels += "; row-exact attention"
+    return LoadedModel(model, tokenizer, resolved, dtype, time.perf_counter() - start, kernels, weights)

@@ -37,6 +37,10 @@ DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 2
 POLICIES = ("auto", "graded", "gated", "cost")
 DRAFT_KINDS = ("full-model", "prompt-lookup", "mtp", "dflash", "suffix")
 
+# --cpu-weights: how linear layers hold their weights when MLX runs on the CPU (cpu_weights.py)
+CPU_WEIGHTS = ("auto", "q8", "q4", "f32")
+DEFAULT_CPU_WEIGHTS = "auto"
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 
@@ -49,6 +53,7 @@ class ModelOptions:
     blas: bool = True
     dequantize: bool = True
     fast_kernels: bool = True
+    cpu_weights: str = DEFAULT_CPU_WEIGHTS  # one of CPU_WEIGHTS (bench: a comma list, see BenchPlan.weights)
 
 
 @dataclass(frozen=True)
@@ -216,3 +221,4 @@ class BenchPlan:
     drafts: tuple[DraftConfig, ...]  # one per (drafter, width), in run order
     widths: tuple[int, ...]  # the sweep, or () for each drafter's configured width
     bench: BenchOptions
+    weights: tuple[str, ...] = (DEFAULT_CPU_WEIGHTS,)  # --cpu-weights modes, each benchmarked (first: the session's)

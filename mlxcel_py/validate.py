@@ -16,6 +16,8 @@ from pathlib import Path
 
 from .errors import UsageError
 from .options import (
+    CPU_WEIGHTS,
+    DEFAULT_CPU_WEIGHTS,
     DEFAULT_FULL_MODEL_BLOCK,
     DEFAULT_MAX_DRAFT,
     DEFAULT_MTP_BLOCK,
@@ -180,10 +182,21 @@ def _server_notes(opts: CommandOptions) -> tuple[str, ...]:
     return tuple(notes)
 
 
+def _cpu_weights(opts: CommandOptions) -> None:
+    m = opts.model
+    if m.cpu_weights not in CPU_WEIGHTS:
+        hint = " (a comma list is a bench option)" if "," in m.cpu_weights else ""
+        raise UsageError(f"--cpu-weights {m.cpu_weights} is not one of {', '.join(CPU_WEIGHTS)}{hint}")
+    if not m.dequantize and m.cpu_weights != DEFAULT_CPU_WEIGHTS:
+        raise UsageError(f"--no-dequantize keeps MLX's own quantized matmul and conflicts with --cpu-weights "
+                         f"{m.cpu_weights}; drop one of them")
+
+
 def _validate(opts: CommandOptions) -> RunConfig:
     if opts.sampling.seed == -1:  # -1 means a random seed, as in mlxcel-server and our HTTP API
         opts = replace(opts, sampling=replace(opts.sampling, seed=None))
     cmd = opts.command
+    _cpu_weights(opts)
     _sampling(opts)
     _generation(opts)
     spec = opts.spec
@@ -334,7 +347,13 @@ def _with_width(draft: DraftConfig, width: int) -> DraftConfig:
 
 def validate_bench(opts: CommandOptions, bench: BenchOptions) -> BenchPlan:
     """`mlxcel bench`: the same rules as generate, except that --prompt-lookup and --draft-model
-    may be given together (each is benchmarked), and with neither, prompt lookup is benchmarked."""
+    may be given together (each is benchmarked), and with neither, prompt lookup is benchmarked.
+    --cpu-weights may list several modes: the session loads the first, the others are loaded beside it."""
+    weights = _parse_weights(opts.model.cpu_weights)
+    opts = replace(opts, model=replace(opts.model, cpu_weights=weights[0]))
+    if len(weights) > 1 and opts.spec.draft_kind == "mtp":
+        raise UsageError(f"--cpu-weights {','.join(weights)}: the MTP head is loaded onto one target, so "
+                         f"--draft-kind mtp is benchmarked in one weight mode; pass one mode")
     if bench.vs is not None and bench.vs not in PEERS:
         raise UsageError(f"--vs {bench.vs}: the peer to compare against must be one of {', '.join(PEERS)}")
     if bench.vs == "llama.cpp":
@@ -371,4 +390,14 @@ def validate_bench(opts: CommandOptions, bench: BenchOptions) -> BenchPlan:
     drafters = [r.draft for r in runs]
     drafts = tuple(_with_width(d, w) for d in drafters for w in widths) if widths else tuple(drafters)
     primary = next((r for r in runs if r.draft.kind in ("full-model", "mtp")), runs[0])
-    return BenchPlan(run=primary, drafts=drafts, widths=widths, bench=bench)
+    return BenchPlan(run=primary, drafts=drafts, widths=widths, bench=bench, weights=weights)
+
+
+def _parse_weights(raw: str) -> tuple[str, ...]:
+    modes = tuple(m.strip() for m in raw.split(","))
+    for m in modes:
+        if m not in CPU_WEIGHTS:
+            raise UsageError(f"--cpu-weights {raw}: {m or 'an empty entry'} is not one of {', '.join(CPU_WEIGHTS)}")
+    if len(set(modes)) != len(modes):
+        raise UsageError(f"--cpu-weights {raw}: a mode is listed twice")
+    return modes

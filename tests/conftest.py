@@ -119,3 +119,13 @@ def no_weights(monkeypatch):
         raise AssertionError("weights were loaded")
 
     monkeypatch.setattr(loading, "load", forbidden)
+
+
+def pytest_report_header(config):
+    """Which CPU weight path this machine runs (`make test` exercises whichever built)."""
+    from mlxcel_py import cpu_weights
+
+    qmm, why = cpu_weights.kernel_status()
+    if qmm is not None:
+        return f"mlxcel-py CPU weights: {why} built and in use (--cpu-weights auto); kernel tests run"
+    return f"mlxcel-py CPU weights: float32 ({why}); kernel tests are skipped"

@@ -15,7 +15,7 @@ from mlxcel_py.bench.runner import BenchResult, RunRecord
 SUMMARY_FIELDS = {
     "config", "width", "kind", "prompts", "plain_tps", "spec_tps", "speedup", "mean_accepted_prefix",
     "tokens_per_verify", "acceptance_rate", "draft_ms_per_round", "verify_ms_per_round", "plain_ms_per_token",
-    "plain_peak_mib", "spec_peak_mib", "identical", "peer_tps", "vs_peer",
+    "plain_peak_mib", "spec_peak_mib", "identical", "peer_tps", "vs_peer", "weights", "plain_vs_first",
 }
 
 
@@ -100,6 +100,39 @@ def test_bench_draft_model_and_lookup_side_by_side_with_mlx_lm(tiny_dir, tiny_dr
     assert all(x["tokens"] > 0 and x["decode_tps"] > 0 for x in peer_runs)
     assert "mlx-lm tok/s" in r.stderr
     assert data["plain_vs_peer"] > 0 and "plain decode vs mlx-lm plain decode" in r.stderr
+
+
+def test_bench_compares_cpu_weight_modes_in_one_run(tiny_dir, tiny_workload, cli_env, tmp_path):
+    """--cpu-weights f32,q8,q4: the model in each form, plain and prompt lookup, interleaved; each
+    mode's speculative output equals its own plain output, and plain speed is set against f32's."""
+    from mlxcel_py import cpu_weights
+
+    out_json = tmp_path / "w.json"
+    r = _bench(["-m", str(tiny_dir), "--workload", str(tiny_workload), "--max-tokens", "10",
+                "--cpu-weights", "f32,q8,q4", "--json", str(out_json), "--markdown"], cli_env)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out_json.read_text())
+    assert data["cpu_weights"] == ["f32", "q8", "q4"] and "3 prompts x 6 runs" in r.stderr
+    modes = data["cpu_weights_modes"]
+    assert modes["f32"]["mode"] == "f32"
+    built = cpu_weights.kernel_status()[0] is not None
+    assert modes["q8"]["bits"] == ([8] if built else []) and modes["q4"]["bits"] == ([4] if built else [])
+    runs = data["runs"]
+    assert {(x["weights"], x["config"]) for x in runs} == {
+        (m, c) for m in ("f32", "q8", "q4") for c in ("plain", "prompt-lookup k=7")}
+    overall = {s["weights"]: s for s in data["summary"] if s["kind"] == "all"}
+    assert set(overall) == {"f32", "q8", "q4"}
+    for mode, s in overall.items():
+        assert s["identical"] == s["prompts"] == 3, mode
+    assert overall["f32"]["plain_vs_first"] == 1.0 and overall["q8"]["plain_vs_first"] > 0
+    table = r.stdout.splitlines()
+    assert table[0].startswith("| weights | drafter |") and table[0].rstrip().endswith("| plain vs f32 |")
+
+
+def test_bench_refuses_a_mode_list_outside_bench(tiny_dir, cli_env):
+    r = subprocess.run(mlxcel_cmd() + ["generate", "-m", str(tiny_dir), "-p", "x", "--cpu-weights", "q8,q4"],
+                       capture_output=True, text=True, env=cli_env, timeout=120)
+    assert r.returncode == 2 and "a comma list is a bench option" in r.stderr
 
 
 def _rec(i, kind, config, tps, width=None, **kw):

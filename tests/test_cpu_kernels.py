@@ -52,10 +52,14 @@ def test_compiled_traces_are_bounded():
     assert c(mx.zeros((2,))).tolist() == [1.0, 1.0]
 
 
-def test_dispatch_only_inside_engaged_for_an_enabled_model(tiny, tiny_dir, monkeypatch):
+def test_dispatch_only_inside_engaged_for_an_enabled_model(tiny_dir, monkeypatch):
     """Stock mlx-lm in the same process keeps mlx-lm's kernels; the engine's forwards use ours."""
     import mlx_lm.models.llama as llama_module
 
+    from mlxcel_py import loading
+
+    # float32 weights: with the row-exact ones, attention goes to their one-row kernel instead
+    tiny = loading.load(loading.resolve(str(tiny_dir)), cpu_weights="f32")
     assert tiny.kernels == cpu_kernels.FAST
     assert llama_module.scaled_dot_product_attention is cpu_kernels.scaled_dot_product_attention
     assert llama_module.swiglu is cpu_kernels.swiglu
@@ -76,7 +80,7 @@ def test_dispatch_only_inside_engaged_for_an_enabled_model(tiny, tiny_dir, monke
         mx.eval(tiny.model(mx.array([list(range(cpu_kernels.MAX_ROWS + 1))])))
     assert used == []
     # a model loaded with --no-fast-kernels never engages them
-    stock = loading.load(loading.resolve(str(tiny_dir)), fast_kernels=False)
+    stock = loading.load(loading.resolve(str(tiny_dir)), fast_kernels=False, cpu_weights="f32")
     assert stock.kernels == cpu_kernels.STOCK
     used.clear()
     with cpu_kernels.engaged(stock.model):

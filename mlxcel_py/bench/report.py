@@ -11,7 +11,7 @@ import platform
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from .. import ui
 from . import runner as benchmark
@@ -42,18 +42,24 @@ def _fmt(x: float | None, spec: str = ".1f", suffix: str = "") -> str:
 
 def _columns(rows: Sequence[SummaryRow], peer_name: str | None = "mlx-lm") -> tuple[list[str], list[list[str]]]:
     peer = any(r.peer_tps is not None for r in rows)
-    headers = ["drafter", "kind", "prompts", "plain tok/s", "spec tok/s", "speedup", "mean accepted prefix",
+    modes = [r.weights for r in rows if r.weights]
+    first = modes[0] if modes else None
+    headers = (["weights"] if modes else []) + ["drafter", "kind", "prompts", "plain tok/s", "spec tok/s", "speedup", "mean accepted prefix",
                "tokens/verify", "acceptance", "draft ms/round", "verify ms/round", "identical"]
     if peer:
         headers += [f"{peer_name} tok/s", f"vs {peer_name}"]
+    if modes:
+        headers += [f"plain vs {first}"]
     body = []
     for r in rows:
-        line = [r.config, r.kind, str(r.prompts), _fmt(r.plain_tps), _fmt(r.spec_tps), _fmt(r.speedup, ".2f", "x"),
+        line = ([r.weights] if modes else []) + [r.config, r.kind, str(r.prompts), _fmt(r.plain_tps), _fmt(r.spec_tps), _fmt(r.speedup, ".2f", "x"),
                 _fmt(r.mean_accepted_prefix, ".2f"), _fmt(r.tokens_per_verify, ".2f"),
                 _fmt(r.acceptance_rate * 100, ".0f", "%"), _fmt(r.draft_ms_per_round, ".2f"),
                 _fmt(r.verify_ms_per_round, ".1f"), f"{r.identical}/{r.prompts}"]
         if peer:
             line += [_fmt(r.peer_tps), _fmt(r.vs_peer, ".2f", "x")]
+        if modes:
+            line += [_fmt(r.plain_vs_first, ".2f", "x")]
         body.append(line)
     return headers, body
 
@@ -99,7 +105,20 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
         ngram = lookups[0].lookup.ngram_max if lookups else 3
         ui.info(f"starting llama.cpp (llama-cpp-python, its own process) on {target.resolved.gguf.name}")
         peer = LlamaCppPeer(target.resolved.gguf, lookup_widths=widths, ngram_max=ngram, sampling=opts.sampling)
-    per_prompt = (1 + len(drafts) + (len(peer.configs()) if peer else 0)) * b.repeats
+    weights: list[tuple[str, Any]] = []
+    loaded_by_mode = {plan.weights[0]: target}
+    if len(plan.weights) > 1:  # bench --cpu-weights A,B,...: the same model again in each other form
+        from .. import loading
+
+        weights.append((plan.weights[0], target.model))
+        mopts = opts.model
+        for mode in plan.weights[1:]:
+            loaded = loading.load(target.resolved, dequantize=mopts.dequantize, fast_kernels=mopts.fast_kernels,
+                                  cpu_weights=mode)
+            ui.info(f"--cpu-weights {mode}: weights {loaded.dtype}")
+            weights.append((mode, loaded.model))
+            loaded_by_mode[mode] = loaded
+    per_prompt = (len(weights) or 1) * (1 + len(drafts)) * b.repeats + (len(peer.configs()) if peer else 0) * b.repeats
     n_prompts = sum(len(t.turns) for t in traces) if traces else len(items)
     ui.info(f"benchmark: {n_prompts} prompts{f' in {len(traces)} traces' if traces else ''} x {per_prompt} runs, max {g.max_tokens} tokens, "
             f"{'greedy' if opts.sampling.greedy else f'temp {opts.sampling.temp}'}; interleaved after warmup")
@@ -110,7 +129,7 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
                 sampling=opts.sampling, vocab_size=target.vocab_size, context_length=target.context_length,
                 draft_model=session.draft.model if session.draft else None, mtp_head=session.engine.mtp_head,
                 chat_template=g.chat_template,
-                peer=peer, repeats=b.repeats, traces=traces, on_step=step,
+                peer=peer, repeats=b.repeats, traces=traces, on_step=step, weights=weights,
             )
     finally:
         if peer is not None:
@@ -118,7 +137,7 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
     rows = benchmark.summarize(result)
     choices = benchmark.recommend_widths(rows) if plan.widths else []
     headers, body = _columns(rows, b.vs)
-    ui.table(f"mlxcel bench: {target.resolved.source}", headers, body, right_from=2)
+    ui.table(f"mlxcel bench: {target.resolved.source}", headers, body, right_from=3 if weights else 2)
     overall = [r for r in rows if r.kind == ALL_KINDS]  # one row per configuration
     if overall:
         r0 = overall[0]
@@ -145,6 +164,7 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
         data = benchmark.to_json(
             result, rows, choices, command=["mlxcel", *sys.argv[1:]], model=target.resolved.source,
             blas=session.blas.name, weights=target.dtype, kernels=target.kernels, max_tokens=g.max_tokens,
+            cpu_weights_modes={mode: m.weights.as_json() for mode, m in loaded_by_mode.items() if m.weights is not None},
             sampling=asdict(opts.sampling),
             workload=b.trace or b.workload or "built-in", trace=bool(b.trace), repeats=b.repeats, widths=list(plan.widths), plot=str(plot_path) if plot_path else None,
             peer=b.vs, versions=_versions(), machine=f"{platform.system()} {platform.machine()}",

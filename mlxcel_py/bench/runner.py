@@ -53,6 +53,7 @@ class RunRecord:
     verify_s: float = 0.0
     identical: bool | None = None  # speculative tokens == the plain run's tokens
     speedup: float | None = None  # decode_tps / the plain run's decode_tps
+    weights: str = ""  # --cpu-weights mode of the target that ran it ("" for peers and single-mode runs)
 
 
 @dataclass
@@ -75,12 +76,15 @@ class SummaryRow:
     identical: int
     peer_tps: float | None = None  # the peer on the same prompts (plain, or its speculation of the same kind)
     vs_peer: float | None = None  # median of per-prompt spec_tps / peer_tps
+    weights: str = ""  # --cpu-weights mode (bench --cpu-weights A,B,...)
+    plain_vs_first: float | None = None  # median of per-prompt plain tps / the first mode's plain tps
 
 
 @dataclass
 class BenchResult:
     records: list[RunRecord] = field(default_factory=list)
     configs: list[str] = field(default_factory=list)
+    weights: list[str] = field(default_factory=lambda: [""])  # the targets' --cpu-weights modes, in run order
 
 
 def _record(i: int, item: WorkItem, config: str, width: int | None, gen) -> RunRecord:
@@ -116,18 +120,25 @@ def run(
     repeats: int = 1,  # timed runs per prompt and configuration; the median-speed run is kept
     traces: Sequence[Trace] | None = None,  # multi-turn traces instead of `items`
     on_step: Callable[[str], None] = lambda s: None,
+    weights: Sequence[tuple[str, Any]] = (),  # (mode, model) per --cpu-weights mode, `model` first; () = one target
 ) -> BenchResult:
-    """Time every prompt plainly, under every draft configuration, and on the peer."""
+    """Time every prompt plainly, under every draft configuration, and on the peer; with several
+    weight modes, each mode's plain and speculative runs, interleaved prompt by prompt."""
     from ..engine import Engine  # here, not at the top: summaries and plots stay importable without MLX
 
     eos = tokenizer.eos_token_ids
-    plain = Engine(model, eos_ids=eos, vocab_size=vocab_size, context_length=context_length)
-    engines = [
-        Engine(model, eos_ids=eos, vocab_size=vocab_size, context_length=context_length, draft=d,
-               draft_model=draft_model if d.kind == "full-model" else None,
-               mtp_head=mtp_head if d.kind == "mtp" else None)
-        for d in drafts
-    ]
+    targets = list(weights) or [("", model)]
+
+    def engines_for(m: Any) -> tuple[Any, list[Any]]:
+        plain = Engine(m, eos_ids=eos, vocab_size=vocab_size, context_length=context_length)
+        return plain, [
+            Engine(m, eos_ids=eos, vocab_size=vocab_size, context_length=context_length, draft=d,
+                   draft_model=draft_model if d.kind == "full-model" else None,
+                   mtp_head=mtp_head if d.kind == "mtp" else None)
+            for d in drafts
+        ]
+
+    sets = [(mode, *engines_for(m)) for mode, m in targets]  # (mode, plain engine, draft engines)
     labels = [config_label(d) for d in drafts]
     if traces:
         first = render_messages(tokenizer, [{"role": "user", "content": traces[0].turns[0]}],
@@ -137,58 +148,65 @@ def run(
         first = prompts[0]
 
     on_step("warmup")
-    plain.warmup(sampling=sampling)
-    for eng, d in zip(engines, drafts):
-        eng.warmup(sampling=sampling, calibrate=d.calibrates)
-    for eng in [plain, *engines]:  # one short untimed request each: first-call costs stay out
-        _drain(eng.generate(first, max_tokens=min(8, max_tokens), sampling=sampling, remember=False))
+    for _, plain, engines in sets:
+        plain.warmup(sampling=sampling)
+        for eng, d in zip(engines, drafts):
+            eng.warmup(sampling=sampling, calibrate=d.calibrates)
+        for eng in [plain, *engines]:  # one short untimed request each: first-call costs stay out
+            _drain(eng.generate(first, max_tokens=min(8, max_tokens), sampling=sampling, remember=False))
     if peer is not None:
         peer.warmup(first, min(8, max_tokens))
 
-    result = BenchResult(configs=["plain", *labels])
+    result = BenchResult(configs=["plain", *labels], weights=[mode for mode, _ in targets])
 
     def bench_one(i: int, item: WorkItem, ids: list[int]) -> list[int]:
-        """Every configuration on one prompt (repeats interleaved); returns plain's tokens."""
-        runs: dict[str, list[RunRecord]] = {}
-        base_tokens: list[int] | None = None
+        """Every configuration on one prompt (repeats interleaved); returns the first mode's plain tokens."""
+        runs: dict[tuple[str, str], list[RunRecord]] = {}
+        base_tokens: dict[str, list[int]] = {}
         for rep in range(repeats):  # repeats interleave too: plain, spec..., plain, spec...
             tag = f" ({rep + 1}/{repeats})" if repeats > 1 else ""
-            on_step(f"{item.kind} #{i + 1} plain{tag}")
-            g = plain.generate(ids, max_tokens=max_tokens, sampling=sampling, remember=False)
-            toks = _drain(g)
-            base_tokens = toks if base_tokens is None else base_tokens
-            runs.setdefault("plain", []).append(_record(i, item, "plain", None, g))
-            for eng, d, label in zip(engines, drafts, labels):
-                on_step(f"{item.kind} #{i + 1} {label}{tag}")
-                # a drafter with memory learns each prompt once, after all its repeats: a repeat
-                # must not draft from its own earlier output
-                g = eng.generate(ids, max_tokens=max_tokens, sampling=sampling, remember=False)
-                same = _drain(g) == base_tokens
-                rec = _record(i, item, label, d.max_draft, g)
-                rec.identical = same
-                runs.setdefault(label, []).append(rec)
+            for mode, plain, engines in sets:
+                at = f" [{mode}]" if mode else ""
+                on_step(f"{item.kind} #{i + 1} plain{at}{tag}")
+                g = plain.generate(ids, max_tokens=max_tokens, sampling=sampling, remember=False)
+                toks = _drain(g)
+                base_tokens.setdefault(mode, toks)
+                rec = _record(i, item, "plain", None, g)
+                rec.weights = mode
+                runs.setdefault((mode, "plain"), []).append(rec)
+                for eng, d, label in zip(engines, drafts, labels):
+                    on_step(f"{item.kind} #{i + 1} {label}{at}{tag}")
+                    # a drafter with memory learns each prompt once, after all its repeats: a repeat
+                    # must not draft from its own earlier output
+                    g = eng.generate(ids, max_tokens=max_tokens, sampling=sampling, remember=False)
+                    same = _drain(g) == base_tokens[mode]
+                    rec = _record(i, item, label, d.max_draft, g)
+                    rec.identical, rec.weights = same, mode
+                    runs.setdefault((mode, label), []).append(rec)
             if peer is not None:
                 for label, width in peer.configs():
                     on_step(f"{item.kind} #{i + 1} {label}{tag}")
                     out = peer.generate(ids, max_tokens, width)
-                    runs.setdefault(label, []).append(RunRecord(
+                    runs.setdefault(("", label), []).append(RunRecord(
                         prompt_index=i, kind=item.kind, source=item.source, config=label, width=width,
                         tokens=out.tokens, decode_tps=out.tps, decode_s=out.tokens / out.tps if out.tps else 0.0,
                         peak_memory_mib=out.peak_mib,
                     ))
-        for eng in engines:
-            eng.remember(list(ids) + base_tokens)
-        base = _median_run(runs["plain"])
-        result.records.append(base)
-        for label, recs in runs.items():
+        for mode, _, engines in sets:
+            for eng in engines:
+                eng.remember(list(ids) + base_tokens[mode])
+        bases = {mode: _median_run(runs[(mode, "plain")]) for mode, *_ in sets}
+        result.records.extend(bases.values())
+        for (mode, label), recs in runs.items():
             if label == "plain":
                 continue
             rec = _median_run(recs)
             if rec.identical is not None:
+                base = bases[mode]
                 rec.identical = all(r.identical for r in recs)
                 rec.speedup = rec.decode_tps / base.decode_tps if base.decode_tps else 0.0
             result.records.append(rec)
-        return base_tokens
+        return base_tokens[sets[0][0]]
 
     if traces:  # each turn's prompt is the conversation so far, replies being plain decoding's
         i = 0
@@ -238,19 +256,22 @@ def _peer_for(config: str, width: int | None, records: Sequence[RunRecord]) -> l
 def summarize(result: BenchResult) -> list[SummaryRow]:
     """One row per speculative configuration and kind, plus an `all` row per configuration."""
     recs = result.records
-    plain_by_prompt = {r.prompt_index: r for r in recs if r.config == "plain"}
+    plain_by_prompt = {(r.weights, r.prompt_index): r for r in recs if r.config == "plain"}
+    first = result.weights[0]
     kinds = sorted({r.kind for r in recs})
     rows = []
-    for config in result.configs:
+    for mode, config in ((m, c) for m in result.weights for c in result.configs):
         if config == "plain" or _is_peer(config):
             continue
-        mine = [r for r in recs if r.config == config]
+        mine = [r for r in recs if r.config == config and r.weights == mode]
         peer_all = _peer_for(config, mine[0].width if mine else None, recs)
         for kind in kinds + [ALL_KINDS]:
             sel = [r for r in mine if kind in (ALL_KINDS, r.kind)]
             if not sel:
                 continue
-            base = [plain_by_prompt[r.prompt_index] for r in sel]
+            base = [plain_by_prompt[(mode, r.prompt_index)] for r in sel]
+            firsts = [(b, plain_by_prompt.get((first, b.prompt_index))) for b in base]
+            vs_first = [b.decode_tps / f.decode_tps for b, f in firsts if f is not None and f.decode_tps > 0]
             drafted = sum(r.drafted_rounds for r in sel)
             accepted = sum(r.accepted for r in sel)
             proposed = sum(r.proposed for r in sel)
@@ -274,6 +295,7 @@ def summarize(result: BenchResult) -> list[SummaryRow]:
                 identical=sum(bool(r.identical) for r in sel),
                 peer_tps=_median([r.decode_tps for r in peer.values()]) if peer else None,
                 vs_peer=_median(vs_peer) if vs_peer else None,
+                weights=mode, plain_vs_first=_median(vs_first) if mode and vs_first else None,
             ))
     return rows
 
@@ -283,7 +305,7 @@ def plain_vs_peer(result: BenchResult) -> float | None:
     peer = {r.prompt_index: r for r in result.records
             if _is_peer(r.config) and r.config.endswith(" plain") and r.decode_tps > 0}
     ratios = [r.decode_tps / peer[r.prompt_index].decode_tps for r in result.records
-              if r.config == "plain" and r.prompt_index in peer]
+              if r.config == "plain" and r.weights == result.weights[0] and r.prompt_index in peer]
     return _median(ratios) if ratios else None
 
 
@@ -316,6 +338,7 @@ def to_json(result: BenchResult, rows: Sequence[SummaryRow], choices: Sequence[W
         **meta,
         "plain_vs_peer": plain_vs_peer(result),
         "configs": list(result.configs),
+        "cpu_weights": list(result.weights) if result.weights != [""] else None,
         "summary": [asdict(r) for r in rows],
         "recommended_widths": [asdict(c) for c in choices],
         "runs": [asdict(r) for r in result.records],

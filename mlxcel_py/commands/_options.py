@@ -27,6 +27,7 @@ RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hugging 
 DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", "--model-draft", "-md", help="Smaller causal LM sharing the target's tokenizer, used as a full-model drafter.", rich_help_panel=MODEL)]
 NoBlasOpt = Annotated[bool, typer.Option("--no-blas", help="Keep MLX's bundled reference BLAS instead of loading OpenBLAS (Linux CPU).", rich_help_panel=RUNTIME)]
 NoDequantizeOpt = Annotated[bool, typer.Option("--no-dequantize", help="Keep quantized weights on the CPU instead of dequantizing to float32.", rich_help_panel=RUNTIME)]
+CpuWeightsOpt = Annotated[Optional[str], typer.Option("--cpu-weights", metavar="auto|q8|q4|f32", help="CPU weight form: the row-exact int8 kernel with 8- or 4-bit weights, or float32; auto: the kernel where it built (quantized files keep their bits, float layers 8-bit), else f32. bench: a comma list, each benchmarked.", rich_help_panel=RUNTIME)]
 NoFastKernelsOpt = Annotated[bool, typer.Option("--no-fast-kernels", help="Keep mlx-lm's attention and SwiGLU (MLX's scalar exp on the CPU) instead of the vectorized-exp kernels.", rich_help_panel=RUNTIME)]
 
 PromptOpt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text; '-' reads it from stdin. Without it: interactive chat.", rich_help_panel=GEN)]
@@ -88,7 +89,7 @@ LimitOpt = Annotated[Optional[int], typer.Option("--limit", metavar="N", help="U
 # llama-server's spellings on serve: -t is threads there (temperature stays --temp), -n the server cap
 ServeTempOpt = Annotated[Optional[float], typer.Option("--temp", "--temperature", metavar="FLOAT", help="Default sampling temperature; 0 is greedy. Sampling flags left out come from the model's generation_config.json, else llama-server's defaults (temp 0.8, top-p 0.95, top-k 40, min-p 0.05).", rich_help_panel=SAMPLING)]
 ServeMaxTokensOpt = Annotated[int, typer.Option("--n-predict", "-n", "--predict", "--max-tokens", metavar="N", help="Cap on every request's tokens (a request asking for more gets this many); -1: no cap.", rich_help_panel=GEN)]
-ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", metavar="N", help="CPU threads for matrix products (OpenBLAS); default: all cores.", rich_help_panel=SERVER)]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", metavar="N", help="CPU threads for matrix products (OpenBLAS and the row-exact kernel); default: all cores.", rich_help_panel=SERVER)]
 CtxSizeOpt = Annotated[int, typer.Option("--ctx-size", "-c", metavar="N", help="Context window in tokens (0: the model's); prompt plus reply never exceed it.", rich_help_panel=SERVER)]
 ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", metavar="N", help="Concurrent sequences (llama-server's slots); requests are decoded one at a time for now.", rich_help_panel=SERVER)]
 ShutdownGraceOpt = Annotated[int, typer.Option("--shutdown-grace", metavar="SECONDS", help="On SIGTERM/Ctrl-C, how long requests in flight may finish before they are cancelled.", rich_help_panel=SERVER)]
@@ -114,6 +115,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             model=g("model"), revision=g("revision"), draft_model=g("draft_model"),
             blas=not g("no_blas", False), dequantize=not g("no_dequantize", False),
             fast_kernels=not g("no_fast_kernels", False),
+            cpu_weights=_given(g("cpu_weights"), O.DEFAULT_CPU_WEIGHTS),
         ),
         generation=O.GenerationOptions(
             prompt=g("prompt"), max_tokens=g("max_tokens", O.DEFAULT_MAX_TOKENS), min_tokens=g("min_tokens", 0),
@@ -175,7 +177,7 @@ MODEL_PARAMS = [
     _kw("model", ModelOpt, None), _kw("revision", RevisionOpt, None), _kw("draft_model", DraftModelOpt, None),
 ]
 RUNTIME_PARAMS = [_kw("no_blas", NoBlasOpt, False), _kw("no_dequantize", NoDequantizeOpt, False),
-                  _kw("no_fast_kernels", NoFastKernelsOpt, False)]
+                  _kw("no_fast_kernels", NoFastKernelsOpt, False), _kw("cpu_weights", CpuWeightsOpt, None)]
 GENERATION_PARAMS = [
     _kw("prompt", PromptOpt, None), _kw("max_tokens", MaxTokensOpt, O.DEFAULT_MAX_TOKENS),
     _kw("min_tokens", MinTokensOpt, 0), _kw("profile", ProfileOpt, False),

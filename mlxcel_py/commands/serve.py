@@ -26,6 +26,7 @@ def serve(**params) -> None:
         cfg = validate(build_options("serve", params))
         if cfg.options.server.threads:  # read by OpenBLAS when it loads, so set before prepare()
             os.environ["OPENBLAS_NUM_THREADS"] = str(cfg.options.server.threads)
+            os.environ["MLXCEL_KERNEL_THREADS"] = str(cfg.options.server.threads)  # the row-exact kernel's
         fastpath.prepare(cfg.options.model.blas)
         from ..server.main import run_server
 

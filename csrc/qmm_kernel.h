@@ -1,0 +1,42 @@
+// Row-exact quantized matmul kernels for x86 (AVX-512 VNNI): plain pointers, no MLX types.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace mlxcel {
+
+// Whether this CPU runs the kernels (AVX-512 F/BW/VL + VNNI); checked at run time.
+bool cpu_supported();
+
+// Bytes of one repacked weight row of K values.
+inline size_t row_bytes(int K, int bits) { return static_cast<size_t>(K) * bits / 8; }
+
+// Repack one row from MLX's affine layout (bits 8: byte k = q[k]; bits 4: byte k = q[2k] |
+// q[2k+1] << 4) into the kernel's interleaved layout (see qmm_kernel.cpp). K % 64 == 0.
+void repack_row(const uint8_t* mlx_row, uint8_t* out, int K, int bits);
+
+// The row's quantized values back in natural order (for tests and the dequantize path).
+void unpack_row(const uint8_t* packed, uint8_t* q, int K, int bits);
+
+// out[r, k] = scales[row, k/32] * q[row, k] + biases[row, k/32] for row = ids[r] (r < R).
+void dequantize_rows(const uint8_t* w, const float* scales, const float* biases, const uint32_t* ids, int R,
+                     int K, int bits, float* out);
+
+// out[M, N] = x[M, K] @ W^T with W[n, k] = scales[n, k/32] * q[n, k] + biases[n, k/32]
+// (float32 scales and biases per block of 32). Each output element is reduced in an order fixed
+// by K alone: never by M, by the row's position, by tiling or by the thread count.
+void qmm(const float* x, const uint8_t* w, const float* scales, const float* biases, float* out,
+         int M, int N, int K, int bits, int threads);
+
+// Several weights sharing one input (q/k/v, gate/up): x is quantized once; output i is exactly
+// what qmm would give for weight i alone.
+struct WeightRef {
+  const uint8_t* w;
+  const float* scales;
+  const float* biases;
+  float* out;
+  int N;
+};
+void qmm_multi(const float* x, const WeightRef* weights, int count, int M, int K, int bits, int threads);
+
+}  // namespace mlxcel

@@ -1,0 +1,352 @@
+// The MLX side of the row-exact quantized matmul: a custom primitive whose eval_cpu runs
+// qmm_kernel on MLX's CPU stream, and the Python binding (nanobind, in MLX's type domain so
+// mx.array passes straight through).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <optional>
+
+#include <atomic>
+#include <chrono>
+#include <sstream>
+#include <stdexcept>
+
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/mlx.h"
+#include "mlx/primitives.h"
+#include "attention_kernel.h"
+#include "qmm_kernel.h"
+
+namespace mx = mlx::core;
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace mlxcel {
+bool cpu_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+}
+}  // namespace mlxcel
+
+namespace {
+
+std::atomic<int> g_threads{1};
+std::atomic<long long> g_ns{0}, g_calls{0};
+
+// x as a row-contiguous float buffer: its own data when it already is one, else a gathered copy
+// (any strides; runs inside the dispatched task, when x's contents exist)
+template <typename T>
+const T* contiguous_rows(const mx::array& x, std::vector<T>& scratch) {
+  if (x.flags().row_contiguous) return x.data<T>();
+  scratch.resize(x.size());
+  const auto& shape = x.shape();
+  const auto& strides = x.strides();
+  const int nd = x.ndim();
+  std::vector<int> idx(nd, 0);
+  const T* base = x.data<T>();
+  for (size_t i = 0; i < x.size(); ++i) {
+    int64_t off = 0;
+    for (int d = 0; d < nd; ++d) off += static_cast<int64_t>(idx[d]) * strides[d];
+    scratch[i] = base[off];
+    for (int d = nd - 1; d >= 0; --d) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return scratch.data();
+}
+
+// y_i = x @ W_i^T for one input and 1..n weights of the same bits (inputs: x, then w, scales,
+// biases per weight; one output per weight)
+class RowExactQMM : public mx::Primitive {
+ public:
+  RowExactQMM(mx::Stream s, int bits) : mx::Primitive(s), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const auto& x = inputs[0];
+    const int count = static_cast<int>(outputs.size());
+    const int K = x.shape(-1);
+    const int M = static_cast<int>(x.size() / K);
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) enc.set_input_array(a);
+    std::vector<mlxcel::WeightRef> refs;
+    for (int i = 0; i < count; ++i) {
+      auto& out = outputs[i];
+      out.set_data(mx::allocator::malloc(out.nbytes()));
+      enc.set_output_array(out);
+      refs.push_back({nullptr, nullptr, nullptr, out.data<float>(), inputs[1 + 3 * i].shape(0)});
+    }
+    // parameters are evaluated, contiguous buffers; a strided view (a test's, a user's) is copied
+    enc.dispatch([inputs, refs = std::move(refs), M, K, bits = bits_, threads = g_threads.load()]() mutable {
+      std::vector<float> scratch;
+      const float* xp = contiguous_rows(inputs[0], scratch);
+      std::vector<std::vector<uint8_t>> wcopy(refs.size());
+      std::vector<std::vector<float>> scopy(refs.size()), bcopy(refs.size());
+      for (size_t i = 0; i < refs.size(); ++i) {
+        refs[i].w = contiguous_rows(inputs[1 + 3 * i], wcopy[i]);
+        refs[i].scales = contiguous_rows(inputs[2 + 3 * i], scopy[i]);
+        refs[i].biases = contiguous_rows(inputs[3 + 3 * i], bcopy[i]);
+      }
+      auto t0 = std::chrono::steady_clock::now();
+      mlxcel::qmm_multi(xp, refs.data(), static_cast<int>(refs.size()), M, K, bits, threads);
+      g_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+      g_calls += 1;
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("row_exact_qmm runs on the CPU only");
+  }
+
+  const char* name() const override { return "RowExactQMM"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return bits_ == static_cast<const RowExactQMM&>(other).bits_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    std::vector<mx::Shape> shapes;
+    for (size_t i = 1; i < inputs.size(); i += 3) {
+      auto shape = inputs[0].shape();
+      shape.back() = inputs[i].shape(0);
+      shapes.push_back(shape);
+    }
+    return shapes;
+  }
+
+ private:
+  int bits_;
+};
+
+// Rows of a repacked weight as float32: an embedding lookup (ids given) or the whole matrix
+// (ids = 0..N-1) for blocks too wide for the row kernel, where BLAS on float32 is faster.
+class DequantizeRows : public mx::UnaryPrimitive {
+ public:
+  DequantizeRows(mx::Stream s, int bits) : mx::UnaryPrimitive(s), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const auto& w = inputs[0];
+    const auto& sc = inputs[1];
+    const auto& bi = inputs[2];
+    const auto& ids = inputs[3];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    const int K = out.shape(-1);
+    const int R = static_cast<int>(ids.size());
+    const int N = w.shape(0);
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.set_input_array(w);
+    enc.set_input_array(sc);
+    enc.set_input_array(bi);
+    enc.set_input_array(ids);
+    enc.set_output_array(out);
+    enc.dispatch([w, sc, bi, ids, op = out.data<float>(), R, K, N, bits = bits_]() {
+      std::vector<uint8_t> wc;
+      std::vector<float> sc_c, bi_c;
+      std::vector<uint32_t> ic;
+      const uint8_t* wp = contiguous_rows(w, wc);
+      const float* sp = contiguous_rows(sc, sc_c);
+      const float* bp = contiguous_rows(bi, bi_c);
+      const uint32_t* ip = contiguous_rows(ids, ic);
+      for (int r = 0; r < R; ++r)
+        if (ip[r] >= static_cast<uint32_t>(N)) throw std::out_of_range("dequantize_rows: row id out of range");
+      mlxcel::dequantize_rows(wp, sp, bp, ip, R, K, bits, op);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("dequantize_rows runs on the CPU only");
+  }
+
+  const char* name() const override { return "DequantizeRows"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return bits_ == static_cast<const DequantizeRows&>(other).bits_;
+  }
+
+ private:
+  int bits_;
+};
+
+// softmax(scale q k^T) v, one query row at a time (attention_kernel.h); q/k/v may be strided
+// views (the KV cache's slices) as long as their last axis is contiguous.
+class RowExactAttention : public mx::UnaryPrimitive {
+ public:
+  RowExactAttention(mx::Stream s, float scale, bool causal) : mx::UnaryPrimitive(s), scale_(scale), causal_(causal) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const auto& q = inputs[0];
+    const auto& k = inputs[1];
+    const auto& v = inputs[2];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    mlxcel::AttentionArgs a{};
+    a.B = q.shape(0);
+    a.Hq = q.shape(1);
+    a.L = q.shape(2);
+    a.D = q.shape(3);
+    a.Hkv = k.shape(1);
+    a.S = k.shape(2);
+    a.scale = scale_;
+    a.causal = causal_;
+    for (int d = 0; d < 3; ++d) {
+      a.q_strides[d] = q.strides()[d];
+      a.k_strides[d] = k.strides()[d];
+      a.v_strides[d] = v.strides()[d];
+    }
+    for (const auto* x : {&q, &k, &v})
+      if (x->strides()[3] != 1) throw std::runtime_error("row_exact_attention: the last axis must be contiguous");
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.set_input_array(q);
+    enc.set_input_array(k);
+    enc.set_input_array(v);
+    enc.set_output_array(out);
+    a.out = out.data<float>();
+    enc.dispatch([a, q, k, v, threads = g_threads.load()]() mutable {
+      a.q = q.data<float>();
+      a.k = k.data<float>();
+      a.v = v.data<float>();
+      mlxcel::attention(a, threads);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("row_exact_attention runs on the CPU only");
+  }
+
+  const char* name() const override { return "RowExactAttention"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const RowExactAttention&>(other);
+    return scale_ == o.scale_ && causal_ == o.causal_;
+  }
+
+ private:
+  float scale_;
+  bool causal_;
+};
+
+mx::array row_exact_attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal) {
+  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4)
+    throw std::invalid_argument("row_exact_attention: q, k, v must be [B, heads, length, dim]");
+  if (q.dtype() != mx::float32 || k.dtype() != mx::float32 || v.dtype() != mx::float32)
+    throw std::invalid_argument("row_exact_attention: float32 only");
+  if (k.shape() != v.shape() || q.shape(0) != k.shape(0) || q.shape(3) != k.shape(3) || k.shape(1) == 0 ||
+      q.shape(1) % k.shape(1) != 0)
+    throw std::invalid_argument("row_exact_attention: shapes do not match (query heads must be a multiple of KV heads)");
+  if (causal && q.shape(2) > k.shape(2))
+    throw std::invalid_argument("row_exact_attention: a causal block cannot be longer than its keys");
+  auto s = mx::default_stream(mx::Device::cpu);
+  return mx::array(q.shape(), mx::float32, std::make_shared<RowExactAttention>(s, scale, causal), {q, k, v});
+}
+
+void check_bits(int bits) {
+  if (bits != 4 && bits != 8) throw std::invalid_argument("bits must be 4 or 8");
+}
+
+std::vector<mx::array> row_exact_qmm_multi(const mx::array& x, const std::vector<mx::array>& ws,
+                                           const std::vector<mx::array>& scales, const std::vector<mx::array>& biases,
+                                           int bits) {
+  check_bits(bits);
+  if (ws.empty() || ws.size() != scales.size() || ws.size() != biases.size())
+    throw std::invalid_argument("row_exact_qmm: one scales and biases array per weight");
+  if (x.ndim() < 1) throw std::invalid_argument("row_exact_qmm: x must be [..., K]");
+  const int K = x.shape(-1);
+  if (K % 64 != 0) throw std::invalid_argument("row_exact_qmm: K=" + std::to_string(K) + " is not a multiple of 64");
+  std::vector<mx::array> inputs;
+  auto s = mx::default_stream(mx::Device::cpu);
+  inputs.push_back(mx::astype(x, mx::float32, s));
+  std::vector<mx::Shape> shapes;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const auto &w = ws[i], &sc = scales[i], &bi = biases[i];
+    if (w.ndim() != 2 || w.dtype() != mx::uint8 || static_cast<size_t>(w.shape(1)) != mlxcel::row_bytes(K, bits))
+      throw std::invalid_argument("row_exact_qmm: w must be uint8 [N, K*bits/8] from repack()");
+    if (sc.dtype() != mx::float32 || bi.dtype() != mx::float32 || sc.ndim() != 2 || sc.shape(0) != w.shape(0) ||
+        sc.shape(1) != K / 32 || bi.shape() != sc.shape())
+      throw std::invalid_argument("row_exact_qmm: scales/biases must be float32 [N, K/32]");
+    inputs.push_back(w);
+    inputs.push_back(sc);
+    inputs.push_back(bi);
+    auto shape = x.shape();
+    shape.back() = w.shape(0);
+    shapes.push_back(shape);
+  }
+  std::vector<mx::Dtype> dtypes(ws.size(), mx::float32);
+  // the weights are evaluated parameters (row contiguous); eval_cpu checks rather than copies
+  return mx::array::make_arrays(std::move(shapes), dtypes, std::make_shared<RowExactQMM>(s, bits), inputs);
+}
+
+mx::array row_exact_qmm(const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
+                        int bits) {
+  return row_exact_qmm_multi(x, {w}, {scales}, {biases}, bits)[0];
+}
+
+mx::array dequantize_rows(const mx::array& w, const mx::array& scales, const mx::array& biases, int bits,
+                          std::optional<mx::array> ids) {
+  check_bits(bits);
+  if (w.ndim() != 2 || w.dtype() != mx::uint8 || scales.dtype() != mx::float32 || biases.dtype() != mx::float32)
+    throw std::invalid_argument("dequantize_rows: w uint8 [N, K*bits/8] from repack, float32 scales/biases");
+  const int N = w.shape(0);
+  const int K = w.shape(1) * 8 / bits;
+  auto s = mx::default_stream(mx::Device::cpu);
+  mx::array rows = ids ? mx::contiguous(mx::astype(*ids, mx::uint32, s), false, s) : mx::arange(N, mx::uint32, s);
+  auto shape = rows.shape();
+  shape.push_back(K);
+  return mx::array(shape, mx::float32, std::make_shared<DequantizeRows>(s, bits), {w, scales, biases, rows});
+}
+
+// MLX affine rows (uint32 [N, K*bits/32]) -> the kernel's layout (uint8 [N, K*bits/8]); eager.
+mx::array repack(mx::array w, int bits) {
+  check_bits(bits);
+  if (w.ndim() != 2 || w.dtype() != mx::uint32) throw std::invalid_argument("repack: w must be uint32 [N, K*bits/32]");
+  const int N = w.shape(0);
+  const int K = w.shape(1) * 32 / bits;
+  if (K % 64 != 0) throw std::invalid_argument("repack: K must be a multiple of 64");
+  w = mx::contiguous(w);
+  mx::eval(w);
+  const size_t rb = mlxcel::row_bytes(K, bits);
+  mx::array out(mx::allocator::malloc(N * rb), {N, static_cast<int>(rb)}, mx::uint8);
+  const uint8_t* src = w.data<uint8_t>();
+  uint8_t* dst = out.data<uint8_t>();
+  for (int n = 0; n < N; ++n) mlxcel::repack_row(src + n * rb, dst + n * rb, K, bits);
+  return out;
+}
+
+// The kernel's layout back to one uint8 value per weight, natural order [N, K]; eager.
+mx::array unpack(mx::array w, int bits) {
+  check_bits(bits);
+  if (w.ndim() != 2 || w.dtype() != mx::uint8) throw std::invalid_argument("unpack: w must be uint8 [N, K*bits/8]");
+  const int N = w.shape(0);
+  const int K = w.shape(1) * 8 / bits;
+  w = mx::contiguous(w);
+  mx::eval(w);
+  mx::array out(mx::allocator::malloc(static_cast<size_t>(N) * K), {N, K}, mx::uint8);
+  const size_t rb = mlxcel::row_bytes(K, bits);
+  for (int n = 0; n < N; ++n) mlxcel::unpack_row(w.data<uint8_t>() + n * rb, out.data<uint8_t>() + static_cast<size_t>(n) * K, K, bits);
+  return out;
+}
+
+}  // namespace
+
+NB_MODULE(_qmm, m) {
+  m.doc() = "Row-exact int8 x 4/8-bit affine matmul for MLX on x86 CPUs (AVX-512 VNNI)";
+  m.def("row_exact_qmm", &row_exact_qmm, "x"_a, "w"_a, "scales"_a, "biases"_a, "bits"_a,
+        "x @ W.T for W = scales * q + biases per block of 32 (w from repack); each output row is "
+        "bit-identical whatever the number of rows");
+  m.def("row_exact_qmm_multi", &row_exact_qmm_multi, "x"_a, "ws"_a, "scales"_a, "biases"_a, "bits"_a,
+        "[x @ W_i.T] for weights sharing one input (x quantized once); each equals row_exact_qmm alone");
+  m.def("row_exact_attention", &row_exact_attention, "q"_a, "k"_a, "v"_a, "scale"_a, "causal"_a,
+        "softmax(scale q k^T) v computed one query row at a time (row i of a causal block sees keys "
+        "0..S-L+i): each row bit-identical to a one-row call at the same position");
+  m.def("dequantize_rows", &dequantize_rows, "w"_a, "scales"_a, "biases"_a, "bits"_a, "ids"_a = nb::none(),
+        "rows ids (default: all) of a repacked weight as float32 [..., K]");
+  m.def("repack", &repack, "w"_a, "bits"_a, "MLX affine uint32 rows -> the kernel's uint8 layout (eager)");
+  m.def("unpack", &unpack, "w"_a, "bits"_a, "the kernel's layout -> uint8 values [N, K] (eager)");
+  m.def("cpu_supported", &mlxcel::cpu_supported, "whether this CPU has AVX-512 F/BW/VL and VNNI");
+  m.def("set_threads", [](int n) { g_threads.store(n < 1 ? 1 : n); }, "n"_a);
+  m.def("threads", []() { return g_threads.load(); });
+  m.def("kernel_time", []() { return std::make_pair(g_ns.load() * 1e-9, g_calls.load()); },
+        "(seconds spent in the row kernel, calls) since the process started");
+}

@@ -1,0 +1,383 @@
+"""`--cpu-weights auto|q8|q4|f32`: how a model's linear layers hold their weights on the CPU.
+
+Why: plain decoding on the CPU streams every weight once per token. As float32 the default model
+is 540 MB a token, the bandwidth wall; MLX's own CPU quantized matmul is slower still. The
+`_qmm` extension (csrc/, built at install) multiplies int8-quantized activations by 4- or 8-bit
+weights with AVX-512 VNNI, reading 3-5x fewer bytes. Weights come from MLX's affine layout
+(q = round((w - bias) / scale) per group) and are repacked once at load into the kernel's own
+interleaved layout, with one float32 scale and bias per 32 values.
+
+Exactness: the kernel reduces every output element in an order fixed by K alone, so row i of a
+verify block equals the one-row decode step of row i bit for bit (csrc/qmm_kernel.cpp). Int8
+activations would turn any last-bit difference upstream into a different rounding, so everything
+between two kernels must be row-exact too: attention over those blocks goes to the extension's
+one-row-at-a-time attention (`attention`, routed by cpu_kernels.enable_row_exact), and `auto`
+uses the kernel only on models where nothing else mixes rows (`why_rows_not_exact`). Speculative
+output then equals plain output token for token, with no near-tie caveat. Blocks wider than
+MAX_ROWS (prefill chunks) dequantize to float32 and use BLAS; plain and speculative runs prefill
+the same way, and prefill is never compared with a decode row.
+
+Modes (only where MLX runs on the CPU; elsewhere weights stay as stored):
+  f32   every weight dequantized to float32 (the path before the kernel; the fallback)
+  q8    every eligible linear layer 8-bit, group 32 (float and 4-bit layers re-quantized)
+  q4    every eligible linear layer 4-bit, group 32 (float and 8-bit layers re-quantized)
+  auto  the kernel where it built and this CPU has the instructions: layers stored quantized
+        keep their own 4 or 8 bits (re-quantizing a GGUF's 4-bit blocks to 8 bits costs twice
+        the bytes and adds rounding), float layers become 8-bit; otherwise f32.
+Eligible: nn.Linear / QuantizedLinear (affine, 2-8 bits) and tied embeddings used as the output
+layer, with input width a multiple of 64. Anything else (mixture-of-experts switch layers, odd
+widths, norms) is float32, as before; `describe()` counts both.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .options import MAX_DRAFT_LIMIT
+
+MAX_ROWS = MAX_DRAFT_LIMIT + 1  # the widest verify block; decode steps are 1 row
+GROUP = 32  # the group size of layers this module quantizes (GGUF's block size)
+KERNEL_GROUPS = (32, 64, 128)
+
+
+@functools.cache
+def kernel_status() -> tuple[Any, str]:
+    """(the _qmm module or None, a one-line description of why it is or is not in use)."""
+    if mx.default_device() != mx.cpu:
+        return None, "not needed (MLX runs on the GPU)"
+    if os.environ.get("MLXCEL_NO_KERNEL"):
+        return None, "turned off by MLXCEL_NO_KERNEL"
+    try:
+        from . import _qmm  # type: ignore[attr-defined]
+    except ImportError as exc:
+        return None, f"not built ({str(exc).splitlines()[0] if str(exc) else 'ImportError'}; reinstall with a C++ compiler and CMake)"
+    if not _qmm.cpu_supported():
+        return None, "this CPU lacks AVX-512 VNNI"
+    _qmm.set_threads(default_threads())
+    return _qmm, "row-exact AVX-512 VNNI kernel"
+
+
+def default_threads() -> int:
+    env = os.environ.get("MLXCEL_KERNEL_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _row_count(x: mx.array) -> int:
+    return x.size // x.shape[-1] if x.ndim else 1
+
+
+def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool) -> mx.array:
+    """The extension's attention, one query row at a time (cpu_kernels.enable_row_exact)."""
+    qmm, _ = kernel_status()
+    return qmm.row_exact_attention(q, k, v, scale, causal)
+
+
+class RowExactLinear(nn.Module):
+    """y = x @ W^T (+ bias) with W held in the kernel's layout: `weight` uint8 [N, K*bits/8] from
+    `_qmm.repack`, `scales`/`biases` float32 [N, K/32]. Built by `apply`."""
+
+    def __init__(self, weight: mx.array, scales: mx.array, biases: mx.array, bits: int, bias: mx.array | None = None):
+        super().__init__()
+        self.weight, self.scales, self.biases = weight, scales, biases
+        if bias is not None:
+            self.bias = bias
+        self.bits = bits
+        self.freeze()
+
+    @property
+    def input_dims(self) -> int:
+        return self.weight.shape[1] * 8 // self.bits
+
+    def _matmul(self, x: mx.array) -> mx.array:
+        qmm, _ = kernel_status()
+        if _row_count(x) <= MAX_ROWS:
+            shared = getattr(self, "_shared", None)
+            if shared is not None:
+                return shared.output(self, x)
+            return qmm.row_exact_qmm(x, self["weight"], self["scales"], self["biases"], self.bits)
+        # prefill-sized blocks: BLAS on a float32 copy beats the row kernel there (measured: 2x at
+        # 512 rows); prefill is shared by plain and speculative runs, so exactness is unaffected
+        w = qmm.dequantize_rows(self["weight"], self["scales"], self["biases"], self.bits)
+        return x.astype(mx.float32) @ w.T
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = self._matmul(x)
+        return y + self["bias"] if "bias" in self else y
+
+    def _extra_repr(self) -> str:
+        return f"input_dims={self.input_dims}, output_dims={self.weight.shape[0]}, bits={self.bits}, row-exact kernel"
+
+
+class SharedInput:
+    """Sibling layers fed the same input (q/k/v, gate/up): the first call multiplies all of them
+    in one kernel call (the input quantized once, one graph node instead of three); the others
+    take their part. Each part is exactly what the layer alone would give (the kernel is the same
+    per weight row), so this changes speed only."""
+
+    SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"))
+
+    def __init__(self, members: list[RowExactLinear]):
+        self.members = members
+        self._x: mx.array | None = None
+        self._outs: list[mx.array] = []
+        self._left = 0
+
+    def output(self, member: RowExactLinear, x: mx.array) -> mx.array:
+        if self._x is not x or self._left == 0:
+            qmm, _ = kernel_status()
+            self._outs = qmm.row_exact_qmm_multi(x, [m["weight"] for m in self.members],
+                                                 [m["scales"] for m in self.members],
+                                                 [m["biases"] for m in self.members], member.bits)
+            self._x, self._left = x, len(self.members)
+        index = next(i for i, m in enumerate(self.members) if m is member)
+        out = self._outs[index]
+        self._left -= 1
+        if self._left == 0:  # every sibling took its part: hold no graph past this step
+            self._x, self._outs = None, []
+        return out
+
+
+def _share_inputs(model: Any) -> int:
+    """Link sibling kernel layers of the same bits and width into SharedInput groups."""
+    groups = 0
+    for _, parent in model.named_modules():
+        for names in SharedInput.SIBLINGS:
+            layers = [parent.get(n) if isinstance(parent, dict) else None for n in names]
+            if not all(type(m) is RowExactLinear for m in layers):
+                continue
+            if len({(m.bits, m.input_dims) for m in layers}) != 1:
+                continue
+            group = SharedInput(layers)
+            for m in layers:
+                m._shared = group
+            groups += 1
+    return groups
+
+
+class RowExactEmbedding(RowExactLinear):
+    """An embedding in the kernel's layout: lookups dequantize the picked rows; `as_linear` (a
+    tied output layer) is the row-exact matmul."""
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        qmm, _ = kernel_status()
+        return qmm.dequantize_rows(self["weight"], self["scales"], self["biases"], self.bits, ids)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return self._matmul(x)
+
+
+@dataclass(frozen=True)
+class WeightsReport:
+    mode: str  # the mode in effect: q8 | q4 | f32 | mixed (auto on a file with 4- and 8-bit layers) | as stored
+    asked: str  # what --cpu-weights said
+    kernel_layers: int
+    float_layers: int
+    bits: tuple[int, ...]  # the bit widths the kernel layers use
+    note: str  # kernel status or why it is not in use
+    weight_bytes: int
+    inexact: str | None = None  # kernel layers in use but a block's rows may differ from decode steps: why
+
+    def describe(self) -> str:
+        if self.kernel_layers == 0:
+            return f"{self.mode} ({self.note})" if self.mode == "f32" else self.mode
+        bits = "/".join(f"{b}-bit" for b in self.bits)
+        rest = f", {self.float_layers} float32" if self.float_layers else ""
+        return (f"{self.mode} ({self.kernel_layers} layers {bits} on the {self.note}{rest}; "
+                f"{self.weight_bytes / 2**20:.0f} MiB)")
+
+    def as_json(self) -> dict:
+        return {"mode": self.mode, "asked": self.asked, "kernel_layers": self.kernel_layers,
+                "float_layers": self.float_layers, "bits": list(self.bits), "kernel": self.note,
+                "weight_mib": round(self.weight_bytes / 2**20, 1), "rows_exact": self.kernel_layers > 0 and not self.inexact}
+
+
+def _in_features(module: Any) -> int:
+    if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        return module.weight.shape[-1] * 32 // module.bits
+    return module.weight.shape[-1]
+
+
+def _target_bits(module: Any, asked: str) -> int | None:
+    """The kernel bits for this layer under `asked`, or None to keep it float32."""
+    quantized = isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+    if quantized and getattr(module, "mode", "affine") != "affine":
+        return None
+    if module.weight.ndim != 2 or _in_features(module) % 64 != 0:
+        return None
+    if asked == "q8":
+        return 8
+    if asked == "q4":
+        return 4
+    if quantized and module.bits in (4, 8):
+        return module.bits
+    return 8
+
+
+def _affine(module: Any, bits: int) -> tuple[mx.array, mx.array, mx.array, int]:
+    """The layer's weight in MLX's affine layout at `bits` with a group the kernel reads: a stored
+    layer of those bits as it is, anything else (float, other bits or groups) quantized anew."""
+    quantized = isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+    if quantized and module.bits == bits and module.group_size in KERNEL_GROUPS:
+        return module.weight, module.scales, module.biases, module.group_size
+    w = module.weight
+    if quantized:
+        w = mx.dequantize(w, module.scales, module.biases, group_size=module.group_size, bits=module.bits)
+    wq, scales, biases = mx.quantize(w.astype(mx.float32), GROUP, bits)
+    return wq, scales, biases, GROUP
+
+
+def _convert(module: Any, bits: int, *, embedding: bool) -> RowExactLinear:
+    qmm, _ = kernel_status()
+    wq, scales, biases, group = _affine(module, bits)
+    # the kernel takes one float32 scale and bias per 32 values: a group of 64 or 128 repeats its own
+    # (materialized: the kernel reads contiguous rows, and would copy a strided view every call)
+    per_block = lambda a: mx.contiguous(mx.repeat(a.astype(mx.float32), group // 32, axis=1) if group > 32
+                                        else a.astype(mx.float32))
+    scales, biases = per_block(scales), per_block(biases)
+    mx.eval(scales, biases)
+    packed = qmm.repack(wq, bits)
+    if embedding:
+        return RowExactEmbedding(packed, scales, biases, bits)
+    bias = module["bias"].astype(mx.float32) if "bias" in module else None
+    return RowExactLinear(packed, scales, biases, bits, bias)
+
+
+def _tied_embeddings(model: Any) -> set[int]:
+    """Embeddings the model also uses as its output layer (`as_linear`): no `lm_head` module.
+    Only these float embeddings are quantized; a stored quantized embedding is kept as it is."""
+    names = [name for name, _ in model.named_modules()]
+    if any(n == "lm_head" or n.endswith(".lm_head") for n in names):
+        return set()
+    return {id(m) for _, m in model.named_modules() if isinstance(m, nn.Embedding)}
+
+
+def _weight_bytes(model: Any) -> int:
+    from mlx.utils import tree_flatten
+
+    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+
+
+def _dequantize_rest(model: Any) -> None:
+    """mlx-lm's dequantize_model, minus the kernel's layers (it would turn them back to float)."""
+    from mlx.utils import tree_unflatten
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
+
+    layers = []
+    for name, module in model.named_modules():
+        if isinstance(module, (RowExactLinear, RowExactEmbedding)):
+            continue
+        if isinstance(module, nn.QuantizedLinear):
+            cls, kwargs = nn.Linear, {"bias": "bias" in module}
+        elif isinstance(module, nn.QuantizedEmbedding):
+            cls, kwargs = nn.Embedding, {}
+        elif isinstance(module, QuantizedSwitchLinear):
+            cls, kwargs = SwitchLinear, {"bias": "bias" in module}
+        else:
+            continue
+        weight = mx.dequantize(module.weight, module.scales, module.get("biases"), module.group_size,
+                               module.bits, getattr(module, "mode", "affine"))
+        out = cls(*weight.shape[::-1], **kwargs)
+        if kwargs.get("bias"):
+            out.bias = module.bias
+        out.weight = weight
+        layers.append((name, out))
+    if layers:
+        model.update_modules(tree_unflatten(layers))
+
+
+def why_rows_not_exact(model: Any) -> str | None:
+    """Why a verify block's rows could differ from decode steps on the kernel path, or None.
+
+    The kernel's int8 activations turn a last-bit difference upstream into a different rounding,
+    so every op between two kernels must treat each row alone: plain KV caches (no windows, no
+    recurrent state computed over a block), attention routed to the one-row kernel, and every
+    matmul on the kernel (a float32 layer would multiply a block with BLAS)."""
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+    from . import cpu_kernels
+
+    if not cpu_kernels.routes_attention(model):
+        return f"{type(model).__module__.rsplit('.', 1)[-1]} does not call mlx-lm's attention by name"
+    try:
+        caches = make_prompt_cache(model)
+    except Exception as exc:  # a model that cannot make its caches fails later in its own words
+        return f"its caches could not be made ({type(exc).__name__})"
+    other = sorted({type(c).__name__ for c in caches if type(c) is not KVCache})
+    if other:
+        return f"its caches include {', '.join(other)} (windows or recurrent state)"
+    tied = _tied_embeddings(model)
+    for name, m in model.named_modules():
+        if "Switch" in type(m).__name__:
+            return f"{name} is a mixture-of-experts layer"
+        is_linear = type(m) in (nn.Linear, nn.QuantizedLinear)
+        if (is_linear or id(m) in tied) and _target_bits(m, "auto") is None:
+            return f"{name} ({_in_features(m)} inputs) does not fit the kernel"
+    return None
+
+
+def apply(model: Any, asked: str) -> WeightsReport:
+    """Put `model`'s weights in the form `asked` picks (CPU only); float32 for everything else."""
+    from mlx.utils import tree_unflatten
+
+    qmm, note = kernel_status()
+    inexact = why_rows_not_exact(model) if qmm is not None and asked != "f32" else None
+    mode = asked
+    if asked == "auto":
+        mode = "kernel" if qmm is not None and inexact is None else "f32"
+        if qmm is not None and inexact is not None:
+            note = f"row-exact kernel not used: {inexact}"
+    if mode == "f32" or qmm is None:
+        _dequantize_rest(model)
+        model.set_dtype(mx.float32)
+        mx.eval(model.parameters())
+        return WeightsReport("f32", asked, 0, 0, (), note if asked == "auto" else "asked for", _weight_bytes(model))
+
+
+    tied = _tied_embeddings(model)
+    replaced: list[tuple[str, Any]] = []
+    used_bits: set[int] = set()
+    kernel_layers = 0
+    for name, module in model.named_modules():
+        is_embedding = isinstance(module, (nn.Embedding, nn.QuantizedEmbedding))
+        if is_embedding and not (isinstance(module, nn.QuantizedEmbedding) or id(module) in tied):
+            continue  # a float embedding only looked up: quantizing it would only add rounding
+        if type(module) not in (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding):
+            continue  # a subclass with its own forward (LoRA, switch layers): leave it alone
+        bits = _target_bits(module, asked)
+        if bits is None:
+            continue
+        replaced.append((name, _convert(module, bits, embedding=is_embedding)))
+        used_bits.add(bits)
+        kernel_layers += 1
+    if replaced:
+        model.update_modules(tree_unflatten(replaced))
+        _share_inputs(model)
+    float_layers = sum(1 for _, m in model.named_modules()
+                       if type(m) in (nn.Linear, nn.QuantizedLinear) or "SwitchLinear" in type(m).__name__)
+    _dequantize_rest(model)
+    _float32_except_kernel(model)
+    label = asked if asked != "auto" else ("q4" if used_bits == {4} else "q8" if used_bits == {8} else "mixed" if used_bits else "f32")
+    return WeightsReport(label, asked, kernel_layers, float_layers, tuple(sorted(used_bits)), note,
+                         _weight_bytes(model), inexact)
+
+
+def _float32_except_kernel(model: Any) -> None:
+    """Norms, float layers and biases to float32; the kernel layers' packed weights stay uint32."""
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    params = tree_flatten(model.parameters())
+    cast = [(k, v.astype(mx.float32)) for k, v in params if mx.issubdtype(v.dtype, mx.floating) and v.dtype != mx.float32]
+    if cast:
+        model.update(tree_unflatten(cast))
+    mx.eval(model.parameters())

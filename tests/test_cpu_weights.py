@@ -1,0 +1,277 @@
+"""The row-exact quantized matmul and attention (csrc/, `mlxcel_py._qmm`) and `--cpu-weights`.
+
+Kernel tests need the extension built and a CPU with AVX-512 VNNI; `make test` prints which path
+this machine has in its header line, and those tests are skipped (not passed) without it.
+"""
+
+from __future__ import annotations
+
+import random
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from mlxcel_py import cpu_weights
+from mlxcel_py.options import SamplingOptions
+
+QMM, WHY = cpu_weights.kernel_status()
+needs_kernel = pytest.mark.skipif(QMM is None, reason=f"row-exact kernel: {WHY}")
+
+
+def _quantized(n: int, k: int, bits: int, group: int = 32, seed: int = 0):
+    """(kernel weight, scales, biases, the dequantized float32 matrix) for a random n x k matrix."""
+    mx.random.seed(seed)
+    w = mx.random.normal((n, k)) * 0.05
+    wq, s, b = mx.quantize(w, group_size=group, bits=bits)
+    dense = mx.dequantize(wq, s, b, group_size=group, bits=bits)
+    per_block = lambda a: mx.repeat(a.astype(mx.float32), group // 32, axis=1)
+    return QMM.repack(wq, bits), per_block(s), per_block(b), dense
+
+
+def _bound(x: mx.array, dense: mx.array) -> mx.array:
+    """The int8 activation rounding bound: per block of 32, |x - x_q| <= amax / 254, so an output
+    is off by at most sum over blocks of amax_b / 254 * sum |w| in the block (plus float slack)."""
+    m, k = x.shape
+    amax = mx.abs(x).reshape(m, k // 32, 32).max(axis=-1)  # [M, blocks]
+    wsum = mx.abs(dense).reshape(dense.shape[0], k // 32, 32).sum(axis=-1)  # [N, blocks]
+    return (amax / 254.0) @ wsum.T * 1.001 + 1e-5
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [4, 8])
+def test_kernel_matches_dequantized_matmul_within_the_rounding_bound_for_every_m(bits):
+    rng = random.Random(bits)
+    for m in range(1, 66):
+        n, k = rng.choice([(48, 64), (130, 576), (96, 1024), (64, 1536)])
+        w, s, b, dense = _quantized(n, k, bits, group=rng.choice([32, 64]), seed=m)
+        x = mx.random.normal((m, k)) * rng.choice([0.1, 1.0, 30.0])
+        got, want = QMM.row_exact_qmm(x, w, s, b, bits), x @ dense.T
+        excess = (mx.abs(got - want) - _bound(x, dense)).max().item()
+        assert excess <= 0, (m, n, k, excess)
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [4, 8])
+def test_each_row_is_bit_identical_to_the_one_row_product(bits):
+    rng = random.Random(10 + bits)
+    w, s, b, _ = _quantized(200, 576, bits)
+    for trial in range(12):
+        m = rng.randint(2, 65)
+        x = mx.random.normal((m, 576))
+        block = QMM.row_exact_qmm(x, w, s, b, bits)
+        for i in rng.sample(range(m), min(m, 5)):
+            one = QMM.row_exact_qmm(x[i:i + 1], w, s, b, bits)
+            assert mx.array_equal(block[i:i + 1], one).item(), (m, i)
+        # the same row anywhere in another block (other neighbours, other position)
+        j = rng.randrange(m)
+        other = mx.concatenate([mx.random.normal((3, 576)), x[j:j + 1]])
+        assert mx.array_equal(QMM.row_exact_qmm(other, w, s, b, bits)[3], block[j]).item()
+
+
+@needs_kernel
+def test_threads_and_batch_shape_do_not_change_a_bit():
+    w, s, b, _ = _quantized(1536, 576, 4)
+    x = mx.random.normal((2, 7, 576))
+    ref = QMM.row_exact_qmm(x, w, s, b, 4)
+    try:
+        for t in (1, 2, 3):
+            QMM.set_threads(t)
+            assert mx.array_equal(QMM.row_exact_qmm(x.reshape(14, 576), w, s, b, 4).reshape(2, 7, 1536), ref).item()
+            # a strided (transposed) input gives the same rows
+            xt = mx.random.normal((576, 5)).T
+            assert mx.array_equal(QMM.row_exact_qmm(xt, w, s, b, 4), QMM.row_exact_qmm(mx.array(xt.tolist()), w, s, b, 4)).item()
+    finally:
+        QMM.set_threads(cpu_weights.default_threads())
+
+
+@needs_kernel
+def test_fused_weights_equal_separate_calls():
+    parts = [_quantized(n, 576, 8, seed=n) for n in (576, 192, 192)]
+    x = mx.random.normal((5, 576))
+    fused = QMM.row_exact_qmm_multi(x, [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts], 8)
+    for y, (w, s, b, _) in zip(fused, parts):
+        assert mx.array_equal(y, QMM.row_exact_qmm(x, w, s, b, 8)).item()
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [4, 8])
+def test_repack_round_trips_and_dequantize_rows_matches_mlx(bits):
+    for k in (64, 576, 1024, 1536):
+        mx.random.seed(k)
+        wq, s, b = mx.quantize(mx.random.normal((37, k)), group_size=32, bits=bits)
+        packed = QMM.repack(wq, bits)
+        assert packed.dtype == mx.uint8 and packed.shape == (37, k * bits // 8)
+        # MLX's own values: dequantize with scale 1 and bias 0
+        ones, zeros = mx.ones_like(s), mx.zeros_like(b)
+        q = mx.dequantize(wq, ones, zeros, group_size=32, bits=bits).astype(mx.uint8)
+        assert mx.array_equal(QMM.unpack(packed, bits), q).item()
+        rows = QMM.dequantize_rows(packed, s, b, bits, mx.array([[3, 0], [36, 3]]))
+        want = mx.dequantize(wq, s, b, group_size=32, bits=bits)
+        assert rows.shape == (2, 2, k)
+        assert mx.allclose(rows[0, 0], want[3], atol=1e-6).item() and mx.allclose(rows[1, 0], want[36], atol=1e-6).item()
+        assert mx.allclose(QMM.dequantize_rows(packed, s, b, bits), want, atol=1e-6).item()
+
+
+@needs_kernel
+def test_bad_arguments_are_refused_with_a_message():
+    w, s, b, _ = _quantized(8, 64, 8)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        QMM.row_exact_qmm(mx.zeros((1, 32)), w, s, b, 8)
+    with pytest.raises(ValueError, match="bits must be 4 or 8"):
+        QMM.row_exact_qmm(mx.zeros((1, 64)), w, s, b, 3)
+    with pytest.raises(ValueError, match="float32"):
+        QMM.row_exact_qmm(mx.zeros((1, 64)), w, s.astype(mx.float16), b, 8)
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        QMM.row_exact_attention(mx.zeros((1, 3, 1, 16)), mx.zeros((1, 2, 4, 16)), mx.zeros((1, 2, 4, 16)), 1.0, False)
+
+
+@needs_kernel
+def test_attention_matches_mlx_and_each_row_equals_its_decode_step():
+    from mlx_lm.models.base import scaled_dot_product_attention as sdpa
+
+    mx.random.seed(3)
+    for s_len, length, dim in ((40, 1, 64), (40, 8, 64), (100, 33, 64), (20, 20, 48), (70, 65, 80)):
+        q = mx.random.normal((1, 6, length, dim))
+        kbuf, vbuf = mx.random.normal((1, 2, s_len + 9, dim)), mx.random.normal((1, 2, s_len + 9, dim))
+        k, v = kbuf[:, :, :s_len], vbuf[:, :, :s_len]  # strided views, as the KV cache hands them out
+        causal = length > 1
+        got = QMM.row_exact_attention(q, k, v, 0.125, causal)
+        want = sdpa(q, k, v, None, scale=0.125, mask="causal" if causal else None)
+        assert mx.allclose(got, want, atol=2e-6, rtol=1e-5).item()
+        for i in range(length):
+            visible = s_len - length + i + 1
+            one = QMM.row_exact_attention(q[:, :, i:i + 1], k[:, :, :visible], v[:, :, :visible], 0.125, False)
+            assert mx.array_equal(one, got[:, :, i:i + 1]).item(), (s_len, length, i)
+
+
+def _block_vs_steps(model, prompt: list[int], toks: list[int]) -> list[bool]:
+    """Logits of a verify-shaped block against one-token steps at the same positions."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxcel_py import cpu_kernels
+
+    with cpu_kernels.engaged(model):
+        c1 = make_prompt_cache(model)
+        mx.eval(model(mx.array([prompt]), cache=c1))
+        steps = [model(mx.array([[t]]), cache=c1)[0, -1] for t in toks]
+        c2 = make_prompt_cache(model)
+        mx.eval(model(mx.array([prompt]), cache=c2))
+        block = model(mx.array([toks]), cache=c2)[0]
+        mx.eval(steps, block)
+    return [mx.array_equal(s, block[i]).item() for i, s in enumerate(steps)]
+
+
+@needs_kernel
+@pytest.mark.real
+def test_default_model_block_rows_equal_decode_steps_bit_for_bit(real):
+    assert real.weights is not None and real.weights.kernel_layers > 0 and not real.weights.inexact
+    prompt = real.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 3)
+    assert _block_vs_steps(real.model, prompt, [17, 99, 512, 1000, 42, 7, 6, 5, 600, 30]) == [True] * 10
+
+
+@needs_kernel
+@pytest.mark.real
+def test_every_drafter_equals_plain_on_the_default_model(real, workloads):
+    """Greedy speculative output == plain output token for token on the kernel path: prompt
+    lookup (each policy runs in test_real_model), the suffix drafter and the default model
+    drafting for itself. MTP and the Gemma 4 assistant need models this one is not (they run,
+    on float32, in test_mtp.py / test_gemma4_assistant.py)."""
+    from mlxcel_py.options import DraftConfig, LookupConfig
+    from mlxcel_py.prompting import prompt_ids
+    from test_engine import engine_for, lookup, run
+
+    configs = {
+        "prompt-lookup": engine_for(real, lookup("graded")),
+        "suffix": engine_for(real, DraftConfig(kind="suffix", lookup=LookupConfig(max_draft=16))),
+        "full-model": engine_for(real, DraftConfig(kind="full-model", block_size=4), draft_model=real.model),
+    }
+    plain = engine_for(real)
+    accepted = {name: 0 for name in configs}
+    for item in workloads[1::6]:
+        ids = prompt_ids(real.tokenizer, item["prompt"])
+        want = run(plain, ids, max_tokens=24, remember=False)[0]
+        for name, eng in configs.items():
+            got, g = run(eng, ids, max_tokens=24, remember=False)
+            assert got == want, (name, item["source"])
+            accepted[name] += g.stats.accepted
+    assert all(accepted.values()), accepted
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "gemma3_text"])
+def test_auto_keeps_float32_where_rows_could_differ(tmp_path, family):
+    """A hybrid (recurrent state) model and a sliding-window one stay float32 under auto, saying why."""
+    import tiny_models
+
+    from mlxcel_py import loading
+
+    folder = tiny_models.build(tmp_path / family, tiny_models.FAMILIES[family])
+    loaded = loading.load(loading.resolve(str(folder)))
+    assert loaded.weights.mode == "f32" and loaded.weights.kernel_layers == 0
+    if QMM is not None:
+        assert loaded.weights.note.startswith("row-exact kernel not used: "), loaded.weights.note
+    assert all(p.dtype == mx.float32 for _, p in _flat(loaded.model))
+    assert "row-exact attention" not in loaded.kernels
+
+
+def _flat(model):
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(model.parameters())
+
+
+@needs_kernel
+@pytest.mark.parametrize("mode,bits", [("q8", (8,)), ("q4", (4,)), ("auto", (8,))])
+def test_modes_on_a_float_model(tiny_dir, mode, bits):
+    from mlxcel_py import loading
+
+    loaded = loading.load(loading.resolve(str(tiny_dir)), cpu_weights=mode)
+    w = loaded.weights
+    assert w.bits == bits and w.kernel_layers > 0 and w.float_layers == 0 and not w.inexact
+    kinds = {type(m).__name__ for _, m in loaded.model.named_modules()}
+    assert "RowExactLinear" in kinds and "RowExactEmbedding" in kinds  # tied embeddings: the output layer too
+    assert "row-exact attention" in loaded.kernels
+    f32 = loading.load(loading.resolve(str(tiny_dir)), cpu_weights="f32")
+    assert f32.weights.mode == "f32" and w.weight_bytes < f32.weights.weight_bytes / 3
+    # the same logits up to the quantization error (random weights: 8 bits lose little, 4 bits of a
+    # random Gaussian matrix a lot; the real model's figures are in the README), and row-exact
+    ids = mx.array([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]])
+    a, b = loaded.model(ids), f32.model(ids)
+    rel = (mx.abs(a - b).max() / mx.abs(b).max()).item()
+    assert rel < (0.1 if 8 in bits else 1.0), rel
+    if 8 in bits:
+        assert (a.argmax(-1) == b.argmax(-1)).mean().item() >= 0.75
+    assert _block_vs_steps(loaded.model, [7, 8, 9, 10], [11, 12, 13, 14, 15]) == [True] * 5
+
+
+@needs_kernel
+@pytest.mark.real
+def test_default_model_keeps_its_file_bits_and_shrinks(real):
+    w = real.weights
+    assert w.mode == "mixed" and w.bits == (4, 8)  # Q4_1 layers 4-bit, the Q8_0 tied embedding 8-bit
+    assert w.weight_bytes < 130 * 2**20  # float32 was 540 MB
+    assert w.as_json()["rows_exact"] is True
+
+
+def test_kernel_can_be_turned_off_and_everything_still_runs(tiny_dir, cli_env):
+    from test_cli_generate import mlxcel
+
+    env = dict(cli_env, MLXCEL_NO_KERNEL="1")
+    r = mlxcel(["generate", "-m", str(tiny_dir), "-p", "hello", "-n", "8", "--prompt-lookup", "--verbose"], env)
+    assert r.returncode == 0, r.stderr
+    assert "weights f32 (turned off by MLXCEL_NO_KERNEL)" in r.stderr
+
+
+def test_sampling_is_unchanged_by_the_mode_flag_parsing():
+    # --cpu-weights only picks weights: the sampling defaults of generate stay greedy
+    from mlxcel_py.commands._options import build_options
+
+    opts = build_options("generate", {"cpu_weights": "q4", "prompt": "x"})
+    assert opts.model.cpu_weights == "q4" and opts.sampling == SamplingOptions()
+
+
+def test_nn_layers_survive_a_mode_that_leaves_them_alone():
+    # a float layer the kernel cannot take (inputs not a multiple of 64) is reported, not converted
+    lin = nn.Linear(32, 16)
+    assert cpu_weights._target_bits(lin, "q8") is None
+    assert cpu_weights._target_bits(nn.Linear(64, 16), "q4") == 4
