@@ -11,7 +11,7 @@ import platform
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from .. import ui
 from . import runner as benchmark
@@ -44,18 +44,20 @@ def _columns(rows: Sequence[SummaryRow], peer_name: str | None = "mlx-lm") -> tu
     peer = any(r.peer_tps is not None for r in rows)
     modes = [r.weights for r in rows if r.weights]
     first = modes[0] if modes else None
-    headers = (["weights"] if modes else []) + ["drafter", "kind", "prompts", "plain tok/s", "spec tok/s", "speedup", "mean accepted prefix",
-               "tokens/verify", "acceptance", "draft ms/round", "verify ms/round", "identical"]
+    headers = (["weights"] if modes else []) + [
+        "drafter", "kind", "prompts", "plain tok/s", "spec tok/s", "speedup", "mean accepted prefix",
+        "tokens/verify", "acceptance", "draft ms/round", "verify ms/round", "identical"]
     if peer:
         headers += [f"{peer_name} tok/s", f"vs {peer_name}"]
     if modes:
         headers += [f"plain vs {first}"]
     body = []
     for r in rows:
-        line = ([r.weights] if modes else []) + [r.config, r.kind, str(r.prompts), _fmt(r.plain_tps), _fmt(r.spec_tps), _fmt(r.speedup, ".2f", "x"),
-                _fmt(r.mean_accepted_prefix, ".2f"), _fmt(r.tokens_per_verify, ".2f"),
-                _fmt(r.acceptance_rate * 100, ".0f", "%"), _fmt(r.draft_ms_per_round, ".2f"),
-                _fmt(r.verify_ms_per_round, ".1f"), f"{r.identical}/{r.prompts}"]
+        line = ([r.weights] if modes else []) + [
+            r.config, r.kind, str(r.prompts), _fmt(r.plain_tps), _fmt(r.spec_tps), _fmt(r.speedup, ".2f", "x"),
+            _fmt(r.mean_accepted_prefix, ".2f"), _fmt(r.tokens_per_verify, ".2f"),
+            _fmt(r.acceptance_rate * 100, ".0f", "%"), _fmt(r.draft_ms_per_round, ".2f"),
+            _fmt(r.verify_ms_per_round, ".1f"), f"{r.identical}/{r.prompts}"]
         if peer:
             line += [_fmt(r.peer_tps), _fmt(r.vs_peer, ".2f", "x")]
         if modes:
@@ -105,19 +107,16 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
         ngram = lookups[0].lookup.ngram_max if lookups else 3
         ui.info(f"starting llama.cpp (llama-cpp-python, its own process) on {target.resolved.gguf.name}")
         peer = LlamaCppPeer(target.resolved.gguf, lookup_widths=widths, ngram_max=ngram, sampling=opts.sampling)
-    weights: list[tuple[str, Any]] = []
     loaded_by_mode = {plan.weights[0]: target}
     if len(plan.weights) > 1:  # bench --cpu-weights A,B,...: the same model again in each other form
         from .. import loading
 
-        weights.append((plan.weights[0], target.model))
         mopts = opts.model
         for mode in plan.weights[1:]:
-            loaded = loading.load(target.resolved, dequantize=mopts.dequantize, fast_kernels=mopts.fast_kernels,
-                                  cpu_weights=mode)
-            ui.info(f"--cpu-weights {mode}: weights {loaded.dtype}")
-            weights.append((mode, loaded.model))
-            loaded_by_mode[mode] = loaded
+            loaded_by_mode[mode] = loading.load(target.resolved, dequantize=mopts.dequantize,
+                                                fast_kernels=mopts.fast_kernels, cpu_weights=mode)
+            ui.info(f"--cpu-weights {mode}: weights {loaded_by_mode[mode].dtype}")
+    weights = [(mode, m.model) for mode, m in loaded_by_mode.items()] if len(loaded_by_mode) > 1 else []
     per_prompt = (len(weights) or 1) * (1 + len(drafts)) * b.repeats + (len(peer.configs()) if peer else 0) * b.repeats
     n_prompts = sum(len(t.turns) for t in traces) if traces else len(items)
     ui.info(f"benchmark: {n_prompts} prompts{f' in {len(traces)} traces' if traces else ''} x {per_prompt} runs, max {g.max_tokens} tokens, "
