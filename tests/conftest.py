@@ -121,11 +121,20 @@ def no_weights(monkeypatch):
     monkeypatch.setattr(loading, "load", forbidden)
 
 
-def pytest_report_header(config):
-    """Which CPU weight path this machine runs (`make test` exercises whichever built)."""
+def _cpu_weights_line() -> str:
     from mlxcel_py import cpu_weights
 
     qmm, why = cpu_weights.kernel_status()
     if qmm is not None:
-        return f"mlxcel-py CPU weights: {why} built and in use (--cpu-weights auto); kernel tests run"
-    return f"mlxcel-py CPU weights: float32 ({why}); kernel tests are skipped"
+        return f"mlxcel-py CPU weights: {why} built and in use (--cpu-weights auto); kernel tests ran"
+    return f"mlxcel-py CPU weights: float32 ({why}); kernel tests were skipped"
+
+
+def pytest_report_header(config):
+    """Which CPU weight path this machine runs (`make test` exercises whichever built)."""
+    return _cpu_weights_line()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    # again at the end: `make test` runs pytest -q, which hides the header
+    terminalreporter.write_line(_cpu_weights_line())
