@@ -51,6 +51,25 @@ inline float dot(const float* a, const float* b, int D) {
   return _mm512_reduce_add_ps(acc);
 }
 
+// p_j = exp(s_j - m) in place, 16 at a time (the last group masked); returns the fixed 16-lane sum
+inline float softmax_in_place(float* s, int visible, float m) {
+  const __m512 mv = _mm512_set1_ps(m);
+  __m512 lsum = _mm512_setzero_ps();
+  int j = 0;
+  for (; j + 16 <= visible; j += 16) {
+    const __m512 p = exp_le0(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv));
+    _mm512_storeu_ps(s + j, p);
+    lsum = _mm512_add_ps(lsum, p);
+  }
+  if (j < visible) {
+    const __mmask16 mk = static_cast<__mmask16>((1u << (visible - j)) - 1);
+    const __m512 p = _mm512_maskz_mov_ps(mk, exp_le0(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), mv)));
+    _mm512_mask_storeu_ps(s + j, mk, p);
+    lsum = _mm512_add_ps(lsum, p);
+  }
+  return _mm512_reduce_add_ps(lsum);
+}
+
 void one_row(const AttentionArgs& a, const float* q, const float* k, const float* v, float* out, int visible,
              std::vector<float>& s) {
   const int D = a.D;
@@ -64,21 +83,7 @@ void one_row(const AttentionArgs& a, const float* q, const float* k, const float
     s[j] = dot(q, k + j * a.k_strides[2], D) * a.scale;
     m = std::max(m, s[j]);
   }
-  const __m512 mv = _mm512_set1_ps(m);
-  __m512 lsum = _mm512_setzero_ps();
-  int j = 0;
-  for (; j + 16 <= visible; j += 16) {
-    const __m512 p = exp_le0(_mm512_sub_ps(_mm512_loadu_ps(s.data() + j), mv));
-    _mm512_storeu_ps(s.data() + j, p);
-    lsum = _mm512_add_ps(lsum, p);
-  }
-  if (j < visible) {
-    const __mmask16 mk = static_cast<__mmask16>((1u << (visible - j)) - 1);
-    const __m512 p = _mm512_maskz_mov_ps(mk, exp_le0(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s.data() + j), mv)));
-    _mm512_mask_storeu_ps(s.data() + j, mk, p);
-    lsum = _mm512_add_ps(lsum, p);
-  }
-  const float inv = 1.0f / _mm512_reduce_add_ps(lsum);
+  const float inv = 1.0f / softmax_in_place(s.data(), visible, m);
   for (int d0 = 0; d0 < D; d0 += 64) {  // up to 4 accumulators of 16 dims, keys in order
     const int width = std::min(64, D - d0);
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
@@ -98,6 +103,33 @@ void one_row(const AttentionArgs& a, const float* q, const float* k, const float
   }
 }
 
+// D = 16 * NC: every loop has a compile-time trip count, so the accumulators stay in registers
+template <int NC>
+void one_row_fixed(const AttentionArgs& a, const float* q, const float* k, const float* v, float* out, int visible,
+                   std::vector<float>& s) {
+  __m512 qv[NC];
+  for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  s.resize(visible);
+  float m = -INFINITY;
+  for (int j = 0; j < visible; ++j) {
+    const float* kr = k + j * a.k_strides[2];
+    __m512 acc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+    for (int c = 1; c < NC; ++c) acc = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), acc);
+    s[j] = _mm512_reduce_add_ps(acc) * a.scale;
+    m = std::max(m, s[j]);
+  }
+  const float inv = 1.0f / softmax_in_place(s.data(), visible, m);
+  __m512 acc[NC];
+  for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
+  for (int j = 0; j < visible; ++j) {
+    const __m512 p = _mm512_set1_ps(s[j]);
+    const float* vr = v + j * a.v_strides[2];
+    for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), acc[c]);
+  }
+  const __m512 iv = _mm512_set1_ps(inv);
+  for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(acc[c], iv));
+}
+
 }  // namespace
 
 void attention(const AttentionArgs& a, int threads) {
@@ -113,7 +145,12 @@ void attention(const AttentionArgs& a, int threads) {
         const float* q = a.q + b * a.q_strides[0] + h * a.q_strides[1] + i * a.q_strides[2];
         float* out = a.out + ((static_cast<int64_t>(b) * a.Hq + h) * a.L + i) * a.D;
         const int visible = a.causal ? a.S - a.L + i + 1 : a.S;
-        one_row(a, q, k, v, out, std::max(visible, 0), s);
+        const int vis = std::max(visible, 0);
+        if (vis == 0) std::fill(out, out + a.D, 0.0f);  // no key to attend to (never in a causal block)
+        else if (a.D == 64) one_row_fixed<4>(a, q, k, v, out, vis, s);
+        else if (a.D == 128) one_row_fixed<8>(a, q, k, v, out, vis, s);
+        else if (a.D == 32) one_row_fixed<2>(a, q, k, v, out, vis, s);
+        else one_row(a, q, k, v, out, vis, s);
       }
     }
   };
