@@ -1,16 +1,17 @@
-// The MLX side of the row-exact quantized matmul: a custom primitive whose eval_cpu runs
-// qmm_kernel on MLX's CPU stream, and the Python binding (nanobind, in MLX's type domain so
-// mx.array passes straight through).
+// The MLX side of the row-exact kernels: custom primitives whose eval_cpu runs them on MLX's
+// CPU stream (RowExactQMM: the quantized matmul, one or several weights per input;
+// RowExactAttention; DequantizeRows), the eager repack/unpack helpers, and the Python binding
+// (nanobind, in MLX's type domain so mx.array passes straight through). The kernels themselves
+// (qmm_kernel, attention_kernel) see only pointers.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <optional>
-
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -35,7 +36,7 @@ bool cpu_supported() {
 namespace {
 
 std::atomic<int> g_threads{1};
-std::atomic<long long> g_ns{0}, g_calls{0};
+std::atomic<long long> g_ns{0}, g_calls{0};  // time in the matmul kernel (kernel_time(), for profiling)
 
 // x as a row-contiguous float buffer: its own data when it already is one, else a gathered copy
 // (any strides; runs inside the dispatched task, when x's contents exist)
