@@ -268,34 +268,6 @@ def _weight_bytes(model: Any) -> int:
     return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
 
 
-def _dequantize_rest(model: Any) -> None:
-    """mlx-lm's dequantize_model, minus the kernel's layers (it would turn them back to float)."""
-    from mlx.utils import tree_unflatten
-    from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
-
-    layers = []
-    for name, module in model.named_modules():
-        if isinstance(module, (RowExactLinear, RowExactEmbedding)):
-            continue
-        if isinstance(module, nn.QuantizedLinear):
-            cls, kwargs = nn.Linear, {"bias": "bias" in module}
-        elif isinstance(module, nn.QuantizedEmbedding):
-            cls, kwargs = nn.Embedding, {}
-        elif isinstance(module, QuantizedSwitchLinear):
-            cls, kwargs = SwitchLinear, {"bias": "bias" in module}
-        else:
-            continue
-        weight = mx.dequantize(module.weight, module.scales, module.get("biases"), module.group_size,
-                               module.bits, getattr(module, "mode", "affine"))
-        out = cls(*weight.shape[::-1], **kwargs)
-        if kwargs.get("bias"):
-            out.bias = module.bias
-        out.weight = weight
-        layers.append((name, out))
-    if layers:
-        model.update_modules(tree_unflatten(layers))
-
-
 def why_rows_not_exact(model: Any) -> str | None:
     """Why a verify block's rows could differ from decode steps on the kernel path, or None.
 
@@ -329,6 +301,8 @@ def why_rows_not_exact(model: Any) -> str | None:
 def apply(model: Any, asked: str) -> WeightsReport:
     """Put `model`'s weights in the form `asked` picks (CPU only); float32 for everything else."""
     from mlx.utils import tree_unflatten
+    # the kernel's layers are not nn.QuantizedLinear/QuantizedEmbedding, so this leaves them alone
+    from mlx_lm.utils import dequantize_model
 
     qmm, note = kernel_status()
     inexact = why_rows_not_exact(model) if qmm is not None and asked != "f32" else None
@@ -338,16 +312,14 @@ def apply(model: Any, asked: str) -> WeightsReport:
         if qmm is not None and inexact is not None:
             note = f"row-exact kernel not used: {inexact}"
     if mode == "f32" or qmm is None:
-        _dequantize_rest(model)
+        dequantize_model(model)
         model.set_dtype(mx.float32)
         mx.eval(model.parameters())
         return WeightsReport("f32", asked, 0, 0, (), note if asked == "auto" else "asked for", _weight_bytes(model))
 
-
     tied = _tied_embeddings(model)
     replaced: list[tuple[str, Any]] = []
     used_bits: set[int] = set()
-    kernel_layers = 0
     for name, module in model.named_modules():
         is_embedding = isinstance(module, (nn.Embedding, nn.QuantizedEmbedding))
         if is_embedding and not (isinstance(module, nn.QuantizedEmbedding) or id(module) in tied):
@@ -359,25 +331,14 @@ def apply(model: Any, asked: str) -> WeightsReport:
             continue
         replaced.append((name, _convert(module, bits, embedding=is_embedding)))
         used_bits.add(bits)
-        kernel_layers += 1
     if replaced:
         model.update_modules(tree_unflatten(replaced))
         _share_inputs(model)
     float_layers = sum(1 for _, m in model.named_modules()
                        if type(m) in (nn.Linear, nn.QuantizedLinear) or "SwitchLinear" in type(m).__name__)
-    _dequantize_rest(model)
-    _float32_except_kernel(model)
-    label = asked if asked != "auto" else ("q4" if used_bits == {4} else "q8" if used_bits == {8} else "mixed" if used_bits else "f32")
-    return WeightsReport(label, asked, kernel_layers, float_layers, tuple(sorted(used_bits)), note,
-                         _weight_bytes(model), inexact)
-
-
-def _float32_except_kernel(model: Any) -> None:
-    """Norms, float layers and biases to float32; the kernel layers' packed weights stay uint32."""
-    from mlx.utils import tree_flatten, tree_unflatten
-
-    params = tree_flatten(model.parameters())
-    cast = [(k, v.astype(mx.float32)) for k, v in params if mx.issubdtype(v.dtype, mx.floating) and v.dtype != mx.float32]
-    if cast:
-        model.update(tree_unflatten(cast))
+    dequantize_model(model)
+    model.set_dtype(mx.float32)  # norms, float layers, biases; set_dtype leaves the packed uint8 weights
     mx.eval(model.parameters())
+    label = asked if asked != "auto" else ("q4" if used_bits == {4} else "q8" if used_bits == {8} else "mixed" if used_bits else "f32")
+    return WeightsReport(label, asked, len(replaced), float_layers, tuple(sorted(used_bits)), note,
+                         _weight_bytes(model), inexact)

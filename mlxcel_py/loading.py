@@ -181,8 +181,8 @@ def _cpu_weights(model: Any, dequantize: bool, mode: str):
 
     from . import cpu_weights
 
-    quantized = any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
     if not (mx.default_device() == mx.cpu and dequantize):
+        quantized = any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
         return ("quantized (as stored)" if quantized else "as stored"), None
     report = cpu_weights.apply(model, mode)
     return report.describe(), report
