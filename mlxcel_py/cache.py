@@ -173,8 +173,11 @@ class SequenceCache:
 
     use_steps = True  # per-step Gated DeltaNet states where available (scripts/rollback_cost.py compares)
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, channel: Any = None):
         self.model = model
+        # distributed.Leader: each forward is announced to the other ranks, which mirror it
+        self.channel = channel
+        self.seq_id = channel.new_sequence() if channel is not None else 0
         self.layers = make_prompt_cache(model)
         self.tokens: list[int] = []
         self._pending: list[int] = []
@@ -200,6 +203,11 @@ class SequenceCache:
         logits rows of `x` only. Token bookkeeping is the caller's (`appended`)."""
         if self._pending:
             x = mx.concatenate([mx.array(self._pending, dtype=mx.int32), x.astype(mx.int32)])
+        if self.channel is not None:
+            with self.channel.forward(self.seq_id, self.fed, x) as ids, cpu_kernels.engaged(self.model):
+                logits = self.model(ids[None], cache=self.layers)[0]
+            self._last_write = x.shape[0]
+            return logits  # trim-only caches: nothing is ever pending, no per-step records
         with cpu_kernels.engaged(self.model):
             if self._recording:
                 with recurrent_steps.recording() as records:

@@ -10,7 +10,7 @@ import typer
 
 from . import __version__
 from .errors import EXIT_INTERRUPTED, MlxcelError
-from .commands import bench, chat, generate, run, serve
+from .commands import bench, chat, generate, launch, run, serve
 
 app = typer.Typer(
     name="mlxcel",
@@ -70,6 +70,8 @@ app.command("run", help=run.__doc__, epilog=run.EPILOG, **_plain)(run.run)
 app.command("chat", help=chat.__doc__, epilog=chat.EPILOG, **_plain)(chat.chat)
 app.command("serve", help=serve.__doc__, epilog=serve.EPILOG, **_plain)(serve.serve)
 app.command("bench", help=bench.__doc__, epilog=bench.EPILOG, **_plain)(bench.bench)
+app.command("launch", help=launch.__doc__, epilog=launch.EPILOG,
+            context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, **_plain)(launch.launch)
 
 
 def main() -> None:

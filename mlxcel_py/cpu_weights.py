@@ -262,7 +262,7 @@ def _tied_embeddings(model: Any) -> set[int]:
     return {id(m) for _, m in model.named_modules() if isinstance(m, nn.Embedding)}
 
 
-def _weight_bytes(model: Any) -> int:
+def weight_bytes(model: Any) -> int:
     from mlx.utils import tree_flatten
 
     return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
@@ -315,7 +315,7 @@ def apply(model: Any, asked: str) -> WeightsReport:
         dequantize_model(model)
         model.set_dtype(mx.float32)
         mx.eval(model.parameters())
-        return WeightsReport("f32", asked, 0, 0, (), note if asked == "auto" else "asked for", _weight_bytes(model))
+        return WeightsReport("f32", asked, 0, 0, (), note if asked == "auto" else "asked for", weight_bytes(model))
 
     tied = _tied_embeddings(model)
     replaced: list[tuple[str, Any]] = []
@@ -341,4 +341,4 @@ def apply(model: Any, asked: str) -> WeightsReport:
     mx.eval(model.parameters())
     label = asked if asked != "auto" else ("q4" if used_bits == {4} else "q8" if used_bits == {8} else "mixed" if used_bits else "f32")
     return WeightsReport(label, asked, len(replaced), float_layers, tuple(sorted(used_bits)), note,
-                         _weight_bytes(model), inexact)
+                         weight_bytes(model), inexact)

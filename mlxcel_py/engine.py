@@ -96,6 +96,14 @@ class Generation:
 
     # ---------------------------------------------------------------------------------------
     def _run(self) -> Iterator[TokenEvent]:
+        channel = self.engine.channel
+        if channel is None:
+            yield from self._steps()
+            return
+        with channel.busy():  # the other ranks mirror this request's forwards
+            yield from self._steps()
+
+    def _steps(self) -> Iterator[TokenEvent]:
         eng = self.engine
         st = self.stats
         if not self.prompt:
@@ -219,8 +227,10 @@ class Engine:
 
     def __init__(self, model: Any, *, eos_ids: Sequence[int], vocab_size: int | None = None,
                  context_length: int = 4096, draft: DraftConfig | None = None, draft_model: Any = None,
-                 mtp_head: Any = None, suffix_store: Any = None):
+                 mtp_head: Any = None, suffix_store: Any = None, channel: Any = None):
         self.model = model
+        # distributed.Leader on rank 0 of a distributed run: forwards are announced to the other ranks
+        self.channel = channel
         self.eos_ids = tuple(sorted(set(eos_ids)))
         self.vocab_size = vocab_size
         self.context_length = context_length
@@ -241,7 +251,7 @@ class Engine:
     # -- per-request pieces --------------------------------------------------------------------
     def sequence_cache(self, reuse: bool) -> SequenceCache:
         if not reuse or self._cache is None:
-            self._cache = SequenceCache(self.model)
+            self._cache = SequenceCache(self.model, self.channel)
         return self._cache
 
     def make_drafter(self) -> Drafter:
@@ -305,10 +315,16 @@ class Engine:
         With calibrate=True the widths are timed a second time and `verify_cost[w]` (relative
         to one plain step) feeds the cost-aware policy.
         """
+        if self.channel is not None:
+            with self.channel.busy():
+                return self._warmup(prompt, sampling, calibrate)
+        return self._warmup(prompt, sampling, calibrate)
+
+    def _warmup(self, prompt: Sequence[int] | None, sampling: SamplingOptions | None, calibrate: bool) -> float:
         start = time.perf_counter()
         widths = list(range(1, (self.draft.max_draft + 1 if self.draft.enabled else 1) + 1))
         tokens = list(prompt[:32]) if prompt else [0, 1, 2, 3]
-        cache = SequenceCache(self.model)
+        cache = SequenceCache(self.model, self.channel)
         cache.prefill(tokens)
         decider = Decider(sampling or SamplingOptions(), eos_ids=self.eos_ids, prompt_len=len(tokens),
                           vocab_size=self.vocab_size)

@@ -26,6 +26,8 @@ class Session:
     engine: Any  # engine.Engine
     blas: fastpath.BlasState
     store_fingerprint: str | None = None  # the tokenizer a saved suffix store belongs to
+    world: Any = None  # distributed.World of a distributed run (engine is None on its followers)
+    tap: Any = None  # mtp.HiddenTap: where every rank's forward ends (the final norm)
 
     @property
     def tokenizer(self):
@@ -71,14 +73,43 @@ def _mtp_source(run: RunConfig, resolved: loading.ResolvedModel):
     return mtp.find_head(resolved.config, resolved.path, cfg, folder)
 
 
+def _resolve_target(run: RunConfig, world: Any) -> loading.ResolvedModel:
+    """Resolve (a GGUF is converted once): on a distributed run rank 0 first, then the others
+    find its conversion in a shared cache; the layout is checked before any weight loads."""
+    from . import distributed
+
+    mopts = run.options.model
+    if world is not None and not world.leader:
+        distributed.barrier(world)
+    resolved = loading.resolve(mopts.model, revision=mopts.revision)
+    if world is not None and world.leader:
+        distributed.barrier(world)
+    preflight.check_target(resolved)
+    if world is not None and (why := distributed.why_not_model(resolved.config, world.layout)):
+        raise ModelError(f"{world.layout.flag}: {mopts.model or 'the default model'} cannot run split this way: {why}")
+    return resolved
+
+
+def open_follower(run: RunConfig, world: Any) -> Session:
+    """A follower rank's part of the target model, ready to mirror rank 0's forwards."""
+    from . import distributed
+    from .mtp import hidden_tap
+
+    blas = fastpath.prepare(run.options.model.blas)
+    mopts = run.options.model
+    resolved = _resolve_target(run, world)
+    target = loading.load(resolved, dequantize=mopts.dequantize, fast_kernels=mopts.fast_kernels, world=world)
+    distributed.barrier(world)
+    return Session(target, None, None, blas, world=world, tap=hidden_tap(target.model))
+
+
 def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None,
-                 warn: Callable[[str], None] | None = None) -> Session:
+                 warn: Callable[[str], None] | None = None, world: Any = None) -> Session:
     for line in run.warnings:
         (warn or say)(line)
     blas = fastpath.prepare(run.options.model.blas)
     mopts = run.options.model
-    resolved = loading.resolve(mopts.model, revision=mopts.revision)
-    preflight.check_target(resolved)
+    resolved = _resolve_target(run, world)
     draft_resolved = None
     head_source = None
     if run.draft.kind == "full-model":
@@ -111,7 +142,17 @@ def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None,
         loading.check_rollback_config(resolved.config)
     say(f"model: {resolved.source}")
     target = loading.load(resolved, dequantize=mopts.dequantize, fast_kernels=mopts.fast_kernels,
-                          cpu_weights=mopts.cpu_weights)
+                          cpu_weights=mopts.cpu_weights, world=world)
+    channel = tap = None
+    if world is not None:
+        from . import distributed
+        from .mtp import hidden_tap
+
+        distributed.barrier(world)  # every rank holds its part
+        tap = hidden_tap(target.model)
+        channel = world.channel = distributed.Leader(world, tap)
+        say(f"distributed: {world.layout.describe()} over {world.size} ranks ({world.backend} backend); "
+            f"rank 0 runs the engine")
     if target.weights is not None and target.weights.inexact:
         (warn or say)(f"--cpu-weights {mopts.cpu_weights}: speculative output may differ from plain output on this "
                       f"model ({target.weights.inexact}); --cpu-weights auto picks f32 for it")
@@ -140,10 +181,11 @@ def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None,
         draft_model=draft.model if draft else None,
         mtp_head=head,
         suffix_store=store,
+        channel=channel,
     )
     if store is not None and len(store):
         say(f"suffix store: {len(store)} sequences, {store.tokens} tokens from {run.draft.suffix_store}")
-    return Session(target, draft, engine, blas, fingerprint)
+    return Session(target, draft, engine, blas, fingerprint, world=world, tap=tap)
 
 
 def _suffix_store(draft: DraftConfig, resolved: loading.ResolvedModel):

@@ -188,9 +188,33 @@ def _cpu_weights(model: Any, dequantize: bool, mode: str):
     return report.describe(), report
 
 
+def _sharded_weights(model: Any, dequantize: bool, world: Any):
+    """A distributed rank's part of the weights: float32 on the CPU (MLX's sharded layers; the
+    row-exact kernel is single-process), as stored elsewhere. Lazy until the split is made, so a
+    rank reads only its own part."""
+    import mlx.core as mx
+    from mlx_lm.utils import dequantize_model
+
+    from . import cpu_weights, distributed
+
+    on_cpu = mx.default_device() == mx.cpu and dequantize
+    if on_cpu:
+        dequantize_model(model)
+        model.set_dtype(mx.float32)
+    distributed.shard(model, world)
+    with distributed.guard(world):
+        mx.eval(model.parameters())
+    part = f"{world.layout.describe()}, rank {world.rank} of {world.size}"
+    if not on_cpu:
+        return f"as stored ({part})", None
+    report = cpu_weights.WeightsReport("f32", "auto", 0, 0, (), f"{part}: MLX's sharded layers",
+                                       cpu_weights.weight_bytes(model))
+    return report.describe(), report
+
+
 def load(resolved: ResolvedModel, *, dequantize: bool = True, fast_kernels: bool = True,
-         cpu_weights: str = "auto") -> LoadedModel:
-    """Read weights and tokenizer of a resolved model."""
+         cpu_weights: str = "auto", world: Any = None) -> LoadedModel:
+    """Read weights and tokenizer of a resolved model (`world`: only this rank's part of them)."""
     import mlx.core as mx
     import mlx_lm
 
@@ -198,11 +222,14 @@ def load(resolved: ResolvedModel, *, dequantize: bool = True, fast_kernels: bool
 
     start = time.perf_counter()
     try:
-        model, tokenizer = mlx_lm.load(str(resolved.path))
+        model, tokenizer = mlx_lm.load(str(resolved.path), lazy=world is not None)
     except (ValueError, FileNotFoundError, KeyError, OSError, ImportError) as exc:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelError(f"cannot load {resolved.path}: {text}") from None
-    dtype, weights = _cpu_weights(model, dequantize, cpu_weights)
+    if world is not None:
+        dtype, weights = _sharded_weights(model, dequantize, world)
+    else:
+        dtype, weights = _cpu_weights(model, dequantize, cpu_weights)
     # only the CPU backend has the slow exp these kernels replace
     kernels = cpu_kernels.enable(model) if fast_kernels and mx.default_device() == mx.cpu else cpu_kernels.STOCK
     if weights is not None and weights.kernel_layers and not weights.inexact:

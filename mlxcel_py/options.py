@@ -106,9 +106,24 @@ class SpecOptions:
     draft_block_size: int | None = None
     spec_type: str | None = None
     lookup: PromptLookupOptions = field(default_factory=PromptLookupOptions)
-    pp_size: int = 1
     suffix_cache_tokens: int | None = None
     suffix_store: str | None = None
+
+
+@dataclass(frozen=True)
+class ParallelOptions:
+    """--tp-size / --pp-size: one model across this many processes (distributed.py)."""
+
+    tp_size: int = 1
+    pp_size: int = 1
+
+    @property
+    def active(self) -> bool:
+        return self.tp_size > 1 or self.pp_size > 1
+
+    @property
+    def flag(self) -> str:
+        return f"--tp-size {self.tp_size}" if self.tp_size > 1 else f"--pp-size {self.pp_size}"
 
 
 @dataclass(frozen=True)
@@ -142,6 +157,7 @@ class CommandOptions:
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     spec: SpecOptions = field(default_factory=SpecOptions)
     server: ServerOptions = field(default_factory=ServerOptions)
+    parallel: ParallelOptions = field(default_factory=ParallelOptions)
 
 
 # ---- validated, resolved configuration handed to loading and the engine ----

@@ -192,11 +192,30 @@ def _cpu_weights(opts: CommandOptions) -> None:
                          f"{m.cpu_weights}; drop one of them")
 
 
+def _parallel(opts: CommandOptions) -> None:
+    """--tp-size / --pp-size against each other and against what cannot be sharded."""
+    par = opts.parallel
+    for flag, n in (("--tp-size", par.tp_size), ("--pp-size", par.pp_size)):
+        if n < 1:
+            raise UsageError(f"{flag} must be at least 1, got {n}")
+    if not par.active:
+        return
+    if par.tp_size > 1 and par.pp_size > 1:
+        raise UsageError(f"--tp-size {par.tp_size} with --pp-size {par.pp_size}: a 2-D layout is not supported; "
+                         f"pick one of them")
+    if opts.model.cpu_weights in ("q8", "q4"):
+        raise UsageError(f"--cpu-weights {opts.model.cpu_weights}: the row-exact kernel does not run under "
+                         f"{par.flag} (sharded layers are MLX's own, float32 on the CPU); drop one of them")
+    if opts.generation.verify_exact:
+        raise UsageError(f"--verify-exact does not run under {par.flag}; drop one of them")
+
+
 def _validate(opts: CommandOptions) -> RunConfig:
     if opts.sampling.seed == -1:  # -1 means a random seed, as in mlxcel-server and our HTTP API
         opts = replace(opts, sampling=replace(opts.sampling, seed=None))
     cmd = opts.command
     _cpu_weights(opts)
+    _parallel(opts)
     _sampling(opts)
     _generation(opts)
     spec = opts.spec
@@ -211,8 +230,7 @@ def _validate(opts: CommandOptions) -> RunConfig:
         raise UsageError(f"--draft-block-size must be at least 1, got {spec.draft_block_size}")
     if spec.draft_block_size is not None and spec.draft_block_size > MAX_DRAFT_LIMIT:
         raise UsageError(f"--draft-block-size ({spec.draft_block_size}) must be at most {MAX_DRAFT_LIMIT}")
-    if spec.pp_size < 1:
-        raise UsageError(f"--pp-size must be at least 1, got {spec.pp_size}")
+    par = opts.parallel
 
     if lk.enabled and cmd not in ("generate", "bench"):
         raise UsageError(f"--prompt-lookup is a generate option; on {cmd} use "
@@ -252,7 +270,7 @@ def _validate(opts: CommandOptions) -> RunConfig:
         if g.prompt is None and cmd == "generate":
             raise UsageError("--prompt-lookup needs a one-shot prompt (-p/--prompt); interactive chat does not "
                              "support prompt lookup")
-        if spec.pp_size > 1:
+        if par.pp_size > 1:
             raise UsageError("--prompt-lookup does not support pipeline parallelism (--pp-size > 1); drop one")
         cfg = LookupConfig(
             ngram_min=lk.ngram_min if lk.ngram_min is not None else DEFAULT_NGRAM_MIN,
@@ -269,6 +287,9 @@ def _validate(opts: CommandOptions) -> RunConfig:
         return RunConfig(opts, DraftConfig(kind="prompt-lookup", lookup=cfg))
 
     if kind == "prompt-lookup":  # serve
+        if par.pp_size > 1:
+            raise UsageError("--draft-kind prompt-lookup does not support pipeline parallelism (--pp-size > 1); "
+                             "drop one")
         block = spec.draft_block_size if spec.draft_block_size is not None else DEFAULT_SERVER_LOOKUP_BLOCK
         cfg = LookupConfig(max_draft=block)
         return RunConfig(opts, DraftConfig(kind="prompt-lookup", lookup=cfg))
@@ -282,7 +303,7 @@ def _validate(opts: CommandOptions) -> RunConfig:
     if kind == "suffix":
         if draft_model:
             raise UsageError("--draft-kind suffix takes no drafter checkpoint; remove --draft-model")
-        if spec.pp_size > 1:
+        if par.pp_size > 1:
             raise UsageError("--draft-kind suffix does not support pipeline parallelism (--pp-size > 1); drop one")
         block = spec.draft_block_size if explicit_block else DEFAULT_SUFFIX_BLOCK
         return RunConfig(opts, DraftConfig(
@@ -291,19 +312,17 @@ def _validate(opts: CommandOptions) -> RunConfig:
             suffix_cache_tokens=spec.suffix_cache_tokens or DEFAULT_SUFFIX_CACHE_TOKENS,
             suffix_store=spec.suffix_store))
     if kind == "mtp":
-        if spec.pp_size > 1:
-            raise UsageError("--draft-kind mtp does not support pipeline parallelism (--pp-size > 1); drop one")
+        if par.active:
+            raise UsageError(f"--draft-kind mtp does not run under {par.flag} (the head is not sharded); drop one")
         return RunConfig(opts, DraftConfig(kind="mtp", draft_model=draft_model, kind_explicit=True,
                                            block_size=spec.draft_block_size if explicit_block else DEFAULT_MTP_BLOCK,
                                            block_explicit=explicit_block))
     if draft_model:
-        if spec.pp_size > 1:
-            raise UsageError("--draft-model does not support pipeline parallelism (--pp-size > 1); drop one")
+        if par.active:
+            raise UsageError(f"--draft-model does not run under {par.flag} (the drafter is not sharded); drop one")
         block = spec.draft_block_size if spec.draft_block_size is not None else DEFAULT_FULL_MODEL_BLOCK
         return RunConfig(opts, DraftConfig(kind="full-model", draft_model=draft_model, block_size=block,
                                            block_explicit=explicit_block, kind_explicit=kind is not None))
-    if spec.pp_size > 1:
-        raise UsageError("--pp-size > 1: pipeline parallelism is not available in mlxcel-py (one device); drop --pp-size")
     return RunConfig(opts, DraftConfig())
 
 

@@ -11,7 +11,7 @@ from mlxcel_py.commands import _oneshot
 def invoke(argv, tmp_path, monkeypatch, text=None):
     seen = {}
 
-    def fake(run):
+    def fake(run, world=None):
         seen["run"] = run
 
     monkeypatch.setattr(_oneshot, "run_oneshot", fake)

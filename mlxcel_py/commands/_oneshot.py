@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 from .. import ui
 from ..errors import MlxcelError, UsageError
@@ -27,11 +28,12 @@ def read_prompt(prompt: str) -> str:
     return prompt
 
 
-def run_oneshot(run: RunConfig) -> None:
+def run_oneshot(run: RunConfig, world: Any = None) -> None:
     opts = run.options
     g = opts.generation
     text = read_prompt(g.prompt or "")
-    session = open_session(run, say=ui.info if (g.verbose or g.profile) else _say_model_only, warn=ui.warn)
+    session = open_session(run, say=ui.info if (g.verbose or g.profile) else _say_model_only, warn=ui.warn,
+                           world=world)
     tok = session.tokenizer
     ids = prompt_ids(tok, text, system=g.system, chat_template=g.chat_template)
     eng = session.engine

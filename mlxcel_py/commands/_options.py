@@ -19,6 +19,7 @@ SAMPLING = "Sampling"
 SPEC = "Speculative decoding"
 LOOKUP = "Prompt lookup"
 SERVER = "Server"
+DISTRIBUTED = "Distributed (one model across processes)"
 RUNTIME = "Runtime (Linux CPU fast path)"
 
 ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Model: an mlx-lm folder, a .gguf file, or an owner/name repo id. Default: the embedded SmolLM2-135M-Instruct.", rich_help_panel=MODEL)]
@@ -58,7 +59,8 @@ DraftBlockSizeOpt = Annotated[Optional[int], typer.Option("--draft-block-size", 
 SpecTypeOpt = Annotated[Optional[str], typer.Option("--spec-type", metavar="TYPE", help="llama-server selector: none turns speculation off; draft-simple = full-model; draft-mtp = mtp.", rich_help_panel=SPEC)]
 SuffixCacheTokensOpt = Annotated[Optional[int], typer.Option("--suffix-cache-tokens", metavar="N", help=f"Suffix drafter: tokens of earlier sequences kept (default {O.DEFAULT_SUFFIX_CACHE_TOKENS}), least recently used first out.", rich_help_panel=SPEC)]
 SuffixStoreOpt = Annotated[Optional[str], typer.Option("--suffix-store", metavar="FILE", help="Suffix drafter: load the store from FILE at start (if it exists) and save it there at exit.", rich_help_panel=SPEC)]
-PpSizeOpt = Annotated[int, typer.Option("--pp-size", metavar="N", help="Pipeline-parallel stages (accepted to be refused above 1).", rich_help_panel=SPEC)]
+PpSizeOpt = Annotated[int, typer.Option("--pp-size", metavar="N", help="Pipeline-parallel stages: each rank runs a contiguous run of layers (start the ranks with `mlxcel launch`).", rich_help_panel=DISTRIBUTED)]
+TpSizeOpt = Annotated[int, typer.Option("--tp-size", metavar="N", help="Tensor-parallel ranks: each holds 1/N of every layer's heads and feed-forward width (start the ranks with `mlxcel launch`).", rich_help_panel=DISTRIBUTED)]
 
 PromptLookupOpt = Annotated[bool, typer.Option("--prompt-lookup", help="Prompt-lookup speculation (n-gram drafts from the prompt and output).", rich_help_panel=LOOKUP)]
 NgramMaxOpt = Annotated[Optional[int], typer.Option("--prompt-lookup-ngram-max", metavar="N", help=f"Longest suffix n-gram matched (default {O.DEFAULT_NGRAM_MAX}, at most {O.NGRAM_MAX_LIMIT}).", rich_help_panel=LOOKUP)]
@@ -132,7 +134,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
         ),
         spec=O.SpecOptions(
             draft_kind=g("draft_kind"), draft_block_size=g("draft_block_size"), spec_type=g("spec_type"),
-            pp_size=g("pp_size", 1), suffix_cache_tokens=g("suffix_cache_tokens"), suffix_store=g("suffix_store"),
+            suffix_cache_tokens=g("suffix_cache_tokens"), suffix_store=g("suffix_store"),
             lookup=O.PromptLookupOptions(
                 enabled=g("prompt_lookup", False), ngram_max=g("prompt_lookup_ngram_max"),
                 ngram_min=g("prompt_lookup_ngram_min"), max_draft=g("prompt_lookup_max_draft"),
@@ -153,6 +155,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
                                                   ("--cont-batching", "cont_batching"), ("--cache-type-k", "cache_type_k"),
                                                   ("--cache-type-v", "cache_type_v")) if g(name)),
         ),
+        parallel=O.ParallelOptions(tp_size=g("tp_size", 1), pp_size=g("pp_size", 1)),
     )
 
 
@@ -193,7 +196,7 @@ SAMPLING_PARAMS = [
 ]
 SPEC_PARAMS = [
     _kw("draft_kind", DraftKindOpt, None), _kw("draft_block_size", DraftBlockSizeOpt, None),
-    _kw("spec_type", SpecTypeOpt, None), _kw("verify_exact", VerifyExactOpt, False), _kw("pp_size", PpSizeOpt, 1),
+    _kw("spec_type", SpecTypeOpt, None), _kw("verify_exact", VerifyExactOpt, False),
     _kw("suffix_cache_tokens", SuffixCacheTokensOpt, None), _kw("suffix_store", SuffixStoreOpt, None),
 ]
 LOOKUP_PARAMS = [
@@ -201,6 +204,7 @@ LOOKUP_PARAMS = [
     _kw("prompt_lookup_ngram_min", NgramMinOpt, None), _kw("prompt_lookup_max_draft", MaxDraftOpt, None),
     _kw("prompt_lookup_no_adaptive", NoAdaptiveOpt, False), _kw("prompt_lookup_policy", PolicyOpt, None),
 ]
+DISTRIBUTED_PARAMS = [_kw("tp_size", TpSizeOpt, 1), _kw("pp_size", PpSizeOpt, 1)]
 SERVER_PARAMS = [
     _kw("host", HostOpt, O.DEFAULT_HOST), _kw("port", PortOpt, O.DEFAULT_PORT),
     _kw("prompt_lookup_max_batch", MaxBatchOpt, O.DEFAULT_PROMPT_LOOKUP_MAX_BATCH),
@@ -243,9 +247,11 @@ SERVE_SAMPLING_PARAMS = [
     _kw("temp", ServeTempOpt, None), _kw("top_p", TopPOpt, None), _kw("top_k", TopKOpt, None),
     _kw("min_p", MinPOpt, None),
 ] + [p for p in SAMPLING_PARAMS if p.name not in ("temp", "top_p", "top_k", "min_p")]
-ALL_MODEL_SIDE = MODEL_PARAMS + GENERATION_PARAMS + SAMPLING_PARAMS + SPEC_PARAMS + LOOKUP_PARAMS + RUNTIME_PARAMS
+ALL_MODEL_SIDE = (MODEL_PARAMS + GENERATION_PARAMS + SAMPLING_PARAMS + SPEC_PARAMS + LOOKUP_PARAMS + RUNTIME_PARAMS
+                  + DISTRIBUTED_PARAMS)
 # run and chat: generate's options without the prompt-lookup group in --help
-CHAT_SIDE = MODEL_PARAMS + GENERATION_PARAMS + SAMPLING_PARAMS + SPEC_PARAMS + LOOKUP_PARAMS_HIDDEN + RUNTIME_PARAMS
+CHAT_SIDE = (MODEL_PARAMS + GENERATION_PARAMS + SAMPLING_PARAMS + SPEC_PARAMS + LOOKUP_PARAMS_HIDDEN + RUNTIME_PARAMS
+             + DISTRIBUTED_PARAMS)
 
 
 def with_params(params: list[inspect.Parameter]):

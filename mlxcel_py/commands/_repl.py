@@ -9,7 +9,7 @@ Piped stdin reads one message per line until EOF and writes only replies to stdo
 from __future__ import annotations
 
 import sys
-from typing import Iterator
+from typing import Any, Iterator
 
 from .. import chat_view, ui
 from ..options import RunConfig
@@ -56,11 +56,11 @@ def read_messages(lines: Iterator[str], interactive: bool) -> Iterator[str]:
         yield line
 
 
-def run_chat(run: RunConfig) -> None:
+def run_chat(run: RunConfig, world: Any = None) -> None:
     opts = run.options
     g = opts.generation
     interactive = sys.stdin.isatty()
-    session = open_session(run, say=ui.info, warn=ui.warn)
+    session = open_session(run, say=ui.info, warn=ui.warn, world=world)
     eng = session.engine
     eng.warmup(sampling=opts.sampling)
     if interactive:

@@ -37,6 +37,10 @@ def print_profile(st: GenerationStats, session, *, finish_reason: str | None) ->
         ("Kernels", session.target.kernels),
         ("Warmup", ms(st.warmup_s)),
     ]
+    world = getattr(session, "world", None)
+    if world is not None and world.channel is not None:
+        rows.append(("Distributed", f"{world.layout.describe()}, {world.size} ranks ({world.backend}); "
+                                    f"rank 0 sent+received {world.channel.describe_traffic()}"))
     if st.draft_kind:
         rows += [
             ("Drafter", f"{st.draft_kind} (policy {st.policy})"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .. import fastpath, ui
 from ..validate import validate
 from ._options import CHAT_SIDE, build_options, with_params
+from ._ranks import ranks
 
 EPILOG = "Examples:\n\n  mlxcel chat\n\n  printf 'Hi\\nTell me a joke\\n' | mlxcel chat -n 64"
 
@@ -17,4 +18,5 @@ def chat(**params) -> None:
         fastpath.prepare((cfg).options.model.blas)
         from ._repl import run_chat
 
-        run_chat(cfg)
+        with ranks(cfg) as world:
+            run_chat(cfg, world)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .. import fastpath, ui
 from ..validate import validate
 from ._options import ALL_MODEL_SIDE, build_options, with_params
+from ._ranks import ranks
 
 EPILOG = (
     "Examples:\n\n"
@@ -19,14 +20,15 @@ def generate_or_chat(command: str, params: dict) -> None:
     with ui.exit_on_error():
         run = validate(build_options(command, params))
         fastpath.prepare(run.options.model.blas)
-        if run.options.generation.prompt is None:
-            from ._repl import run_chat
+        with ranks(run) as world:
+            if run.options.generation.prompt is None:
+                from ._repl import run_chat
 
-            run_chat(run)
-            return
-        from ._oneshot import run_oneshot
+                run_chat(run, world)
+                return
+            from ._oneshot import run_oneshot
 
-        run_oneshot(run)
+            run_oneshot(run, world)
 
 
 @with_params(ALL_MODEL_SIDE)

@@ -6,7 +6,7 @@ import os
 
 from .. import fastpath, ui
 from ..validate import validate
-from ._options import (LOOKUP_PARAMS_HIDDEN, MODEL_PARAMS, RUNTIME_PARAMS, SERVE_SAMPLING_PARAMS, SERVER_PARAMS,
+from ._options import (DISTRIBUTED_PARAMS, LOOKUP_PARAMS_HIDDEN, MODEL_PARAMS, RUNTIME_PARAMS, SERVE_SAMPLING_PARAMS, SERVER_PARAMS,
                        SPEC_PARAMS, ServeMaxTokensOpt, _kw, build_options, with_params)
 
 EPILOG = (
@@ -16,7 +16,7 @@ EPILOG = (
 )
 
 SERVE_PARAMS = (MODEL_PARAMS + [_kw("max_tokens", ServeMaxTokensOpt, -1)] + SERVE_SAMPLING_PARAMS + SPEC_PARAMS
-                + LOOKUP_PARAMS_HIDDEN + SERVER_PARAMS + RUNTIME_PARAMS)
+                + LOOKUP_PARAMS_HIDDEN + SERVER_PARAMS + RUNTIME_PARAMS + DISTRIBUTED_PARAMS)
 
 
 @with_params(SERVE_PARAMS)
@@ -29,8 +29,10 @@ def serve(**params) -> None:
             os.environ["MLXCEL_KERNEL_THREADS"] = str(cfg.options.server.threads)  # the row-exact kernel's
         fastpath.prepare(cfg.options.model.blas)
         from ..server.main import run_server
+        from ._ranks import ranks
 
-        run_server(cfg, say=ui.info, warn=ui.warn)
+        with ranks(cfg) as world:
+            run_server(cfg, say=ui.info, warn=ui.warn, world=world)
 
 
 def server_main() -> None:

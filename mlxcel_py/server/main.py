@@ -14,13 +14,13 @@ import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ..options import SERVER_SAMPLING_DEFAULTS, RunConfig, SamplingOptions
 from ..engine_builder import describe_draft, open_session, resolved_drafter_line
 
 
-def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[str], None]) -> None:
+def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[str], None], world: Any = None) -> None:
     """Bind first, then load while already answering: `/health` (and every route) says 503
     "Loading model" until the model is warm, as llama-server does. The `listening on` line is
     printed once requests can be served."""
@@ -46,7 +46,7 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
 
     def load() -> None:
         try:
-            loaded["session"], loaded["worker"] = _load(run, app, sock, say=say, warn=warn)
+            loaded["session"], loaded["worker"] = _load(run, app, sock, say=say, warn=warn, world=world)
         except BaseException as exc:  # reported by the main thread once uvicorn has stopped
             loaded["error"] = exc
             server.should_exit = True
@@ -71,6 +71,8 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
                 say(said)
     if "error" in loaded:
         raise loaded["error"]
+    if world is not None and world.channel is not None:
+        world.channel.close(code)  # the other ranks stop too (before the exit below skips every finally)
     _exit_now(code)
 
 
@@ -97,7 +99,7 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _load(run: RunConfig, app, sock: socket.socket, *, say, warn):
+def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
     """Load and warm the model, then put it on the app (requests stop getting 503)."""
     from ..default_model import DEFAULT_MODEL_NAME
     from .context import ServerContext
@@ -105,7 +107,7 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn):
 
     opts = run.options
     srv = opts.server
-    session = open_session(run, say=say, warn=warn)
+    session = open_session(run, say=say, warn=warn, world=world)
     draft = session.engine.draft  # as resolved at load (an MTP checkpoint's kind and width)
     speculative = draft.enabled and not srv.no_batch and not srv.kv_unified
     if (resolved := resolved_drafter_line(draft)) is not None:

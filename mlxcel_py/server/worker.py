@@ -10,11 +10,15 @@ at the next token and frees the worker. Beyond `max_queue` waiting jobs, `submit
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
 import queue
 import threading
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Sequence
 
+from .. import distributed
 from ..options import SamplingOptions
 from ..text import TextStream
 
@@ -104,6 +108,9 @@ class Worker:
                 self._run(job)
             except Exception as exc:
                 self._emit(job, "error", f"{type(exc).__name__}: {exc}")
+                if distributed.is_lost_contact(exc):  # the model is gone with that rank: stop serving
+                    sys.stderr.write(f"error: {distributed.lost(exc, 0).message}\n")
+                    os.kill(os.getpid(), signal.SIGTERM)
             finally:
                 self.active = 0
                 self.current = None

@@ -1,0 +1,52 @@
+"""A command's distributed side: join the other ranks; a follower loads its part of the model
+and mirrors rank 0 until rank 0 stops (no terminal, no HTTP); rank 0 carries on as usual and
+tells the followers to stop when it ends, with its own exit code."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import typer
+
+from ..errors import EXIT_INTERRUPTED, EXIT_RUNTIME, MlxcelError
+from ..options import RunConfig
+
+
+@contextmanager
+def ranks(run: RunConfig) -> Iterator[Any]:
+    """Yields the distributed.World on rank 0 (None for one process); never yields on followers."""
+    from .. import distributed
+
+    par = run.options.parallel
+    world = distributed.join(distributed.Layout(tp=par.tp_size, pp=par.pp_size))
+    if world is None:
+        yield None
+        return
+    if not world.leader:
+        raise typer.Exit(follow(run, world))
+    code = EXIT_RUNTIME
+    try:
+        with distributed.guard(world):
+            yield world
+        code = 0
+    except typer.Exit as exc:
+        code = exc.exit_code
+        raise
+    except MlxcelError as exc:
+        code = exc.exit_code
+        raise
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+        raise
+    finally:
+        if world.channel is not None:
+            world.channel.close(code)
+
+
+def follow(run: RunConfig, world: Any) -> int:
+    from .. import distributed
+    from ..engine_builder import open_follower
+
+    session = open_follower(run, world)
+    return distributed.follow(session.target.model, world, session.tap)

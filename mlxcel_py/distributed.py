@@ -1,0 +1,421 @@
+"""One model across several processes, on MLX's own distributed engine (ring, MPI...).
+
+Layout. `--tp-size N` shards every attention and MLP layer with mlx-lm's `model.shard(group)`
+(each rank holds 1/N of the heads and of the feed-forward width; an all-sum joins them).
+`--pp-size N` gives each rank a contiguous run of layers: mlx-lm's `PipelineMixin` where the
+architecture has it, `pipeline_stages` for llama-style models it lacks. Each rank holds the
+caches of its own part only.
+
+Who decides. Rank 0, the leader, runs the whole engine (drafters, verify rounds, sampling, stop
+strings, the terminal or HTTP face). The other ranks, followers, run no engine: they mirror the
+leader's forwards. Before each forward the leader broadcasts a header over the same group
+(which sequence, the position its caches stand at, the token ids); a follower trims its caches
+to that position (a rejected draft, a reused prompt prefix) and runs the same forward. Only token
+ids cross ranks, never text or sampling state, and the logits that decide are rank 0's.
+
+Every announced forward is evaluated on every rank up to the final norm (the point after the
+last collective), in announcement order, so the ranks' collectives always pair up; the leader
+evaluates the logits on top. Only caches that a trim rolls back are allowed (`why_not_model`).
+
+Idle. A rank waiting inside a ring collective spins a core. While the leader has nothing to run
+(chat waiting for input, a server without requests) a ticker thread on the leader and every
+follower meet each TICK_S seconds with a no-op header and sleep in between, so an idle rank
+costs nothing and new work waits at most one tick.
+
+Failures. A rank that dies closes its sockets and the ring fails the others' pending collectives
+("connection to a peer was lost"); `lost()` turns that into a one-line error (exit 1). Followers
+ignore SIGINT: Ctrl-C belongs to the leader's terminal, and the leader tells them when to stop.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+from .errors import EXIT_USAGE, MlxcelError
+
+TICK_S = 0.05
+INLINE = 16  # token ids carried in the header itself (a decode step or a verify block)
+_HEAD = 5  # op, sequence, position, count, exit code
+OP_TICK, OP_FORWARD, OP_STOP = 1, 2, 3
+MAX_FOLLOWED = 8  # sequences a follower keeps caches for (the leader's scratch caches come and go)
+_LAUNCH_ENV = ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int = 1
+    pp: int = 1
+
+    @property
+    def size(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def active(self) -> bool:
+        return self.size > 1
+
+    @property
+    def flag(self) -> str:
+        return f"--tp-size {self.tp}" if self.tp > 1 else f"--pp-size {self.pp}"
+
+    def describe(self) -> str:
+        return f"tensor parallel x{self.tp}" if self.tp > 1 else f"pipeline parallel x{self.pp}"
+
+
+@dataclass
+class World:
+    group: Any
+    rank: int
+    size: int
+    layout: Layout
+    backend: str
+    channel: Any = None  # the Leader, on rank 0 once the engine is built
+    broken: bool = False  # a collective failed: the ring is gone, and a further send would hang
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+
+class DistributedError(MlxcelError):
+    pass
+
+
+def lost(exc: BaseException, rank: int | None = None) -> DistributedError:
+    first = (str(exc).splitlines() or [type(exc).__name__])[0]
+    who = f"rank {rank}" if rank is not None else "this rank"
+    return DistributedError(f"distributed run stopped: {who} lost contact with another rank ({first})",
+                            hint="a rank exited or was killed; see its own error above, then start every rank again")
+
+
+def is_lost_contact(exc: BaseException) -> bool:
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(s in text for s in ("[ring]", "[mpi]", "[jaccl]", "[nccl]",
+                                                                     "distributed"))
+
+
+@contextmanager
+def guard(world: World | None) -> Iterator[None]:
+    """Turn a failed collective (a rank went away) into the one-line error."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if world is None or not is_lost_contact(exc):
+            raise
+        world.broken = True
+        raise lost(exc, world.rank) from None
+
+
+# ---- joining ------------------------------------------------------------------------------------
+def launched() -> bool:
+    return any(k in os.environ for k in _LAUNCH_ENV)
+
+
+def join(layout: Layout) -> World | None:
+    """Connect to the other ranks (blocks until every rank has started); None for one process."""
+    if not layout.active:
+        return None
+    import mlx.core as mx
+
+    start = f"mlxcel launch -n {layout.size} -- mlxcel ... {layout.flag}"
+    if not mx.distributed.is_available():
+        raise DistributedError(f"{layout.flag}: this MLX build has no distributed backend",
+                               hint="install an mlx wheel with the ring backend (the pinned mlx[cpu] has it)")
+    if not launched():
+        raise DistributedError(f"{layout.flag} needs {layout.size} processes started together, one per rank",
+                               exit_code=EXIT_USAGE, hint=f"start it with `{start}` (or mlx.launch -n {layout.size})")
+    try:
+        group = mx.distributed.init(strict=True)
+    except RuntimeError as exc:
+        raise DistributedError(f"{layout.flag}: cannot join the distributed group ({str(exc).splitlines()[0]})",
+                               hint=f"start it with `{start}`") from None
+    if group.size() != layout.size:
+        raise DistributedError(f"{layout.flag} needs a world of {layout.size} ranks, but this launch started "
+                               f"{group.size()}", exit_code=EXIT_USAGE,
+                               hint=f"launch {layout.size} ranks, or set the size to {group.size()}")
+    backend = "ring" if "MLX_HOSTFILE" in os.environ or "MLX_RING_HOSTS" in os.environ else "mpi"
+    return World(group, group.rank(), group.size(), layout, backend)
+
+
+# ---- what a model needs ------------------------------------------------------------------------
+def why_not_model(config: dict, layout: Layout) -> str | None:
+    """Why this model cannot run in `layout`, from its config and a weightless instance (before
+    any weight loads), or None."""
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.utils import _get_classes
+
+    from . import pipeline_stages
+    from .cache import TRIM, _leaves, rollback_kind
+
+    kind = config.get("model_type", "?")
+    try:
+        model_cls, args_cls = _get_classes(config)
+        model = model_cls(args_cls.from_dict(config))
+    except Exception as exc:  # load() reports it in its own words
+        return f"model_type {kind} cannot be built ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+    if layout.tp > 1:
+        if not hasattr(model, "shard"):
+            return f"model_type {kind} has no tensor-parallel sharding in mlx-lm (llama, qwen2, qwen3, qwen3_5, deepseek... have it)"
+        args = getattr(model, "args", None)
+        for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+            n = config.get(name, getattr(args, name, None))
+            if isinstance(n, int) and n % layout.tp:
+                return f"its {name} ({n}) does not divide by --tp-size {layout.tp}"
+    if layout.pp > 1:
+        inner = getattr(model, "model", None)
+        if not (hasattr(inner, "pipeline") or pipeline_stages.supports(model)):
+            return (f"model_type {kind} has no pipeline stages (mlx-lm's pipeline models, e.g. qwen2, qwen3_moe, "
+                    f"qwen3_5, deepseek, and llama-style models have them)")
+        layers = len(getattr(inner, "layers", []))
+        if layers < layout.pp:
+            return f"it has {layers} layers, fewer than --pp-size {layout.pp} stages"
+    kinds = {type(c).__name__ for c in _leaves(make_prompt_cache(model)) if rollback_kind(c) != TRIM}
+    if kinds:
+        return (f"its {', '.join(sorted(kinds))} caches cannot be rolled back by a trim on every rank "
+                f"(distributed runs need plain KV caches)")
+    return None
+
+
+def shard(model: Any, world: World) -> None:
+    """Give this rank its part of `model` (weights may still be lazy: only that part is read)."""
+    from . import pipeline_stages
+
+    if world.layout.tp > 1:
+        model.shard(world.group)
+    elif hasattr(model.model, "pipeline"):
+        model.model.pipeline(world.group)
+    else:
+        pipeline_stages.split(model, world.group)
+
+
+def barrier(world: World) -> None:
+    import mlx.core as mx
+
+    with guard(world):
+        mx.eval(mx.distributed.all_sum(mx.array(1), group=world.group))
+
+
+def socket_bytes() -> int | None:
+    """Bytes sent plus received on this process's TCP sockets (the ring's), from TCP_INFO."""
+    total = 0
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            s = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+        try:
+            if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+            if len(info) >= 136:  # tcpi_bytes_acked, tcpi_bytes_received (Linux 4.1+)
+                acked, received = struct.unpack_from("QQ", info, 120)
+                total += acked + received
+        except OSError:
+            pass
+        finally:
+            s.close()
+    return total
+
+
+# ---- the leader's side ------------------------------------------------------------------------
+class Leader:
+    """Rank 0's channel to the followers: forward headers while busy, ticks while idle."""
+
+    def __init__(self, world: World, tap: Any):
+        self.world = world
+        self.tap = tap  # mtp.HiddenTap: the final norm's output, the forward's last collective's result
+        self._lock = threading.Condition()
+        self._busy = 0
+        self._closed = False
+        self._seq = 0
+        self.failure: BaseException | None = None
+        self.forwards = 0
+        self.rows = 0  # token rows forwarded (prompt, decode steps and verify blocks alike)
+        self.last_period: tuple[int, int | None] = (0, None)  # (rows, bytes) of the latest busy stretch
+        self._ticker = threading.Thread(target=self._tick_loop, name="mlxcel-ticker", daemon=True)
+        self._ticker.start()
+
+    def new_sequence(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _send(self, values: Sequence[int]) -> None:
+        import mlx.core as mx
+
+        mx.eval(mx.distributed.all_sum(mx.array(list(values), dtype=mx.int32), group=self.world.group))
+
+    def _header(self, op: int, seq: int = 0, position: int = 0, ids: Sequence[int] = (), code: int = 0) -> list[int]:
+        inline = list(ids[:INLINE])
+        return [op, seq, position, len(ids), code] + inline + [0] * (INLINE - len(inline))
+
+    @contextmanager
+    def busy(self) -> Iterator[None]:
+        """Hold the channel for a stretch of forwards (a request, a warmup): no ticks meanwhile."""
+        import mlx.core as mx
+
+        with self._lock:
+            self._check()
+            self._busy += 1
+        rows0, bytes0 = self.rows, socket_bytes()
+        try:
+            yield
+        finally:
+            try:
+                mx.synchronize()  # every announced forward has run before a tick may follow
+            except RuntimeError:
+                pass
+            bytes1 = socket_bytes()
+            self.last_period = (self.rows - rows0, None if bytes0 is None or bytes1 is None else bytes1 - bytes0)
+            with self._lock:
+                self._busy -= 1
+                self._lock.notify_all()
+
+    @contextmanager
+    def forward(self, seq: int, position: int, x: Any) -> Iterator[Any]:
+        """Announce one forward of ids `x` at `position`, yield them as an array for the model
+        call, then queue its evaluation up to the final norm. Ctrl-C waits until the forward is
+        queued, so no rank is left inside a forward that another never runs."""
+        import mlx.core as mx
+
+        with _deferred_sigint():
+            mx.eval(x)  # the ids must be known to broadcast them (waits for the step they come from)
+            ids = [int(t) for t in x.tolist()]
+            with guard(self.world):
+                self._send(self._header(OP_FORWARD, seq, position, ids))
+                if len(ids) > INLINE:
+                    self._send(ids[INLINE:])
+            self.forwards += 1
+            self.rows += len(ids)
+            self.tap.last = None
+            yield mx.array(ids, dtype=mx.int32)
+            if self.tap.last is not None:
+                mx.async_eval(self.tap.last)
+
+    def describe_traffic(self) -> str:
+        """The latest request's exchange as seen from rank 0's sockets."""
+        rows, sent = self.last_period
+        if sent is None or not rows:
+            return f"{rows} token rows forwarded"
+        return f"{sent / 2**10:.1f} KiB over {rows} token rows ({sent / rows / 2**10:.2f} KiB per token)"
+
+    def close(self, code: int = 0) -> None:
+        """Tell the followers to exit with `code` (once; quietly if they are gone already)."""
+        with self._lock:
+            if self._closed:
+                return
+            # a request still finishing on another thread (a server's worker) goes first
+            self._lock.wait_for(lambda: self._busy == 0, timeout=10)
+            self._closed = True
+            if self.failure is None and not self.world.broken and self._busy == 0:
+                try:
+                    self._send(self._header(OP_STOP, code=code))
+                except RuntimeError:
+                    pass
+
+    def _check(self) -> None:
+        if self.failure is not None:
+            raise lost(self.failure, 0)
+        if self._closed:
+            raise DistributedError("distributed run stopped: the ranks were already told to stop")
+
+    def _tick_loop(self) -> None:
+        while True:
+            time.sleep(TICK_S)
+            with self._lock:
+                if self._closed or self.failure is not None:
+                    return
+                if self._busy:
+                    continue
+                try:
+                    self._send(self._header(OP_TICK))
+                except RuntimeError as exc:
+                    self.failure = exc
+                    self.world.broken = True
+            if self.failure is not None:
+                # nobody may be waiting on the engine (chat at its prompt): say so and stop this process
+                from .errors import EXIT_RUNTIME
+
+                import sys
+
+                sys.stderr.write(f"error: {lost(self.failure, 0).message}\n")
+                sys.stderr.flush()
+                os._exit(EXIT_RUNTIME)
+
+
+@contextmanager
+def _deferred_sigint() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list = []
+    old = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, lambda s, f: got.append(s))
+    except (ValueError, TypeError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        if got and callable(old):
+            old(signal.SIGINT, None)
+
+
+# ---- a follower's side ----------------------------------------------------------------------
+def follow(model: Any, world: World, tap: Any) -> int:
+    """Mirror the leader's forwards until it says stop; returns the leader's exit code."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from . import cpu_kernels
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    caches: dict[int, list] = {}
+    g = world.group
+    size = _HEAD + INLINE
+    with guard(world):
+        while True:
+            head = mx.distributed.all_sum(mx.zeros((size,), dtype=mx.int32), group=g).tolist()
+            op, seq, position, n, code = head[:_HEAD]
+            if op == OP_TICK:
+                time.sleep(TICK_S)
+                continue
+            if op == OP_STOP:
+                return code
+            if op != OP_FORWARD:
+                raise DistributedError(f"rank {world.rank}: unexpected message {op} from rank 0 (mismatched versions?)")
+            ids = head[_HEAD : _HEAD + min(n, INLINE)]
+            if n > INLINE:
+                ids += mx.distributed.all_sum(mx.zeros((n - INLINE,), dtype=mx.int32), group=g).tolist()
+            layers = caches.pop(seq, None)
+            if layers is None or position == 0:
+                layers = make_prompt_cache(model)
+            caches[seq] = layers  # most recent last
+            while len(caches) > MAX_FOLLOWED:
+                caches.pop(next(iter(caches)))
+            offset = layers[0].offset
+            if offset > position:
+                for c in layers:
+                    c.trim(offset - position)
+            elif offset < position:
+                raise DistributedError(f"rank {world.rank}: rank 0 continues sequence {seq} at position {position} "
+                                       f"but this rank holds {offset}")
+            with cpu_kernels.engaged(model):
+                tap.last = None
+                model(mx.array(ids, dtype=mx.int32)[None], cache=layers)
+            mx.eval(tap.last)

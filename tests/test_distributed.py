@@ -1,0 +1,408 @@
+"""Distributed runs: real ranks on MLX's ring backend over the loopback, started by `mlxcel launch`.
+
+Every rank is a real `python -m mlxcel_py` process; the checks are the ones a user sees: rank 0's
+stdout equals a single process's (float32 weights, which is what distributed ranks compute in),
+every rank exits, and a dead rank ends the others with a one-line error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import make_tiny_model, mlxcel_cmd
+from tiny_models import build
+
+PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat sat on the"
+
+
+def _free_ports() -> int:
+    """A port P with P and P+1 both free (the ring's rank r listens on P + r)."""
+    for _ in range(50):
+        p = random.randint(20000, 60000)
+        try:
+            for q in (p, p + 1):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", q))
+            return p
+        except OSError:
+            continue
+    raise RuntimeError("no free ports")
+
+
+def launch_cmd(args: list[str], n: int = 2) -> list[str]:
+    return mlxcel_cmd() + ["launch", "-n", str(n), "--starting-port", str(_free_ports()), "--", "mlxcel", *args]
+
+
+def run(cmd: list[str], env: dict, timeout: float = 180, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env=env, capture_output=True, timeout=timeout, **kw)
+
+
+def single(args: list[str], env: dict, **kw) -> subprocess.CompletedProcess:
+    r = run(mlxcel_cmd() + args + ["--cpu-weights", "f32"], env, **kw)
+    assert r.returncode == 0, r.stderr.decode()
+    return r
+
+
+@pytest.fixture(scope="module")
+def qwen2_dir(tmp_path_factory) -> Path:
+    cfg = dict(model_type="qwen2", hidden_size=64, num_hidden_layers=4, intermediate_size=128, num_attention_heads=4,
+               num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=260, tie_word_embeddings=True,
+               max_position_embeddings=2048, rope_theta=10000.0)
+    return build(tmp_path_factory.mktemp("qwen2") / "model", cfg, seed=3, scale=2.5)
+
+
+@pytest.fixture(scope="module")
+def llama4_dir(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("llama4") / "model", seed=1, layers=4, scale=2.5)
+
+
+def _gen(model: Path, *extra: str) -> list[str]:
+    return ["generate", "-m", str(model), "-p", PROMPT, "-n", "40", "--no-chat-template", *extra]
+
+
+@pytest.mark.parametrize("layout,extra", [
+    ("--tp-size", []),
+    ("--tp-size", ["--prompt-lookup"]),
+    ("--tp-size", ["--draft-kind", "suffix"]),
+    ("--tp-size", ["--temp", "0.9", "--seed", "7"]),
+    ("--tp-size", ["--prompt-lookup", "--temp", "0.9", "--seed", "7"]),
+    ("--pp-size", []),
+])
+def test_two_ranks_print_what_one_process_prints(llama4_dir, cli_env, layout, extra):
+    args = _gen(llama4_dir, *extra)
+    alone = single(args, cli_env).stdout
+    r = run(launch_cmd(args + [layout, "2", "--profile"]), cli_env)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err
+    assert r.stdout == alone
+    assert ("tensor parallel x2" if layout == "--tp-size" else "pipeline parallel x2") in err
+    assert "Distributed" in err
+    if "--prompt-lookup" in extra:  # verify rounds ran (and were rolled back on both ranks)
+        line = next(ln for ln in err.splitlines() if ln.startswith("[Speculative acceptance]"))
+        assert "accepted 0/" not in line, line
+
+
+def test_mlx_lm_pipeline_models_split_too(qwen2_dir, cli_env):
+    """qwen2 has mlx-lm's own PipelineMixin (the llama test above uses pipeline_stages)."""
+    args = _gen(qwen2_dir)
+    alone = single(args, cli_env).stdout
+    for layout in ("--pp-size", "--tp-size"):
+        r = run(launch_cmd(args + [layout, "2"]), cli_env)
+        assert r.returncode == 0, r.stderr.decode()
+        assert r.stdout == alone, layout
+
+
+def test_pipeline_bytes_per_token_are_the_hidden_states(llama4_dir, cli_env):
+    """Rank 0 receives rank 1's hidden state and the all-gather swaps both ranks' (3 x hidden
+    float32 per token row) plus an 84-byte header: the profile's figure says exactly that."""
+    r = run(launch_cmd(_gen(llama4_dir) + ["--pp-size", "2", "--profile"]), cli_env)
+    assert r.returncode == 0, r.stderr.decode()
+    text = " ".join(r.stderr.decode().split())
+    per_token = float(text.split("KiB per token")[0].split("(")[-1]) * 1024
+    expected = 3 * 64 * 4 + 84
+    assert abs(per_token - expected) < 0.1 * expected, text
+
+
+def test_chat_under_launch_answers_like_one_process(tiny_dir, cli_env):
+    chat = ["chat", "-m", str(tiny_dir), "-n", "12"]
+    feed = b"hello\nand again\n"
+    alone = single(chat, cli_env, input=feed).stdout
+    r = run(launch_cmd(chat + ["--tp-size", "2"]), cli_env, input=feed)
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout == alone and alone.strip()
+
+
+def _children(pid: int) -> dict[int, int]:
+    """{rank: pid} of the ranks a launcher started."""
+    out = {}
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            stat = (p / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) != pid:
+                continue
+            env = (p / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for kv in env:
+            if kv.startswith(b"MLX_RANK="):
+                out[int(kv[9:])] = int(p.name)
+    return out
+
+
+def _wait_for_ranks(launcher: subprocess.Popen, n: int = 2, timeout: float = 60) -> dict[int, int]:
+    end = time.time() + timeout
+    while time.time() < end:
+        kids = _children(launcher.pid)
+        if len(kids) == n:
+            return kids
+        time.sleep(0.1)
+    raise AssertionError("ranks did not start")
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _long_run(model: Path, env: dict, layout: str = "--tp-size") -> subprocess.Popen:
+    cmd = launch_cmd(["generate", "-m", str(model), "-p", "hi", "-n", "100000", "--ignore-eos",
+                      "--no-chat-template", layout, "2"])
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _decoding(launcher: subprocess.Popen) -> None:
+    os.set_blocking(launcher.stdout.fileno(), True)
+    assert launcher.stdout.read(1), "no output"
+
+
+@pytest.mark.parametrize("victim", [1, 0])
+def test_a_dead_rank_ends_the_others_with_an_error(llama4_dir, cli_env, victim):
+    launcher = _long_run(llama4_dir, cli_env)
+    try:
+        ranks = _wait_for_ranks(launcher)
+        _decoding(launcher)
+        os.kill(ranks[victim], signal.SIGKILL)
+        _, err = launcher.communicate(timeout=30)
+    finally:
+        launcher.kill()
+    err = err.decode()
+    survivor = 1 - victim
+    assert launcher.returncode != 0
+    prefix = "" if survivor == 0 else "[rank 1] "
+    assert f"{prefix}error: distributed run stopped: rank {survivor} lost contact with another rank" in err, err
+    assert f"[launch] rank {victim} exited with code -9" in err
+    assert "did not stop by itself" not in err  # the survivor noticed and left on its own
+    assert "Traceback" not in err
+    assert all(not Path(f"/proc/{p}").exists() for p in ranks.values())
+
+
+def test_ctrl_c_on_rank_0_stops_every_rank(llama4_dir, cli_env):
+    launcher = _long_run(llama4_dir, cli_env, "--pp-size")
+    try:
+        ranks = _wait_for_ranks(launcher)
+        _decoding(launcher)
+        os.kill(ranks[0], signal.SIGINT)  # what the terminal's Ctrl-C delivers to rank 0
+        _, err = launcher.communicate(timeout=30)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 130, err.decode()
+    assert "Traceback" not in err.decode()
+    assert all(not Path(f"/proc/{p}").exists() for p in ranks.values())
+
+
+def test_sigterm_to_the_launcher_stops_every_rank(tiny_dir, cli_env):
+    launcher = subprocess.Popen(launch_cmd(["chat", "-m", str(tiny_dir), "--tp-size", "2"]), env=cli_env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        ranks = _wait_for_ranks(launcher)
+        time.sleep(3)
+        launcher.send_signal(signal.SIGTERM)
+        _, err = launcher.communicate(timeout=30)
+    finally:
+        launcher.kill()
+    assert "Traceback" not in err.decode(), err.decode()
+    assert all(not Path(f"/proc/{p}").exists() for p in ranks.values())
+
+
+def _lines_until(stream, needle: str, timeout: float = 90) -> str:
+    """Read lines of `stream` until one contains `needle` (returned); the rest keep flowing to a thread."""
+    import threading
+
+    found: list[str] = []
+    ready = threading.Event()
+
+    def pump():
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace")
+            if not ready.is_set() and needle in line:
+                found.append(line)
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    assert ready.wait(timeout) and found, f"never saw {needle!r}"
+    return found[0]
+
+
+def test_an_idle_follower_sleeps(tiny_dir, cli_env):
+    """While chat waits for input the follower waits between ticks instead of spinning in the ring."""
+    launcher = subprocess.Popen(launch_cmd(["chat", "-m", str(tiny_dir), "--tp-size", "2"]), env=cli_env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        ranks = _wait_for_ranks(launcher)
+        _lines_until(launcher.stderr, "reading messages")
+        time.sleep(1.0)
+        before = _cpu_seconds(ranks[1])
+        time.sleep(3.0)
+        used = _cpu_seconds(ranks[1]) - before
+        launcher.stdin.write(b"hello\n")
+        launcher.stdin.close()
+        out = launcher.stdout.read()
+        launcher.wait(timeout=60)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0
+    assert out.strip()  # and the idle ranks still answered together afterwards
+    assert used < 0.6, f"the idle follower used {used:.2f} s of CPU in 3 s"
+
+
+def test_serve_under_launch(tiny_dir, cli_env):
+    import httpx
+
+    prompt = "once upon a time"
+    alone = single(["generate", "-m", str(tiny_dir), "-p", prompt, "-n", "16", "--no-chat-template"], cli_env).stdout
+    launcher = subprocess.Popen(launch_cmd(["serve", "-m", str(tiny_dir), "--tp-size", "2", "--port", "0"]),
+                                env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        line = _lines_until(launcher.stderr, "listening on")
+        port = int(line.rsplit(":", 1)[1].split()[0].strip("/"))
+        url = f"http://127.0.0.1:{port}"
+        body = {"prompt": prompt, "n_predict": 16, "temperature": 0}
+        first = httpx.post(f"{url}/completion", json=body, timeout=60).json()
+        assert first["content"] == alone.decode().rstrip("\n")
+        # a client that hangs up mid-stream: the ranks stay in step for the next request
+        with httpx.stream("POST", f"{url}/completion", json={**body, "n_predict": 4000, "stream": True,
+                                                             "ignore_eos": True}, timeout=60) as resp:
+            for _ in resp.iter_lines():
+                break
+        again = httpx.post(f"{url}/completion", json=body, timeout=60).json()
+        assert again["content"] == first["content"]
+        ranks = _children(launcher.pid)
+        launcher.send_signal(signal.SIGTERM)
+        launcher.communicate(timeout=30)
+    finally:
+        launcher.kill()
+    assert all(not Path(f"/proc/{p}").exists() for p in ranks.values())
+
+
+def test_remote_ranks_start_through_ssh(tiny_dir, cli_env, tmp_path):
+    """A hostfile's hosts are reached with ssh; a stand-in ssh runs the remote command here."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text('#!/bin/bash\nwhile [[ "$1" == -* ]]; do shift 2; done\nshift\n'
+                                 'echo "$@" >> "$SSH_LOG"\nexec bash -c "$*"\n')
+    (bin_dir / "ssh").chmod(0o755)
+    (bin_dir / "mlxcel").write_text(f'#!/bin/bash\nexec {sys.executable} -m mlxcel_py "$@"\n')
+    (bin_dir / "mlxcel").chmod(0o755)
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps([{"ssh": "node-a", "ips": ["127.0.0.1"]}, {"ssh": "node-b", "ips": ["127.0.0.1"]}]))
+    env = dict(cli_env, PATH=f"{bin_dir}:{cli_env['PATH']}", SSH_LOG=str(tmp_path / "ssh.log"),
+               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    args = _gen(tiny_dir)
+    alone = single(args, cli_env).stdout
+    cmd = mlxcel_cmd() + ["launch", "--hostfile", str(hosts), "--starting-port", str(_free_ports()), "--",
+                          "mlxcel", *args, "--tp-size", "2"]
+    r = run(cmd, env)
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout == alone
+    log = (tmp_path / "ssh.log").read_text()
+    assert log.count("MLX_RANK=") == 2 and "MLX_RANK=1" in log
+
+
+def test_a_world_of_another_size_is_refused(tiny_dir, cli_env, tmp_path):
+    port = _free_ports()
+    hostfile = tmp_path / "ring.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{port}"], [f"127.0.0.1:{port + 1}"]]))
+    procs = [subprocess.Popen(mlxcel_cmd() + _gen(tiny_dir) + ["--tp-size", "4"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=dict(cli_env, MLX_RANK=str(r), MLX_HOSTFILE=str(hostfile)))
+             for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 2, err.decode()
+        assert "--tp-size 4 needs a world of 4 ranks, but this launch started 2" in err.decode()
+
+
+def test_a_model_that_cannot_split_is_refused_before_loading(cli_env, tmp_path):
+    from mlxcel_py.distributed import Layout, why_not_model
+
+    llama = dict(model_type="llama", hidden_size=48, num_hidden_layers=2, intermediate_size=96,
+                 num_attention_heads=6, num_key_value_heads=3, rms_norm_eps=1e-5, vocab_size=260)
+    assert "num_key_value_heads (3) does not divide by --tp-size 2" in why_not_model(llama, Layout(tp=2))
+    assert why_not_model(llama, Layout(pp=2)) is None
+    assert "fewer than --pp-size 4 stages" in why_not_model(llama, Layout(pp=4))
+    from tiny_models import GEMMA3, QWEN35
+
+    assert "caches cannot be rolled back by a trim" in why_not_model(dict(QWEN35), Layout(tp=2))
+    assert "has no pipeline stages" in why_not_model(dict(GEMMA3), Layout(pp=2))
+    # through the CLI: every rank refuses, before any weight is read
+    folder = make_tiny_model(tmp_path / "m", layers=2)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(num_attention_heads=4, num_key_value_heads=1)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    r = run(launch_cmd(_gen(folder) + ["--tp-size", "2"]), cli_env)
+    err = r.stderr.decode()
+    assert r.returncode == 1, err
+    assert "num_key_value_heads (1) does not divide by --tp-size 2" in err
+    assert "Traceback" not in err
+
+
+def test_launch_reads_sizes_and_hostfiles(tmp_path):
+    from mlxcel_py.errors import UsageError
+    from mlxcel_py.launcher import layout_size, read_hostfile, ring_hostfile
+
+    assert layout_size(["generate", "--tp-size", "2"]) == 2
+    assert layout_size(["serve", "--pp-size=4"]) == 4
+    assert layout_size(["chat", "--tp-size", "1"]) is None
+    f = tmp_path / "h.json"
+    f.write_text(json.dumps({"envs": ["A=1"], "hosts": [{"ssh": "m1", "ips": ["10.0.0.1"]},
+                                                        {"ssh": "m2", "ips": ["10.0.0.2"]}]}))
+    hosts, envs = read_hostfile(str(f))
+    assert [h.ssh for h in hosts] == ["m1", "m2"] and envs == ["A=1"]
+    assert json.loads(ring_hostfile(hosts, 5000)) == [["10.0.0.1:5000"], ["10.0.0.2:5001"]]
+    f.write_text(json.dumps([{"ssh": "m1"}]))
+    with pytest.raises(UsageError, match='lists no "ips"'):
+        read_hostfile(str(f))
+    f.write_text("{")
+    with pytest.raises(UsageError, match="not JSON"):
+        read_hostfile(str(f))
+
+
+@pytest.mark.real
+def test_chat_in_a_terminal_across_two_ranks(cli_env):
+    """Rank 0 owns the terminal: two turns, Ctrl-C mid-reply (rank 0 only; the follower is told),
+    /bye; the default model split in two pipeline stages."""
+    from test_chat_pty import Pty
+
+    env = {**cli_env, "TERM": "dumb", "COLUMNS": "120"}
+    t = Pty(launch_cmd(["chat", "-n", "150", "--pp-size", "2"]), env)
+    t.read_until(">>> ", timeout=240)
+    t.send("What is the capital of France? Answer in one word.\r")
+    assert "Paris" in t.read_until(">>> ", timeout=180)
+    t.send("Write a long story about a dragon who learns to bake bread.\r")
+    t.read_until("bread.\r\n")
+    t.read_until(" ", timeout=120)
+    t.send("\x03")
+    assert "reply cancelled" in t.read_until(">>> ", timeout=120)
+    t.send("And the capital of Italy? One word.\r")
+    assert "Rome" in t.read_until(">>> ", timeout=180)
+    t.send("/bye\r")
+    assert t.wait(timeout=60) == 0
+
+
+def test_joining_needs_a_backend_and_a_launch(monkeypatch):
+    import mlx.core as mx
+
+    from mlxcel_py import distributed
+    from mlxcel_py.errors import EXIT_USAGE
+
+    assert distributed.join(distributed.Layout()) is None  # one process: nothing to join
+    for var in ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(distributed.DistributedError, match="needs 2 processes started together") as e:
+        distributed.join(distributed.Layout(tp=2))
+    assert e.value.exit_code == EXIT_USAGE and "mlxcel launch -n 2" in e.value.hint
+    monkeypatch.setattr(mx.distributed, "is_available", lambda *a, **k: False)
+    with pytest.raises(distributed.DistributedError, match="this MLX build has no distributed backend"):
+        distributed.join(distributed.Layout(pp=2))
