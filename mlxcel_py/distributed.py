@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from .errors import EXIT_USAGE, MlxcelError
+from .options import ParallelOptions as Layout  # --tp-size / --pp-size
 
 TICK_S = 0.05
 INLINE = 16  # token ids carried in the header itself (a decode step or a verify block)
@@ -47,27 +48,6 @@ _HEAD = 5  # op, sequence, position, count, exit code
 OP_TICK, OP_FORWARD, OP_STOP = 1, 2, 3
 MAX_FOLLOWED = 8  # sequences a follower keeps caches for (the leader's scratch caches come and go)
 _LAUNCH_ENV = ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-
-
-@dataclass(frozen=True)
-class Layout:
-    tp: int = 1
-    pp: int = 1
-
-    @property
-    def size(self) -> int:
-        return self.tp * self.pp
-
-    @property
-    def active(self) -> bool:
-        return self.size > 1
-
-    @property
-    def flag(self) -> str:
-        return f"--tp-size {self.tp}" if self.tp > 1 else f"--pp-size {self.pp}"
-
-    def describe(self) -> str:
-        return f"tensor parallel x{self.tp}" if self.tp > 1 else f"pipeline parallel x{self.pp}"
 
 
 @dataclass
@@ -161,22 +141,22 @@ def why_not_model(config: dict, layout: Layout) -> str | None:
         model = model_cls(args_cls.from_dict(config))
     except Exception as exc:  # load() reports it in its own words
         return f"model_type {kind} cannot be built ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
-    if layout.tp > 1:
+    if layout.tp_size > 1:
         if not hasattr(model, "shard"):
             return f"model_type {kind} has no tensor-parallel sharding in mlx-lm (llama, qwen2, qwen3, qwen3_5, deepseek... have it)"
         args = getattr(model, "args", None)
         for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
             n = config.get(name, getattr(args, name, None))
-            if isinstance(n, int) and n % layout.tp:
-                return f"its {name} ({n}) does not divide by --tp-size {layout.tp}"
-    if layout.pp > 1:
+            if isinstance(n, int) and n % layout.tp_size:
+                return f"its {name} ({n}) does not divide by --tp-size {layout.tp_size}"
+    if layout.pp_size > 1:
         inner = getattr(model, "model", None)
         if not (hasattr(inner, "pipeline") or pipeline_stages.supports(model)):
             return (f"model_type {kind} has no pipeline stages (mlx-lm's pipeline models, e.g. qwen2, qwen3_moe, "
                     f"qwen3_5, deepseek, and llama-style models have them)")
         layers = len(getattr(inner, "layers", []))
-        if layers < layout.pp:
-            return f"it has {layers} layers, fewer than --pp-size {layout.pp} stages"
+        if layers < layout.pp_size:
+            return f"it has {layers} layers, fewer than --pp-size {layout.pp_size} stages"
     kinds = {type(c).__name__ for c in _leaves(make_prompt_cache(model)) if rollback_kind(c) != TRIM}
     if kinds:
         return (f"its {', '.join(sorted(kinds))} caches cannot be rolled back by a trim on every rank "
@@ -188,7 +168,7 @@ def shard(model: Any, world: World) -> None:
     """Give this rank its part of `model` (weights may still be lazy: only that part is read)."""
     from . import pipeline_stages
 
-    if world.layout.tp > 1:
+    if world.layout.tp_size > 1:
         model.shard(world.group)
     elif hasattr(model.model, "pipeline"):
         model.model.pipeline(world.group)

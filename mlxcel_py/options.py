@@ -118,12 +118,20 @@ class ParallelOptions:
     pp_size: int = 1
 
     @property
+    def size(self) -> int:
+        """The world it needs (a 2-D layout is refused, so one of the two is 1)."""
+        return self.tp_size * self.pp_size
+
+    @property
     def active(self) -> bool:
-        return self.tp_size > 1 or self.pp_size > 1
+        return self.size > 1
 
     @property
     def flag(self) -> str:
         return f"--tp-size {self.tp_size}" if self.tp_size > 1 else f"--pp-size {self.pp_size}"
+
+    def describe(self) -> str:
+        return f"tensor parallel x{self.tp_size}" if self.tp_size > 1 else f"pipeline parallel x{self.pp_size}"
 
 
 @dataclass(frozen=True)

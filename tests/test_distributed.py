@@ -329,13 +329,13 @@ def test_a_model_that_cannot_split_is_refused_before_loading(cli_env, tmp_path):
 
     llama = dict(model_type="llama", hidden_size=48, num_hidden_layers=2, intermediate_size=96,
                  num_attention_heads=6, num_key_value_heads=3, rms_norm_eps=1e-5, vocab_size=260)
-    assert "num_key_value_heads (3) does not divide by --tp-size 2" in why_not_model(llama, Layout(tp=2))
-    assert why_not_model(llama, Layout(pp=2)) is None
-    assert "fewer than --pp-size 4 stages" in why_not_model(llama, Layout(pp=4))
+    assert "num_key_value_heads (3) does not divide by --tp-size 2" in why_not_model(llama, Layout(tp_size=2))
+    assert why_not_model(llama, Layout(pp_size=2)) is None
+    assert "fewer than --pp-size 4 stages" in why_not_model(llama, Layout(pp_size=4))
     from tiny_models import GEMMA3, QWEN35
 
-    assert "caches cannot be rolled back by a trim" in why_not_model(dict(QWEN35), Layout(tp=2))
-    assert "has no pipeline stages" in why_not_model(dict(GEMMA3), Layout(pp=2))
+    assert "caches cannot be rolled back by a trim" in why_not_model(dict(QWEN35), Layout(tp_size=2))
+    assert "has no pipeline stages" in why_not_model(dict(GEMMA3), Layout(pp_size=2))
     # through the CLI: every rank refuses, before any weight is read
     folder = make_tiny_model(tmp_path / "m", layers=2)
     cfg = json.loads((folder / "config.json").read_text())
@@ -401,8 +401,8 @@ def test_joining_needs_a_backend_and_a_launch(monkeypatch):
     for var in ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(distributed.DistributedError, match="needs 2 processes started together") as e:
-        distributed.join(distributed.Layout(tp=2))
+        distributed.join(distributed.Layout(tp_size=2))
     assert e.value.exit_code == EXIT_USAGE and "mlxcel launch -n 2" in e.value.hint
     monkeypatch.setattr(mx.distributed, "is_available", lambda *a, **k: False)
     with pytest.raises(distributed.DistributedError, match="this MLX build has no distributed backend"):
-        distributed.join(distributed.Layout(pp=2))
+        distributed.join(distributed.Layout(pp_size=2))

@@ -18,8 +18,7 @@ def ranks(run: RunConfig) -> Iterator[Any]:
     """Yields the distributed.World on rank 0 (None for one process); never yields on followers."""
     from .. import distributed
 
-    par = run.options.parallel
-    world = distributed.join(distributed.Layout(tp=par.tp_size, pp=par.pp_size))
+    world = distributed.join(run.options.parallel)
     if world is None:
         yield None
         return
