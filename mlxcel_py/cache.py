@@ -26,7 +26,7 @@ always stand at the same position.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import (
@@ -235,15 +235,27 @@ class SequenceCache:
         """Record that `tokens` were just fed through `run`."""
         self.tokens.extend(tokens)
 
-    def prefill(self, tokens: Sequence[int], chunk: int = PREFILL_CHUNK, stop: Callable[[], bool] | None = None) -> bool:
+    def prefill(self, tokens: Sequence[int], chunk: int | None = None, stop: Callable[[], bool] | None = None) -> bool:
         """Feed `tokens` in chunks, evaluating the cache after each so memory stays bounded.
-        `stop` is asked between chunks (a server's cancelled request); False if it ended early."""
+        `stop` is asked between chunks (a server's cancelled request); False if it ended early.
+        The row-exact kernel path feeds short chunks (`cpu_kernels.prefill_chunk`)."""
+        for done in self.prefill_steps(tokens, chunk, stop):
+            if not done:
+                return False
+        return True
+
+    def prefill_steps(self, tokens: Sequence[int], chunk: int | None = None,
+                      stop: Callable[[], bool] | None = None) -> Iterator[bool]:
+        """`prefill` one chunk per step (a server interleaves other sequences' decode steps):
+        yields True after each chunk, False (and ends) when `stop` says so."""
+        chunk = chunk or cpu_kernels.prefill_chunk(self.model, PREFILL_CHUNK)
         for i in range(0, len(tokens), chunk):
             if stop is not None and stop():
-                return False
+                yield False
+                return
             self.feed(tokens[i : i + chunk])
             self.eval()
-        return True
+            yield True
 
     def settle(self) -> None:
         """Replay pending tokens now, so the layers hold every committed position."""

@@ -130,6 +130,9 @@ def _engaged_now() -> bool:
 
 def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
     """mlx-lm's signature; these kernels inside `engaged`, mlx-lm's otherwise."""
+    if isinstance(keys, list):  # a batched step (batch.RowCaches): each row over its own sequence
+        return mx.concatenate([scaled_dot_product_attention(queries[b : b + 1], k, v, c, scale, mask, sinks)
+                               for b, (k, v, c) in enumerate(zip(keys, values, cache.caches))], axis=0)
     if (_engaged_now() and queries.shape[2] <= MAX_ROWS and sinks is None and not hasattr(cache, "bits")
             and queries.dtype == mx.float32 and (mask is None or (isinstance(mask, str) and mask == "causal"))):
         exact = getattr(_local, "exact", None)
@@ -179,6 +182,12 @@ def routes_attention(model: Any) -> bool:
     return current is _MLX_ATTENTION or current is scaled_dot_product_attention
 
 
+def install_dispatch(model: Any) -> bool:
+    """Route the model module's attention through `scaled_dot_product_attention` here (batched
+    steps need it whether or not these kernels are on); False if the module has no such name."""
+    return _install(model)
+
+
 def _install(model: Any) -> bool:
     module = sys.modules.get(type(model).__module__)
     installed = False
@@ -218,6 +227,16 @@ def enable_row_exact(model: Any, attention_fn: Callable) -> bool:
         return False
     _register(model, exact=attention_fn)
     return True
+
+
+def prefill_chunk(model: Any, default: int) -> int:
+    """Prompt tokens per prefill forward. On the row-exact path, blocks of at most MAX_ROWS - 1
+    stay on the kernel and the one-row attention, so every prompt position comes out the same
+    whichever pieces the prompt was fed in (a prompt cache's suffix, a chat turn); measured faster
+    than 512-row BLAS chunks too (1.5 s against 2.5 s for 500 tokens of the default model), which
+    dequantize the weights for every chunk."""
+    flags = _enabled.get(id(model))
+    return min(default, MAX_ROWS - 1) if flags is not None and flags[1] is not None else default
 
 
 @contextmanager

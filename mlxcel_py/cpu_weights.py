@@ -13,9 +13,10 @@ activations would turn any last-bit difference upstream into a different roundin
 between two kernels must be row-exact too: attention over those blocks goes to the extension's
 one-row-at-a-time attention (`attention`, routed by cpu_kernels.enable_row_exact), and `auto`
 uses the kernel only on models where nothing else mixes rows (`why_rows_not_exact`). Speculative
-output then equals plain output token for token, with no near-tie caveat. Blocks wider than
-MAX_ROWS (prefill chunks) dequantize to float32 and use BLAS; plain and speculative runs prefill
-the same way, and prefill is never compared with a decode row.
+output then equals plain output token for token, with no near-tie caveat. Prefill runs in chunks
+of MAX_ROWS - 1 on this path (`cpu_kernels.prefill_chunk`), so a prompt fed in other pieces (a
+prompt cache's stored prefix, a chat turn) continues exactly as a fresh one. Blocks wider than
+MAX_ROWS (a caller's own wide chunk) dequantize to float32 and use BLAS.
 
 Modes (only where MLX runs on the CPU; elsewhere weights stay as stored):
   f32   every weight dequantized to float32 (the path before the kernel; the fallback)

@@ -31,6 +31,21 @@ class TokenEvent:
     from_draft: bool
 
 
+class Tick:
+    """What a scheduled Generation yields besides TokenEvents (see `batch`): PAUSE after a prefill
+    chunk or a verify round (its turn is over for this tick), NEED_STEP when its next plain
+    decode step waits in `step_request` for the scheduler's batched forward (`step_result`)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+PAUSE, NEED_STEP = Tick("PAUSE"), Tick("NEED_STEP")
+
+
 @dataclass(frozen=True)
 class TokenLogprob:
     """The target model's log-probability of an emitted token (log-softmax of its raw logits, as
@@ -66,8 +81,13 @@ class Generation:
     def __init__(self, engine: "Engine", prompt: Sequence[int], *, max_tokens: int, sampling: SamplingOptions,
                  min_tokens: int = 0, ignore_eos: bool = False, speculative: bool = True,
                  reuse_cache: bool = False, remember: bool = True, cancelled: Callable[[], bool] | None = None,
-                 logprobs: int | None = None):
+                 logprobs: int | None = None, gate: Any = None):
         self.engine = engine
+        # batch.Gate when a scheduler drives this generation (serve -np N): it then yields Ticks too,
+        # drafts only while the gate is open, and leaves its plain steps to the batched forward
+        self.gate = gate
+        self.step_request: tuple[SequenceCache, int] | None = None
+        self.step_result: mx.array | None = None
         # None: none; N >= 0: each emitted token's logprob and the N most likely (self.logprobs_out)
         self.logprobs = logprobs
         self.logprobs_out: list[TokenLogprob] = []
@@ -83,6 +103,7 @@ class Generation:
         self.stats = GenerationStats(prompt_tokens=len(self.prompt))
         self.finish_reason: str | None = None
         self.tokens: list[int] = []
+        self._pooled: SequenceCache | None = None  # taken from engine.prompt_cache, given back at the end
         self._iter = self._run()
 
     def __iter__(self) -> Iterator[TokenEvent]:
@@ -97,11 +118,30 @@ class Generation:
     # ---------------------------------------------------------------------------------------
     def _run(self) -> Iterator[TokenEvent]:
         channel = self.engine.channel
-        if channel is None:
-            yield from self._steps()
-            return
-        with channel.busy():  # the other ranks mirror this request's forwards
-            yield from self._steps()
+        try:
+            if channel is None:
+                yield from self._steps()
+            else:
+                with channel.busy():  # the other ranks mirror this request's forwards
+                    yield from self._steps()
+        except GeneratorExit:  # the consumer stopped between tokens: the cache is whole
+            self._hand_back()
+            raise
+        else:
+            self._hand_back()
+        # any other exception may have left a forward half-applied: that cache is dropped
+
+    def _take_cache(self) -> SequenceCache:
+        eng = self.engine
+        if eng.prompt_cache is not None and not self.reuse_cache:
+            self._pooled = eng.prompt_cache.take(self.prompt)
+            return self._pooled
+        return eng.sequence_cache(self.reuse_cache)
+
+    def _hand_back(self) -> None:
+        if self._pooled is not None:
+            self.engine.prompt_cache.give(self._pooled)
+            self._pooled = None
 
     def _steps(self) -> Iterator[TokenEvent]:
         eng = self.engine
@@ -112,14 +152,17 @@ class Generation:
                           min_tokens=self.min_tokens, ignore_eos=self.ignore_eos, vocab_size=eng.vocab_size)
         mx.reset_peak_memory()
         t0 = time.perf_counter()
-        cache = eng.sequence_cache(self.reuse_cache)
+        cache = self._take_cache()
         drafter: Drafter | None = eng.make_drafter() if self.speculative else None
         # the MTP head drafts from the target's hidden states, so the target keeps them
         cache.keep_hidden(eng.hidden_tap if drafter is not None and drafter.kind == "mtp" else None)
         st.cached_tokens = cache.reuse_prefix(self.prompt)
-        if not cache.prefill(self.prompt[st.cached_tokens : -1], stop=self.cancelled):
-            self.finish_reason = "cancelled"
-            return
+        for fed in cache.prefill_steps(self.prompt[st.cached_tokens : -1], stop=self.cancelled):
+            if not fed:
+                self.finish_reason = "cancelled"
+                return
+            if self.gate is not None:
+                yield PAUSE  # other sequences decode between this prompt's chunks
         st.prefill_s = time.perf_counter() - t0
 
         history = list(self.prompt)
@@ -146,7 +189,7 @@ class Generation:
                     return
                 draft: list[int] = []
                 q = None
-                if drafter is not None:
+                if drafter is not None and (self.gate is None or self.gate.open):
                     budget = min(policy.budget(), self.max_tokens - emitted - 1)
                     if budget > 0:
                         td = time.perf_counter()
@@ -179,7 +222,12 @@ class Generation:
                     rows = verdict.rows
                 else:
                     tp = time.perf_counter()
-                    logits = cache.feed(history[-1:])
+                    if self.gate is None:
+                        logits = cache.feed(history[-1:])
+                    else:  # the scheduler feeds it, with the other sequences' steps, in one forward
+                        self.step_request = (cache, history[-1])
+                        yield NEED_STEP
+                        logits, self.step_request, self.step_result = self.step_result, None, None
                     new, n_from_draft = decider.decide(logits, history, history[-1:]), 0
                     rows = logits
                     if policy is not None:
@@ -214,6 +262,8 @@ class Generation:
                         shadow = []
                 if drafter is not None:
                     drafter.commit(history)
+                if draft and self.gate is not None:
+                    yield PAUSE  # one verify round per tick: the other sequences' steps wait for it
             self.finish_reason = "length"
         finally:
             st.decode_s = time.perf_counter() - t_decode
@@ -244,6 +294,10 @@ class Engine:
 
             self.hidden_tap = hidden_tap(model)
         self.verify_cost: list[float] | None = None
+        self.prompt_cache = None  # prompt_cache.PromptCache: finished requests' caches (serve --cache-ram)
+        # True when several generations run interleaved (serve -np N): model drafters are then made
+        # per generation, since a drafter's own cache follows one sequence
+        self.private_drafters = False
         self._cache: SequenceCache | None = None
         self._full_drafter: FullModelDrafter | None = None
         self._mtp_drafter = None
@@ -253,6 +307,13 @@ class Engine:
         if not reuse or self._cache is None:
             self._cache = SequenceCache(self.model, self.channel)
         return self._cache
+
+    def keep_prompts(self, budget_bytes: int | None) -> None:
+        """Keep finished requests' caches for later prompts sharing a prefix (`budget_bytes`
+        None: no limit). Requests with reuse_cache=True (chat) keep using the engine's own cache."""
+        from .prompt_cache import PromptCache
+
+        self.prompt_cache = PromptCache(lambda: SequenceCache(self.model, self.channel), budget_bytes)
 
     def make_drafter(self) -> Drafter:
         d = self.draft
@@ -264,6 +325,8 @@ class Engine:
         if d.kind == "full-model":
             if self.draft_model is None:
                 raise RuntimeError("full-model drafting needs a draft model")
+            if self.private_drafters:  # requests decoded together: each its own drafter cache
+                return FullModelDrafter(self.draft_model, self.vocab_size)
             if self._full_drafter is None:  # one drafter (and its cache) across requests
                 self._full_drafter = FullModelDrafter(self.draft_model, self.vocab_size)
             return self._full_drafter
@@ -276,6 +339,8 @@ class Engine:
         if d.kind == "mtp":
             if self.mtp_head is None:
                 raise RuntimeError("MTP drafting needs the checkpoint's MTP head")
+            if self.private_drafters:
+                return self.mtp_head.drafter(self.model, self.vocab_size)
             if self._mtp_drafter is None:
                 self._mtp_drafter = self.mtp_head.drafter(self.model, self.vocab_size)
             return self._mtp_drafter
@@ -295,10 +360,11 @@ class Engine:
     def generate(self, prompt: Sequence[int], *, max_tokens: int, sampling: SamplingOptions | None = None,
                  min_tokens: int = 0, ignore_eos: bool = False, speculative: bool = True,
                  reuse_cache: bool = False, remember: bool = True,
-                 cancelled: Callable[[], bool] | None = None, logprobs: int | None = None) -> Generation:
+                 cancelled: Callable[[], bool] | None = None, logprobs: int | None = None,
+                 gate: Any = None) -> Generation:
         return Generation(self, prompt, max_tokens=self.resolve_max_tokens(max_tokens, len(prompt)),
                           sampling=sampling or SamplingOptions(), min_tokens=min_tokens, cancelled=cancelled,
-                          logprobs=logprobs,
+                          logprobs=logprobs, gate=gate,
                           ignore_eos=ignore_eos, speculative=speculative, reuse_cache=reuse_cache,
                           remember=remember)
 

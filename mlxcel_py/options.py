@@ -41,6 +41,12 @@ DRAFT_KINDS = ("full-model", "prompt-lookup", "mtp", "dflash", "suffix")
 CPU_WEIGHTS = ("auto", "q8", "q4", "f32")
 DEFAULT_CPU_WEIGHTS = "auto"
 
+# serve -np: llama-server's automatic value (4 slots). Speculation is gated to 2 live requests
+# (DEFAULT_PROMPT_LOOKUP_MAX_BATCH), so one or two users keep their speculative speed, and a
+# batched step of 4 rows costs far less than 4 steps (README, Serving)
+DEFAULT_PARALLEL = 4
+MAX_PARALLEL = 256
+DEFAULT_CACHE_RAM_MIB = 8192  # llama-server's --cache-ram default
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 
@@ -148,7 +154,8 @@ class ServerOptions:
     alias: str | None = None
     threads: int | None = None
     ctx_size: int = 0  # 0: the model's context window
-    parallel: int = 1
+    cache_ram: int = DEFAULT_CACHE_RAM_MIB  # finished requests' caches kept, MiB; -1 no limit, 0 off
+    parallel: int = DEFAULT_PARALLEL
     log_disable: bool = False
     shutdown_grace: int = 5  # seconds requests in flight get after SIGTERM before they are cancelled
     sampling_given: tuple[str, ...] = ()  # sampling flags given on the command line (the rest: model/server defaults)

@@ -21,7 +21,8 @@ class TextPiece:
 
 
 class TextStream:
-    """Iterate text pieces of a Generation; `finish_reason` and `stop_word` when done."""
+    """Iterate text pieces of a Generation; `finish_reason` and `stop_word` when done. A scheduled
+    Generation's Ticks come through as they are, between the pieces."""
 
     def __init__(self, generation: "Generation", tokenizer, stop: Sequence[str] = ()):
         self.generation = generation
@@ -38,6 +39,9 @@ class TextStream:
         hold = max((len(s) for s in self.stop), default=0) - 1
         try:
             for event in self.generation:
+                if not hasattr(event, "token"):  # a scheduler's Tick (engine.PAUSE / NEED_STEP): passed on
+                    yield event
+                    continue
                 count += 1
                 self.detok.add_token(event.token)
                 pending += self.detok.last_segment

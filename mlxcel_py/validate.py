@@ -29,6 +29,7 @@ from .options import (
     DEFAULT_SUFFIX_CACHE_TOKENS,
     DRAFT_KINDS,
     MAX_DRAFT_LIMIT,
+    MAX_PARALLEL,
     NGRAM_MAX_LIMIT,
     PEERS,
     POLICIES,
@@ -164,8 +165,8 @@ def _server(opts: CommandOptions) -> None:
     srv = opts.server
     if srv.ctx_size < 0:
         raise UsageError(f"--ctx-size must be 0 (the model's window) or a positive number of tokens, got {srv.ctx_size}")
-    if srv.parallel < 1:
-        raise UsageError(f"--parallel (-np) must be at least 1, got {srv.parallel}")
+    if not 1 <= srv.parallel <= MAX_PARALLEL:
+        raise UsageError(f"--parallel (-np) must be between 1 and {MAX_PARALLEL}, got {srv.parallel}")
     if srv.shutdown_grace < 0:
         raise UsageError(f"--shutdown-grace must be 0 or more seconds, got {srv.shutdown_grace}")
     if srv.threads is not None and srv.threads < 1:
@@ -176,9 +177,6 @@ def _server_notes(opts: CommandOptions) -> tuple[str, ...]:
     """llama-server flags that are accepted but change nothing here: one line each, not an error."""
     srv = opts.server
     notes = [f"{flag} is a llama.cpp setting that does not apply to MLX; ignored" for flag in srv.ignored]
-    if srv.parallel > 1:
-        notes.append(f"--parallel {srv.parallel}: requests are decoded one at a time (continuous batching is not "
-                     f"built yet); the others wait in the queue")
     return tuple(notes)
 
 
@@ -250,6 +248,8 @@ def _validate(opts: CommandOptions) -> RunConfig:
                          f"--prompt-lookup; drop one of them")
     if opts.generation.verify_exact and cmd not in ("generate", "run"):
         raise UsageError(f"--verify-exact is a generate/run option (it reruns one prompt plainly); drop it on {cmd}")
+    if cmd == "serve" and opts.server.cache_ram < -1:
+        raise UsageError(f"--cache-ram must be -1 (no limit), 0 (off) or a size in MiB, got {opts.server.cache_ram}")
     if cmd == "serve" and opts.server.prompt_lookup_max_batch < 1:
         raise UsageError("--prompt-lookup-max-batch must be at least 1")
     _suffix_flags(opts, kind)

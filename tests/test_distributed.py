@@ -73,8 +73,6 @@ def _gen(model: Path, *extra: str) -> list[str]:
 @pytest.mark.parametrize("layout,extra", [
     ("--tp-size", []),
     ("--tp-size", ["--prompt-lookup"]),
-    ("--tp-size", ["--draft-kind", "suffix"]),
-    ("--tp-size", ["--temp", "0.9", "--seed", "7"]),
     ("--tp-size", ["--prompt-lookup", "--temp", "0.9", "--seed", "7"]),
     ("--pp-size", []),
 ])

@@ -194,16 +194,19 @@ def test_logprobs_are_the_targets_own_with_and_without_speculation(tiny):
             assert abs(x.logprob - y.logprob) < 1e-4
             assert [t for t, _ in x.top] == [t for t, _ in y.top] and len(x.top) == 3
             assert x.top[0][0] == x.token and x.top[0][1] >= x.logprob - 1e-6  # greedy: the top token
-        # against a direct forward of the sequence, split as the engine splits it (the prompt but
-        # its last token, then the rest as one block): the row-exact CPU weights multiply blocks of
-        # more than 65 rows in float32 and smaller ones with int8 activations
+        # against a direct forward of the sequence: the prompt but its last token in pieces of at
+        # most 64 (as the engine prefills on the row-exact path: the CPU weights multiply blocks
+        # of more than 65 rows in float32 and smaller ones with int8 activations), then the rest
+        # as one block
         from mlx_lm.models.cache import make_prompt_cache
 
         from mlxcel_py import cpu_kernels
 
         with cpu_kernels.engaged(tiny.model):
             c = make_prompt_cache(tiny.model)
-            mx.eval(tiny.model(mx.array([p[:-1]]), cache=c))
+            chunk = cpu_kernels.prefill_chunk(tiny.model, 512)
+            for i in range(0, len(p) - 1, chunk):
+                mx.eval(tiny.model(mx.array([p[:-1][i : i + chunk]]), cache=c))
             rows = tiny.model(mx.array([p[-1:] + a[:-1]]), cache=c)[0]
         ref = rows - mx.logsumexp(rows, axis=-1, keepdims=True)
         for i, x in enumerate(ga.logprobs_out):

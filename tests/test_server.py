@@ -348,3 +348,77 @@ def test_100_concurrent_clients_get_200_or_503_never_a_5xx_or_a_hang(server):
     assert any(c == 200 for c, _ in results)
     assert all(retry == "1" for c, retry in results if c == 503)
     assert get(url + "/health")["status"] == "ok"
+
+
+def test_prompt_cache_reuses_a_shared_prefix_and_changes_nothing(server):
+    """A resent prompt, and a chat that shares a long system prompt, skip what was prefilled before;
+    the text is what a cold request gets (the row-exact path prefills in exact 64-row pieces)."""
+    url, lines, env = server
+    assert any("prompt cache:" in ln and "8192 MiB" in ln for ln in lines)
+    body = {"prompt": "Name three rivers in Europe and one fact about each.", "n_predict": 24, "temperature": 0}
+    _, first = post(url + "/completion", body)
+    _, again = post(url + "/completion", body)
+    assert again["content"] == first["content"]
+    assert again["timings"]["cache_n"] == again["tokens_evaluated"] - 1
+    system = "You are a careful assistant. " + "Answer in plain words, never in lists. " * 12
+    asks = ["What is a river delta?", "Why is the sea salty?"]
+    replies = []
+    for ask in asks:
+        _, r = post(url + "/v1/chat/completions", {"messages": [{"role": "system", "content": system},
+                                                                {"role": "user", "content": ask}],
+                                                   "max_tokens": 16, "temperature": 0})
+        replies.append(r)
+    cached = replies[1]["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 100, replies[1]["usage"]  # the system prompt came from the cache
+    cold = subprocess.run(mlxcel_cmd() + ["generate", "-p", asks[1], "--system", system, "-n", "16"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert cold.stdout.rstrip("\n") == replies[1]["choices"][0]["message"]["content"].rstrip("\n")
+
+
+def test_metrics_count_requests_tokens_and_drafts(server):
+    url, _, _ = server
+
+    def scrape():
+        with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
+            assert r.headers["Content-Type"].startswith("text/plain")
+            text = r.read().decode()
+        values = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                values[name] = float(value)
+        return values
+
+    before = scrape()
+    _, r = post(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": COPY_PROMPT}],
+                                               "max_tokens": 30, "temperature": 0, "ignore_eos": True})
+    after = scrape()
+    delta = lambda k: after.get(k, 0.0) - before.get(k, 0.0)  # noqa: E731
+    assert r["usage"]["completion_tokens"] == 30 and r["choices"][0]["finish_reason"] == "length"
+    assert delta("mlxcel_tokens_predicted_total") == 30
+    assert delta('mlxcel_requests_total{outcome="length"}') == 1
+    assert delta("mlxcel_prompt_tokens_total") + delta("mlxcel_prompt_tokens_cached_total") > 20
+    assert delta("mlxcel_speculative_rounds_total") > 0 and delta("mlxcel_draft_tokens_accepted_total") > 0
+    assert after["mlxcel_requests_processing"] == 0 and after["mlxcel_prompt_cache_entries"] >= 1
+    assert after["mlxcel_prompt_cache_bytes"] > 0
+
+
+def test_slots_show_the_request_being_decoded(server):
+    import http.client
+
+    url, _, _ = server
+    idle = get(url + "/slots")
+    assert len(idle) == 4 and not any(s["is_processing"] for s in idle) and idle[0]["speculative"] is True
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", "/completion", json.dumps({"prompt": "Count upwards from one:", "n_predict": 400,
+                                                    "stream": True, "ignore_eos": True}),
+                 {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    resp.read1(300)
+    busy = [s for s in get(url + "/slots") if s["is_processing"]]
+    health = get(url + "/health")
+    conn.close()
+    assert len(busy) == 1 and busy[0]["next_token"]["n_decoded"] > 0 and busy[0]["n_ctx"] > 0
+    assert busy[0]["speculating_now"] is True  # alone: under the gate
+    assert health["slots_processing"] == 1 and health["slots_idle"] == 3

@@ -37,12 +37,17 @@ class FakeTokenizer:
         return {str(i): i for i in range(VOCAB)}
 
 
+from mlxcel_py.batch import Gate  # noqa: E402
+
+
 class FakeWorker:
     """Answers every job with the prompt's first characters; records what it was asked."""
 
     def __init__(self, fail: str | None = None):
         self.jobs, self.fail = [], fail
         self.active = self.queue_depth = 0
+        self.parallel = 1
+        self.gate = Gate(2)
         self.warmup_error = None
         self.alive = True
         self.full = False

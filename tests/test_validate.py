@@ -51,6 +51,8 @@ RULES = [
     (["serve", "--spec-type", "none,draft-simple"], "--spec-type none cannot be combined"),
     (["serve", "--spec-type", "draft-simple", "--draft-kind", "dflash"], "--spec-type draft-simple conflicts with --draft-kind dflash"),
     (["serve", "--draft-kind", "prompt-lookup", "--prompt-lookup-max-batch", "0"], "--prompt-lookup-max-batch must be at least 1"),
+    (["serve", "-np", "0"], "--parallel (-np) must be between 1 and 256"),
+    (["serve", "--cache-ram", "-2"], "--cache-ram must be -1 (no limit), 0 (off) or a size in MiB"),
     (["generate", "-p", "x", "--prompt-lookup", "--prompt-lookup-ngram-min", "0"], "--prompt-lookup-ngram-min must be at least 1"),
     (["generate", "-p", "x", "--prompt-lookup", "--prompt-lookup-ngram-max", "17"], "must be at most 16"),
     (["generate", "-p", "x", "--prompt-lookup", "--prompt-lookup-ngram-min", "3", "--prompt-lookup-ngram-max", "2"], "must be >= --prompt-lookup-ngram-min"),
@@ -245,10 +247,10 @@ def test_serve_takes_llama_server_command_lines(monkeypatch, no_loading, tmp_pat
     assert (srv.parallel, srv.ctx_size, srv.threads, srv.kv_unified, srv.log_disable) == (2, 256, 1, True, True)
     assert seen[0].options.generation.max_tokens == 64 and seen[0].options.sampling.temp == 0.7
     assert srv.api_keys == ("a,b", "c") and srv.cors_origins == ("https://x.example", "https://y.example")
-    assert set(srv.ignored) == {"--n-gpu-layers", "--flash-attn", "--cont-batching", "--cache-type-k", "--cache-type-v"}
+    assert set(srv.ignored) == {"--n-gpu-layers", "--flash-attn", "--cache-type-k", "--cache-type-v"}
     warnings = seen[0].warnings
     assert "--n-gpu-layers is a llama.cpp setting that does not apply to MLX; ignored" in warnings
-    assert any(w.startswith("--parallel 2: requests are decoded one at a time") for w in warnings)
+    assert not any("--parallel" in w or "--cont-batching" in w for w in warnings)  # both take effect
     import os
 
     assert os.environ.get("OPENBLAS_NUM_THREADS") == "1"
@@ -261,7 +263,7 @@ def test_serve_takes_llama_server_command_lines(monkeypatch, no_loading, tmp_pat
 
 @pytest.mark.parametrize("argv,message", [
     (["serve", "-c", "-1"], "--ctx-size must be 0 (the model's window) or a positive number of tokens"),
-    (["serve", "-np", "0"], "--parallel (-np) must be at least 1"),
+    (["serve", "-np", "300"], "--parallel (-np) must be between 1 and 256"),
     (["serve", "-t", "0"], "--threads (-t) must be at least 1"),
 ])
 def test_serve_flag_ranges(argv, message, no_loading, monkeypatch, tmp_path):

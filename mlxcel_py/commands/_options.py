@@ -71,7 +71,7 @@ PolicyOpt = Annotated[Optional[str], typer.Option("--prompt-lookup-policy", meta
 
 HostOpt = Annotated[str, typer.Option("--host", help="Address to bind.", rich_help_panel=SERVER)]
 PortOpt = Annotated[int, typer.Option("--port", help="Port; 0 picks a free one (printed at startup).", rich_help_panel=SERVER)]
-MaxBatchOpt = Annotated[int, typer.Option("--prompt-lookup-max-batch", metavar="N", help="Verify rounds run only while at most N requests are active.", rich_help_panel=SERVER)]
+MaxBatchOpt = Annotated[int, typer.Option("--prompt-lookup-max-batch", metavar="N", help="Verify rounds (any drafter) run only while at most N requests are live; above it every request takes the batched plain step (default 2).", rich_help_panel=SERVER)]
 NoBatchOpt = Annotated[bool, typer.Option("--no-batch", help="Serve requests strictly one at a time, with no speculation.", rich_help_panel=SERVER)]
 KvUnifiedOpt = Annotated[bool, typer.Option("--kv-unified", "-kvu", help="Unified KV budget (accepted; turns verify rounds off, as in mlxcel).", rich_help_panel=SERVER)]
 WarmupOpt = Annotated[bool, typer.Option("--warmup/--no-warmup", help="Warm every verify width at startup.", rich_help_panel=SERVER)]
@@ -93,12 +93,13 @@ ServeTempOpt = Annotated[Optional[float], typer.Option("--temp", "--temperature"
 ServeMaxTokensOpt = Annotated[int, typer.Option("--n-predict", "-n", "--predict", "--max-tokens", metavar="N", help="Cap on every request's tokens (a request asking for more gets this many); -1: no cap.", rich_help_panel=GEN)]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", metavar="N", help="CPU threads for matrix products (OpenBLAS and the row-exact kernel); default: all cores.", rich_help_panel=SERVER)]
 CtxSizeOpt = Annotated[int, typer.Option("--ctx-size", "-c", metavar="N", help="Context window in tokens (0: the model's); prompt plus reply never exceed it.", rich_help_panel=SERVER)]
-ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", metavar="N", help="Concurrent sequences (llama-server's slots); requests are decoded one at a time for now.", rich_help_panel=SERVER)]
+CacheRamOpt = Annotated[int, typer.Option("--cache-ram", "-cram", metavar="MIB", help=f"Keep finished requests' KV caches up to this many MiB, so a later prompt sharing a prefix (a resent chat history, a common system prompt) skips it; -1 no limit, 0 off (default {O.DEFAULT_CACHE_RAM_MIB}).", rich_help_panel=SERVER)]
+ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", metavar="N", help=f"Requests decoded together (llama-server's slots; default {O.DEFAULT_PARALLEL}): their plain steps share one batched forward, the rest wait in the queue.", rich_help_panel=SERVER)]
 ShutdownGraceOpt = Annotated[int, typer.Option("--shutdown-grace", metavar="SECONDS", help="On SIGTERM/Ctrl-C, how long requests in flight may finish before they are cancelled.", rich_help_panel=SERVER)]
 LogDisableOpt = Annotated[bool, typer.Option("--log-disable", help="No per-request access line on stderr.", rich_help_panel=SERVER)]
 GpuLayersOpt = Annotated[Optional[str], typer.Option("--n-gpu-layers", "-ngl", "--gpu-layers", metavar="N", help="llama-server's GPU offload (accepted; MLX places the whole model on its device).", rich_help_panel=SERVER)]
 FlashAttnOpt = Annotated[Optional[str], typer.Option("--flash-attn", "-fa", metavar="on|off|auto", help="llama-server's flash attention switch (accepted; MLX picks its own attention kernel).", rich_help_panel=SERVER)]
-ContBatchingOpt = Annotated[bool, typer.Option("--cont-batching", "-cb", help="llama-server's continuous batching switch (accepted; not built yet).", rich_help_panel=SERVER)]
+ContBatchingOpt = Annotated[bool, typer.Option("--cont-batching", "-cb", help="llama-server's continuous batching switch (accepted; batching is on whenever -np is above 1).", rich_help_panel=SERVER)]
 CacheTypeKOpt = Annotated[Optional[str], typer.Option("--cache-type-k", "-ctk", metavar="TYPE", help="llama-server's K cache type (accepted; the KV cache keeps the model's dtype).", rich_help_panel=SERVER)]
 CacheTypeVOpt = Annotated[Optional[str], typer.Option("--cache-type-v", "-ctv", metavar="TYPE", help="llama-server's V cache type (accepted; the KV cache keeps the model's dtype).", rich_help_panel=SERVER)]
 AliasOpt = Annotated[Optional[str], typer.Option("--alias", "-a", help="Model id reported by /v1/models.", rich_help_panel=SERVER)]
@@ -147,12 +148,12 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             no_batch=g("no_batch", False), kv_unified=g("kv_unified", False), warmup=g("warmup", True),
             api_keys=tuple(g("api_key") or ()), api_key_file=g("api_key_file"), alias=g("alias"),
             cors_origins=tuple(o.strip() for o in (g("cors_origins") or "").split(",") if o.strip()),
-            threads=g("threads"), ctx_size=g("ctx_size", 0), parallel=g("parallel", 1), log_disable=g("log_disable", False),
+            threads=g("threads"), ctx_size=g("ctx_size", 0), cache_ram=g("cache_ram", O.DEFAULT_CACHE_RAM_MIB), parallel=g("parallel", 1), log_disable=g("log_disable", False),
             shutdown_grace=g("shutdown_grace", 5),
             # serve: sampling flags left out take the model's generation_config.json, else llama-server's
             sampling_given=tuple(k for k in ("temp", "top_p", "top_k", "min_p") if g(k) is not None),
             ignored=tuple(flag for flag, name in (("--n-gpu-layers", "n_gpu_layers"), ("--flash-attn", "flash_attn"),
-                                                  ("--cont-batching", "cont_batching"), ("--cache-type-k", "cache_type_k"),
+                                                  ("--cache-type-k", "cache_type_k"),
                                                   ("--cache-type-v", "cache_type_v")) if g(name)),
         ),
         parallel=O.ParallelOptions(tp_size=g("tp_size", 1), pp_size=g("pp_size", 1)),
@@ -210,8 +211,8 @@ SERVER_PARAMS = [
     _kw("prompt_lookup_max_batch", MaxBatchOpt, O.DEFAULT_PROMPT_LOOKUP_MAX_BATCH),
     _kw("no_batch", NoBatchOpt, False), _kw("kv_unified", KvUnifiedOpt, False), _kw("warmup", WarmupOpt, True),
     _kw("api_key", ApiKeyOpt, None), _kw("api_key_file", ApiKeyFileOpt, None), _kw("cors_origins", CorsOpt, None),
-    _kw("alias", AliasOpt, None), _kw("threads", ThreadsOpt, None), _kw("ctx_size", CtxSizeOpt, 0),
-    _kw("parallel", ParallelOpt, 1), _kw("log_disable", LogDisableOpt, False),
+    _kw("alias", AliasOpt, None), _kw("threads", ThreadsOpt, None), _kw("ctx_size", CtxSizeOpt, 0), _kw("cache_ram", CacheRamOpt, O.DEFAULT_CACHE_RAM_MIB),
+    _kw("parallel", ParallelOpt, O.DEFAULT_PARALLEL), _kw("log_disable", LogDisableOpt, False),
     _kw("shutdown_grace", ShutdownGraceOpt, 5),
     _kw("n_gpu_layers", GpuLayersOpt, None), _kw("flash_attn", FlashAttnOpt, None),
     _kw("cont_batching", ContBatchingOpt, False), _kw("cache_type_k", CacheTypeKOpt, None),

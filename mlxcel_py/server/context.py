@@ -65,6 +65,11 @@ class ServerContext:
         # the embedding's rows: a config may declare more than the tokenizer has (padding), never fewer
         self.vocab = self.engine.vocab_size or len(self.tokenizer.get_vocab())
         self.fingerprint = "fp_" + hashlib.sha256(f"mlxcel-py {__version__} {self.model_id}".encode()).hexdigest()[:12]
+        from .metrics import Metrics
+
+        self.metrics = Metrics(self.worker, self.engine)
+        if self.worker is not None:
+            self.worker.metrics = self.metrics
 
     # ---- request -> job --------------------------------------------------------------------
     async def parse(self, request: Request, model: type[Body]) -> Body:
@@ -256,7 +261,8 @@ def sse(obj: Any) -> str:
 
 def usage(r: Result) -> dict:
     p = r.stats.prompt_tokens
-    return {"prompt_tokens": p, "completion_tokens": r.stats.generated_tokens, "total_tokens": p + r.stats.generated_tokens}
+    return {"prompt_tokens": p, "completion_tokens": r.stats.generated_tokens, "total_tokens": p + r.stats.generated_tokens,
+            "prompt_tokens_details": {"cached_tokens": r.stats.cached_tokens}}
 
 
 def timings(stats: Any) -> dict:

@@ -117,10 +117,26 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         line = line.rstrip(")") + f", max_batch={srv.prompt_lookup_max_batch})"
     if draft.enabled and not speculative:
         line += " [verify rounds off: " + ("--no-batch" if srv.no_batch else "--kv-unified") + "]"
-    worker = Worker(session.engine, session.tokenizer, speculative_allowed=speculative)
+    if srv.cache_ram != 0 and world is None:
+        session.engine.keep_prompts(None if srv.cache_ram < 0 else srv.cache_ram * 2**20)
+        say("prompt cache: finished requests' caches kept for prompts that share a prefix, "
+            + ("no size limit" if srv.cache_ram < 0 else f"up to {srv.cache_ram} MiB") + " (--cache-ram)")
+    elif srv.cache_ram != 0:  # each follower rank keeps caches for a few sequences only
+        say("prompt cache: off under --tp-size/--pp-size")
+    # a distributed run mirrors one sequence's forwards at a time (its followers keep few caches)
+    parallel = 1 if srv.no_batch or world is not None else srv.parallel
+    if world is not None and srv.parallel > 1:
+        say(f"slots: 1 under {opts.parallel.flag} (-np {srv.parallel} applies to one-process servers)")
+    session.engine.private_drafters = parallel > 1
+    worker = Worker(session.engine, session.tokenizer, speculative_allowed=speculative, parallel=parallel,
+                    max_batch=srv.prompt_lookup_max_batch)
     worker.start(warmup=srv.warmup)
     if worker.warmup_error:
         warn(f"warmup failed: {worker.warmup_error}")
+    if parallel > 1:
+        how = worker.probe.detail if worker.probe is not None else "one forward per sequence"
+        say(f"slots: {parallel} requests decoded together (-np); plain steps batched: {how}"
+            + (f"; verify rounds while at most {srv.prompt_lookup_max_batch} are live" if speculative else ""))
     model_id = srv.alias or (DEFAULT_MODEL_NAME if opts.model.model is None else session.target.resolved.path.name)
     defaults = server_sampling(opts.sampling, srv.sampling_given, session.target.resolved.path)
     say(f"default sampling: temp {defaults.temp:g}, top-p {defaults.top_p:g}, top-k {defaults.top_k}, "

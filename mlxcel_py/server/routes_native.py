@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from .context import LOADING, ServerContext, ctx_of, timings
 from .schemas import DetokenizeRequest, NativeCompletionRequest, TokenizeRequest
@@ -30,9 +30,40 @@ async def health(request: Request):
     if not w.alive:
         why = f"warmup failed: {w.warmup_error}" if w.warmup_error else "the model worker stopped"
         return JSONResponse({"error": {"code": 503, "message": why, "type": "unavailable_error"}}, status_code=503)
-    return {"status": "ok", "model": ctx.model_id,
-            "batch": {"active_sequences": w.active, "queue_depth": w.queue_depth, "max_batch_size": 1},
+    return {"status": "ok", "model": ctx.model_id, "slots_idle": w.parallel - w.active, "slots_processing": w.active,
+            "batch": {"active_sequences": w.active, "queue_depth": w.queue_depth, "max_batch_size": w.parallel,
+                      "speculating": w.gate.open},
             "context_size": ctx.engine.context_length}
+
+
+@router.get("/slots")
+async def slots(request: Request):
+    """llama-server's slot list: one entry per -np slot, what it is decoding."""
+    ctx = ctx_of(request)
+    w = ctx.worker
+    out = []
+    for i, slot in enumerate(list(w.slots)):
+        gen = slot.gen if slot is not None else None
+        job = slot.job if slot is not None else None
+        out.append({
+            "id": i, "n_ctx": ctx.engine.context_length, "is_processing": slot is not None,
+            "speculative": bool(w.speculative_allowed and ctx.engine.draft.enabled),
+            "speculating_now": bool(slot is not None and w.speculative_allowed and ctx.engine.draft.enabled
+                                    and w.gate.open),
+            "n_prompt_tokens": len(job.prompt) if job is not None else 0,
+            "n_cached_tokens": gen.stats.cached_tokens if gen is not None else 0,
+            "next_token": {"has_next_token": slot is not None, "n_decoded": len(gen.tokens) if gen is not None else 0,
+                           "n_remain": (job.max_tokens - len(gen.tokens)) if gen is not None else -1},
+        })
+    return out
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    from .metrics import CONTENT_TYPE
+
+    ctx = ctx_of(request)
+    return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
 
 
 @router.post("/tokenize")

@@ -1,10 +1,15 @@
-"""One MLX worker thread behind a bounded queue; requests stream events back to the asyncio side.
+"""One MLX worker thread behind a bounded queue, decoding up to `-np` requests together.
 
-All model work (warmup included) runs on this thread, one request at a time, so concurrent
-clients are served in order without sharing caches. A client that disconnects (streaming or not)
-sets its job's cancel flag: a queued job is skipped, a running one stops between prefill chunks or
-at the next token and frees the worker. Beyond `max_queue` waiting jobs, `submit` refuses at once
-(`Busy`, a 503 with Retry-After) instead of letting the queue grow without bound.
+All model work (warmup included) runs on this thread. Each tick it admits waiting jobs into free
+slots, then gives every live slot its turn: a new request prefills one chunk, a speculating one
+runs one verify round on its own, and the rest ask for a plain step; those steps then run as one
+batched forward (`batch.batched_step`; one forward per sequence where the model cannot batch).
+Verify rounds run only while at most `--prompt-lookup-max-batch` requests are live (`batch.Gate`).
+A request owns its cache while it runs (the engine's prompt cache hands finished ones on).
+
+A client that disconnects (streaming or not) sets its job's cancel flag: a queued job is skipped,
+a running one stops at its next turn and frees its slot. Beyond `max_queue` waiting jobs, `submit`
+refuses at once (`Busy`, a 503 with Retry-After) instead of letting the queue grow without bound.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ class Job:
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
+    generation: Any = None  # engine.Generation while it runs (/slots reads its progress)
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -57,18 +63,38 @@ class Busy(Exception):
 MAX_QUEUE = 64
 
 
+@dataclass
+class Slot:
+    """One live request: its job, generation, text stream and progress."""
+
+    id: int
+    job: Job
+    gen: Any  # engine.Generation
+    stream: TextStream
+    pieces: Any  # iterator over the stream
+    sent: int = 0  # logprobs already emitted
+
+
 class Worker:
-    def __init__(self, engine: Any, tokenizer: Any, *, speculative_allowed: bool = True, max_queue: int = MAX_QUEUE):
+    def __init__(self, engine: Any, tokenizer: Any, *, speculative_allowed: bool = True, max_queue: int = MAX_QUEUE,
+                 parallel: int = 1, max_batch: int = 2):
+        from ..batch import Gate
+
         self.engine = engine
         self.tokenizer = tokenizer
         self.speculative_allowed = speculative_allowed
         self.max_queue = max_queue
-        self.current: Job | None = None
+        self.parallel = max(1, parallel)
+        self.gate = Gate(max_batch)
+        self.probe = None  # batch.Probe, at start when parallel > 1
+        self.slots: list[Slot | None] = [None] * self.parallel
+        self.metrics = None  # metrics.Metrics: every ended request is counted
         self.jobs: queue.Queue[Job | None] = queue.Queue()
-        self.active = 0
         self.served = 0
+        self.steps = {"batched": 0, "rows": 0}  # batched forwards and the rows they carried
         self.ready = threading.Event()
         self.warmup_error: str | None = None
+        self._stopping = False
         self.thread = threading.Thread(target=self._loop, name="mlx-worker", daemon=True)
 
     def start(self, warmup: bool) -> None:
@@ -82,6 +108,15 @@ class Worker:
         return self.thread.is_alive() and self.warmup_error is None
 
     @property
+    def active(self) -> int:
+        return sum(s is not None for s in self.slots)
+
+    @property
+    def current(self) -> Job | None:
+        live = [s for s in self.slots if s is not None]
+        return live[0].job if live else None
+
+    @property
     def queue_depth(self) -> int:
         return self.jobs.qsize()
 
@@ -90,49 +125,133 @@ class Worker:
         job.loop.call_soon_threadsafe(job.events.put_nowait, (kind, payload))
 
     def _loop(self) -> None:
+        from ..batch import probe
+
         try:
             if self._warmup:
                 self.engine.warmup()
+            if self.parallel > 1 and self.engine.channel is None:
+                self.probe = probe(self.engine.model, self.engine.vocab_size or 2)
         except Exception as exc:  # pragma: no cover - reported at startup
             self.warmup_error = str(exc)
         self.ready.set()
         while True:
-            job = self.jobs.get()
-            if job is None:
+            if not self._admit():
                 return
+            live = [s for s in self.slots if s is not None]
+            if not live:
+                continue
+            self.gate.tick(len(live))
+            for slot in live:
+                self._turn(slot)
+            self._step([s for s in live if self.slots[s.id] is s and s.gen.step_request is not None])
+
+    def _admit(self) -> bool:
+        """Fill free slots from the queue (waiting for one job when nothing is live); False to stop."""
+        while None in self.slots:
+            idle = all(s is None for s in self.slots)
+            if idle and self._stopping:
+                return False
+            try:
+                job = self.jobs.get() if idle and not self._stopping else self.jobs.get_nowait()
+            except queue.Empty:
+                return True
+            if job is None:
+                self._stopping = True
+                for s in self.slots:
+                    if s is not None:
+                        s.job.cancel()
+                if idle:
+                    return False
+                continue
             if job.cancelled.is_set():
                 continue
-            self.active = 1
-            self.current = job
-            try:
-                self._run(job)
-            except Exception as exc:
-                self._emit(job, "error", f"{type(exc).__name__}: {exc}")
-                if distributed.is_lost_contact(exc):  # the model is gone with that rank: stop serving
-                    sys.stderr.write(f"error: {distributed.lost(exc, 0).message}\n")
-                    os.kill(os.getpid(), signal.SIGTERM)
-            finally:
-                self.active = 0
-                self.current = None
-                self.served += 1
+            self._start(self.slots.index(None), job)
+        return True
 
-    def _run(self, job: Job) -> None:
+    def _start(self, i: int, job: Job) -> None:
         spec = self.speculative_allowed
         gen = self.engine.generate(job.prompt, max_tokens=job.max_tokens, sampling=job.sampling, speculative=spec,
-                                   ignore_eos=job.ignore_eos, cancelled=job.cancelled.is_set, logprobs=job.logprobs)
+                                   ignore_eos=job.ignore_eos, cancelled=job.cancelled.is_set, logprobs=job.logprobs,
+                                   gate=self.gate)
+        job.generation = gen
         stream = TextStream(gen, self.tokenizer, job.stop)
-        sent = 0
-        for piece in stream:
-            if job.cancelled.is_set():
-                break
-            if job.logprobs is not None:  # the logprobs of the tokens this piece completes
-                self._emit(job, "logprobs", gen.logprobs_out[sent : piece.tokens])
-                sent = piece.tokens
-            self._emit(job, "text", piece)
-        stream.generation.close()
+        self.slots[i] = Slot(i, job, gen, stream, iter(stream))
+
+    def _turn(self, slot: Slot) -> None:
+        """Run one slot until it asks for a plain step, pauses or ends; its text goes out as it comes."""
+        from ..engine import NEED_STEP, PAUSE
+
+        job = slot.job
+        try:
+            while True:
+                if job.cancelled.is_set():
+                    self._finish(slot)
+                    return
+                try:
+                    item = next(slot.pieces)
+                except StopIteration:
+                    self._finish(slot)
+                    return
+                if item is PAUSE or item is NEED_STEP:
+                    return
+                if job.logprobs is not None:  # the logprobs of the tokens this piece completes
+                    self._emit(job, "logprobs", slot.gen.logprobs_out[slot.sent : item.tokens])
+                    slot.sent = item.tokens
+                self._emit(job, "text", item)
+        except Exception as exc:
+            self._fail(slot, exc)
+
+    def _step(self, wanting: list[Slot]) -> None:
+        """The plain steps the live slots asked for: one batched forward (or one per sequence)."""
+        from ..batch import batched_step, solo_steps
+
+        if not wanting:
+            return
+        seqs = [s.gen.step_request[0] for s in wanting]
+        tokens = [s.gen.step_request[1] for s in wanting]
+        try:
+            if len(wanting) > 1 and self.probe is not None and self.probe.batches:
+                logits = batched_step(self.engine.model, seqs, tokens)
+                self.steps["batched"] += 1
+                self.steps["rows"] += len(wanting)
+            else:
+                logits = solo_steps(seqs, tokens)
+        except Exception as exc:
+            for s in wanting:
+                self._fail(s, exc)
+            return
+        for b, s in enumerate(wanting):
+            s.gen.step_result = logits[b : b + 1]
+
+    def _finish(self, slot: Slot) -> None:
+        job, gen, stream = slot.job, slot.gen, slot.stream
+        slot.pieces.close()
+        gen.close()
         finish = stream.finish_reason or ("cancelled" if job.cancelled.is_set() else "stop")
-        self._emit(job, "done", Result(stream.text, list(gen.tokens), finish, stream.stop_word, gen.stats, spec,
-                                       list(gen.logprobs_out)))
+        if self.metrics is not None:
+            self.metrics.record(gen.stats, "cancelled" if job.cancelled.is_set() else finish)
+        self._emit(job, "done", Result(stream.text, list(gen.tokens), finish, stream.stop_word, gen.stats,
+                                       self.speculative_allowed, list(gen.logprobs_out)))
+        self._free(slot)
+
+    def _fail(self, slot: Slot, exc: Exception) -> None:
+        self._emit(slot.job, "error", f"{type(exc).__name__}: {exc}")
+        if self.metrics is not None:
+            self.metrics.record(None, "error")
+        try:
+            slot.gen.close()
+        except Exception:
+            pass
+        self._free(slot)
+        if distributed.is_lost_contact(exc):  # the model is gone with that rank: stop serving
+            sys.stderr.write(f"error: {distributed.lost(exc, 0).message}\n")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def _free(self, slot: Slot) -> None:
+        if self.slots[slot.id] is slot:
+            self.slots[slot.id] = None
+            self.served += 1
 
     def admit(self, job: Job) -> None:
         """Queue a job, or refuse it at once when `max_queue` jobs already wait."""
@@ -155,9 +274,10 @@ class Worker:
             job.cancel()
 
     def cancel_all(self) -> None:
-        """Shutdown: every queued job is skipped and the running one stops at its next check."""
-        if self.current is not None:
-            self.current.cancel()
+        """Shutdown: every queued job is skipped and the running ones stop at their next turn."""
+        for slot in list(self.slots):
+            if slot is not None:
+                slot.job.cancel()
         for job in list(self.jobs.queue):
             if job is not None:
                 job.cancel()

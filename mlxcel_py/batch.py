@@ -1,0 +1,129 @@
+"""Several sequences' plain decode steps in one forward (`serve -np N`), each row exactly its own.
+
+The model's own forward runs on a (B, 1) block of next tokens. Every layer gets a `RowCaches`
+standing for the B sequences' caches of that layer: rope reads the per-row offsets as an array,
+`update_and_fetch` writes each row into its own sequence's cache and hands back the per-sequence
+keys and values, and the attention dispatcher (`cpu_kernels.scaled_dot_product_attention`, which
+the model's module calls by name) attends each row over its own sequence alone, with the same
+call a one-sequence decode step makes. Everything else (norms, projections, the MLP, the output
+layer) is one batched op over B rows. No padding, no mask: a row never sees another sequence.
+
+Exactness: on the row-exact CPU path (`cpu_weights`) every matmul row is bit-identical whatever
+the block, and the attention is the same one-row call, so a sequence's logits in a batch equal its
+solo decode step bit for bit. `probe` checks that on the loaded model before a server batches (two
+sequences of different lengths, batched against solo) and says which it is: exact, differing by
+a measured amount (float32 BLAS rows can change in the last bits with the block height), or not
+batchable (the architecture's rope or attention does not take per-row offsets); the last falls
+back to one forward per sequence.
+
+Speculation under load (`Gate`): verify rounds run only while at most `max_batch` sequences are
+live (mlxcel's `--prompt-lookup-max-batch`); above it every row takes the batched plain step. The
+gate closes at once when load rises and reopens only after REOPEN_TICKS consecutive ticks at or
+below the limit, so a queue that hovers around the limit does not flap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import mlx.core as mx
+
+from . import cpu_kernels
+from .cache import SequenceCache
+
+REOPEN_TICKS = 16
+
+
+class RowCaches:
+    """One layer's caches of B sequences, as one cache for a batched one-token step."""
+
+    def __init__(self, caches: Sequence[Any]):
+        self.caches = list(caches)
+        self.offset = mx.array([c.offset for c in self.caches], dtype=mx.int32)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        got = [c.update_and_fetch(keys[b : b + 1], values[b : b + 1]) for b, c in enumerate(self.caches)]
+        return [k for k, _ in got], [v for _, v in got]
+
+
+def batched_step(model: Any, seqs: Sequence[SequenceCache], tokens: Sequence[int]) -> mx.array:
+    """Feed one token to each sequence in one forward; returns logits (B, V), row b for seqs[b]."""
+    layers = [RowCaches([s.layers[i] for s in seqs]) for i in range(len(seqs[0].layers))]
+    x = mx.array([[t] for t in tokens], dtype=mx.int32)
+    with cpu_kernels.engaged(model):
+        logits = model(x, cache=layers)[:, 0, :]
+    for s, t in zip(seqs, tokens):
+        s.appended([t])
+        s._last_write = 1
+    return logits
+
+
+def solo_steps(seqs: Sequence[SequenceCache], tokens: Sequence[int]) -> mx.array:
+    """The fallback: one forward per sequence, in turn."""
+    return mx.concatenate([s.feed([t]) for s, t in zip(seqs, tokens)], axis=0)
+
+
+@dataclass(frozen=True)
+class Probe:
+    mode: str  # "exact" | "inexact" | "solo"
+    detail: str
+
+    @property
+    def batches(self) -> bool:
+        return self.mode != "solo"
+
+
+def probe(model: Any, vocab: int) -> Probe:
+    """Batched rows against solo steps on this model, before any request depends on it."""
+    if not cpu_kernels.install_dispatch(model):
+        return Probe("solo", "the architecture does not call mlx-lm's attention by name")
+    ids = [[(7 * i + 3) % vocab for i in range(n)] for n in (5, 9, 2)]
+
+    def fresh():
+        out = []
+        for seq in ids:
+            c = SequenceCache(model)
+            c.prefill(seq[:-1])
+            out.append(c)
+        return out
+
+    solo = fresh()
+    want = [s.feed(seq[-1:]) for s, seq in zip(solo, ids)]
+    want2 = [s.feed([1]) for s in solo]
+    batch = fresh()
+    try:
+        got = batched_step(model, batch, [seq[-1] for seq in ids])
+        got2 = batched_step(model, batch, [1] * len(ids))
+        mx.eval(got, got2)
+    except Exception as exc:  # rope or attention without per-row offsets
+        return Probe("solo", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": "))
+    diff = 0.0
+    for b in range(len(ids)):
+        for w, g in ((want[b], got[b : b + 1]), (want2[b], got2[b : b + 1])):
+            diff = max(diff, mx.max(mx.abs(w.astype(mx.float32) - g.astype(mx.float32))).item())
+    if diff == 0.0:
+        return Probe("exact", "batched rows equal solo decode steps bit for bit")
+    return Probe("inexact", f"batched rows differ from solo steps by up to {diff:.2g} (float rounding); "
+                            f"greedy output can differ where two logits are that close")
+
+
+class Gate:
+    """Verify rounds allowed while live <= max_batch; closes at once, reopens after a calm spell."""
+
+    def __init__(self, max_batch: int):
+        self.max_batch = max_batch
+        self.open = True
+        self._calm = 0
+        self.closings = 0
+
+    def tick(self, live: int) -> bool:
+        if live > self.max_batch:
+            if self.open:
+                self.closings += 1
+            self.open, self._calm = False, 0
+        elif not self.open:
+            self._calm += 1
+            if self._calm >= REOPEN_TICKS:
+                self.open = True
+        return self.open

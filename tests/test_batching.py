@@ -1,0 +1,146 @@
+"""Batched decoding in `serve -np N`: rows equal solo steps, outputs equal solo outputs under 2, 4
+and 8 concurrent clients, and speculation gated by the number of live requests."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from mlxcel_py import batch
+from mlxcel_py.cache import SequenceCache
+
+from test_server import COPY_PROMPT, get, post, start_server
+
+
+def test_batched_rows_equal_solo_steps_bit_for_bit(real, tiny):
+    """The default model on the row-exact path, and a tiny llama: a batch of sequences of
+    different lengths gives each row exactly its solo decode step (what `probe` checks at start)."""
+    for loaded in (real, tiny):
+        p = batch.probe(loaded.model, loaded.vocab_size)
+        assert p.mode == "exact", p.detail
+    seqs = []
+    for n in (3, 17, 40):
+        c = SequenceCache(real.model)
+        c.prefill(list(range(200, 200 + n)))
+        seqs.append(c)
+    got = batch.batched_step(real.model, seqs, [11, 12, 13])
+    assert [len(c.tokens) for c in seqs] == [4, 18, 41]
+    for i, n in enumerate((3, 17, 40)):
+        c = SequenceCache(real.model)
+        c.prefill(list(range(200, 200 + n)))
+        want = c.feed([11 + i])
+        assert (want == got[i : i + 1]).all().item()
+
+
+def test_the_gate_closes_at_once_and_reopens_after_a_calm_spell():
+    g = batch.Gate(2)
+    assert g.tick(1) and g.tick(2)
+    assert not g.tick(3)
+    for _ in range(batch.REOPEN_TICKS - 1):
+        assert not g.tick(2)
+    assert g.tick(1) and g.closings == 1
+    assert not g.tick(5) and g.closings == 2
+
+
+@pytest.fixture(scope="module")
+def server8(tmp_path_factory):
+    import os
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path_factory.mktemp("cfg")))
+    proc, url, lines = start_server(env, "--draft-kind", "prompt-lookup", "-np", "8", "--cache-ram", "0")
+    yield url, lines
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def _chat(url: str, prompt: str, n: int = 24) -> dict:
+    _, r = post(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}],
+                                               "max_tokens": n, "temperature": 0})
+    return r
+
+
+def _together(url: str, prompts: list[str], n: int = 24) -> list[dict]:
+    out: list = [None] * len(prompts)
+
+    def one(i):
+        out[i] = _chat(url, prompts[i], n)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+@pytest.mark.real
+def test_concurrent_clients_get_exactly_their_solo_output(server8, workloads):
+    """2 clients (verify rounds: at most 2 live), 4 and 8 (batched plain steps): every greedy reply
+    equals the reply the same request got alone. `--cache-ram 0`: nothing is reused between them."""
+    url, lines = server8
+    assert any("slots: 8 requests decoded together" in ln and "bit for bit" in ln for ln in lines)
+    prompts = [w["prompt"] for w in workloads[:8]]
+    alone = [_chat(url, p) for p in prompts]
+    assert sum(r["timings"].get("draft_rounds", 0) for r in alone) > 0
+    for clients in (2, 4, 8):
+        got = _together(url, prompts[:clients])
+        for i, r in enumerate(got):
+            assert r["choices"][0]["message"]["content"] == alone[i]["choices"][0]["message"]["content"], (clients, i)
+    assert get(url + "/health")["batch"]["max_batch_size"] == 8
+
+
+@pytest.mark.real
+def test_speculation_switches_off_above_the_gate_and_back_on_below(server8):
+    url, _ = server8
+    lone = _chat(url, COPY_PROMPT, 48)
+    assert lone["timings"]["draft_rounds"] > 0
+    seen = []
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            h = get(url + "/health")
+            seen.append((h["batch"]["active_sequences"], h["batch"]["speculating"]))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    crowd = _together(url, [COPY_PROMPT + f" ({i})" for i in range(5)], 48)
+    stop.set()
+    watcher.join()
+    assert any(active >= 3 and not speculating for active, speculating in seen)
+    assert not any(active >= 3 and speculating for active, speculating in seen)
+    # per request: the rounds counted are the verify rounds that ran (few or none while the gate was shut)
+    assert sum(r["timings"].get("draft_rounds", 0) for r in crowd) < 5 * lone["timings"]["draft_rounds"] / 2
+    again = _chat(url, COPY_PROMPT, 48)  # alone again: the gate reopens after its calm spell
+    assert again["timings"]["draft_rounds"] > 0
+    assert again["choices"][0]["message"]["content"] == lone["choices"][0]["message"]["content"]
+    slots = json.loads(urllib.request.urlopen(url + "/slots", timeout=30).read())
+    assert len(slots) == 8 and not any(s["is_processing"] for s in slots)
+
+
+@pytest.mark.real
+def test_a_seeded_sampled_request_draws_the_same_beside_others(server8):
+    """Position-keyed draws: a seeded request samples the same tokens whatever else is decoding."""
+    url, _ = server8
+    body = {"messages": [{"role": "user", "content": "Invent a name for a cat."}], "max_tokens": 20,
+            "temperature": 0.9, "seed": 1234}
+    _, alone = post(url + "/v1/chat/completions", body)
+    out: dict = {}
+
+    def seeded():
+        out["r"] = post(url + "/v1/chat/completions", body)[1]
+
+    t = threading.Thread(target=seeded)
+    others = [threading.Thread(target=_chat, args=(url, f"Write a short poem about the number {i}.", 30))
+              for i in range(4)]
+    for th in others:
+        th.start()
+    t.start()
+    for th in others + [t]:
+        th.join()
+    assert out["r"]["choices"][0]["message"]["content"] == alone["choices"][0]["message"]["content"]
