@@ -47,21 +47,55 @@ class RowCaches:
         return [k for k, _ in got], [v for _, v in got]
 
 
-def batched_step(model: Any, seqs: Sequence[SequenceCache], tokens: Sequence[int]) -> mx.array:
-    """Feed one token to each sequence in one forward; returns logits (B, V), row b for seqs[b]."""
+def batched_forward(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]]) -> list[mx.array]:
+    """Feed blocks[b] to seqs[b]; returns each block's logits rows (len_b, V).
+
+    One forward per group of sequences whose padded rows fit the row-exact kernel (at most 64 on
+    that path: a wider block would go through float32 BLAS, whose rows are not exact); elsewhere
+    one forward for all."""
+    limit = cpu_kernels.prefill_chunk(model, 1 << 30)
+    out: list[mx.array] = []
+    start = 0
+    while start < len(seqs):
+        end, width = start, 0
+        while end < len(seqs) and (end - start + 1) * max(width, len(blocks[end])) <= max(limit, len(blocks[end])):
+            width = max(width, len(blocks[end]))
+            end += 1
+        end = max(end, start + 1)
+        out += _forward(model, seqs[start:end], blocks[start:end])
+        start = end
+    return out
+
+
+def _forward(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]]) -> list[mx.array]:
+    """One forward of all `blocks`. Blocks of unequal length (a verify round beside plain steps)
+    are padded at their end with their last token; padded rows come after the real ones, so
+    causal attention keeps them out of every real row, and they are trimmed from the caches
+    afterwards (trim-only caches: `probe`)."""
+    width = max(len(b) for b in blocks)
     layers = [RowCaches([s.layers[i] for s in seqs]) for i in range(len(seqs[0].layers))]
-    x = mx.array([[t] for t in tokens], dtype=mx.int32)
+    x = mx.array([list(b) + [b[-1]] * (width - len(b)) for b in blocks], dtype=mx.int32)
     with cpu_kernels.engaged(model):
-        logits = model(x, cache=layers)[:, 0, :]
-    for s, t in zip(seqs, tokens):
-        s.appended([t])
-        s._last_write = 1
-    return logits
+        logits = model(x, cache=layers)
+    out = []
+    for i, (s, b) in enumerate(zip(seqs, blocks)):
+        if len(b) < width:
+            for c in s.layers:
+                c.trim(width - len(b))
+        s.appended(list(b))
+        s._last_write = len(b)
+        out.append(logits[i, : len(b)])
+    return out
 
 
-def solo_steps(seqs: Sequence[SequenceCache], tokens: Sequence[int]) -> mx.array:
+def batched_step(model: Any, seqs: Sequence[SequenceCache], tokens: Sequence[int]) -> mx.array:
+    """One token for each sequence in one forward; logits (B, V), row b for seqs[b]."""
+    return mx.concatenate(batched_forward(model, seqs, [[t] for t in tokens]), axis=0)
+
+
+def solo_forward(seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]]) -> list[mx.array]:
     """The fallback: one forward per sequence, in turn."""
-    return mx.concatenate([s.feed([t]) for s, t in zip(seqs, tokens)], axis=0)
+    return [s.feed(list(b)) for s, b in zip(seqs, blocks)]
 
 
 @dataclass(frozen=True)
@@ -78,6 +112,8 @@ def probe(model: Any, vocab: int) -> Probe:
     """Batched rows against solo steps on this model, before any request depends on it."""
     if not cpu_kernels.install_dispatch(model):
         return Probe("solo", "the architecture does not call mlx-lm's attention by name")
+    if not SequenceCache(model).trim_only:
+        return Probe("solo", "its caches are not all plain KV caches (padded rows are trimmed away)")
     ids = [[(7 * i + 3) % vocab for i in range(n)] for n in (5, 9, 2)]
 
     def fresh():
@@ -88,19 +124,19 @@ def probe(model: Any, vocab: int) -> Probe:
             out.append(c)
         return out
 
+    # a plain step for each, then a verify-like block of 3 beside two plain steps (padding)
+    rounds = [[seq[-1:] for seq in ids], [[1, 2, 3], [1], [4]]]
     solo = fresh()
-    want = [s.feed(seq[-1:]) for s, seq in zip(solo, ids)]
-    want2 = [s.feed([1]) for s in solo]
+    want = [[s.feed(b) for s, b in zip(solo, blocks)] for blocks in rounds]
     batch = fresh()
     try:
-        got = batched_step(model, batch, [seq[-1] for seq in ids])
-        got2 = batched_step(model, batch, [1] * len(ids))
-        mx.eval(got, got2)
+        got = [batched_forward(model, batch, blocks) for blocks in rounds]
+        mx.eval(got)
     except Exception as exc:  # rope or attention without per-row offsets
         return Probe("solo", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": "))
     diff = 0.0
-    for b in range(len(ids)):
-        for w, g in ((want[b], got[b : b + 1]), (want2[b], got2[b : b + 1])):
+    for w_round, g_round in zip(want, got):
+        for w, g in zip(w_round, g_round):
             diff = max(diff, mx.max(mx.abs(w.astype(mx.float32) - g.astype(mx.float32))).item())
     if diff == 0.0:
         return Probe("exact", "batched rows equal solo decode steps bit for bit")

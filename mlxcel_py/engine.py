@@ -23,7 +23,7 @@ from .options import DraftConfig, SamplingOptions
 from .policy import make_policy
 from .sampling import Decider
 from .stats import GenerationStats
-from .verify import RULE_GREEDY, RULE_PQ, RULE_SAMPLER_MATCH, verify_round
+from .verify import RULE_GREEDY, RULE_PQ, RULE_SAMPLER_MATCH, judge, verify_round
 
 @dataclass(frozen=True)
 class TokenEvent:
@@ -33,8 +33,9 @@ class TokenEvent:
 
 class Tick:
     """What a scheduled Generation yields besides TokenEvents (see `batch`): PAUSE after a prefill
-    chunk or a verify round (its turn is over for this tick), NEED_STEP when its next plain
-    decode step waits in `step_request` for the scheduler's batched forward (`step_result`)."""
+    chunk (its turn is over for this tick), NEED_STEP when its next forward (a plain step, or a
+    verify round's block) waits in `step_request` for the scheduler's batched forward, whose rows
+    come back in `step_result`."""
 
     def __init__(self, name: str):
         self.name = name
@@ -207,7 +208,14 @@ class Generation:
                             shadow, shadow_pos = drafter.shadow(policy.shadow_len), len(history)
                 if draft:
                     tv = time.perf_counter()
-                    verdict = verify_round(cache, history, draft, decider, q)
+                    if self.gate is None:
+                        verdict = verify_round(cache, history, draft, decider, q)
+                    else:  # the block goes into the scheduler's batched forward with the others' steps
+                        cache.mark()
+                        self.step_request = (cache, [history[-1], *draft])
+                        yield NEED_STEP
+                        logits, self.step_request, self.step_result = self.step_result, None, None
+                        verdict = judge(cache, history, draft, decider, q, logits)
                     dt = time.perf_counter() - tv
                     st.verify_s += dt
                     policy.timed(len(draft) + 1, dt)
@@ -225,7 +233,7 @@ class Generation:
                     if self.gate is None:
                         logits = cache.feed(history[-1:])
                     else:  # the scheduler feeds it, with the other sequences' steps, in one forward
-                        self.step_request = (cache, history[-1])
+                        self.step_request = (cache, history[-1:])
                         yield NEED_STEP
                         logits, self.step_request, self.step_result = self.step_result, None, None
                     new, n_from_draft = decider.decide(logits, history, history[-1:]), 0
@@ -262,8 +270,6 @@ class Generation:
                         shadow = []
                 if drafter is not None:
                     drafter.commit(history)
-                if draft and self.gate is not None:
-                    yield PAUSE  # one verify round per tick: the other sequences' steps wait for it
             self.finish_reason = "length"
         finally:
             st.decode_s = time.perf_counter() - t_decode

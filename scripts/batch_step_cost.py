@@ -1,10 +1,12 @@
-"""Cost of one batched plain decode step (`batch.batched_step`) against a single sequence's step.
+"""Cost of one batched forward (`batch.batched_forward`) against one sequence's, on this machine.
 
-For B = 1, 2, 4, 8, 16 sequences (60-token contexts) on the default model (or -m MODEL), times a
-step (median of --steps) and the part spent in the row-exact matmul kernel, and prints tokens per
-second, the step's cost relative to one sequence's and the batch's speedup. Usage:
+Plain steps: for B = 1, 2, 4, 8, 16 sequences (60-token contexts) on the default model (or
+-m MODEL), a step's time (median of --steps) and the part spent in the row-exact matmul kernel,
+tokens per second, the step's cost relative to one sequence's and the batch's speedup.
+With --verify also verify blocks: B sequences x W rows verified in turn (one forward each, as
+round-robin rounds do) against one batched forward. Usage:
 
-    python scripts/batch_step_cost.py [-m MODEL] [--steps 10]
+    python scripts/batch_step_cost.py [-m MODEL] [--steps 10] [--verify]
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-m", "--model")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--verify", action="store_true")
     a = ap.parse_args()
     m = loading.load(loading.resolve(a.model))
     print(f"weights: {m.dtype}; {batch.probe(m.model, m.vocab_size or 2).detail}")
@@ -60,6 +63,37 @@ def main() -> None:
         t, k = statistics.median(times), statistics.median(kern)
         base = base or t
         print(f"| {B} | {t * 1000:.1f} | {k * 1000:.1f} | {B / t:.1f} | {t / base:.2f}x | {B * base / t:.2f}x |")
+    if a.verify:
+        verify_blocks(m.model, a.steps)
+
+
+def verify_blocks(model, steps: int) -> None:
+    print("\n| sequences x rows | in turn ms | batched ms | batched speedup |")
+    print("|---|---|---|---|")
+    for B in (2, 4, 8):
+        for W in (1, 4, 8):
+            seqs = []
+            for b in range(B):
+                c = SequenceCache(model)
+                c.prefill(list(range(100 + b, 160 + b)))
+                seqs.append(c)
+            blocks = [[5 + i for i in range(W)] for _ in range(B)]
+            turn, together = [], []
+            for i in range(steps + 2):
+                t0 = time.perf_counter()
+                for s, blk in zip(seqs, blocks):
+                    mx.eval(s.feed(blk))
+                    s.truncate(len(s.tokens) - W)
+                t1 = time.perf_counter()
+                mx.eval(batch.batched_forward(model, seqs, blocks))
+                t2 = time.perf_counter()
+                for s in seqs:
+                    s.truncate(len(s.tokens) - W)
+                if i >= 2:
+                    turn.append(t1 - t0)
+                    together.append(t2 - t1)
+            a, b = statistics.median(turn), statistics.median(together)
+            print(f"| {B} x {W} | {a * 1000:.1f} | {b * 1000:.1f} | {a / b:.2f}x |")
 
 
 if __name__ == "__main__":

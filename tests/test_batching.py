@@ -29,11 +29,29 @@ def test_batched_rows_equal_solo_steps_bit_for_bit(real, tiny):
         seqs.append(c)
     got = batch.batched_step(real.model, seqs, [11, 12, 13])
     assert [len(c.tokens) for c in seqs] == [4, 18, 41]
+    blocks = [[5, 6, 7, 8], [9], [10, 11]]  # a verify block beside a plain step: padded, then trimmed
+    got2 = batch.batched_forward(real.model, seqs, blocks)
+    assert [len(c.tokens) for c in seqs] == [8, 19, 43] and [c.layers[0].offset for c in seqs] == [8, 19, 43]
     for i, n in enumerate((3, 17, 40)):
         c = SequenceCache(real.model)
         c.prefill(list(range(200, 200 + n)))
-        want = c.feed([11 + i])
-        assert (want == got[i : i + 1]).all().item()
+        assert (c.feed([11 + i]) == got[i : i + 1]).all().item()
+        assert (c.feed(blocks[i]) == got2[i]).all().item()
+
+
+def test_a_batch_wider_than_the_kernel_block_stays_exact(tiny):
+    """20 sequences x 4 rows is 80 rows: split into forwards of at most 64 rows, so every row stays
+    on the row-exact kernel (one 80-row forward would go through float32 BLAS)."""
+    blocks = [[(3 * i + j) % 200 + 1 for j in range(1 + i % 4)] for i in range(20)]
+    seqs, solo = [], []
+    for i in range(20):
+        for pool in (seqs, solo):
+            c = SequenceCache(tiny.model)
+            c.prefill(list(range(10 + i, 30 + 2 * i)))
+            pool.append(c)
+    got = batch.batched_forward(tiny.model, seqs, blocks)
+    for s, b, g in zip(solo, blocks, got):
+        assert (s.feed(b) == g).all().item()
 
 
 def test_the_gate_closes_at_once_and_reopens_after_a_calm_spell():
