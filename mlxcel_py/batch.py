@@ -6,7 +6,10 @@ standing for the B sequences' caches of that layer: rope reads the per-row offse
 keys and values, and the attention dispatcher (`cpu_kernels.scaled_dot_product_attention`, which
 the model's module calls by name) attends each row over its own sequence alone, with the same
 call a one-sequence decode step makes. Everything else (norms, projections, the MLP, the output
-layer) is one batched op over B rows. No padding, no mask: a row never sees another sequence.
+layer) is one batched op over B rows. No mask: a row never sees another sequence. (mlx-lm's
+BatchGenerator / BatchKVCache left-pad the sequences into one cache and mask the padding; a row's
+attention then reduces over another key count than its solo step does, so rows would not be exact,
+and mlx-lm does not batch seeded requests. Here each row keeps its own KVCache and its own draws.)
 
 Exactness: on the row-exact CPU path (`cpu_weights`) every matmul row is bit-identical whatever
 the block, and the attention is the same one-row call, so a sequence's logits in a batch equal its
