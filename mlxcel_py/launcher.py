@@ -139,6 +139,9 @@ def launch(args: Sequence[str], *, n: int | None, hostfile: str | None, port: in
         if n is None or n < 2:
             raise UsageError("mlxcel launch needs -n N (at least 2 local ranks) or --hostfile FILE")
         hosts = [Host("127.0.0.1", ("127.0.0.1",))] * n
+    if not 1024 <= port <= 65535 - (len(hosts) - 1):
+        raise UsageError(f"--starting-port {port}: rank r listens on PORT + r, so it must be between 1024 and "
+                         f"{65535 - (len(hosts) - 1)}")
     size = layout_size(command)
     if size is None:
         raise UsageError(f"mlxcel launch: the command gives neither --tp-size {len(hosts)} nor --pp-size "

@@ -39,6 +39,8 @@ RULES = [
     (["launch", "-n", "2", "--", "mlxcel", "generate", "-p", "x"], "the command gives neither --tp-size 2 nor --pp-size 2"),
     (["launch", "-n", "3", "--", "mlxcel", "chat", "--tp-size", "2"], "the command asks for 2 ranks but the launch starts 3"),
     (["launch", "-n", "2"], "give the command to run after --"),
+    (["launch", "-n", "2", "--starting-port", "65535", "--", "mlxcel", "chat", "--tp-size", "2"],
+     "--starting-port 65535: rank r listens on PORT + r"),
     (["launch", "--hostfile", "/nonexistent/h.json", "--", "mlxcel", "chat", "--tp-size", "2"], "--hostfile /nonexistent/h.json: cannot read it"),
     (["serve", "--draft-kind", "prompt-lookup", "--draft-model", "d"], "prompt-lookup takes no draft model"),
     (["serve", "--spec-type", "ngram-mod"], "--spec-type ngram-mod is not supported"),
