@@ -223,7 +223,6 @@ class Leader:
         self._closed = False
         self._seq = 0
         self.failure: BaseException | None = None
-        self.forwards = 0
         self.rows = 0  # token rows forwarded (prompt, decode steps and verify blocks alike)
         self.last_period: tuple[int, int | None] = (0, None)  # (rows, bytes) of the latest busy stretch
         self._ticker = threading.Thread(target=self._tick_loop, name="mlxcel-ticker", daemon=True)
@@ -278,7 +277,6 @@ class Leader:
                 self._send(self._header(OP_FORWARD, seq, position, ids))
                 if len(ids) > INLINE:
                     self._send(ids[INLINE:])
-            self.forwards += 1
             self.rows += len(ids)
             self.tap.last = None
             yield mx.array(ids, dtype=mx.int32)

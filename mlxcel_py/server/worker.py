@@ -93,7 +93,6 @@ class Worker:
         self.metrics = None  # metrics.Metrics: every ended request is counted
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.served = 0
-        self.steps = {"batched": 0, "rows": 0}  # batched forwards and the rows they carried
         self.ready = threading.Event()
         self.warmup_error: str | None = None
         self._stopping = False
@@ -112,11 +111,6 @@ class Worker:
     @property
     def active(self) -> int:
         return sum(s is not None for s in self.slots)
-
-    @property
-    def current(self) -> Job | None:
-        live = [s for s in self.slots if s is not None]
-        return live[0].job if live else None
 
     @property
     def queue_depth(self) -> int:
@@ -215,8 +209,6 @@ class Worker:
         try:
             if len(wanting) > 1 and self.probe is not None and self.probe.batches:
                 rows = batched_forward(self.engine.model, seqs, blocks)
-                self.steps["batched"] += 1
-                self.steps["rows"] += sum(len(b) for b in blocks)
             else:
                 rows = solo_forward(seqs, blocks)
         except Exception as exc:
