@@ -267,10 +267,10 @@ class Leader:
     def forward(self, seq: int, position: int, x: Any) -> Iterator[Any]:
         """Announce one forward of ids `x` at `position`, yield them as an array for the model
         call, then queue its evaluation up to the final norm. Ctrl-C waits until the forward is
-        queued, so no rank is left inside a forward that another never runs."""
+        queued (and so does SIGTERM), so no rank is left inside a forward that another never runs."""
         import mlx.core as mx
 
-        with _deferred_sigint():
+        with _deferred_signals():
             mx.eval(x)  # the ids must be known to broadcast them (waits for the step they come from)
             ids = [int(t) for t in x.tolist()]
             with guard(self.world):
@@ -335,23 +335,30 @@ class Leader:
 
 
 @contextmanager
-def _deferred_sigint() -> Iterator[None]:
+def _deferred_signals() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM (on the main thread) until the block ends, then deliver them."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     got: list = []
-    old = signal.getsignal(signal.SIGINT)
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.getsignal(s) for s in sigs}
     try:
-        signal.signal(signal.SIGINT, lambda s, f: got.append(s))
+        for s in sigs:
+            signal.signal(s, lambda n, f: got.append(n))
     except (ValueError, TypeError):
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
-        if got and callable(old):
-            old(signal.SIGINT, None)
+        for s in sigs:
+            signal.signal(s, old[s])
+        for n in got[:1]:
+            if callable(old[n]):
+                old[n](n, None)
+            elif old[n] == signal.SIG_DFL:
+                signal.raise_signal(n)
 
 
 # ---- a follower's side ----------------------------------------------------------------------

@@ -10,7 +10,8 @@ environment), and the three things a terminal user needs that `mlx.launch` lacks
   prefixed `[rank N]`.
 - no hung ranks: when any rank exits with an error, the others get a few seconds to notice (the
   ring fails their collectives) and are then terminated; the exit code is rank 0's, or 1.
-- SIGTERM to the launcher reaches every local rank.
+- SIGTERM to the launcher goes to rank 0, which stops as it would alone and tells the others;
+  whatever is still running after the grace is terminated.
 - local ranks split this machine's cores (OPENBLAS_NUM_THREADS unless set): a rank waiting
   in a ring collective spins a core, so 2 ranks x 2 BLAS threads on 2 cores ran 5x slower.
 
@@ -211,10 +212,9 @@ def _supervise(procs: list[subprocess.Popen], stop: threading.Event) -> int:
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
             break
-        if stop.is_set():  # SIGTERM: every rank gets it; rank 0 stops the way it stops alone
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
+        if stop.is_set():  # SIGTERM: rank 0 stops the way it stops alone and tells the others
+            if procs[0].poll() is None:
+                procs[0].terminate()
             stop.clear()
             ended_at = ended_at or time.monotonic()
         for rank, c in enumerate(codes):

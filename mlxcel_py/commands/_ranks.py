@@ -4,6 +4,7 @@ tells the followers to stop when it ends, with its own exit code."""
 
 from __future__ import annotations
 
+import signal
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -25,10 +26,16 @@ def ranks(run: RunConfig) -> Iterator[Any]:
     if not world.leader:
         raise typer.Exit(follow(run, world))
     code = EXIT_RUNTIME
+    # SIGTERM's default would end rank 0 without a word to the others (they would report a lost
+    # rank): exit through Python instead, so the followers are told to stop (serve has its own)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         with distributed.guard(world):
             yield world
         code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else EXIT_RUNTIME
+        raise
     except typer.Exit as exc:
         code = exc.exit_code
         raise
@@ -41,6 +48,10 @@ def ranks(run: RunConfig) -> Iterator[Any]:
     finally:
         if world.channel is not None:
             world.channel.close(code)
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def follow(run: RunConfig, world: Any) -> int:
