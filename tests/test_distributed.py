@@ -206,20 +206,24 @@ def test_ctrl_c_or_sigterm_on_rank_0_stops_every_rank(llama4_dir, cli_env, sig, 
 def test_sigterm_to_the_launcher_stops_every_rank(tiny_dir, cli_env):
     launcher = subprocess.Popen(launch_cmd(["chat", "-m", str(tiny_dir), "--tp-size", "2"]), env=cli_env,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen: list[str] = []
     try:
         ranks = _wait_for_ranks(launcher)
-        time.sleep(3)
+        _lines_until(launcher.stderr, "reading messages", seen=seen)  # the chat is up on every rank
         launcher.send_signal(signal.SIGTERM)
-        _, err = launcher.communicate(timeout=30)
+        launcher.wait(timeout=30)
+        time.sleep(0.5)  # the reader thread drains what is left
     finally:
         launcher.kill()
-    assert "Traceback" not in err.decode() and "lost contact" not in err.decode(), err.decode()
+    err = "".join(seen)
+    assert "Traceback" not in err and "lost contact" not in err, err
     assert launcher.returncode == 143  # rank 0's own SIGTERM exit; the follower was told to stop
     assert all(not Path(f"/proc/{p}").exists() for p in ranks.values())
 
 
-def _lines_until(stream, needle: str, timeout: float = 90) -> str:
-    """Read lines of `stream` until one contains `needle` (returned); the rest keep flowing to a thread."""
+def _lines_until(stream, needle: str, timeout: float = 90, seen: list[str] | None = None) -> str:
+    """Read lines of `stream` until one contains `needle` (returned); a thread keeps reading the
+    rest, into `seen` when given."""
     import threading
 
     found: list[str] = []
@@ -228,6 +232,8 @@ def _lines_until(stream, needle: str, timeout: float = 90) -> str:
     def pump():
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace")
+            if seen is not None:
+                seen.append(line)
             if not ready.is_set() and needle in line:
                 found.append(line)
                 ready.set()
