@@ -1,6 +1,7 @@
-"""Several sequences' plain decode steps in one forward (`serve -np N`), each row exactly its own.
+"""Several sequences' next forwards as one (`serve -np N`), each row exactly its own.
 
-The model's own forward runs on a (B, 1) block of next tokens. Every layer gets a `RowCaches`
+The model's own forward runs on a (B, L) block: each sequence's plain step (1 token) or verify
+block, padded to the widest. Every layer gets a `RowCaches`
 standing for the B sequences' caches of that layer: rope reads the per-row offsets as an array,
 `update_and_fetch` writes each row into its own sequence's cache and hands back the per-sequence
 keys and values, and the attention dispatcher (`cpu_kernels.scaled_dot_product_attention`, which
@@ -39,7 +40,7 @@ REOPEN_TICKS = 16
 
 
 class RowCaches:
-    """One layer's caches of B sequences, as one cache for a batched one-token step."""
+    """One layer's caches of B sequences, as one cache for a batched forward."""
 
     def __init__(self, caches: Sequence[Any]):
         self.caches = list(caches)
@@ -58,16 +59,14 @@ def batched_forward(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[
     one forward for all."""
     limit = cpu_kernels.prefill_chunk(model, 1 << 30)
     out: list[mx.array] = []
-    start = 0
-    while start < len(seqs):
-        end, width = start, 0
-        while end < len(seqs) and (end - start + 1) * max(width, len(blocks[end])) <= max(limit, len(blocks[end])):
-            width = max(width, len(blocks[end]))
-            end += 1
-        end = max(end, start + 1)
-        out += _forward(model, seqs[start:end], blocks[start:end])
-        start = end
-    return out
+    start, width = 0, 0
+    for end in range(len(seqs)):
+        wider = max(width, len(blocks[end]))
+        if end > start and (end - start + 1) * wider > limit:  # the group so far goes first
+            out += _forward(model, seqs[start:end], blocks[start:end])
+            start, wider = end, len(blocks[end])
+        width = wider
+    return out + _forward(model, seqs[start:], blocks[start:])
 
 
 def _forward(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]]) -> list[mx.array]:

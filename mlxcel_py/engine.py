@@ -23,7 +23,7 @@ from .options import DraftConfig, SamplingOptions
 from .policy import make_policy
 from .sampling import Decider
 from .stats import GenerationStats
-from .verify import RULE_GREEDY, RULE_PQ, RULE_SAMPLER_MATCH, judge, verify_round
+from .verify import RULE_GREEDY, RULE_PQ, RULE_SAMPLER_MATCH, judge
 
 @dataclass(frozen=True)
 class TokenEvent:
@@ -87,7 +87,7 @@ class Generation:
         # batch.Gate when a scheduler drives this generation (serve -np N): it then yields Ticks too,
         # drafts only while the gate is open, and leaves its plain steps to the batched forward
         self.gate = gate
-        self.step_request: tuple[SequenceCache, int] | None = None
+        self.step_request: tuple[SequenceCache, list[int]] | None = None
         self.step_result: mx.array | None = None
         # None: none; N >= 0: each emitted token's logprob and the N most likely (self.logprobs_out)
         self.logprobs = logprobs
@@ -143,6 +143,16 @@ class Generation:
         if self._pooled is not None:
             self.engine.prompt_cache.give(self._pooled)
             self._pooled = None
+
+    def _forward(self, cache: SequenceCache, block: list[int]):
+        """`block`'s logits rows, fed to `cache` here, or (scheduled) by the scheduler's batched
+        forward with the other sequences' blocks: then this yields NEED_STEP and waits for them."""
+        if self.gate is None:
+            return cache.feed(block)
+        self.step_request = (cache, block)
+        yield NEED_STEP
+        logits, self.step_request, self.step_result = self.step_result, None, None
+        return logits
 
     def _steps(self) -> Iterator[TokenEvent]:
         eng = self.engine
@@ -208,14 +218,9 @@ class Generation:
                             shadow, shadow_pos = drafter.shadow(policy.shadow_len), len(history)
                 if draft:
                     tv = time.perf_counter()
-                    if self.gate is None:
-                        verdict = verify_round(cache, history, draft, decider, q)
-                    else:  # the block goes into the scheduler's batched forward with the others' steps
-                        cache.mark()
-                        self.step_request = (cache, [history[-1], *draft])
-                        yield NEED_STEP
-                        logits, self.step_request, self.step_result = self.step_result, None, None
-                        verdict = judge(cache, history, draft, decider, q, logits)
+                    cache.mark()  # verify.verify_round, with the forward possibly the scheduler's
+                    logits = yield from self._forward(cache, [history[-1], *draft])
+                    verdict = judge(cache, history, draft, decider, q, logits)
                     dt = time.perf_counter() - tv
                     st.verify_s += dt
                     policy.timed(len(draft) + 1, dt)
@@ -230,12 +235,7 @@ class Generation:
                     rows = verdict.rows
                 else:
                     tp = time.perf_counter()
-                    if self.gate is None:
-                        logits = cache.feed(history[-1:])
-                    else:  # the scheduler feeds it, with the other sequences' steps, in one forward
-                        self.step_request = (cache, history[-1:])
-                        yield NEED_STEP
-                        logits, self.step_request, self.step_result = self.step_result, None, None
+                    logits = yield from self._forward(cache, history[-1:])
                     new, n_from_draft = decider.decide(logits, history, history[-1:]), 0
                     rows = logits
                     if policy is not None:

@@ -35,3 +35,8 @@ class UsageError(MlxcelError):
 
 class ModelError(MlxcelError):
     """A model path, file or config that cannot be used (exit code 1, before weights load)."""
+
+
+def exit_on_signal(signum, frame) -> None:
+    """A signal handler that exits through Python (finally blocks run) with the shell's code, 128 + signum."""
+    raise SystemExit(128 + signum)

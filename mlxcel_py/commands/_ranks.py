@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 import typer
 
-from ..errors import EXIT_INTERRUPTED, EXIT_RUNTIME, MlxcelError
+from ..errors import EXIT_INTERRUPTED, EXIT_RUNTIME, MlxcelError, exit_on_signal
 from ..options import RunConfig
 
 
@@ -28,7 +28,7 @@ def ranks(run: RunConfig) -> Iterator[Any]:
     code = EXIT_RUNTIME
     # SIGTERM's default would end rank 0 without a word to the others (they would report a lost
     # rank): exit through Python instead, so the followers are told to stop (serve has its own)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, exit_on_signal)
     try:
         with distributed.guard(world):
             yield world
@@ -49,9 +49,6 @@ def ranks(run: RunConfig) -> Iterator[Any]:
         if world.channel is not None:
             world.channel.close(code)
 
-
-def _exit_on_sigterm(signum, frame) -> None:
-    raise SystemExit(128 + signum)
 
 
 def follow(run: RunConfig, world: Any) -> int:

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
+from ..errors import exit_on_signal
 from ..options import SERVER_SAMPLING_DEFAULTS, RunConfig, SamplingOptions
 from ..engine_builder import describe_draft, open_session, resolved_drafter_line
 
@@ -54,11 +55,11 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
     threading.Thread(target=load, name="mlxcel-load", daemon=True).start()
     # uvicorn shuts down on SIGTERM, then re-raises it under the handler it found: make that an
     # exception, so the cleanup below (worker, suffix store) runs instead of the default kill
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, exit_on_signal)
     code = 0
     try:
         server.run(sockets=[sock])
-    except SystemExit as exc:  # SIGTERM (see _exit_on_sigterm)
+    except SystemExit as exc:  # SIGTERM (see exit_on_signal)
         code = exc.code if isinstance(exc.code, int) else 1
     except KeyboardInterrupt:  # Ctrl-C: uvicorn shut down, then re-raised SIGINT
         sys.stderr.write("\ninterrupted\n")
@@ -148,9 +149,6 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
     sys.stderr.flush()
     return session, worker
 
-
-def _exit_on_sigterm(signum, frame) -> None:
-    raise SystemExit(128 + signum)
 
 
 
