@@ -135,8 +135,10 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
     if worker.warmup_error:
         warn(f"warmup failed: {worker.warmup_error}")
     if parallel > 1:
-        how = worker.probe.detail if worker.probe is not None else "one forward per sequence"
-        say(f"slots: {parallel} requests decoded together (-np); plain steps batched: {how}"
+        probe = worker.probe
+        how = (f"batched forward: {probe.detail}" if probe is not None and probe.batches else
+               "one forward per sequence" + (f" ({probe.detail})" if probe is not None else ""))
+        say(f"slots: {parallel} requests decoded together (-np); {how}"
             + (f"; verify rounds while at most {srv.prompt_lookup_max_batch} are live" if speculative else ""))
     model_id = srv.alias or (DEFAULT_MODEL_NAME if opts.model.model is None else session.target.resolved.path.name)
     defaults = server_sampling(opts.sampling, srv.sampling_given, session.target.resolved.path)
