@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "thread_pool.h"
@@ -130,6 +131,29 @@ void one_row_fixed(const AttentionArgs& a, const float* q, const float* k, const
   for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(acc[c], iv));
 }
 
+// one query row over its `vis` visible keys, by head dimension
+inline void row(const AttentionArgs& a, const float* q, const float* k, const float* v, float* out, int vis,
+                std::vector<float>& s) {
+  if (vis == 0) std::fill(out, out + a.D, 0.0f);  // no key to attend to (never in a causal block)
+  else if (a.D == 64) one_row_fixed<4>(a, q, k, v, out, vis, s);
+  else if (a.D == 128) one_row_fixed<8>(a, q, k, v, out, vis, s);
+  else if (a.D == 32) one_row_fixed<2>(a, q, k, v, out, vis, s);
+  else one_row(a, q, k, v, out, vis, s);
+}
+
+// the pairs [0, pairs) split over the threads when the work pays for the hand-off
+void split(int pairs, double work, int threads, const std::function<void(int, int)>& run) {
+  threads = std::max(1, std::min({threads, pairs, static_cast<int>(work / 1.0e5)}));
+  if (threads == 1) {
+    run(0, pairs);
+    return;
+  }
+  ThreadPool::instance().run(threads, [&](int t) {
+    const int chunk = (pairs + threads - 1) / threads;
+    run(std::min(pairs, t * chunk), std::min(pairs, (t + 1) * chunk));
+  });
+}
+
 }  // namespace
 
 void attention(const AttentionArgs& a, int threads) {
@@ -145,26 +169,36 @@ void attention(const AttentionArgs& a, int threads) {
         const float* q = a.q + b * a.q_strides[0] + h * a.q_strides[1] + i * a.q_strides[2];
         float* out = a.out + ((static_cast<int64_t>(b) * a.Hq + h) * a.L + i) * a.D;
         const int visible = a.causal ? a.S - a.L + i + 1 : a.S;
-        const int vis = std::max(visible, 0);
-        if (vis == 0) std::fill(out, out + a.D, 0.0f);  // no key to attend to (never in a causal block)
-        else if (a.D == 64) one_row_fixed<4>(a, q, k, v, out, vis, s);
-        else if (a.D == 128) one_row_fixed<8>(a, q, k, v, out, vis, s);
-        else if (a.D == 32) one_row_fixed<2>(a, q, k, v, out, vis, s);
-        else one_row(a, q, k, v, out, vis, s);
+        row(a, q, k, v, out, std::max(visible, 0), s);
       }
     }
   };
-  const double work = static_cast<double>(pairs) * a.L * a.S * a.D;
-  threads = std::max(1, std::min({threads, pairs, static_cast<int>(work / 1.0e5)}));
-  if (threads == 1) {
-    run(0, pairs);
-    return;
-  }
-  ThreadPool::instance().run(threads, [&](int t) {
-    const int nt = threads;
-    const int chunk = (pairs + nt - 1) / nt;
-    run(std::min(pairs, t * chunk), std::min(pairs, (t + 1) * chunk));
-  });
+  split(pairs, static_cast<double>(pairs) * a.L * a.S * a.D, threads, run);
+}
+
+void attention_rows(const RowsAttentionArgs& r, int threads) {
+  const int group = r.Hq / r.Hkv;
+  const int pairs = r.B * r.Hq;
+  double work = 0;
+  for (int b = 0; b < r.B; ++b) work += static_cast<double>(r.Hq) * r.L * (r.offset[b] + r.L) * r.D;
+  auto run = [&](int p0, int p1) {
+    std::vector<float> s;
+    AttentionArgs a{};  // what the one-row code reads: D, scale and the key/value row strides
+    a.D = r.D;
+    a.scale = r.scale;
+    a.k_strides[2] = a.v_strides[2] = r.D;
+    for (int p = p0; p < p1; ++p) {
+      const int b = p / r.Hq, h = p % r.Hq, kvh = h / group;
+      const float* k = r.k[b] + kvh * r.head_stride[b];
+      const float* v = r.v[b] + kvh * r.head_stride[b];
+      for (int i = 0; i < r.L; ++i) {
+        const float* q = r.q + b * r.q_strides[0] + h * r.q_strides[1] + i * r.q_strides[2];
+        float* out = r.out + ((static_cast<int64_t>(b) * r.Hq + h) * r.L + i) * r.D;
+        row(a, q, k, v, out, r.offset[b] + i + 1, s);
+      }
+    }
+  };
+  split(pairs, work, threads, run);
 }
 
 }  // namespace mlxcel

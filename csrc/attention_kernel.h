@@ -20,4 +20,21 @@ struct AttentionArgs {
 // decode step at the same position bit for bit. Query heads map to KV heads as h / (Hq / Hkv).
 void attention(const AttentionArgs& a, int threads);
 
+// A batched block whose sequences each keep their own cache buffer (serve's batched steps):
+// sequence b's L query rows follow offset[b] cached keys, row i sees keys 0..offset[b]+i of its
+// own buffer [Hkv, cap_b, D]. Each row goes through the same one-row code as attention(), so it
+// equals that sequence's own call bit for bit.
+struct RowsAttentionArgs {
+  const float* q;  // [B, Hq, L, D] with q_strides for B, H, L; D contiguous
+  int64_t q_strides[3];
+  const float* const* k;       // per sequence: [Hkv, cap_b, D], contiguous
+  const float* const* v;
+  const int64_t* head_stride;  // per sequence: cap_b * D
+  const int* offset;           // per sequence: keys before this block
+  float* out;                  // [B, Hq, L, D], contiguous
+  int B, Hq, Hkv, L, D;
+  float scale;
+};
+void attention_rows(const RowsAttentionArgs& a, int threads);
+
 }  // namespace mlxcel

@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <atomic>
+#include <cstring>
 #include <chrono>
 #include <optional>
 #include <sstream>
@@ -243,6 +244,162 @@ mx::array row_exact_attention(const mx::array& q, const mx::array& k, const mx::
   return mx::array(q.shape(), mx::float32, std::make_shared<RowExactAttention>(s, scale, causal), {q, k, v});
 }
 
+// One layer of a batched forward over B sequences that each keep their own KV buffer
+// (serve -np N): writes each sequence's new keys and values into its buffer at its offset and
+// attends each query row over its own sequence (attention_rows), in one op instead of B cache
+// updates, B attentions and a concatenation. Inputs: q [B, Hq, L, D], new keys and values
+// [B, Hkv, L, D], then the B key buffers and the B value buffers ([1, Hkv, cap_b, D], cap_b >=
+// offset_b + L); outputs: the attention [B, Hq, L, D], then the B updated key buffers and the B
+// value buffers. A buffer nobody else holds is updated in place (donated), as MLX's own slice
+// update does; one still referenced elsewhere is copied first.
+std::atomic<long long> g_buffers_donated{0}, g_buffers_copied{0};
+
+// MLX's is_donatable() asks for a descriptor referenced once, but every output of a multi-output
+// primitive keeps its own copy of the inputs (array::make_arrays), so an input that only this
+// op's outputs hold shows one reference per output. The descriptor's count is read through
+// array's one member, a std::shared_ptr<ArrayDesc> (mlx/array.h); the rest is is_donatable's test.
+bool donatable_by(const mx::array& in, size_t outputs) {
+  static_assert(sizeof(mx::array) == sizeof(std::shared_ptr<void>), "mlx::core::array is one shared_ptr");
+  const long refs = reinterpret_cast<const std::shared_ptr<void>&>(in).use_count();
+  return refs == static_cast<long>(outputs) && in.data_shared_ptr().use_count() == 1 &&
+         in.data_shared_ptr()->is_owned() && in.flags().row_contiguous;
+}
+
+class RowExactCacheAttention : public mx::Primitive {
+ public:
+  RowExactCacheAttention(mx::Stream s, std::vector<int> offsets, float scale)
+      : mx::Primitive(s), offsets_(std::move(offsets)), scale_(scale) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const auto& q = inputs[0];
+    const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
+    const int Hkv = inputs[1].shape(1);
+    auto& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    std::vector<mx::array> copy_from;  // buffers that could not be donated, by output index
+    std::vector<int> copy_to;
+    for (int j = 0; j < 2 * B; ++j) {
+      const auto& in = inputs[3 + j];
+      auto& o = outputs[1 + j];
+      if (donatable_by(in, outputs.size())) {
+        o.copy_shared_buffer(in);
+        g_buffers_donated += 1;
+      } else {
+        o.set_data(mx::allocator::malloc(o.nbytes()));
+        copy_from.push_back(in);
+        copy_to.push_back(1 + j);
+        g_buffers_copied += 1;
+      }
+    }
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) enc.set_input_array(a);
+    for (auto& o : outputs) enc.set_output_array(o);
+    std::vector<float*> bufs(2 * B);
+    std::vector<int64_t> head_stride(B);
+    for (int j = 0; j < 2 * B; ++j) bufs[j] = outputs[1 + j].data<float>();
+    for (int b = 0; b < B; ++b) head_stride[b] = static_cast<int64_t>(outputs[1 + b].shape(2)) * D;
+    std::vector<float*> copy_dst;
+    for (int j : copy_to) copy_dst.push_back(outputs[j].data<float>());
+    enc.dispatch([q, kn = inputs[1], vn = inputs[2], copy_from = std::move(copy_from),
+                  copy_dst = std::move(copy_dst), bufs = std::move(bufs), head_stride = std::move(head_stride),
+                  offsets = offsets_, scale = scale_, op = out.data<float>(), B, Hq, Hkv, L, D,
+                  threads = g_threads.load()]() {
+      for (size_t c = 0; c < copy_from.size(); ++c) {
+        std::vector<float> scratch;
+        const float* src = contiguous_rows(copy_from[c], scratch);
+        std::memcpy(copy_dst[c], src, copy_from[c].nbytes());
+      }
+      // the new rows into each buffer: [h, offset_b + i, :] = new[b, h, i, :]
+      for (int which = 0; which < 2; ++which) {
+        const auto& src = which == 0 ? kn : vn;
+        const float* base = src.data<float>();
+        const auto& st = src.strides();
+        for (int b = 0; b < B; ++b) {
+          float* dst = bufs[which * B + b];
+          for (int h = 0; h < Hkv; ++h)
+            for (int i = 0; i < L; ++i)
+              std::memcpy(dst + h * head_stride[b] + static_cast<int64_t>(offsets[b] + i) * D,
+                          base + b * st[0] + h * st[1] + i * st[2], sizeof(float) * D);
+        }
+      }
+      mlxcel::RowsAttentionArgs a{};
+      a.q = q.data<float>();
+      for (int d = 0; d < 3; ++d) a.q_strides[d] = q.strides()[d];
+      std::vector<const float*> kp(bufs.begin(), bufs.begin() + B), vp(bufs.begin() + B, bufs.end());
+      a.k = kp.data();
+      a.v = vp.data();
+      a.head_stride = head_stride.data();
+      a.offset = offsets.data();
+      a.out = op;
+      a.B = B;
+      a.Hq = Hq;
+      a.Hkv = Hkv;
+      a.L = L;
+      a.D = D;
+      a.scale = scale;
+      mlxcel::attention_rows(a, threads);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("row_exact_cache_attention runs on the CPU only");
+  }
+
+  const char* name() const override { return "RowExactCacheAttention"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const RowExactCacheAttention&>(other);
+    return offsets_ == o.offsets_ && scale_ == o.scale_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    std::vector<mx::Shape> shapes{inputs[0].shape()};
+    for (size_t i = 3; i < inputs.size(); ++i) shapes.push_back(inputs[i].shape());
+    return shapes;
+  }
+
+ private:
+  std::vector<int> offsets_;
+  float scale_;
+};
+
+std::vector<mx::array> row_exact_cache_attention(const mx::array& q, const mx::array& k_new, const mx::array& v_new,
+                                                 const std::vector<mx::array>& k_bufs,
+                                                 const std::vector<mx::array>& v_bufs,
+                                                 const std::vector<int>& offsets, float scale) {
+  const char* what = "row_exact_cache_attention: ";
+  if (q.ndim() != 4 || k_new.ndim() != 4 || v_new.ndim() != 4)
+    throw std::invalid_argument(std::string(what) + "q, k_new, v_new must be [B, heads, length, dim]");
+  const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3), Hkv = k_new.shape(1);
+  if (k_new.shape() != v_new.shape() || k_new.shape(0) != B || k_new.shape(2) != L || k_new.shape(3) != D ||
+      Hkv == 0 || Hq % Hkv != 0)
+    throw std::invalid_argument(std::string(what) + "shapes do not match (query heads must be a multiple of KV heads)");
+  if (static_cast<int>(k_bufs.size()) != B || static_cast<int>(v_bufs.size()) != B ||
+      static_cast<int>(offsets.size()) != B)
+    throw std::invalid_argument(std::string(what) + "one key buffer, value buffer and offset per sequence");
+  for (const auto* x : {&q, &k_new, &v_new})
+    if (x->dtype() != mx::float32) throw std::invalid_argument(std::string(what) + "float32 only");
+  for (int b = 0; b < B; ++b)
+    for (const auto* buf : {&k_bufs[b], &v_bufs[b]})
+      if (buf->dtype() != mx::float32 || buf->ndim() != 4 || buf->shape(0) != 1 || buf->shape(1) != Hkv ||
+          buf->shape(3) != D || offsets[b] < 0 || buf->shape(2) < offsets[b] + L)
+        throw std::invalid_argument(std::string(what) + "buffer " + std::to_string(b) +
+                                    " must be float32 [1, Hkv, >= offset + L, D]");
+  auto s = mx::default_stream(mx::Device::cpu);
+  // the kernel reads rows with a contiguous last axis; rope's and the projections' outputs are
+  std::vector<mx::array> inputs{mx::contiguous(q, false, s), mx::contiguous(k_new, false, s),
+                                mx::contiguous(v_new, false, s)};
+  std::vector<mx::Shape> shapes{q.shape()};
+  for (const auto* bufs : {&k_bufs, &v_bufs})
+    for (const auto& buf : *bufs) {
+      inputs.push_back(buf);
+      shapes.push_back(buf.shape());
+    }
+  std::vector<mx::Dtype> dtypes(shapes.size(), mx::float32);
+  return mx::array::make_arrays(std::move(shapes), dtypes,
+                                std::make_shared<RowExactCacheAttention>(s, offsets, scale), inputs);
+}
+
 void check_bits(int bits) {
   if (bits != 4 && bits != 8) throw std::invalid_argument("bits must be 4 or 8");
 }
@@ -341,6 +498,13 @@ NB_MODULE(_qmm, m) {
   m.def("row_exact_attention", &row_exact_attention, "q"_a, "k"_a, "v"_a, "scale"_a, "causal"_a,
         "softmax(scale q k^T) v computed one query row at a time (row i of a causal block sees keys "
         "0..S-L+i): each row bit-identical to a one-row call at the same position");
+  m.def("row_exact_cache_attention", &row_exact_cache_attention, "q"_a, "k_new"_a, "v_new"_a, "k_bufs"_a,
+        "v_bufs"_a, "offsets"_a, "scale"_a,
+        "B sequences' new keys/values written into their own buffers at their offsets and each query "
+        "row attended over its own sequence: [attention, k_bufs..., v_bufs...]; rows equal "
+        "row_exact_attention over each sequence alone");
+  m.def("buffer_updates", []() { return std::make_pair(g_buffers_donated.load(), g_buffers_copied.load()); },
+        "(buffers updated in place, buffers copied first) by row_exact_cache_attention so far");
   m.def("dequantize_rows", &dequantize_rows, "w"_a, "scales"_a, "biases"_a, "bits"_a, "ids"_a = nb::none(),
         "rows ids (default: all) of a repacked weight as float32 [..., K]");
   m.def("repack", &repack, "w"_a, "bits"_a, "MLX affine uint32 rows -> the kernel's uint8 layout (eager)");

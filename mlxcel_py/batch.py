@@ -33,22 +33,79 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from . import cpu_kernels
+from mlx_lm.models.cache import KVCache
+
+from . import cpu_kernels, cpu_weights
 from .cache import SequenceCache
 
 REOPEN_TICKS = 16
 
 
 class RowCaches:
-    """One layer's caches of B sequences, as one cache for a batched forward."""
+    """One layer's caches of B sequences, as one cache for a batched forward.
 
-    def __init__(self, caches: Sequence[Any]):
+    On the row-exact path the layer's cache writes and its B attentions are one op
+    (`cpu_weights.cache_attention`): `update_and_fetch` only holds the new keys and values, and
+    `attend_rows` (called by the attention dispatcher) writes them into each sequence's buffers
+    and attends every row over its own sequence with the same one-row code a solo step runs. A
+    2,000-op graph of per-row slices, cache writes and attentions at 8 sequences becomes 30 ops.
+    Anywhere else each row goes through its own cache and its own attention call."""
+
+    def __init__(self, caches: Sequence[Any], offset: mx.array, fuse: bool):
         self.caches = list(caches)
-        self.offset = mx.array([c.offset for c in self.caches], dtype=mx.int32)
+        self.offset = offset  # per-row offsets, for rope
+        self._fuse = fuse and all(type(c) is KVCache for c in self.caches)
+        self._held: tuple[mx.array, mx.array] | None = None
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
+        if self._fuse and keys.dtype == values.dtype == mx.float32 and keys.shape == values.shape:
+            self._held = (keys, values)  # written by attend_rows, in the same op as the attention
+            return keys, values
+        return self._write_rows(keys, values)
+
+    def _write_rows(self, keys: mx.array, values: mx.array):
         got = [c.update_and_fetch(keys[b : b + 1], values[b : b + 1]) for b, c in enumerate(self.caches)]
         return [k for k, _ in got], [v for _, v in got]
+
+    def attend_rows(self, queries, keys, values, scale, mask, sinks, covered: bool) -> mx.array:
+        held, self._held = self._held, None
+        if held is not None:
+            if covered and cpu_kernels.row_exact_now():
+                return self._fused(queries, *held, scale)
+            keys, values = self._write_rows(*held)
+        return mx.concatenate([cpu_kernels.scaled_dot_product_attention(queries[b : b + 1], k, v, c, scale, mask, sinks)
+                               for b, (k, v, c) in enumerate(zip(keys, values, self.caches))], axis=0)
+
+    def _fused(self, queries: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
+        n = keys.shape[2]
+        for c in self.caches:
+            _reserve(c, n, keys.shape[1], keys.shape[3])
+        got = cpu_weights.cache_attention(queries, keys, values, [c.keys for c in self.caches],
+                                          [c.values for c in self.caches], [c.offset for c in self.caches],
+                                          float(scale))
+        rows = len(self.caches)
+        for b, c in enumerate(self.caches):
+            c.keys, c.values = got[1 + b], got[1 + rows + b]
+            c.offset += n
+        return got[0]
+
+
+def _reserve(c: KVCache, n: int, heads: int, dim: int) -> None:
+    """Room for n more positions in c's buffers, grown as mlx-lm's KVCache.update_and_fetch grows
+    them (whole steps of c.step positions), so later solo steps find the layout they expect."""
+    prev = c.offset
+    if c.keys is not None and prev + n <= c.keys.shape[2]:
+        return
+    steps = (c.step + n - 1) // c.step
+    new_k = mx.zeros((1, heads, steps * c.step, dim), mx.float32)
+    new_v = mx.zeros((1, heads, steps * c.step, dim), mx.float32)
+    if c.keys is None:
+        c.keys, c.values = new_k, new_v
+        return
+    if prev % c.step != 0:
+        c.keys, c.values = c.keys[..., :prev, :], c.values[..., :prev, :]
+    c.keys = mx.concatenate([c.keys, new_k], axis=2)
+    c.values = mx.concatenate([c.values, new_v], axis=2)
 
 
 def batched_forward(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]]) -> list[mx.array]:
@@ -75,7 +132,9 @@ def _forward(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequenc
     causal attention keeps them out of every real row, and they are trimmed from the caches
     afterwards (trim-only caches: `probe`)."""
     width = max(len(b) for b in blocks)
-    layers = [RowCaches([s.layers[i] for s in seqs]) for i in range(len(seqs[0].layers))]
+    offset = mx.array([s.layers[0].offset for s in seqs], dtype=mx.int32)
+    fuse = cpu_kernels.row_exact(model) and cpu_weights.kernel_status()[0] is not None
+    layers = [RowCaches([s.layers[i] for s in seqs], offset, fuse) for i in range(len(seqs[0].layers))]
     x = mx.array([list(b) + [b[-1]] * (width - len(b)) for b in blocks], dtype=mx.int32)
     with cpu_kernels.engaged(model):
         logits = model(x, cache=layers)

@@ -130,17 +130,28 @@ def _engaged_now() -> bool:
 
 def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
     """mlx-lm's signature; these kernels inside `engaged`, mlx-lm's otherwise."""
-    if isinstance(keys, list):  # a batched step (batch.RowCaches): each row over its own sequence
-        return mx.concatenate([scaled_dot_product_attention(queries[b : b + 1], k, v, c, scale, mask, sinks)
-                               for b, (k, v, c) in enumerate(zip(keys, values, cache.caches))], axis=0)
-    if (_engaged_now() and queries.shape[2] <= MAX_ROWS and sinks is None and not hasattr(cache, "bits")
-            and queries.dtype == mx.float32 and (mask is None or (isinstance(mask, str) and mask == "causal"))):
+    attend_rows = getattr(cache, "attend_rows", None)
+    if attend_rows is not None:  # a batched forward (batch.RowCaches): each row over its own sequence
+        return attend_rows(queries, keys, values, scale, mask, sinks, _ours(queries, cache, mask, sinks))
+    if _ours(queries, cache, mask, sinks):
         exact = getattr(_local, "exact", None)
         if exact is not None:  # the row-exact weights' companion: see enable_row_exact
             return exact(queries, keys, values, scale, mask is not None)
         if getattr(_local, "fast", False):
             return attention(queries, keys, values, scale, mask)
     return _MLX_ATTENTION(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+
+
+def _ours(queries, cache, mask, sinks) -> bool:
+    """Whether these kernels cover this call (inside `engaged`): float32 blocks of up to MAX_ROWS
+    rows, no sinks, no quantized cache, no mask or the causal one."""
+    return (_engaged_now() and queries.shape[2] <= MAX_ROWS and sinks is None and not hasattr(cache, "bits")
+            and queries.dtype == mx.float32 and (mask is None or (isinstance(mask, str) and mask == "causal")))
+
+
+def row_exact_now() -> bool:
+    """Whether attention inside this `engaged` block is the row-exact one (enable_row_exact)."""
+    return _engaged_now() and getattr(_local, "exact", None) is not None
 
 
 def swiglu(gate, x):
@@ -237,6 +248,12 @@ def prefill_chunk(model: Any, default: int) -> int:
     dequantize the weights for every chunk."""
     flags = _enabled.get(id(model))
     return min(default, MAX_ROWS - 1) if flags is not None and flags[1] is not None else default
+
+
+def row_exact(model: Any) -> bool:
+    """Whether `model`'s attention is the row-exact one (enable_row_exact)."""
+    flags = _enabled.get(id(model))
+    return flags is not None and flags[1] is not None
 
 
 @contextmanager

@@ -84,6 +84,15 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool)
     return qmm.row_exact_attention(q, k, v, scale, causal)
 
 
+def cache_attention(q: mx.array, k_new: mx.array, v_new: mx.array, k_bufs: list, v_bufs: list,
+                    offsets: list[int], scale: float) -> list[mx.array]:
+    """One layer of a batched forward (batch.RowCaches): each sequence's new keys and values
+    written into its own buffers at its offset and each query row attended over its own sequence,
+    by the same one-row code as `attention`. Returns [attention, key buffers..., value buffers...]."""
+    qmm, _ = kernel_status()
+    return qmm.row_exact_cache_attention(q, k_new, v_new, k_bufs, v_bufs, offsets, scale)
+
+
 class RowExactLinear(nn.Module):
     """y = x @ W^T (+ bias) with W held in the kernel's layout: `weight` uint8 [N, K*bits/8] from
     `_qmm.repack`, `scales`/`biases` float32 [N, K/32]. Built by `apply`."""

@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from mlxcel_py import batch
+from mlxcel_py import batch, cpu_weights
 from mlxcel_py.cache import SequenceCache
 
 from test_server import COPY_PROMPT, get, post, start_server
@@ -27,6 +27,8 @@ def test_batched_rows_equal_solo_steps_bit_for_bit(real, tiny):
         c = SequenceCache(real.model)
         c.prefill(list(range(200, 200 + n)))
         seqs.append(c)
+    qmm = cpu_weights.kernel_status()[0]
+    fused_before = qmm.buffer_updates() if qmm else None
     got = batch.batched_step(real.model, seqs, [11, 12, 13])
     assert [len(c.tokens) for c in seqs] == [4, 18, 41]
     blocks = [[5, 6, 7, 8], [9], [10, 11]]  # a verify block beside a plain step: padded, then trimmed
@@ -37,6 +39,9 @@ def test_batched_rows_equal_solo_steps_bit_for_bit(real, tiny):
         c.prefill(list(range(200, 200 + n)))
         assert (c.feed([11 + i]) == got[i : i + 1]).all().item()
         assert (c.feed(blocks[i]) == got2[i]).all().item()
+    if qmm is not None:  # on the kernel path each layer's writes and attentions were one fused op
+        donated, copied = (a - b for a, b in zip(qmm.buffer_updates(), fused_before))
+        assert donated + copied == 2 * 2 * 3 * len(seqs[0].layers) and donated > copied
 
 
 def test_a_batch_wider_than_the_kernel_block_stays_exact(tiny):

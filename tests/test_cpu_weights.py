@@ -145,6 +145,45 @@ def test_attention_matches_mlx_and_each_row_equals_its_decode_step():
             assert mx.array_equal(one, got[:, :, i:i + 1]).item(), (s_len, length, i)
 
 
+@needs_kernel
+def test_cache_attention_writes_each_sequence_and_equals_its_own_attention():
+    """serve's fused layer op: three sequences of different lengths, a 3-row block each; every row
+    equals row_exact_attention over that sequence alone, the new rows land at each offset, and a
+    buffer still held elsewhere is copied (the holder's array is unchanged) while the rest are
+    updated in place."""
+    mx.random.seed(5)
+    heads, kv, dim, length = 6, 2, 64, 3
+    offsets = [4, 30, 0]
+    kbufs = [mx.random.normal((1, kv, o + length + 5, dim)) for o in offsets]
+    vbufs = [mx.random.normal((1, kv, o + length + 5, dim)) for o in offsets]
+    mx.eval(kbufs, vbufs)
+    q = mx.random.normal((3, heads, length, dim))
+    k_new, v_new = mx.random.normal((3, kv, length, dim)), mx.random.normal((3, kv, length, dim))
+    mx.eval(q, k_new, v_new)
+    held = kbufs[1]  # someone else's reference: this buffer must not change under them
+    before = mx.array(held)
+    mx.eval(before)
+    old = [(mx.array(kb), mx.array(vb)) for kb, vb in zip(kbufs, vbufs)]
+    mx.eval(old)
+    donated0, copied0 = QMM.buffer_updates()
+    got = QMM.row_exact_cache_attention(q, k_new, v_new, kbufs, vbufs, offsets, 0.125)
+    del kbufs, vbufs
+    mx.eval(got)
+    donated, copied = (a - b for a, b in zip(QMM.buffer_updates(), (donated0, copied0)))
+    assert (donated, copied) == (5, 1)
+    assert mx.array_equal(held, before).item()
+    out = got[0]
+    for b, o in enumerate(offsets):
+        kb, vb = got[1 + b], got[4 + b]
+        assert mx.array_equal(kb[:, :, o:o + length], k_new[b:b + 1]).item()
+        assert mx.array_equal(vb[:, :, :o], old[b][1][:, :, :o]).item()
+        want = QMM.row_exact_attention(q[b:b + 1], kb[:, :, :o + length], vb[:, :, :o + length], 0.125, True)
+        assert mx.array_equal(out[b:b + 1], want).item(), b
+    with pytest.raises(ValueError, match="buffer 0"):
+        QMM.row_exact_cache_attention(q, k_new, v_new, [mx.zeros((1, kv, 2, dim))] * 3, [mx.zeros((1, kv, 9, dim))] * 3,
+                                      [0, 0, 0], 0.125)
+
+
 def _block_vs_steps(model, prompt: list[int], toks: list[int]) -> list[bool]:
     """Logits of a verify-shaped block against one-token steps at the same positions."""
     from mlx_lm.models.cache import make_prompt_cache
