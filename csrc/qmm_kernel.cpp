@@ -3,22 +3,24 @@
 // This file is compiled with -mavx512f/bw/vl/vnni (CMakeLists.txt): nothing in it may run before
 // cpu_supported() (qmm_primitive.cpp, built for the baseline) said yes.
 //
-// Layout. A row of K values is nb = K/32 blocks of 32. Blocks go 16 at a time into
-// "superblocks" of 8 chunks; chunk c holds values 4c..4c+3 of each of the 16 blocks, so after one
-// vpdpbusd per chunk each int32 lane holds the whole integer dot product of one block: no
-// horizontal sums in the loop, and the float work (weight scale x activation scale, plus
-// bias x activation scale x block sum) is one vector step per 16 blocks.
-//   8 bits: a chunk is 64 bytes, lane l = block l.
-//   4 bits: a chunk is 32 bytes; byte 4j+e holds block j (low nibble) and block 8+j (high).
-// The nb % 16 leftover blocks (even, since K % 64 == 0) go in pairs of 64 values:
-//   8 bits: [block a | block b]; 4 bits: byte i holds a[i] | a[16+i] << 4, byte 16+i the same
-//   for b, which unpack to lanes a a a a b b b b a a a a b b b b.
-// Exactness. An output element is: its activation row quantized to int8 per block (scale
-// amax/127, round to nearest even; it depends on that row alone), int32 lanes per block, one
-// float accumulator per lane added superblock by superblock and then pair by pair, and one fixed
-// 16-lane sum. Tiling rows (up to 4 share each weight load) and splitting N over threads never
-// change that sequence, so row i of an M-row product is bit-identical to the one-row product of
-// row i.
+// Layout. Weight rows go in groups of 16 (the last group holds N % 16 rows when that is not 0;
+// call a group's row count r). Within a group, block by block (32 values of K), the values go in
+// 8 runs of 4 (values 4c..4c+3 of the block), and each run holds those 4 values of every row of
+// the group side by side: one 64-byte vector holds 4 values of 16 rows, so one vpdpbusd against
+// 4 activation bytes broadcast to every lane adds 4 products to each row's integer dot product,
+// and 8 of them finish the block for 16 rows at once: no horizontal sums anywhere.
+//   8 bits: a block is 8 runs of 4r bytes.
+//   4 bits: a block is 4 runs of 4r bytes; byte 4i+e of run j holds value 8j+e of row i in its low
+//   nibble and value 8j+4+e in its high nibble (one load, a shift and two ANDs give both runs).
+// Scales and biases are interleaved the same way (per block, the group's r values side by side),
+// so the float work is one vector step per block for 16 rows.
+// Exactness. An activation row is quantized to int8 per block of 32 (scale amax/127, round to
+// nearest even; it depends on that row alone), each block's dot product is an exact int32, and
+// then, block after block in order, t = float(dot) * (scale * act_scale), t = fma(bias,
+// act_scale * act_sum, t), acc += t. The lanes are weight rows, so no step mixes rows; tiling the
+// activation rows (up to 8 share each weight load), splitting N over threads and the number of
+// rows never change that sequence, so row i of an M-row product is bit-identical to the one-row
+// product of row i.
 #include "qmm_kernel.h"
 
 #include <immintrin.h>
@@ -34,28 +36,27 @@ namespace mlxcel {
 namespace {
 
 constexpr int kBlock = 32;
-constexpr int kSuper = 16;  // blocks per superblock
-constexpr int kChunks = 8;  // chunks per superblock (4 values of each block)
+constexpr int kGroup = 16;
 
-struct Shape {
-  int nb, full, pairs;  // blocks, full superblocks, leftover pairs
-};
+inline int group_rows(int N, int g) { return std::min(kGroup, N - g * kGroup); }
+inline size_t block_bytes(int r, int bits) { return static_cast<size_t>(r) * (bits == 8 ? 32 : 16); }
 
-Shape shape_of(int K) {
-  const int nb = K / kBlock;
-  return {nb, nb / kSuper, (nb % kSuper) / 2};
+// the byte holding value k of row i of a group of r rows, and whether it is the high nibble
+inline size_t value_offset(int i, int k, int r, int bits, bool* high) {
+  const int blk = k / kBlock, kk = k % kBlock, run = kk / 4, e = kk % 4;
+  if (bits == 8) {
+    *high = false;
+    return blk * block_bytes(r, 8) + static_cast<size_t>(run) * 4 * r + 4 * i + e;
+  }
+  *high = (run % 2) == 1;
+  return blk * block_bytes(r, 4) + static_cast<size_t>(run / 2) * 4 * r + 4 * i + e;
 }
 
-// The activation row in the weights' order: per superblock 8 x 64 bytes, per pair 64 bytes; and
-// 16 lanes of activation scale and of scale x block sum (per lane share) per superblock or pair.
-struct QuantRow {
-  int8_t* q;
-  float* d;
-  float* dsum;
+// Quantized activation rows: q [M, K] int8 in natural order, per block the scale d and d * sum(q)
+struct Act {
+  std::vector<int8_t> q;
+  std::vector<float> d, ds;
 };
-
-size_t q_stride(const Shape& s) { return static_cast<size_t>(s.full) * kChunks * 64 + static_cast<size_t>(s.pairs) * 64; }
-size_t f_stride(const Shape& s) { return static_cast<size_t>(s.full + s.pairs) * 16; }
 
 // int8 values of one block of 32, its scale and its integer sum
 inline void quantize_block(const float* xb, int8_t* qb, float* d, int* sum) {
@@ -73,214 +74,189 @@ inline void quantize_block(const float* xb, int8_t* qb, float* d, int* sum) {
   *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
 }
 
-void quantize_row(const float* x, const Shape& s, int bits, QuantRow r) {
-  alignas(64) int8_t qb[kBlock];
-  float d;
-  int sum;
-  for (int sb = 0; sb < s.full; ++sb) {
-    int8_t* base = r.q + static_cast<size_t>(sb) * kChunks * 64;
-    for (int lane = 0; lane < kSuper; ++lane) {
-      quantize_block(x + static_cast<size_t>(sb * kSuper + lane) * kBlock, qb, &d, &sum);
-      for (int c = 0; c < kChunks; ++c) std::memcpy(base + c * 64 + 4 * lane, qb + 4 * c, 4);
-      r.d[sb * 16 + lane] = d;
-      r.dsum[sb * 16 + lane] = d * static_cast<float>(sum);
+void quantize_rows(const float* x, int M, int K, Act& a) {
+  const int nb = K / kBlock;
+  a.q.resize(static_cast<size_t>(M) * K);
+  a.d.resize(static_cast<size_t>(M) * nb);
+  a.ds.resize(static_cast<size_t>(M) * nb);
+  for (int m = 0; m < M; ++m)
+    for (int b = 0; b < nb; ++b) {
+      const size_t off = static_cast<size_t>(m) * K + static_cast<size_t>(b) * kBlock;
+      float d;
+      int sum;
+      quantize_block(x + off, a.q.data() + off, &d, &sum);
+      a.d[static_cast<size_t>(m) * nb + b] = d;
+      a.ds[static_cast<size_t>(m) * nb + b] = d * static_cast<float>(sum);
     }
-  }
-  for (int p = 0; p < s.pairs; ++p) {
-    int8_t* base = r.q + static_cast<size_t>(s.full) * kChunks * 64 + static_cast<size_t>(p) * 64;
-    float* dl = r.d + (s.full + p) * 16;
-    float* sl = r.dsum + (s.full + p) * 16;
-    for (int half = 0; half < 2; ++half) {
-      quantize_block(x + static_cast<size_t>(s.full * kSuper + 2 * p + half) * kBlock, qb, &d, &sum);
-      if (bits == 8) {
-        std::memcpy(base + 32 * half, qb, 32);
-      } else {
-        std::memcpy(base + 16 * half, qb, 16);
-        std::memcpy(base + 32 + 16 * half, qb + 16, 16);
-      }
-      for (int lane = 0; lane < 16; ++lane) {
-        const int owner = bits == 8 ? lane / 8 : (lane / 4) % 2;
-        if (owner != half) continue;
-        dl[lane] = d;
-        sl[lane] = d * static_cast<float>(sum) / 8.0f;  // 8 lanes per block: an exact division
-      }
-    }
-  }
 }
 
-// 64 unpacked weight bytes of one chunk (superblock) or pair; 4-bit: the low nibbles of the 32
-// bytes fill lanes 0-7, the high nibbles lanes 8-15
-template <int BITS>
-inline __m512i load_weights(const uint8_t* p) {
-  if (BITS == 8) return _mm512_loadu_si512(p);
-  const __m512i both = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  const __m512i shifts = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
-  return _mm512_and_si512(_mm512_srlv_epi64(both, shifts), _mm512_set1_epi8(0x0F));
+inline int32_t load4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
 }
 
-// rows r0..r0+NR-1 against one weight row; writes out[r * out_stride]
-template <int BITS, int NR>
-inline void tile(const QuantRow* rows, const Shape& s, const uint8_t* w, const float* sc, const float* bi,
-                 float* out, int out_stride) {
-  constexpr int cb = BITS == 8 ? 64 : 32;  // weight bytes per chunk or pair
+// activation rows m0..m0+NR-1 against one group of r weight rows; CH independent integer chains
+// per row (integer sums: their order cannot change a bit) keep the vpdpbusd latency hidden when
+// few rows share the weights
+template <int BITS, int NR, int CH>
+inline void tile(const Act& a, int m0, int K, const uint8_t* wg, const float* sg, const float* bg, int r,
+                 float* out, int ldo) {
+  const int nb = K / kBlock;
+  const __mmask64 bm = r == kGroup ? ~0ULL : ((1ULL << (4 * r)) - 1);
+  const __mmask16 fm = static_cast<__mmask16>((1u << r) - 1);
+  const size_t bb = block_bytes(r, BITS), run = static_cast<size_t>(4) * r;
+  const __m512i low = _mm512_set1_epi8(0x0F);
   __m512 acc[NR];
-  for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
-  const uint8_t* wp = w;
-  for (int sb = 0; sb < s.full; ++sb, wp += kChunks * cb) {
-    __m512i iacc[NR];
-    for (int r = 0; r < NR; ++r) iacc[r] = _mm512_setzero_si512();
-    const size_t qoff = static_cast<size_t>(sb) * kChunks * 64;
-    for (int c = 0; c < kChunks; ++c) {
-      const __m512i wq = load_weights<BITS>(wp + c * cb);
-      for (int r = 0; r < NR; ++r)
-        iacc[r] = _mm512_dpbusd_epi32(iacc[r], wq, _mm512_loadu_si512(rows[r].q + qoff + c * 64));
+#pragma GCC unroll 8
+  for (int i = 0; i < NR; ++i) acc[i] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* wb = wg + b * bb;
+    __m512i w[8];
+    if (BITS == 8) {
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) w[c] = _mm512_maskz_loadu_epi8(bm, wb + c * run);
+    } else {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const __m512i p = _mm512_maskz_loadu_epi8(bm, wb + j * run);
+        w[2 * j] = _mm512_and_si512(p, low);
+        w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
+      }
     }
-    const __m512 sv = _mm512_loadu_ps(sc + sb * kSuper), bv = _mm512_loadu_ps(bi + sb * kSuper);
-    for (int r = 0; r < NR; ++r) {
-      __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(iacc[r]), _mm512_mul_ps(sv, _mm512_loadu_ps(rows[r].d + sb * 16)));
-      t = _mm512_fmadd_ps(bv, _mm512_loadu_ps(rows[r].dsum + sb * 16), t);
-      acc[r] = _mm512_add_ps(acc[r], t);
+    const __m512 sv = _mm512_maskz_loadu_ps(fm, sg + static_cast<size_t>(b) * r);
+    const __m512 bv = _mm512_maskz_loadu_ps(fm, bg + static_cast<size_t>(b) * r);
+#pragma GCC unroll 8
+    for (int i = 0; i < NR; ++i) {
+      const int m = m0 + i;
+      const int8_t* xq = a.q.data() + static_cast<size_t>(m) * K + static_cast<size_t>(b) * kBlock;
+      __m512i s[CH];
+#pragma GCC unroll 4
+      for (int c = 0; c < CH; ++c) s[c] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) s[c % CH] = _mm512_dpbusd_epi32(s[c % CH], w[c], _mm512_set1_epi32(load4(xq + 4 * c)));
+      __m512i dot = s[0];
+#pragma GCC unroll 4
+      for (int c = 1; c < CH; ++c) dot = _mm512_add_epi32(dot, s[c]);
+      const size_t f = static_cast<size_t>(m) * nb + b;
+      __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sv, _mm512_set1_ps(a.d[f])));
+      t = _mm512_fmadd_ps(bv, _mm512_set1_ps(a.ds[f]), t);
+      acc[i] = _mm512_add_ps(acc[i], t);
     }
   }
-  const __m512i pick = BITS == 8 ? _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
-                                 : _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
-  for (int p = 0; p < s.pairs; ++p, wp += cb) {
-    const __m512i wq = load_weights<BITS>(wp);
-    const int blk = s.full * kSuper + 2 * p;
-    const __m512 sv = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(_mm_setr_ps(sc[blk], sc[blk + 1], 0.f, 0.f)));
-    const __m512 bv = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(_mm_setr_ps(bi[blk], bi[blk + 1], 0.f, 0.f)));
-    const size_t qoff = static_cast<size_t>(s.full) * kChunks * 64 + static_cast<size_t>(p) * 64;
-    const int foff = (s.full + p) * 16;
-    for (int r = 0; r < NR; ++r) {
-      const __m512i iv = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, _mm512_loadu_si512(rows[r].q + qoff));
-      __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(iv), _mm512_mul_ps(sv, _mm512_loadu_ps(rows[r].d + foff)));
-      t = _mm512_fmadd_ps(bv, _mm512_loadu_ps(rows[r].dsum + foff), t);
-      acc[r] = _mm512_add_ps(acc[r], t);
-    }
-  }
-  for (int r = 0; r < NR; ++r) out[static_cast<size_t>(r) * out_stride] = _mm512_reduce_add_ps(acc[r]);
+#pragma GCC unroll 8
+  for (int i = 0; i < NR; ++i) _mm512_mask_storeu_ps(out + static_cast<size_t>(m0 + i) * ldo, fm, acc[i]);
 }
 
 template <int BITS>
-void weight_row(const QuantRow* rows, int nrows, const Shape& s, const uint8_t* w, const float* sc,
-                const float* bi, float* out, int out_stride) {
-  int r0 = 0;
-  for (; r0 + 4 <= nrows; r0 += 4) tile<BITS, 4>(rows + r0, s, w, sc, bi, out + static_cast<size_t>(r0) * out_stride, out_stride);
-  switch (nrows - r0) {
-    case 3: tile<BITS, 3>(rows + r0, s, w, sc, bi, out + static_cast<size_t>(r0) * out_stride, out_stride); break;
-    case 2: tile<BITS, 2>(rows + r0, s, w, sc, bi, out + static_cast<size_t>(r0) * out_stride, out_stride); break;
-    case 1: tile<BITS, 1>(rows + r0, s, w, sc, bi, out + static_cast<size_t>(r0) * out_stride, out_stride); break;
+void group(const Act& a, int M, int K, const uint8_t* wg, const float* sg, const float* bg, int r, float* out,
+           int ldo) {
+  int m0 = 0;
+  for (; m0 + 8 <= M; m0 += 8) tile<BITS, 8, 1>(a, m0, K, wg, sg, bg, r, out, ldo);
+  switch (M - m0) {
+    case 7: tile<BITS, 7, 1>(a, m0, K, wg, sg, bg, r, out, ldo); break;
+    case 6: tile<BITS, 6, 1>(a, m0, K, wg, sg, bg, r, out, ldo); break;
+    case 5: tile<BITS, 5, 1>(a, m0, K, wg, sg, bg, r, out, ldo); break;
+    case 4: tile<BITS, 4, 1>(a, m0, K, wg, sg, bg, r, out, ldo); break;
+    case 3: tile<BITS, 3, 2>(a, m0, K, wg, sg, bg, r, out, ldo); break;
+    case 2: tile<BITS, 2, 2>(a, m0, K, wg, sg, bg, r, out, ldo); break;
+    case 1: tile<BITS, 1, 4>(a, m0, K, wg, sg, bg, r, out, ldo); break;
     default: break;
   }
 }
 
-// natural-order values <-> the kernel's bytes, one row
-template <bool PACK>
-void convert_row(uint8_t* q, uint8_t* packed, int K, int bits) {
-  const Shape s = shape_of(K);
-  const int cb = bits == 8 ? 64 : 32;
-  uint8_t* p = packed;
-  if (PACK) std::memset(packed, 0, row_bytes(K, bits));
-  auto move = [&](uint8_t* byte, uint8_t* value, bool high) {
-    if (bits == 8) {
-      if (PACK) *byte = *value; else *value = *byte;
-    } else if (PACK) {
-      *byte |= high ? static_cast<uint8_t>(*value << 4) : *value;
-    } else {
-      *value = high ? *byte >> 4 : *byte & 0x0F;
-    }
-  };
-  for (int sb = 0; sb < s.full; ++sb)
-    for (int c = 0; c < kChunks; ++c, p += cb)
-      for (int lane = 0; lane < kSuper; ++lane)
-        for (int e = 0; e < 4; ++e) {
-          uint8_t* v = q + static_cast<size_t>(sb * kSuper + lane) * kBlock + 4 * c + e;
-          if (bits == 8) move(p + 4 * lane + e, v, false);
-          else move(p + 4 * (lane % 8) + e, v, lane >= 8);
-        }
-  for (int pr = 0; pr < s.pairs; ++pr, p += cb)
-    for (int half = 0; half < 2; ++half)
-      for (int i = 0; i < kBlock; ++i) {
-        uint8_t* v = q + static_cast<size_t>(s.full * kSuper + 2 * pr + half) * kBlock + i;
-        if (bits == 8) move(p + 32 * half + i, v, false);
-        else move(p + 16 * half + (i % 16), v, i >= 16);
-      }
-}
-
 }  // namespace
 
-void repack_row(const uint8_t* mlx_row, uint8_t* out, int K, int bits) {
-  std::vector<uint8_t> q(K);
-  if (bits == 8) {
-    std::memcpy(q.data(), mlx_row, K);
-  } else {
-    for (int k = 0; k < K / 2; ++k) {
-      q[2 * k] = mlx_row[k] & 0x0F;
-      q[2 * k + 1] = mlx_row[k] >> 4;
+void repack(const uint8_t* mlx_rows, uint8_t* out, int N, int K, int bits) {
+  const size_t rb = row_bytes(K, bits);
+  std::memset(out, 0, rb * N);
+  for (int n = 0; n < N; ++n) {
+    const int g = n / kGroup, r = group_rows(N, g), i = n % kGroup;
+    uint8_t* base = out + static_cast<size_t>(g) * kGroup * rb;
+    const uint8_t* src = mlx_rows + static_cast<size_t>(n) * rb;
+    for (int k = 0; k < K; ++k) {
+      const uint8_t q = bits == 8 ? src[k] : (k % 2 ? src[k / 2] >> 4 : src[k / 2] & 0x0F);
+      bool high;
+      uint8_t* byte = base + value_offset(i, k, r, bits, &high);
+      *byte |= high ? static_cast<uint8_t>(q << 4) : q;
     }
   }
-  convert_row<true>(q.data(), out, K, bits);
 }
 
-void unpack_row(const uint8_t* packed, uint8_t* q, int K, int bits) {
-  convert_row<false>(q, const_cast<uint8_t*>(packed), K, bits);
+void unpack(const uint8_t* packed, uint8_t* q, int N, int K, int bits) {
+  const size_t rb = row_bytes(K, bits);
+  for (int n = 0; n < N; ++n) {
+    const int g = n / kGroup, r = group_rows(N, g), i = n % kGroup;
+    const uint8_t* base = packed + static_cast<size_t>(g) * kGroup * rb;
+    for (int k = 0; k < K; ++k) {
+      bool high;
+      const uint8_t byte = base[value_offset(i, k, r, bits, &high)];
+      q[static_cast<size_t>(n) * K + k] = bits == 8 ? byte : (high ? byte >> 4 : byte & 0x0F);
+    }
+  }
+}
+
+void interleave(const float* rows, float* out, int N, int nb) {
+  for (int n = 0; n < N; ++n) {
+    const int g = n / kGroup, r = group_rows(N, g), i = n % kGroup;
+    for (int b = 0; b < nb; ++b)
+      out[static_cast<size_t>(g) * kGroup * nb + static_cast<size_t>(b) * r + i] = rows[static_cast<size_t>(n) * nb + b];
+  }
 }
 
 void dequantize_rows(const uint8_t* w, const float* scales, const float* biases, const uint32_t* ids, int R,
-                     int K, int bits, float* out) {
+                     int N, int K, int bits, float* out) {
   const size_t rb = row_bytes(K, bits);
   const int nb = K / kBlock;
-  std::vector<uint8_t> q(K);
-  for (int r = 0; r < R; ++r) {
-    const size_t row = ids[r];
-    unpack_row(w + row * rb, q.data(), K, bits);
-    const float* sc = scales + row * nb;
-    const float* bi = biases + row * nb;
-    float* o = out + static_cast<size_t>(r) * K;
-    for (int k = 0; k < K; ++k) o[k] = sc[k / kBlock] * static_cast<float>(q[k]) + bi[k / kBlock];
+  for (int row = 0; row < R; ++row) {
+    const int n = static_cast<int>(ids[row]);
+    const int g = n / kGroup, r = group_rows(N, g), i = n % kGroup;
+    const uint8_t* base = w + static_cast<size_t>(g) * kGroup * rb;
+    const size_t fbase = static_cast<size_t>(g) * kGroup * nb;
+    float* o = out + static_cast<size_t>(row) * K;
+    for (int k = 0; k < K; ++k) {
+      bool high;
+      const uint8_t byte = base[value_offset(i, k, r, bits, &high)];
+      const uint8_t q = bits == 8 ? byte : (high ? byte >> 4 : byte & 0x0F);
+      const size_t f = fbase + static_cast<size_t>(k / kBlock) * r + i;
+      o[k] = scales[f] * static_cast<float>(q) + biases[f];
+    }
   }
 }
 
 void qmm_multi(const float* x, const WeightRef* weights, int count, int M, int K, int bits, int threads) {
-  const Shape s = shape_of(K);
-  const size_t qstride = q_stride(s), fstride = f_stride(s);
-  std::vector<int8_t> qbuf(static_cast<size_t>(M) * qstride);
-  std::vector<float> dbuf(static_cast<size_t>(M) * fstride), sbuf(static_cast<size_t>(M) * fstride);
-  std::vector<QuantRow> rows(M);
-  for (int m = 0; m < M; ++m) {
-    rows[m] = {qbuf.data() + m * qstride, dbuf.data() + m * fstride, sbuf.data() + m * fstride};
-    quantize_row(x + static_cast<size_t>(m) * K, s, bits, rows[m]);
-  }
-  const size_t wstride = row_bytes(K, bits);
-  // all weights' rows as one range of "global" rows, split evenly over the threads
+  Act a;
+  quantize_rows(x, M, K, a);
+  const size_t rb = row_bytes(K, bits);
+  const int nb = K / kBlock;
+  // all weights' groups as one range of "global" groups, split evenly over the threads
   std::vector<int> starts(count + 1, 0);
-  for (int i = 0; i < count; ++i) starts[i + 1] = starts[i] + weights[i].N;
+  for (int i = 0; i < count; ++i) starts[i + 1] = starts[i] + (weights[i].N + kGroup - 1) / kGroup;
   const int total = starts[count];
   auto run = [&](int g0, int g1) {
     for (int i = 0; i < count; ++i) {
       const WeightRef& wr = weights[i];
-      const int n0 = std::max(g0, starts[i]) - starts[i], n1 = std::min(g1, starts[i + 1]) - starts[i];
-      for (int n = n0; n < n1; ++n) {
-        const uint8_t* wrow = wr.w + n * wstride;
-        const float* sc = wr.scales + static_cast<size_t>(n) * s.nb;
-        const float* bi = wr.biases + static_cast<size_t>(n) * s.nb;
-        if (bits == 8) weight_row<8>(rows.data(), M, s, wrow, sc, bi, wr.out + n, wr.N);
-        else weight_row<4>(rows.data(), M, s, wrow, sc, bi, wr.out + n, wr.N);
+      const int a0 = std::max(g0, starts[i]) - starts[i], a1 = std::min(g1, starts[i + 1]) - starts[i];
+      for (int g = a0; g < a1; ++g) {
+        const int r = group_rows(wr.N, g);
+        const uint8_t* wg = wr.w + static_cast<size_t>(g) * kGroup * rb;
+        const size_t fo = static_cast<size_t>(g) * kGroup * nb;
+        float* out = wr.out + static_cast<size_t>(g) * kGroup;
+        if (bits == 8) group<8>(a, M, K, wg, wr.scales + fo, wr.biases + fo, r, out, wr.N);
+        else group<4>(a, M, K, wg, wr.scales + fo, wr.biases + fo, r, out, wr.N);
       }
     }
   };
   // threads only pay off on big enough products (handing work to a thread costs microseconds)
-  const double work = static_cast<double>(total) * K * (M + 3);
-  threads = std::max(1, std::min(threads, static_cast<int>(work / 2.0e5)));
-  if (threads == 1 || total < 64) {
+  const double work = static_cast<double>(total) * kGroup * K * (M + 3);
+  threads = std::max(1, std::min({threads, total, static_cast<int>(work / 2.0e5)}));
+  if (threads == 1) {
     run(0, total);
     return;
   }
   ThreadPool::instance().run(threads, [&](int t) {
-    const int nt = threads;
-    const int chunk = ((total + nt - 1) / nt + 15) / 16 * 16;  // whole cache lines of output per thread
-    const int g0 = std::min(total, t * chunk), g1 = std::min(total, g0 + chunk);
-    run(g0, g1);
+    const int chunk = (total + threads - 1) / threads;
+    run(std::min(total, t * chunk), std::min(total, (t + 1) * chunk));
   });
 }
 

@@ -8,22 +8,28 @@ namespace mlxcel {
 // Whether this CPU runs the kernels (AVX-512 F/BW/VL + VNNI); checked at run time.
 bool cpu_supported();
 
-// Bytes of one repacked weight row of K values.
+// Bytes of one weight row of K values (the packed matrix is N rows of this many bytes in all,
+// interleaved by groups of 16 rows: see qmm_kernel.cpp).
 inline size_t row_bytes(int K, int bits) { return static_cast<size_t>(K) * bits / 8; }
 
-// Repack one row from MLX's affine layout (bits 8: byte k = q[k]; bits 4: byte k = q[2k] |
-// q[2k+1] << 4) into the kernel's interleaved layout (see qmm_kernel.cpp). K % 64 == 0.
-void repack_row(const uint8_t* mlx_row, uint8_t* out, int K, int bits);
+// MLX's affine rows (bits 8: byte k = q[k]; bits 4: byte k = q[2k] | q[2k+1] << 4), N of them,
+// into the kernel's layout. K % 64 == 0.
+void repack(const uint8_t* mlx_rows, uint8_t* out, int N, int K, int bits);
 
-// The row's quantized values back in natural order (for tests and the dequantize path).
-void unpack_row(const uint8_t* packed, uint8_t* q, int K, int bits);
+// The quantized values back in natural order, [N, K] (for tests and checks).
+void unpack(const uint8_t* packed, uint8_t* q, int N, int K, int bits);
 
-// out[r, k] = scales[row, k/32] * q[row, k] + biases[row, k/32] for row = ids[r] (r < R).
+// Per-block scales or biases [N, nb] (row-major) into the kernel's order: per group of 16 rows,
+// block by block, the group's 16 values side by side.
+void interleave(const float* rows, float* out, int N, int nb);
+
+// out[r, k] = scales[row, k/32] * q[row, k] + biases[row, k/32] for row = ids[r] (r < R), with
+// the packed weight and the interleaved scales and biases.
 void dequantize_rows(const uint8_t* w, const float* scales, const float* biases, const uint32_t* ids, int R,
-                     int K, int bits, float* out);
+                     int N, int K, int bits, float* out);
 
-// out[M, N] = x[M, K] @ W^T with W[n, k] = scales[n, k/32] * q[n, k] + biases[n, k/32]
-// (float32 scales and biases per block of 32). Each output element is reduced in an order fixed
+// out[M, N] = x[M, K] @ W^T with W[n, k] = scales[n, k/32] * q[n, k] + biases[n, k/32] (packed
+// weight, interleaved float32 scales and biases). Each output element is reduced in an order fixed
 // by K alone: never by M, by the row's position, by tiling or by the thread count.
 void qmm(const float* x, const uint8_t* w, const float* scales, const float* biases, float* out,
          int M, int N, int K, int bits, int threads);

@@ -155,7 +155,7 @@ class DequantizeRows : public mx::UnaryPrimitive {
       const uint32_t* ip = contiguous_rows(ids, ic);
       for (int r = 0; r < R; ++r)
         if (ip[r] >= static_cast<uint32_t>(N)) throw std::out_of_range("dequantize_rows: row id out of range");
-      mlxcel::dequantize_rows(wp, sp, bp, ip, R, K, bits, op);
+      mlxcel::dequantize_rows(wp, sp, bp, ip, R, N, K, bits, op);
     });
   }
 
@@ -468,7 +468,17 @@ mx::array repack(mx::array w, int bits) {
   mx::array out(mx::allocator::malloc(N * rb), {N, static_cast<int>(rb)}, mx::uint8);
   const uint8_t* src = w.data<uint8_t>();
   uint8_t* dst = out.data<uint8_t>();
-  for (int n = 0; n < N; ++n) mlxcel::repack_row(src + n * rb, dst + n * rb, K, bits);
+  mlxcel::repack(src, dst, N, K, bits);
+  return out;
+}
+
+// Per-block scales or biases [N, K/32] into the kernel's interleaved order; eager.
+mx::array interleave(mx::array a) {
+  if (a.ndim() != 2 || a.dtype() != mx::float32) throw std::invalid_argument("interleave: float32 [N, K/32] only");
+  a = mx::contiguous(a);
+  mx::eval(a);
+  mx::array out(mx::allocator::malloc(a.nbytes()), a.shape(), mx::float32);
+  mlxcel::interleave(a.data<float>(), out.data<float>(), a.shape(0), a.shape(1));
   return out;
 }
 
@@ -481,8 +491,7 @@ mx::array unpack(mx::array w, int bits) {
   w = mx::contiguous(w);
   mx::eval(w);
   mx::array out(mx::allocator::malloc(static_cast<size_t>(N) * K), {N, K}, mx::uint8);
-  const size_t rb = mlxcel::row_bytes(K, bits);
-  for (int n = 0; n < N; ++n) mlxcel::unpack_row(w.data<uint8_t>() + n * rb, out.data<uint8_t>() + static_cast<size_t>(n) * K, K, bits);
+  mlxcel::unpack(w.data<uint8_t>(), out.data<uint8_t>(), N, K, bits);
   return out;
 }
 
@@ -508,6 +517,8 @@ NB_MODULE(_qmm, m) {
   m.def("dequantize_rows", &dequantize_rows, "w"_a, "scales"_a, "biases"_a, "bits"_a, "ids"_a = nb::none(),
         "rows ids (default: all) of a repacked weight as float32 [..., K]");
   m.def("repack", &repack, "w"_a, "bits"_a, "MLX affine uint32 rows -> the kernel's uint8 layout (eager)");
+  m.def("interleave", &interleave, "a"_a,
+        "per-block scales or biases float32 [N, K/32] -> the kernel's order (16 rows side by side per block; eager)");
   m.def("unpack", &unpack, "w"_a, "bits"_a, "the kernel's layout -> uint8 values [N, K] (eager)");
   m.def("cpu_supported", &mlxcel::cpu_supported, "whether this CPU has AVX-512 F/BW/VL and VNNI");
   m.def("set_threads", [](int n) { g_threads.store(n < 1 ? 1 : n); }, "n"_a);

@@ -95,7 +95,8 @@ def cache_attention(q: mx.array, k_new: mx.array, v_new: mx.array, k_bufs: list,
 
 class RowExactLinear(nn.Module):
     """y = x @ W^T (+ bias) with W held in the kernel's layout: `weight` uint8 [N, K*bits/8] from
-    `_qmm.repack`, `scales`/`biases` float32 [N, K/32]. Built by `apply`."""
+    `_qmm.repack`, `scales`/`biases` float32 [N, K/32] in its order (`_qmm.interleave`). Built by
+    `apply`."""
 
     def __init__(self, weight: mx.array, scales: mx.array, biases: mx.array, bits: int, bias: mx.array | None = None):
         super().__init__()
@@ -254,8 +255,7 @@ def _convert(module: Any, bits: int, *, embedding: bool) -> RowExactLinear:
     # (materialized: the kernel reads contiguous rows, and would copy a strided view every call)
     per_block = lambda a: mx.contiguous(mx.repeat(a.astype(mx.float32), group // 32, axis=1) if group > 32
                                         else a.astype(mx.float32))
-    scales, biases = per_block(scales), per_block(biases)
-    mx.eval(scales, biases)
+    scales, biases = qmm.interleave(per_block(scales)), qmm.interleave(per_block(biases))
     packed = qmm.repack(wq, bits)
     if embedding:
         return RowExactEmbedding(packed, scales, biases, bits)

@@ -25,7 +25,7 @@ def _quantized(n: int, k: int, bits: int, group: int = 32, seed: int = 0):
     w = mx.random.normal((n, k)) * 0.05
     wq, s, b = mx.quantize(w, group_size=group, bits=bits)
     dense = mx.dequantize(wq, s, b, group_size=group, bits=bits)
-    per_block = lambda a: mx.repeat(a.astype(mx.float32), group // 32, axis=1)
+    per_block = lambda a: QMM.interleave(mx.repeat(a.astype(mx.float32), group // 32, axis=1))
     return QMM.repack(wq, bits), per_block(s), per_block(b), dense
 
 
@@ -106,11 +106,13 @@ def test_repack_round_trips_and_dequantize_rows_matches_mlx(bits):
         ones, zeros = mx.ones_like(s), mx.zeros_like(b)
         q = mx.dequantize(wq, ones, zeros, group_size=32, bits=bits).astype(mx.uint8)
         assert mx.array_equal(QMM.unpack(packed, bits), q).item()
-        rows = QMM.dequantize_rows(packed, s, b, bits, mx.array([[3, 0], [36, 3]]))
+        s, b = s.astype(mx.float32), b.astype(mx.float32)
+        si, bi = QMM.interleave(s), QMM.interleave(b)  # 37 rows: two groups of 16 and one of 5
+        rows = QMM.dequantize_rows(packed, si, bi, bits, mx.array([[3, 0], [36, 3]]))
         want = mx.dequantize(wq, s, b, group_size=32, bits=bits)
         assert rows.shape == (2, 2, k)
         assert mx.allclose(rows[0, 0], want[3], atol=1e-6).item() and mx.allclose(rows[1, 0], want[36], atol=1e-6).item()
-        assert mx.allclose(QMM.dequantize_rows(packed, s, b, bits), want, atol=1e-6).item()
+        assert mx.allclose(QMM.dequantize_rows(packed, si, bi, bits), want, atol=1e-6).item()
 
 
 @needs_kernel
