@@ -2,10 +2,11 @@
 // called after cpu_supported().
 //
 // Per query row: scores s_j = (q . k_j) * scale for its visible keys (the dot product is 16-lane
-// FMAs over D in order, then one fixed 16-lane sum), m = max s_j, p_j = exp(s_j - m) with a
-// vectorised Cephes polynomial (16 keys at a time, the last group masked), l = the 16-lane sum
-// of p, out = (sum_j p_j v_j, keys in order) / l. Nothing depends on L, on the row's place in
-// the block or on the threads, which split the (batch, head) pairs.
+// FMAs over D in order, then one fixed 16-lane sum, 16 keys' sums at a time), m = max s_j,
+// p_j = exp(s_j - m) with a vectorised Cephes polynomial (16 keys at a time, the last group
+// masked), l = the 16-lane sum of p, out = (sum_j p_j v_j, key j into accumulator set j % SETS,
+// the sets added in a fixed order) / l. Nothing depends on L, on the row's place in the block or
+// on the threads, which split the (batch, head) pairs.
 #include "attention_kernel.h"
 
 #include <immintrin.h>
@@ -104,101 +105,262 @@ void one_row(const AttentionArgs& a, const float* q, const float* k, const float
   }
 }
 
-// D = 16 * NC: every loop has a compile-time trip count, so the accumulators stay in registers
-template <int NC>
-void one_row_fixed(const AttentionArgs& a, const float* q, const float* k, const float* v, float* out, int visible,
-                   std::vector<float>& s) {
-  __m512 qv[NC];
-  for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
-  s.resize(visible);
-  float m = -INFINITY;
-  for (int j = 0; j < visible; ++j) {
-    const float* kr = k + j * a.k_strides[2];
-    __m512 acc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
-    for (int c = 1; c < NC; ++c) acc = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), acc);
-    s[j] = _mm512_reduce_add_ps(acc) * a.scale;
-    m = std::max(m, s[j]);
-  }
-  const float inv = 1.0f / softmax_in_place(s.data(), visible, m);
-  __m512 acc[NC];
-  for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
-  for (int j = 0; j < visible; ++j) {
-    const __m512 p = _mm512_set1_ps(s[j]);
-    const float* vr = v + j * a.v_strides[2];
-    for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), acc[c]);
-  }
-  const __m512 iv = _mm512_set1_ps(inv);
-  for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(acc[c], iv));
+// 16 vectors -> one vector whose lane j is the sum of v[j]'s 16 lanes. Every v[j] goes through
+// the same tree (lanes i + (i+8), then + the (i+4) pair, then the four partials pairwise), so a
+// key's score does not depend on which 16 keys it was summed beside.
+inline __m512 hsum16(const __m512* v) {
+  __m512 c[8], e[4], g[2];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i)  // quarter t of e[i]: the 4 partial sums of v[4i + t]
+    e[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i)
+    g[i] = _mm512_add_ps(_mm512_shuffle_ps(e[2 * i], e[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(e[2 * i], e[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // lane 4t + u of h holds the sum of v[4u + t]
+  const __m512 h = _mm512_add_ps(_mm512_shuffle_ps(g[0], g[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(g[0], g[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, h);
 }
 
-// one query row over its `vis` visible keys, by head dimension
+// one query row over its `vis` visible keys (head widths other than 32, 64, 128)
 inline void row(const AttentionArgs& a, const float* q, const float* k, const float* v, float* out, int vis,
                 std::vector<float>& s) {
   if (vis == 0) std::fill(out, out + a.D, 0.0f);  // no key to attend to (never in a causal block)
-  else if (a.D == 64) one_row_fixed<4>(a, q, k, v, out, vis, s);
-  else if (a.D == 128) one_row_fixed<8>(a, q, k, v, out, vis, s);
-  else if (a.D == 32) one_row_fixed<2>(a, q, k, v, out, vis, s);
   else one_row(a, q, k, v, out, vis, s);
 }
 
-// the pairs [0, pairs) split over the threads when the work pays for the hand-off
-void split(int pairs, double work, int threads, const std::function<void(int, int)>& run) {
-  threads = std::max(1, std::min({threads, pairs, static_cast<int>(work / 1.0e5)}));
-  if (threads == 1) {
-    run(0, pairs);
+struct Query {
+  const float* q;
+  float* out;
+  int vis;
+};
+
+struct Scratch {
+  std::vector<float> s, acc, inv;
+  std::vector<Query> queries;
+};
+
+// Every query of one KV head at once (the heads that share it, the rows of a block): keys and
+// values pass through 16 at a time for all the queries while they sit in L1, instead of once per
+// query from L2. Each query's arithmetic is exactly one_row_fixed's (the same hsum16 groups of
+// 16 keys, the same max, the same exp and sum, key j into value set j % SETS in key order, the
+// sets added in the same order): only the loops are interchanged, so results are bit-identical.
+template <int NC>
+void kv_unit(const Query* qs, int n, const float* k, const float* v, int64_t ks, int64_t vs, float scale,
+             Scratch& sc) {
+  constexpr int SETS = NC <= 4 ? 4 : 2;
+  constexpr int ACC = SETS * NC * 16;  // floats of one query's value accumulators
+  int maxvis = 0;
+  for (int t = 0; t < n; ++t) maxvis = std::max(maxvis, qs[t].vis);
+  const size_t stride = static_cast<size_t>(maxvis + 15) / 16 * 16;
+  sc.s.resize(stride * n);
+  sc.inv.resize(n);
+  sc.acc.assign(static_cast<size_t>(ACC) * n, 0.0f);
+  const __m512 scl = _mm512_set1_ps(scale);
+  for (int j0 = 0; j0 < maxvis; j0 += 16) {  // scores
+    for (int t = 0; t < n; ++t) {
+      const int left = qs[t].vis - j0;
+      if (left <= 0) continue;
+      const int cnt = std::min(16, left);
+      __m512 qv[NC], acc[16];
+#pragma GCC unroll 8
+      for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(qs[t].q + 16 * c);
+#pragma GCC unroll 16
+      for (int jj = 0; jj < 16; ++jj) {
+        if (jj < cnt) {
+          const float* kr = k + (j0 + jj) * ks;
+          __m512 x = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+#pragma GCC unroll 8
+          for (int c = 1; c < NC; ++c) x = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), x);
+          acc[jj] = x;
+        } else {
+          acc[jj] = _mm512_setzero_ps();
+        }
+      }
+      const __mmask16 m = static_cast<__mmask16>(cnt == 16 ? 0xFFFF : (1u << cnt) - 1);
+      _mm512_mask_storeu_ps(sc.s.data() + stride * t + j0, m, _mm512_mul_ps(hsum16(acc), scl));
+    }
+  }
+  for (int t = 0; t < n; ++t) {  // softmax
+    float* sp = sc.s.data() + stride * t;
+    const int vis = qs[t].vis;
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    for (int j = 0; j < vis; j += 16) {
+      const __mmask16 m = static_cast<__mmask16>(vis - j >= 16 ? 0xFFFF : (1u << (vis - j)) - 1);
+      mv = _mm512_mask_max_ps(mv, m, mv, _mm512_maskz_loadu_ps(m, sp + j));
+    }
+    sc.inv[t] = 1.0f / softmax_in_place(sp, vis, _mm512_reduce_max_ps(mv));
+  }
+  for (int j0 = 0; j0 < maxvis; j0 += 16) {  // weighted values
+    for (int t = 0; t < n; ++t) {
+      const int left = qs[t].vis - j0;
+      if (left <= 0) continue;
+      const int cnt = std::min(16, left);
+      const float* sp = sc.s.data() + stride * t + j0;
+      float* ap = sc.acc.data() + static_cast<size_t>(ACC) * t;
+      __m512 acc[SETS][NC];
+#pragma GCC unroll 4
+      for (int e = 0; e < SETS; ++e)
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; ++c) acc[e][c] = _mm512_loadu_ps(ap + (e * NC + c) * 16);
+      if (cnt == 16) {
+#pragma GCC unroll 16
+        for (int jj = 0; jj < 16; ++jj) {
+          const __m512 p = _mm512_set1_ps(sp[jj]);
+          const float* vr = v + (j0 + jj) * vs;
+#pragma GCC unroll 8
+          for (int c = 0; c < NC; ++c)
+            acc[jj % SETS][c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), acc[jj % SETS][c]);
+        }
+      } else {
+        for (int jj = 0; jj < cnt; jj += SETS) {
+#pragma GCC unroll 4
+          for (int e = 0; e < SETS; ++e) {
+            if (jj + e >= cnt) break;
+            const __m512 p = _mm512_set1_ps(sp[jj + e]);
+            const float* vr = v + (j0 + jj + e) * vs;
+#pragma GCC unroll 8
+            for (int c = 0; c < NC; ++c) acc[e][c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), acc[e][c]);
+          }
+        }
+      }
+#pragma GCC unroll 4
+      for (int e = 0; e < SETS; ++e)
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; ++c) _mm512_storeu_ps(ap + (e * NC + c) * 16, acc[e][c]);
+    }
+  }
+  for (int t = 0; t < n; ++t) {
+    const float* ap = sc.acc.data() + static_cast<size_t>(ACC) * t;
+    const __m512 iv = _mm512_set1_ps(sc.inv[t]);
+    if (qs[t].vis == 0) {  // no key to attend to (never in a causal block; kept well-defined)
+      std::fill(qs[t].out, qs[t].out + 16 * NC, 0.0f);
+      continue;
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; ++c) {
+      __m512 x = _mm512_add_ps(_mm512_loadu_ps(ap + c * 16), _mm512_loadu_ps(ap + (NC + c) * 16));
+      if constexpr (SETS == 4)
+        x = _mm512_add_ps(x, _mm512_add_ps(_mm512_loadu_ps(ap + (2 * NC + c) * 16), _mm512_loadu_ps(ap + (3 * NC + c) * 16)));
+      _mm512_storeu_ps(qs[t].out + 16 * c, _mm512_mul_ps(x, iv));
+    }
+  }
+}
+
+// the queries of one KV head, by head dimension (other widths: one row at a time)
+void unit(const AttentionArgs& a, const Query* qs, int n, const float* k, const float* v, Scratch& sc) {
+  const int64_t ks = a.k_strides[2], vs = a.v_strides[2];
+  if (a.D == 64) return kv_unit<4>(qs, n, k, v, ks, vs, a.scale, sc);
+  if (a.D == 128) return kv_unit<8>(qs, n, k, v, ks, vs, a.scale, sc);
+  if (a.D == 32) return kv_unit<2>(qs, n, k, v, ks, vs, a.scale, sc);
+  for (int t = 0; t < n; ++t) row(a, qs[t].q, k, v, qs[t].out, qs[t].vis, sc.s);
+}
+
+// One KV head's queries, or a part of them (a query's result never depends on the others).
+struct Item {
+  const float* k;
+  const float* v;
+  std::vector<Query> queries;
+};
+
+// Items split over the threads when the work pays for the hand-off; with fewer items than
+// twice the threads (one sequence's 3 KV heads), each is cut into parts so no thread idles.
+void run_items(const AttentionArgs& a, std::vector<Item>& items, double work, int threads) {
+  threads = std::max(1, std::min(threads, static_cast<int>(work / 1.0e5)));
+  if (threads > 1 && static_cast<int>(items.size()) < 2 * threads) {
+    std::vector<Item> parts;
+    for (auto& it : items) {
+      const int n = static_cast<int>(it.queries.size());
+      const int per = std::max(1, (n + threads - 1) / threads);
+      for (int i = 0; i < n; i += per)
+        parts.push_back({it.k, it.v, std::vector<Query>(it.queries.begin() + i, it.queries.begin() + std::min(n, i + per))});
+    }
+    items.swap(parts);
+  }
+  const int count = static_cast<int>(items.size());
+  threads = std::min(threads, count);
+  auto run = [&](int i0, int i1) {
+    Scratch sc;
+    for (int i = i0; i < i1; ++i)
+      unit(a, items[i].queries.data(), static_cast<int>(items[i].queries.size()), items[i].k, items[i].v, sc);
+  };
+  if (threads <= 1) {
+    run(0, count);
     return;
   }
-  ThreadPool::instance().run(threads, [&](int t) {
-    const int chunk = (pairs + threads - 1) / threads;
-    run(std::min(pairs, t * chunk), std::min(pairs, (t + 1) * chunk));
-  });
+  // contiguous ranges of equal query counts, not of item counts
+  std::vector<int> bounds(threads + 1, count);
+  bounds[0] = 0;
+  size_t total = 0;
+  for (auto& it : items) total += it.queries.size();
+  size_t acc = 0;
+  int t = 1;
+  for (int i = 0; i < count && t < threads; ++i) {
+    acc += items[i].queries.size();
+    if (acc * threads >= total * t) bounds[t++] = i + 1;
+  }
+  ThreadPool::instance().run(threads, [&](int th) { run(bounds[th], bounds[th + 1]); });
 }
 
 }  // namespace
 
 void attention(const AttentionArgs& a, int threads) {
   const int group = a.Hq / a.Hkv;
-  const int pairs = a.B * a.Hq;
-  auto run = [&](int p0, int p1) {
-    std::vector<float> s;
-    for (int p = p0; p < p1; ++p) {
-      const int b = p / a.Hq, h = p % a.Hq, kvh = h / group;
-      const float* k = a.k + b * a.k_strides[0] + kvh * a.k_strides[1];
-      const float* v = a.v + b * a.v_strides[0] + kvh * a.v_strides[1];
-      for (int i = 0; i < a.L; ++i) {
-        const float* q = a.q + b * a.q_strides[0] + h * a.q_strides[1] + i * a.q_strides[2];
-        float* out = a.out + ((static_cast<int64_t>(b) * a.Hq + h) * a.L + i) * a.D;
-        const int visible = a.causal ? a.S - a.L + i + 1 : a.S;
-        row(a, q, k, v, out, std::max(visible, 0), s);
-      }
+  std::vector<Item> items;
+  for (int b = 0; b < a.B; ++b)
+    for (int kvh = 0; kvh < a.Hkv; ++kvh) {
+      Item it{a.k + b * a.k_strides[0] + kvh * a.k_strides[1], a.v + b * a.v_strides[0] + kvh * a.v_strides[1], {}};
+      for (int h = kvh * group; h < (kvh + 1) * group; ++h)
+        for (int i = 0; i < a.L; ++i) {
+          const int visible = a.causal ? a.S - a.L + i + 1 : a.S;
+          it.queries.push_back({a.q + b * a.q_strides[0] + h * a.q_strides[1] + i * a.q_strides[2],
+                                a.out + ((static_cast<int64_t>(b) * a.Hq + h) * a.L + i) * a.D, std::max(visible, 0)});
+        }
+      items.push_back(std::move(it));
     }
-  };
-  split(pairs, static_cast<double>(pairs) * a.L * a.S * a.D, threads, run);
+  run_items(a, items, static_cast<double>(a.B) * a.Hq * a.L * a.S * a.D, threads);
 }
 
 void attention_rows(const RowsAttentionArgs& r, int threads) {
   const int group = r.Hq / r.Hkv;
-  const int pairs = r.B * r.Hq;
-  double work = 0;
-  for (int b = 0; b < r.B; ++b) work += static_cast<double>(r.Hq) * r.L * (r.offset[b] + r.L) * r.D;
-  auto run = [&](int p0, int p1) {
-    std::vector<float> s;
-    AttentionArgs a{};  // what the one-row code reads: D, scale and the key/value row strides
-    a.D = r.D;
-    a.scale = r.scale;
-    a.k_strides[2] = a.v_strides[2] = r.D;
-    for (int p = p0; p < p1; ++p) {
-      const int b = p / r.Hq, h = p % r.Hq, kvh = h / group;
-      const float* k = r.k[b] + kvh * r.head_stride[b];
-      const float* v = r.v[b] + kvh * r.head_stride[b];
-      for (int i = 0; i < r.L; ++i) {
-        const float* q = r.q + b * r.q_strides[0] + h * r.q_strides[1] + i * r.q_strides[2];
-        float* out = r.out + ((static_cast<int64_t>(b) * r.Hq + h) * r.L + i) * r.D;
-        row(a, q, k, v, out, r.offset[b] + i + 1, s);
-      }
+  // entries that share a buffer are one sequence's rows: one item per (sequence, KV head)
+  std::vector<std::vector<int>> seqs;
+  std::vector<const float*> seen;
+  for (int e = 0; e < r.B; ++e) {
+    const auto it = std::find(seen.begin(), seen.end(), r.k[e]);
+    if (it == seen.end()) {
+      seen.push_back(r.k[e]);
+      seqs.push_back({e});
+    } else {
+      seqs[it - seen.begin()].push_back(e);
     }
-  };
-  split(pairs, work, threads, run);
+  }
+  double work = 0;
+  for (int e = 0; e < r.B; ++e) work += static_cast<double>(r.Hq) * r.L * (r.offset[e] + r.L) * r.D;
+  AttentionArgs a{};  // what the kernels read: D, scale and the key/value row strides
+  a.D = r.D;
+  a.scale = r.scale;
+  a.k_strides[2] = a.v_strides[2] = r.D;
+  std::vector<Item> items;
+  for (const auto& entries : seqs)
+    for (int kvh = 0; kvh < r.Hkv; ++kvh) {
+      const int e0 = entries[0];
+      Item it{r.k[e0] + kvh * r.head_stride[e0], r.v[e0] + kvh * r.head_stride[e0], {}};
+      for (int e : entries)
+        for (int h = kvh * group; h < (kvh + 1) * group; ++h)
+          for (int i = 0; i < r.L; ++i)
+            it.queries.push_back({r.q + e * r.q_strides[0] + h * r.q_strides[1] + i * r.q_strides[2],
+                                  r.out + ((static_cast<int64_t>(e) * r.Hq + h) * r.L + i) * r.D, r.offset[e] + i + 1});
+      items.push_back(std::move(it));
+    }
+  run_items(a, items, work, threads);
 }
 
 }  // namespace mlxcel

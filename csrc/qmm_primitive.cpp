@@ -38,6 +38,7 @@ namespace {
 
 std::atomic<int> g_threads{1};
 std::atomic<long long> g_ns{0}, g_calls{0};  // time in the matmul kernel (kernel_time(), for profiling)
+std::atomic<long long> g_att_ns{0};          // time in the attention kernels (attention_time())
 
 // x as a row-contiguous float buffer: its own data when it already is one, else a gathered copy
 // (any strides; runs inside the dispatched task, when x's contents exist)
@@ -210,7 +211,9 @@ class RowExactAttention : public mx::UnaryPrimitive {
       a.q = q.data<float>();
       a.k = k.data<float>();
       a.v = v.data<float>();
+      auto t0 = std::chrono::steady_clock::now();
       mlxcel::attention(a, threads);
+      g_att_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
     });
   }
 
@@ -244,14 +247,18 @@ mx::array row_exact_attention(const mx::array& q, const mx::array& k, const mx::
   return mx::array(q.shape(), mx::float32, std::make_shared<RowExactAttention>(s, scale, causal), {q, k, v});
 }
 
-// One layer of a batched forward over B sequences that each keep their own KV buffer
-// (serve -np N): writes each sequence's new keys and values into its buffer at its offset and
-// attends each query row over its own sequence (attention_rows), in one op instead of B cache
-// updates, B attentions and a concatenation. Inputs: q [B, Hq, L, D], new keys and values
-// [B, Hkv, L, D], then the B key buffers and the B value buffers ([1, Hkv, cap_b, D], cap_b >=
-// offset_b + L); outputs: the attention [B, Hq, L, D], then the B updated key buffers and the B
-// value buffers. A buffer nobody else holds is updated in place (donated), as MLX's own slice
-// update does; one still referenced elsewhere is copied first.
+// One layer of a batched forward over sequences that each keep their own KV buffer (serve -np
+// N), in one op instead of per-sequence cache updates, attentions and a concatenation. The block
+// is E entries of L query rows; entry e belongs to sequence seq[e] and its rows stand at
+// positions pos[e]..pos[e]+L-1. Every row's new key and value are written into its sequence's
+// buffers at its position, then each row attends keys 0..its position of its own sequence
+// (attention_rows: the one-row code of row_exact_attention). Two layouts use it: a padded block
+// (entry e = sequence e, L rows) and a ragged one (entries of one row each, several of them the
+// rows of one sequence's verify block, so nothing is padded).
+// Inputs: q [E, Hq, L, D], new keys and values [E, Hkv, L, D], then the S key buffers and the S
+// value buffers ([1, Hkv, cap_s, D]); outputs: the attention [E, Hq, L, D], then the updated key
+// buffers and value buffers. A buffer nobody else holds is updated in place (donated), as MLX's
+// own slice update does; one still referenced elsewhere is copied first.
 std::atomic<long long> g_buffers_donated{0}, g_buffers_copied{0};
 
 // MLX's is_donatable() asks for a descriptor referenced once, but every output of a multi-output
@@ -267,18 +274,19 @@ bool donatable_by(const mx::array& in, size_t outputs) {
 
 class RowExactCacheAttention : public mx::Primitive {
  public:
-  RowExactCacheAttention(mx::Stream s, std::vector<int> offsets, float scale)
-      : mx::Primitive(s), offsets_(std::move(offsets)), scale_(scale) {}
+  RowExactCacheAttention(mx::Stream s, std::vector<int> seq, std::vector<int> pos, float scale)
+      : mx::Primitive(s), seq_(std::move(seq)), pos_(std::move(pos)), scale_(scale) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const auto& q = inputs[0];
-    const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
+    const int E = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
     const int Hkv = inputs[1].shape(1);
+    const int S = static_cast<int>(inputs.size() - 3) / 2;
     auto& out = outputs[0];
     out.set_data(mx::allocator::malloc(out.nbytes()));
-    std::vector<mx::array> copy_from;  // buffers that could not be donated, by output index
+    std::vector<mx::array> copy_from;  // buffers that could not be donated
     std::vector<int> copy_to;
-    for (int j = 0; j < 2 * B; ++j) {
+    for (int j = 0; j < 2 * S; ++j) {
       const auto& in = inputs[3 + j];
       auto& o = outputs[1 + j];
       if (donatable_by(in, outputs.size())) {
@@ -294,50 +302,58 @@ class RowExactCacheAttention : public mx::Primitive {
     auto& enc = mx::cpu::get_command_encoder(stream());
     for (const auto& a : inputs) enc.set_input_array(a);
     for (auto& o : outputs) enc.set_output_array(o);
-    std::vector<float*> bufs(2 * B);
-    std::vector<int64_t> head_stride(B);
-    for (int j = 0; j < 2 * B; ++j) bufs[j] = outputs[1 + j].data<float>();
-    for (int b = 0; b < B; ++b) head_stride[b] = static_cast<int64_t>(outputs[1 + b].shape(2)) * D;
+    std::vector<float*> bufs(2 * S);
+    for (int j = 0; j < 2 * S; ++j) bufs[j] = outputs[1 + j].data<float>();
+    std::vector<int64_t> head_stride(S);
+    for (int b = 0; b < S; ++b) head_stride[b] = static_cast<int64_t>(outputs[1 + b].shape(2)) * D;
     std::vector<float*> copy_dst;
     for (int j : copy_to) copy_dst.push_back(outputs[j].data<float>());
     enc.dispatch([q, kn = inputs[1], vn = inputs[2], copy_from = std::move(copy_from),
                   copy_dst = std::move(copy_dst), bufs = std::move(bufs), head_stride = std::move(head_stride),
-                  offsets = offsets_, scale = scale_, op = out.data<float>(), B, Hq, Hkv, L, D,
+                  seq = seq_, pos = pos_, scale = scale_, op = out.data<float>(), E, S, Hq, Hkv, L, D,
                   threads = g_threads.load()]() {
       for (size_t c = 0; c < copy_from.size(); ++c) {
         std::vector<float> scratch;
         const float* src = contiguous_rows(copy_from[c], scratch);
         std::memcpy(copy_dst[c], src, copy_from[c].nbytes());
       }
-      // the new rows into each buffer: [h, offset_b + i, :] = new[b, h, i, :]
+      // every row's key and value into its sequence's buffers: [h, pos_e + i, :] = new[e, h, i, :]
       for (int which = 0; which < 2; ++which) {
         const auto& src = which == 0 ? kn : vn;
         const float* base = src.data<float>();
         const auto& st = src.strides();
-        for (int b = 0; b < B; ++b) {
-          float* dst = bufs[which * B + b];
+        for (int e = 0; e < E; ++e) {
+          float* dst = bufs[which * S + seq[e]];
           for (int h = 0; h < Hkv; ++h)
             for (int i = 0; i < L; ++i)
-              std::memcpy(dst + h * head_stride[b] + static_cast<int64_t>(offsets[b] + i) * D,
-                          base + b * st[0] + h * st[1] + i * st[2], sizeof(float) * D);
+              std::memcpy(dst + h * head_stride[seq[e]] + static_cast<int64_t>(pos[e] + i) * D,
+                          base + e * st[0] + h * st[1] + i * st[2], sizeof(float) * D);
         }
+      }
+      std::vector<const float*> kp(E), vp(E);
+      std::vector<int64_t> stride(E);
+      for (int e = 0; e < E; ++e) {
+        kp[e] = bufs[seq[e]];
+        vp[e] = bufs[S + seq[e]];
+        stride[e] = head_stride[seq[e]];
       }
       mlxcel::RowsAttentionArgs a{};
       a.q = q.data<float>();
       for (int d = 0; d < 3; ++d) a.q_strides[d] = q.strides()[d];
-      std::vector<const float*> kp(bufs.begin(), bufs.begin() + B), vp(bufs.begin() + B, bufs.end());
       a.k = kp.data();
       a.v = vp.data();
-      a.head_stride = head_stride.data();
-      a.offset = offsets.data();
+      a.head_stride = stride.data();
+      a.offset = pos.data();
       a.out = op;
-      a.B = B;
+      a.B = E;
       a.Hq = Hq;
       a.Hkv = Hkv;
       a.L = L;
       a.D = D;
       a.scale = scale;
+      auto t0 = std::chrono::steady_clock::now();
       mlxcel::attention_rows(a, threads);
+      g_att_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
     });
   }
 
@@ -349,7 +365,7 @@ class RowExactCacheAttention : public mx::Primitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const RowExactCacheAttention&>(other);
-    return offsets_ == o.offsets_ && scale_ == o.scale_;
+    return seq_ == o.seq_ && pos_ == o.pos_ && scale_ == o.scale_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -359,32 +375,37 @@ class RowExactCacheAttention : public mx::Primitive {
   }
 
  private:
-  std::vector<int> offsets_;
+  std::vector<int> seq_, pos_;
   float scale_;
 };
 
 std::vector<mx::array> row_exact_cache_attention(const mx::array& q, const mx::array& k_new, const mx::array& v_new,
                                                  const std::vector<mx::array>& k_bufs,
-                                                 const std::vector<mx::array>& v_bufs,
-                                                 const std::vector<int>& offsets, float scale) {
+                                                 const std::vector<mx::array>& v_bufs, const std::vector<int>& seq,
+                                                 const std::vector<int>& pos, float scale) {
   const char* what = "row_exact_cache_attention: ";
   if (q.ndim() != 4 || k_new.ndim() != 4 || v_new.ndim() != 4)
-    throw std::invalid_argument(std::string(what) + "q, k_new, v_new must be [B, heads, length, dim]");
-  const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3), Hkv = k_new.shape(1);
-  if (k_new.shape() != v_new.shape() || k_new.shape(0) != B || k_new.shape(2) != L || k_new.shape(3) != D ||
+    throw std::invalid_argument(std::string(what) + "q, k_new, v_new must be [entries, heads, length, dim]");
+  const int E = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3), Hkv = k_new.shape(1);
+  const int S = static_cast<int>(k_bufs.size());
+  if (k_new.shape() != v_new.shape() || k_new.shape(0) != E || k_new.shape(2) != L || k_new.shape(3) != D ||
       Hkv == 0 || Hq % Hkv != 0)
     throw std::invalid_argument(std::string(what) + "shapes do not match (query heads must be a multiple of KV heads)");
-  if (static_cast<int>(k_bufs.size()) != B || static_cast<int>(v_bufs.size()) != B ||
-      static_cast<int>(offsets.size()) != B)
-    throw std::invalid_argument(std::string(what) + "one key buffer, value buffer and offset per sequence");
+  if (static_cast<int>(v_bufs.size()) != S || static_cast<int>(seq.size()) != E || static_cast<int>(pos.size()) != E)
+    throw std::invalid_argument(std::string(what) + "one value buffer per key buffer, one sequence and position per entry");
   for (const auto* x : {&q, &k_new, &v_new})
     if (x->dtype() != mx::float32) throw std::invalid_argument(std::string(what) + "float32 only");
-  for (int b = 0; b < B; ++b)
+  for (int b = 0; b < S; ++b)
     for (const auto* buf : {&k_bufs[b], &v_bufs[b]})
       if (buf->dtype() != mx::float32 || buf->ndim() != 4 || buf->shape(0) != 1 || buf->shape(1) != Hkv ||
-          buf->shape(3) != D || offsets[b] < 0 || buf->shape(2) < offsets[b] + L)
-        throw std::invalid_argument(std::string(what) + "buffer " + std::to_string(b) +
-                                    " must be float32 [1, Hkv, >= offset + L, D]");
+          buf->shape(3) != D)
+        throw std::invalid_argument(std::string(what) + "buffer " + std::to_string(b) + " must be float32 [1, Hkv, capacity, D]");
+  for (int e = 0; e < E; ++e)
+    if (seq[e] < 0 || seq[e] >= S || pos[e] < 0 || k_bufs[seq[e]].shape(2) < pos[e] + L ||
+        v_bufs[seq[e]].shape(2) < pos[e] + L)
+      throw std::invalid_argument(std::string(what) + "entry " + std::to_string(e) +
+                                  ": no such sequence, or its buffer " + std::to_string(seq[e]) +
+                                  " has no room for positions up to pos + L");
   auto s = mx::default_stream(mx::Device::cpu);
   // the kernel reads rows with a contiguous last axis; rope's and the projections' outputs are
   std::vector<mx::array> inputs{mx::contiguous(q, false, s), mx::contiguous(k_new, false, s),
@@ -397,7 +418,7 @@ std::vector<mx::array> row_exact_cache_attention(const mx::array& q, const mx::a
     }
   std::vector<mx::Dtype> dtypes(shapes.size(), mx::float32);
   return mx::array::make_arrays(std::move(shapes), dtypes,
-                                std::make_shared<RowExactCacheAttention>(s, offsets, scale), inputs);
+                                std::make_shared<RowExactCacheAttention>(s, seq, pos, scale), inputs);
 }
 
 void check_bits(int bits) {
@@ -508,10 +529,11 @@ NB_MODULE(_qmm, m) {
         "softmax(scale q k^T) v computed one query row at a time (row i of a causal block sees keys "
         "0..S-L+i): each row bit-identical to a one-row call at the same position");
   m.def("row_exact_cache_attention", &row_exact_cache_attention, "q"_a, "k_new"_a, "v_new"_a, "k_bufs"_a,
-        "v_bufs"_a, "offsets"_a, "scale"_a,
-        "B sequences' new keys/values written into their own buffers at their offsets and each query "
-        "row attended over its own sequence: [attention, k_bufs..., v_bufs...]; rows equal "
-        "row_exact_attention over each sequence alone");
+        "v_bufs"_a, "seq"_a, "pos"_a, "scale"_a,
+        "entries of L rows, entry e of sequence seq[e] at positions pos[e]..: their new keys/values "
+        "written into that sequence's buffers and each row attended over keys 0..its position of its "
+        "own sequence: [attention, k_bufs..., v_bufs...]; rows equal row_exact_attention over each "
+        "sequence alone");
   m.def("buffer_updates", []() { return std::make_pair(g_buffers_donated.load(), g_buffers_copied.load()); },
         "(buffers updated in place, buffers copied first) by row_exact_cache_attention so far");
   m.def("dequantize_rows", &dequantize_rows, "w"_a, "scales"_a, "biases"_a, "bits"_a, "ids"_a = nb::none(),
@@ -525,4 +547,6 @@ NB_MODULE(_qmm, m) {
   m.def("threads", []() { return g_threads.load(); });
   m.def("kernel_time", []() { return std::make_pair(g_ns.load() * 1e-9, g_calls.load()); },
         "(seconds spent in the row kernel, calls) since the process started");
+  m.def("attention_time", []() { return g_att_ns.load() * 1e-9; },
+        "seconds spent in the row-exact attention kernels since the process started");
 }

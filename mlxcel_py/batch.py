@@ -42,18 +42,27 @@ REOPEN_TICKS = 16
 
 
 class RowCaches:
-    """One layer's caches of B sequences, as one cache for a batched forward.
+    """One layer's caches of several sequences, as one cache for a batched forward.
 
-    On the row-exact path the layer's cache writes and its B attentions are one op
+    The forward's batch entries map to the sequences: in the padded layout entry b is sequence b
+    (its block padded to the widest); in the ragged one every entry is one row, and the rows of a
+    verify block are consecutive entries of one sequence at consecutive positions (`entries`:
+    (sequence, position of the entry's first row) per entry).
+
+    On the row-exact path the layer's cache writes and all its attentions are one op
     (`cpu_weights.cache_attention`): `update_and_fetch` only holds the new keys and values, and
     `attend_rows` (called by the attention dispatcher) writes them into each sequence's buffers
-    and attends every row over its own sequence with the same one-row code a solo step runs. A
-    2,000-op graph of per-row slices, cache writes and attentions at 8 sequences becomes 30 ops.
-    Anywhere else each row goes through its own cache and its own attention call."""
+    and attends every row over its own sequence up to its position, with the same one-row code a
+    solo step runs. A 2,000-op graph of per-row slices, cache writes and attentions at 8 sequences
+    becomes 30 ops. Elsewhere (padded layout only) each row goes through its own cache and its own
+    attention call."""
 
-    def __init__(self, caches: Sequence[Any], offset: mx.array, fuse: bool):
+    def __init__(self, caches: Sequence[Any], offset: mx.array, fuse: bool,
+                 entries: Sequence[tuple[int, int]] | None = None):
         self.caches = list(caches)
-        self.offset = offset  # per-row offsets, for rope
+        self.offset = offset  # per-entry positions, for rope
+        self.entries = list(entries) if entries is not None else [(b, c.offset) for b, c in enumerate(self.caches)]
+        self._ragged = entries is not None
         self._fuse = fuse and all(type(c) is KVCache for c in self.caches)
         self._held: tuple[mx.array, mx.array] | None = None
 
@@ -61,6 +70,8 @@ class RowCaches:
         if self._fuse and keys.dtype == values.dtype == mx.float32 and keys.shape == values.shape:
             self._held = (keys, values)  # written by attend_rows, in the same op as the attention
             return keys, values
+        if self._ragged:
+            raise RuntimeError("a ragged batch needs the fused cache attention (float32 KV caches on the kernel path)")
         return self._write_rows(keys, values)
 
     def _write_rows(self, keys: mx.array, values: mx.array):
@@ -72,21 +83,26 @@ class RowCaches:
         if held is not None:
             if covered and cpu_kernels.row_exact_now():
                 return self._fused(queries, *held, scale)
+            if self._ragged:
+                raise RuntimeError("a ragged batch needs the row-exact attention")
             keys, values = self._write_rows(*held)
         return mx.concatenate([cpu_kernels.scaled_dot_product_attention(queries[b : b + 1], k, v, c, scale, mask, sinks)
                                for b, (k, v, c) in enumerate(zip(keys, values, self.caches))], axis=0)
 
     def _fused(self, queries: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
         n = keys.shape[2]
-        for c in self.caches:
-            _reserve(c, n, keys.shape[1], keys.shape[3])
+        end = [c.offset for c in self.caches]
+        for seq, pos in self.entries:
+            end[seq] = max(end[seq], pos + n)
+        for c, e in zip(self.caches, end):
+            _reserve(c, e - c.offset, keys.shape[1], keys.shape[3])
         got = cpu_weights.cache_attention(queries, keys, values, [c.keys for c in self.caches],
-                                          [c.values for c in self.caches], [c.offset for c in self.caches],
-                                          float(scale))
-        rows = len(self.caches)
-        for b, c in enumerate(self.caches):
-            c.keys, c.values = got[1 + b], got[1 + rows + b]
-            c.offset += n
+                                          [c.values for c in self.caches], [e[0] for e in self.entries],
+                                          [e[1] for e in self.entries], float(scale))
+        count = len(self.caches)
+        for s, (c, e) in enumerate(zip(self.caches, end)):
+            c.keys, c.values = got[1 + s], got[1 + count + s]
+            c.offset = e
         return got[0]
 
 
@@ -108,33 +124,67 @@ def _reserve(c: KVCache, n: int, heads: int, dim: int) -> None:
     c.values = mx.concatenate([c.values, new_v], axis=2)
 
 
+def _fusable(model: Any, seqs: Sequence[SequenceCache]) -> bool:
+    """Whether a forward of these sequences can use the fused cache attention (and so the ragged
+    layout): the row-exact kernel path and plain KV caches."""
+    return (cpu_kernels.row_exact(model) and cpu_weights.kernel_status()[0] is not None
+            and all(type(c) is KVCache for s in seqs for c in s.layers))
+
+
+def ragged(model: Any) -> bool:
+    """Whether batched forwards of this model go in unpadded (see batched_forward)."""
+    return _fusable(model, [SequenceCache(model)])
+
+
 def batched_forward(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]]) -> list[mx.array]:
     """Feed blocks[b] to seqs[b]; returns each block's logits rows (len_b, V).
 
-    One forward per group of sequences whose padded rows fit the row-exact kernel (at most 64 on
-    that path: a wider block would go through float32 BLAS, whose rows are not exact); elsewhere
-    one forward for all."""
-    limit = cpu_kernels.prefill_chunk(model, 1 << 30)
+    On the kernel path the blocks go in unpadded (ragged: one entry per row), in forwards of at
+    most KERNEL_ROWS rows so every matmul stays on the row-exact kernel. Elsewhere they are padded
+    to the widest, in groups that fit the row-exact limit where there is one (at most 64 padded
+    rows on that path: a wider block would go through float32 BLAS, whose rows are not exact)."""
+    ragged = _fusable(model, seqs)
+    limit = cpu_weights.KERNEL_ROWS if ragged else cpu_kernels.prefill_chunk(model, 1 << 30)
+    forward = _forward_ragged if ragged else _forward
     out: list[mx.array] = []
-    start, width = 0, 0
+    start, width, rows = 0, 0, 0
     for end in range(len(seqs)):
-        wider = max(width, len(blocks[end]))
-        if end > start and (end - start + 1) * wider > limit:  # the group so far goes first
-            out += _forward(model, seqs[start:end], blocks[start:end])
-            start, wider = end, len(blocks[end])
-        width = wider
-    return out + _forward(model, seqs[start:], blocks[start:])
+        wider, more = max(width, len(blocks[end])), rows + len(blocks[end])
+        cost = more if ragged else (end - start + 1) * wider
+        if end > start and cost > limit:  # the group so far goes first
+            out += forward(model, seqs[start:end], blocks[start:end])
+            start, wider, more = end, len(blocks[end]), len(blocks[end])
+        width, rows = wider, more
+    return out + forward(model, seqs[start:], blocks[start:])
+
+
+def _forward_ragged(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]]) -> list[mx.array]:
+    """One forward of all blocks' rows, one batch entry per row (nothing padded): row i of
+    sequence b is an entry of length 1 at position offset_b + i, so rope and the fused attention
+    see every row at its own position, and a verify block's row sees the rows before it."""
+    entries = [(b, s.layers[0].offset + i) for b, (s, blk) in enumerate(zip(seqs, blocks)) for i in range(len(blk))]
+    offset = mx.array([p for _, p in entries], dtype=mx.int32)
+    layers = [RowCaches([s.layers[i] for s in seqs], offset, True, entries) for i in range(len(seqs[0].layers))]
+    x = mx.array([[t] for blk in blocks for t in blk], dtype=mx.int32)
+    with cpu_kernels.engaged(model):
+        logits = model(x, cache=layers)
+    out, start = [], 0
+    for s, b in zip(seqs, blocks):
+        s.appended(list(b))
+        s._last_write = len(b)
+        out.append(logits[start : start + len(b), 0])
+        start += len(b)
+    return out
 
 
 def _forward(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]]) -> list[mx.array]:
-    """One forward of all `blocks`. Blocks of unequal length (a verify round beside plain steps)
-    are padded at their end with their last token; padded rows come after the real ones, so
+    """One forward of all `blocks`, padded. Blocks of unequal length (a verify round beside plain
+    steps) are padded at their end with their last token; padded rows come after the real ones, so
     causal attention keeps them out of every real row, and they are trimmed from the caches
     afterwards (trim-only caches: `probe`)."""
     width = max(len(b) for b in blocks)
     offset = mx.array([s.layers[0].offset for s in seqs], dtype=mx.int32)
-    fuse = cpu_kernels.row_exact(model) and cpu_weights.kernel_status()[0] is not None
-    layers = [RowCaches([s.layers[i] for s in seqs], offset, fuse) for i in range(len(seqs[0].layers))]
+    layers = [RowCaches([s.layers[i] for s in seqs], offset, False) for i in range(len(seqs[0].layers))]
     x = mx.array([list(b) + [b[-1]] * (width - len(b)) for b in blocks], dtype=mx.int32)
     with cpu_kernels.engaged(model):
         logits = model(x, cache=layers)
@@ -210,6 +260,9 @@ class Gate:
 
     def __init__(self, max_batch: int):
         self.max_batch = max_batch
+        # >0: prompts prefill in chunks of this many tokens inside the batched forward (set by the
+        # scheduler where batches are ragged, so a chunk costs its own rows and no padding)
+        self.prefill_chunk = 0
         self.open = True
         self._calm = 0
         self.closings = 0

@@ -168,12 +168,24 @@ class Generation:
         # the MTP head drafts from the target's hidden states, so the target keeps them
         cache.keep_hidden(eng.hidden_tap if drafter is not None and drafter.kind == "mtp" else None)
         st.cached_tokens = cache.reuse_prefix(self.prompt)
-        for fed in cache.prefill_steps(self.prompt[st.cached_tokens : -1], stop=self.cancelled):
-            if not fed:
-                self.finish_reason = "cancelled"
-                return
-            if self.gate is not None:
-                yield PAUSE  # other sequences decode between this prompt's chunks
+        todo = self.prompt[st.cached_tokens : -1]
+        if self.gate is not None and self.gate.prefill_chunk:
+            # each chunk rides in the scheduler's batched forward beside the others' steps (one
+            # forward instead of two); its logits rows are not used
+            chunk = self.gate.prefill_chunk
+            for i in range(0, len(todo), chunk):
+                if self.cancelled is not None and self.cancelled():
+                    self.finish_reason = "cancelled"
+                    return
+                yield from self._forward(cache, list(todo[i : i + chunk]))
+                cache.eval()
+        else:
+            for fed in cache.prefill_steps(todo, stop=self.cancelled):
+                if not fed:
+                    self.finish_reason = "cancelled"
+                    return
+                if self.gate is not None:
+                    yield PAUSE  # other sequences decode between this prompt's chunks
         st.prefill_s = time.perf_counter() - t0
 
         history = list(self.prompt)

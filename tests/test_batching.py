@@ -45,18 +45,23 @@ def test_batched_rows_equal_solo_steps_bit_for_bit(real, tiny):
 
 
 def test_a_batch_wider_than_the_kernel_block_stays_exact(tiny):
-    """20 sequences x 4 rows is 80 rows: split into forwards of at most 64 rows, so every row stays
-    on the row-exact kernel (one 80-row forward would go through float32 BLAS)."""
-    blocks = [[(3 * i + j) % 200 + 1 for j in range(1 + i % 4)] for i in range(20)]
+    """90 sequences x 1-5 rows is 270 rows, unpadded: split into forwards of at most KERNEL_ROWS
+    rows, so every row stays on the row-exact kernel (a wider forward would go through float32
+    BLAS); every block's rows equal its solo forward, verify blocks and plain steps alike."""
+    from mlxcel_py import cpu_weights
+
+    blocks = [[(3 * i + j) % 200 + 1 for j in range(1 + i % 5)] for i in range(90)]
+    assert sum(map(len, blocks)) > cpu_weights.KERNEL_ROWS
     seqs, solo = [], []
-    for i in range(20):
+    for i in range(90):
         for pool in (seqs, solo):
             c = SequenceCache(tiny.model)
-            c.prefill(list(range(10 + i, 30 + 2 * i)))
+            c.prefill(list(range(10 + i % 30, 30 + i % 40)))
             pool.append(c)
     got = batch.batched_forward(tiny.model, seqs, blocks)
     for s, b, g in zip(solo, blocks, got):
         assert (s.feed(b) == g).all().item()
+    assert [len(s.tokens) for s in seqs] == [len(s.tokens) for s in solo]
 
 
 def test_the_gate_closes_at_once_and_reopens_after_a_calm_spell():

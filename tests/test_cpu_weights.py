@@ -168,7 +168,7 @@ def test_cache_attention_writes_each_sequence_and_equals_its_own_attention():
     old = [(mx.array(kb), mx.array(vb)) for kb, vb in zip(kbufs, vbufs)]
     mx.eval(old)
     donated0, copied0 = QMM.buffer_updates()
-    got = QMM.row_exact_cache_attention(q, k_new, v_new, kbufs, vbufs, offsets, 0.125)
+    got = QMM.row_exact_cache_attention(q, k_new, v_new, kbufs, vbufs, [0, 1, 2], offsets, 0.125)
     del kbufs, vbufs
     mx.eval(got)
     donated, copied = (a - b for a, b in zip(QMM.buffer_updates(), (donated0, copied0)))
@@ -181,9 +181,9 @@ def test_cache_attention_writes_each_sequence_and_equals_its_own_attention():
         assert mx.array_equal(vb[:, :, :o], old[b][1][:, :, :o]).item()
         want = QMM.row_exact_attention(q[b:b + 1], kb[:, :, :o + length], vb[:, :, :o + length], 0.125, True)
         assert mx.array_equal(out[b:b + 1], want).item(), b
-    with pytest.raises(ValueError, match="buffer 0"):
+    with pytest.raises(ValueError, match="entry 0"):
         QMM.row_exact_cache_attention(q, k_new, v_new, [mx.zeros((1, kv, 2, dim))] * 3, [mx.zeros((1, kv, 9, dim))] * 3,
-                                      [0, 0, 0], 0.125)
+                                      [0, 1, 2], [0, 0, 0], 0.125)
 
 
 def _block_vs_steps(model, prompt: list[int], toks: list[int]) -> list[bool]:

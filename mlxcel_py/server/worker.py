@@ -121,13 +121,17 @@ class Worker:
         job.loop.call_soon_threadsafe(job.events.put_nowait, (kind, payload))
 
     def _loop(self) -> None:
-        from ..batch import probe
+        from .. import cpu_kernels
+        from ..batch import probe, ragged
+        from ..cache import PREFILL_CHUNK
 
         try:
             if self._warmup:
                 self.engine.warmup()
             if self.parallel > 1 and self.engine.channel is None:
                 self.probe = probe(self.engine.model, self.engine.vocab_size or 2)
+                if self.probe.mode == "exact" and ragged(self.engine.model):
+                    self.gate.prefill_chunk = cpu_kernels.prefill_chunk(self.engine.model, PREFILL_CHUNK)
         except Exception as exc:  # pragma: no cover - reported at startup
             self.warmup_error = str(exc)
         self.ready.set()
