@@ -10,6 +10,8 @@
 #include <nanobind/stl/vector.h>
 
 #include <atomic>
+#include <list>
+#include <mutex>
 #include <cstring>
 #include <chrono>
 #include <optional>
@@ -20,6 +22,7 @@
 #include "mlx/mlx.h"
 #include "mlx/primitives.h"
 #include "attention_kernel.h"
+#include "rowwise_kernel.h"
 #include "qmm_kernel.h"
 
 namespace mx = mlx::core;
@@ -421,6 +424,132 @@ std::vector<mx::array> row_exact_cache_attention(const mx::array& q, const mx::a
                                 std::make_shared<RowExactCacheAttention>(s, seq, pos, scale), inputs);
 }
 
+// silu(gate) * up, elementwise (rowwise_kernel.h)
+class RowSwiGLU : public mx::UnaryPrimitive {
+ public:
+  explicit RowSwiGLU(mx::Stream s) : mx::UnaryPrimitive(s) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const auto& g = inputs[0];
+    const auto& u = inputs[1];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.set_input_array(g);
+    enc.set_input_array(u);
+    enc.set_output_array(out);
+    enc.dispatch([g, u, op = out.data<float>(), n = static_cast<int64_t>(out.size())]() {
+      mlxcel::swiglu(g.data<float>(), u.data<float>(), op, n);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("row_swiglu runs on the CPU only");
+  }
+
+  const char* name() const override { return "RowSwiGLU"; }
+
+  bool is_equivalent(const mx::Primitive&) const override { return true; }
+};
+
+mx::array row_swiglu(const mx::array& gate, const mx::array& up) {
+  if (gate.dtype() != mx::float32 || up.dtype() != mx::float32 || gate.shape() != up.shape())
+    throw std::invalid_argument("row_swiglu: float32 gate and up of one shape");
+  auto s = mx::default_stream(mx::Device::cpu);
+  return mx::array(gate.shape(), mx::float32, std::make_shared<RowSwiGLU>(s),
+                   {mx::contiguous(gate, false, s), mx::contiguous(up, false, s)});
+}
+
+// Rotary embeddings with each batch entry at its own offset (rowwise_kernel.h). The cos/sin
+// table of a forward's positions is made once and kept for its other layers (a few recent tables).
+struct RopeTables {
+  struct Entry {
+    int dims;
+    float base, scale;
+    std::vector<int32_t> pos;
+    std::vector<float> table;
+  };
+  std::mutex m;
+  std::list<Entry> entries;
+
+  const std::vector<float>& get(const std::vector<int32_t>& pos, int dims, float base, float scale) {
+    std::lock_guard<std::mutex> lock(m);
+    for (auto it = entries.begin(); it != entries.end(); ++it)
+      if (it->dims == dims && it->base == base && it->scale == scale && it->pos == pos) {
+        entries.splice(entries.begin(), entries, it);
+        return entries.front().table;
+      }
+    Entry e{dims, base, scale, pos, std::vector<float>(pos.size() * static_cast<size_t>(dims))};
+    mlxcel::rope_table(pos.data(), static_cast<int>(pos.size()), dims, base, scale, e.table.data());
+    entries.push_front(std::move(e));
+    if (entries.size() > 4) entries.pop_back();
+    return entries.front().table;
+  }
+};
+RopeTables g_rope_tables;
+
+class RowRope : public mx::UnaryPrimitive {
+ public:
+  RowRope(mx::Stream s, int dims, bool traditional, float base, float scale, int offset)
+      : mx::UnaryPrimitive(s), dims_(dims), traditional_(traditional), base_(base), scale_(scale), offset_(offset) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const auto& x = inputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) enc.set_input_array(a);
+    enc.set_output_array(out);
+    std::optional<mx::array> offsets;
+    if (inputs.size() > 1) offsets = inputs[1];
+    enc.dispatch([x, offsets, op = out.data<float>(), dims = dims_, trad = traditional_, base = base_,
+                  scale = scale_, offset = offset_, threads = g_threads.load()]() {
+      const int B = x.shape(0), H = x.shape(1), L = x.shape(2), D = x.shape(3);
+      std::vector<int32_t> pos(static_cast<size_t>(B) * L);
+      for (int b = 0; b < B; ++b) {
+        const int32_t o = offsets ? offsets->data<int32_t>()[offsets->size() == 1 ? 0 : b] : offset;
+        for (int l = 0; l < L; ++l) pos[static_cast<size_t>(b) * L + l] = o + l;
+      }
+      const auto& table = g_rope_tables.get(pos, dims, base, scale);
+      const int64_t st[3] = {x.strides()[0], x.strides()[1], x.strides()[2]};
+      mlxcel::rope(x.data<float>(), st, op, B, H, L, D, dims, trad, table.data(), threads);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("row_rope runs on the CPU only");
+  }
+
+  const char* name() const override { return "RowRope"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const RowRope&>(other);
+    return dims_ == o.dims_ && traditional_ == o.traditional_ && base_ == o.base_ && scale_ == o.scale_ &&
+           offset_ == o.offset_;
+  }
+
+ private:
+  int dims_;
+  bool traditional_;
+  float base_, scale_;
+  int offset_;
+};
+
+mx::array row_rope(const mx::array& x, int dims, bool traditional, float base, float scale, int offset,
+                   std::optional<mx::array> offsets) {
+  if (x.ndim() != 4 || x.dtype() != mx::float32)
+    throw std::invalid_argument("row_rope: x must be float32 [B, heads, length, dim]");
+  if (dims <= 0 || dims % 2 != 0 || dims > x.shape(3))
+    throw std::invalid_argument("row_rope: dims must be even and at most the head width");
+  auto s = mx::default_stream(mx::Device::cpu);
+  std::vector<mx::array> inputs{x.strides()[3] == 1 ? x : mx::contiguous(x, false, s)};
+  if (offsets) {
+    if (offsets->ndim() > 1 || (offsets->size() != 1 && static_cast<int>(offsets->size()) != x.shape(0)))
+      throw std::invalid_argument("row_rope: offsets must be one per batch entry");
+    inputs.push_back(mx::contiguous(mx::astype(mx::reshape(*offsets, {-1}, s), mx::int32, s), false, s));
+  }
+  return mx::array(x.shape(), mx::float32, std::make_shared<RowRope>(s, dims, traditional, base, scale, offset),
+                   inputs);
+}
+
 void check_bits(int bits) {
   if (bits != 4 && bits != 8) throw std::invalid_argument("bits must be 4 or 8");
 }
@@ -536,6 +665,11 @@ NB_MODULE(_qmm, m) {
         "sequence alone");
   m.def("buffer_updates", []() { return std::make_pair(g_buffers_donated.load(), g_buffers_copied.load()); },
         "(buffers updated in place, buffers copied first) by row_exact_cache_attention so far");
+  m.def("row_swiglu", &row_swiglu, "gate"_a, "up"_a, "silu(gate) * up, elementwise (vectorised exp)");
+  m.def("row_rope", &row_rope, "x"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a, "offset"_a = 0,
+        "offsets"_a = nb::none(),
+        "rotary embedding of x [B, heads, L, dim], entry b at offsets[b] (or offset); each row depends "
+        "on its own values and position alone");
   m.def("dequantize_rows", &dequantize_rows, "w"_a, "scales"_a, "biases"_a, "bits"_a, "ids"_a = nb::none(),
         "rows ids (default: all) of a repacked weight as float32 [..., K]");
   m.def("repack", &repack, "w"_a, "bits"_a, "MLX affine uint32 rows -> the kernel's uint8 layout (eager)");

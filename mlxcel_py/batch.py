@@ -136,8 +136,11 @@ def ragged(model: Any) -> bool:
     return _fusable(model, [SequenceCache(model)])
 
 
-def batched_forward(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]]) -> list[mx.array]:
-    """Feed blocks[b] to seqs[b]; returns each block's logits rows (len_b, V).
+def batched_forward(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]],
+                    wants: Sequence[bool] | None = None) -> list[mx.array | None]:
+    """Feed blocks[b] to seqs[b]; returns each block's logits rows (len_b, V), or None for a block
+    whose logits are not wanted (wants[b] False: a prompt chunk), where the model lets the output
+    layer skip its rows.
 
     On the kernel path the blocks go in unpadded (ragged: one entry per row), in forwards of at
     most KERNEL_ROWS rows so every matmul stays on the row-exact kernel. Elsewhere they are padded
@@ -145,36 +148,76 @@ def batched_forward(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[
     rows on that path: a wider block would go through float32 BLAS, whose rows are not exact)."""
     ragged = _fusable(model, seqs)
     limit = cpu_weights.KERNEL_ROWS if ragged else cpu_kernels.prefill_chunk(model, 1 << 30)
-    forward = _forward_ragged if ragged else _forward
-    out: list[mx.array] = []
+    wants = list(wants) if wants is not None else [True] * len(seqs)
+
+    def forward(a: int, b: int) -> list[mx.array | None]:
+        if ragged:
+            return _forward_ragged(model, seqs[a:b], blocks[a:b], wants[a:b])
+        return list(_forward(model, seqs[a:b], blocks[a:b]))
+
+    out: list[mx.array | None] = []
     start, width, rows = 0, 0, 0
     for end in range(len(seqs)):
         wider, more = max(width, len(blocks[end])), rows + len(blocks[end])
         cost = more if ragged else (end - start + 1) * wider
         if end > start and cost > limit:  # the group so far goes first
-            out += forward(model, seqs[start:end], blocks[start:end])
+            out += forward(start, end)
             start, wider, more = end, len(blocks[end]), len(blocks[end])
         width, rows = wider, more
-    return out + forward(model, seqs[start:], blocks[start:])
+    return out + forward(start, len(seqs))
 
 
-def _forward_ragged(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]]) -> list[mx.array]:
+def _forward_ragged(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]],
+                    wants: Sequence[bool]) -> list[mx.array | None]:
     """One forward of all blocks' rows, one batch entry per row (nothing padded): row i of
     sequence b is an entry of length 1 at position offset_b + i, so rope and the fused attention
-    see every row at its own position, and a verify block's row sees the rows before it."""
+    see every row at its own position, and a verify block's row sees the rows before it. Rows of
+    unwanted blocks skip the output layer where the model's forward is the usual trunk + head."""
     entries = [(b, s.layers[0].offset + i) for b, (s, blk) in enumerate(zip(seqs, blocks)) for i in range(len(blk))]
     offset = mx.array([p for _, p in entries], dtype=mx.int32)
     layers = [RowCaches([s.layers[i] for s in seqs], offset, True, entries) for i in range(len(seqs[0].layers))]
     x = mx.array([[t] for blk in blocks for t in blk], dtype=mx.int32)
+    split = _trunk_and_head(model) if not all(wants) else None
     with cpu_kernels.engaged(model):
-        logits = model(x, cache=layers)
-    out, start = [], 0
-    for s, b in zip(seqs, blocks):
+        if split is None:
+            logits = model(x, cache=layers)
+        else:
+            trunk, head = split
+            hidden = trunk(x, cache=layers)
+            starts = [0]
+            for blk in blocks:
+                starts.append(starts[-1] + len(blk))
+            keep = [r for b, w in enumerate(wants) if w for r in range(starts[b], starts[b + 1])]
+            picked = head(hidden[mx.array(keep, dtype=mx.int32)]) if keep else None
+    out: list[mx.array | None] = []
+    start = kept = 0
+    for s, b, w in zip(seqs, blocks, wants):
         s.appended(list(b))
         s._last_write = len(b)
-        out.append(logits[start : start + len(b), 0])
+        if split is None:
+            out.append(logits[start : start + len(b), 0])
+        elif w:
+            out.append(picked[kept : kept + len(b), 0])
+            kept += len(b)
+        else:
+            out.append(None)
         start += len(b)
     return out
+
+
+# mlx-lm model modules whose forward is exactly `self.model(...)` then the tied embedding's
+# as_linear or lm_head (checked against mlx-lm 0.32); others always run their own forward
+_PLAIN_HEAD = ("llama", "qwen2", "qwen3")
+
+
+def _trunk_and_head(model: Any):
+    if type(model).__module__.rsplit(".", 1)[-1] not in _PLAIN_HEAD or not hasattr(model, "model"):
+        return None
+    inner = model.model
+    if getattr(getattr(model, "args", None), "tie_word_embeddings", False):
+        return inner, inner.embed_tokens.as_linear
+    head = getattr(model, "lm_head", None)
+    return (inner, head) if head is not None else None
 
 
 def _forward(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]]) -> list[mx.array]:

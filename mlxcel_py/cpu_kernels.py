@@ -122,6 +122,7 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
 # -- dispatch ------------------------------------------------------------------------------------
 _local = threading.local()
 _enabled: dict[int, tuple[bool, Callable | None]] = {}  # id(model) -> (fast kernels, row-exact attention)
+_row_swiglu: dict[int, Callable] = {}  # id(model) -> the row-exact path's SwiGLU
 
 
 def _engaged_now() -> bool:
@@ -155,6 +156,9 @@ def row_exact_now() -> bool:
 
 
 def swiglu(gate, x):
+    row = getattr(_local, "swiglu", None)
+    if row is not None and _engaged_now() and gate.dtype == mx.float32 and x.dtype == mx.float32:
+        return row(gate, x)  # the row-exact path's own (enable_row_exact)
     if (_engaged_now() and getattr(_local, "fast", False) and gate.shape[-2] <= MAX_ROWS
             and gate.dtype == mx.float32 and x.dtype == mx.float32):
         return silu_times(gate, x)
@@ -215,6 +219,7 @@ def _register(model: Any, fast: bool | None = None, exact: Callable | None = Non
     was_fast, was_exact = _enabled.get(key, (False, None))
     if key not in _enabled:
         weakref.finalize(model, _enabled.pop, key, None)
+        weakref.finalize(model, _row_swiglu.pop, key, None)
     _enabled[key] = (was_fast if fast is None else fast, exact or was_exact)
 
 
@@ -228,15 +233,19 @@ def enable(model: Any) -> str:
     return FAST
 
 
-def enable_row_exact(model: Any, attention_fn: Callable) -> bool:
+def enable_row_exact(model: Any, attention_fn: Callable, swiglu_fn: Callable | None = None) -> bool:
     """Route `model`'s attention over blocks of up to MAX_ROWS rows to `attention_fn(q, k, v,
     scale, causal)`, which computes each query row alone. The row-exact matmul (cpu_weights)
     needs it: its int8 activations turn the last-bit differences of a batched softmax into
     different logits, so every op of a verify block must give each row exactly what a decode
-    step gives. False when the architecture does not call mlx-lm's attention by name."""
+    step gives. `swiglu_fn(gate, x)`, if given, computes SwiGLU for any number of rows (an
+    elementwise op is row-exact whatever computes it; this one is vectorised and one op). False
+    when the architecture does not call mlx-lm's attention by name."""
     if not _install(model):
         return False
     _register(model, exact=attention_fn)
+    if swiglu_fn is not None:
+        _row_swiglu[id(model)] = swiglu_fn
     return True
 
 
@@ -264,7 +273,8 @@ def engaged(model: Any) -> Iterator[None]:
         yield
         return
     _local.on, (_local.fast, _local.exact) = True, flags
+    _local.swiglu = _row_swiglu.get(id(model))
     try:
         yield
     finally:
-        _local.on, _local.fast, _local.exact = False, False, None
+        _local.on, _local.fast, _local.exact, _local.swiglu = False, False, None, None

@@ -87,7 +87,7 @@ class Generation:
         # batch.Gate when a scheduler drives this generation (serve -np N): it then yields Ticks too,
         # drafts only while the gate is open, and leaves its plain steps to the batched forward
         self.gate = gate
-        self.step_request: tuple[SequenceCache, list[int]] | None = None
+        self.step_request: tuple[SequenceCache, list[int], bool] | None = None
         self.step_result: mx.array | None = None
         # None: none; N >= 0: each emitted token's logprob and the N most likely (self.logprobs_out)
         self.logprobs = logprobs
@@ -144,12 +144,13 @@ class Generation:
             self.engine.prompt_cache.give(self._pooled)
             self._pooled = None
 
-    def _forward(self, cache: SequenceCache, block: list[int]):
+    def _forward(self, cache: SequenceCache, block: list[int], logits: bool = True):
         """`block`'s logits rows, fed to `cache` here, or (scheduled) by the scheduler's batched
-        forward with the other sequences' blocks: then this yields NEED_STEP and waits for them."""
+        forward with the other sequences' blocks: then this yields NEED_STEP and waits for them.
+        logits=False (a prompt chunk): the rows may come back as None."""
         if self.gate is None:
             return cache.feed(block)
-        self.step_request = (cache, block)
+        self.step_request = (cache, block, logits)
         yield NEED_STEP
         logits, self.step_request, self.step_result = self.step_result, None, None
         return logits
@@ -177,7 +178,7 @@ class Generation:
                 if self.cancelled is not None and self.cancelled():
                     self.finish_reason = "cancelled"
                     return
-                yield from self._forward(cache, list(todo[i : i + chunk]))
+                yield from self._forward(cache, list(todo[i : i + chunk]), logits=False)
                 cache.eval()
         else:
             for fed in cache.prefill_steps(todo, stop=self.cancelled):

@@ -235,6 +235,6 @@ def load(resolved: ResolvedModel, *, dequantize: bool = True, fast_kernels: bool
     if weights is not None and weights.kernel_layers and not weights.inexact:
         from . import cpu_weights as cw
 
-        cpu_kernels.enable_row_exact(model, cw.attention)  # why_rows_not_exact checked that it routes
-        kernels += "; row-exact attention"
+        cpu_kernels.enable_row_exact(model, cw.attention, cw.swiglu)  # why_rows_not_exact checked that it routes
+        kernels += "; row-exact attention, SwiGLU" + ("; rope" if cw.patch_rope(model) else "")
     return LoadedModel(model, tokenizer, resolved, dtype, time.perf_counter() - start, kernels, weights)

@@ -6,7 +6,12 @@ at a time (1 client), then from C concurrent clients sharing the same queue of r
 wall time, aggregate generated tokens/s, p50/p95 request latency, the ratio to one client, verify
 rounds, and whether every response equals its one-at-a-time response. Usage:
 
-    python scripts/serve_bench.py [--clients 1,2,4,8,16] [--max-tokens 64] [--json FILE] -- [serve args]
+    python scripts/serve_bench.py [--clients 1,2,4,8,16] [--max-tokens 64] [--passes 1] [--json FILE] -- [serve args]
+
+--passes N sends the workload N times over (N x 16 requests): with one pass, the clients run out of
+work while the longest requests are still decoding, so the end of the run measures those alone;
+more passes weigh the server's steady state. Repeated prompts would be served from the prompt
+cache, so pass `--cache-ram 0` to the server to compute every prompt in full.
 
 Prints a Markdown table on stdout. One run; the machine is shared, so read ratios, not absolutes.
 """
@@ -92,9 +97,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--clients", default="1,2,4,8,16")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--json")
     a = ap.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
-    items = workload()
+    items = workload() * max(1, a.passes)
     proc, url, lines = start(serve_args)
     try:
         httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
@@ -104,7 +110,8 @@ def main() -> None:
         proc.terminate()
         proc.wait(timeout=60)
     base = results[0]
-    print(f"serve {' '.join(serve_args)}; {len(items)} public-workload prompts, greedy, max {a.max_tokens} "
+    passes = f" ({a.passes} passes over the workload)" if a.passes > 1 else ""
+    print(f"serve {' '.join(serve_args)}; {len(items)} public-workload prompts{passes}, greedy, max {a.max_tokens} "
           f"tokens each; one run\n")
     print("| clients | wall s | generated tok/s | vs 1 client | p50 latency s | p95 latency s | verify rounds | "
           "same text as 1 client |")
@@ -121,7 +128,7 @@ def main() -> None:
             speeds = [r["responses"][i]["timings"].get("predicted_per_second", 0.0) for i in copy]
             print(f"- {r['clients']} client(s): {statistics.median(speeds):.1f}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"serve_args": serve_args, "max_tokens": a.max_tokens,
+        Path(a.json).write_text(json.dumps({"serve_args": serve_args, "max_tokens": a.max_tokens, "passes": a.passes,
                                             "results": results, "startup": lines}, indent=1))
 
 

@@ -210,9 +210,10 @@ class Worker:
             return
         seqs = [s.gen.step_request[0] for s in wanting]
         blocks = [s.gen.step_request[1] for s in wanting]
+        wants = [s.gen.step_request[2] for s in wanting]
         try:
             if len(wanting) > 1 and self.probe is not None and self.probe.batches:
-                rows = batched_forward(self.engine.model, seqs, blocks)
+                rows = batched_forward(self.engine.model, seqs, blocks, wants)
             else:
                 rows = solo_forward(seqs, blocks)
         except Exception as exc:
