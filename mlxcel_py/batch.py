@@ -1,24 +1,28 @@
 """Several sequences' next forwards as one (`serve -np N`), each row exactly its own.
 
-The model's own forward runs on a (B, L) block: each sequence's plain step (1 token) or verify
-block, padded to the widest. Every layer gets a `RowCaches`
-standing for the B sequences' caches of that layer: rope reads the per-row offsets as an array,
-`update_and_fetch` writes each row into its own sequence's cache and hands back the per-sequence
-keys and values, and the attention dispatcher (`cpu_kernels.scaled_dot_product_attention`, which
-the model's module calls by name) attends each row over its own sequence alone, with the same
-call a one-sequence decode step makes. Everything else (norms, projections, the MLP, the output
-layer) is one batched op over B rows. No mask: a row never sees another sequence. (mlx-lm's
-BatchGenerator / BatchKVCache left-pad the sequences into one cache and mask the padding; a row's
-attention then reduces over another key count than its solo step does, so rows would not be exact,
-and mlx-lm does not batch seeded requests. Here each row keeps its own KVCache and its own draws.)
+Two layouts. On the row-exact CPU path (the kernel weights, plain KV caches) the forward is
+ragged: every row of every block (a plain step's one token, a verify block's tokens, a prompt
+chunk) is its own batch entry of length 1 at its own position, so nothing is padded and a verify
+block or a prompt chunk beside plain steps costs only its own rows. Each layer gets a `RowCaches`
+for the sequences' caches of that layer: rope reads the per-entry positions as an array, and the
+layer's cache writes and attentions are one op (`cpu_weights.cache_attention`) that writes every
+row's key and value into its own sequence's buffer and attends each row over its own sequence up
+to its position, with the one-row attention a solo step uses. Everything else (norms,
+projections, the MLP, the output layer) is one batched op over all rows; rows of prompt chunks
+skip the output layer where the model's forward is the usual trunk + head. Elsewhere the block
+is (B, L), padded to the widest, and each row goes through its own cache and attention call.
+No mask either way: a row never sees another sequence. (mlx-lm's BatchGenerator / BatchKVCache
+left-pad the sequences into one cache and mask the padding; a row's attention then reduces over
+another key count than its solo step does, so rows would not be exact, and mlx-lm does not batch
+seeded requests. Here each sequence keeps its own KVCache and its own draws.)
 
-Exactness: on the row-exact CPU path (`cpu_weights`) every matmul row is bit-identical whatever
-the block, and the attention is the same one-row call, so a sequence's logits in a batch equal its
-solo decode step bit for bit. `probe` checks that on the loaded model before a server batches (two
-sequences of different lengths, batched against solo) and says which it is: exact, differing by
-a measured amount (float32 BLAS rows can change in the last bits with the block height), or not
-batchable (the architecture's rope or attention does not take per-row offsets); the last falls
-back to one forward per sequence.
+Exactness: on the row-exact CPU path every matmul row is bit-identical whatever the block, and
+attention, SwiGLU and rope compute each row alone, so a sequence's logits in a batch equal its
+solo step bit for bit. `probe` checks that on the loaded model before a server batches (sequences
+of different lengths, a verify block beside plain steps, batched against solo) and says which it
+is: exact, differing by a measured amount (float32 BLAS rows can change in the last bits with the
+block height), or not batchable (the architecture's rope or attention does not take per-row
+offsets); the last falls back to one forward per sequence.
 
 Speculation under load (`Gate`): verify rounds run only while at most `max_batch` sequences are
 live (mlxcel's `--prompt-lookup-max-batch`); above it every row takes the batched plain step. The

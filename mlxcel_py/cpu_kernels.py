@@ -12,7 +12,9 @@ into the rows of one matmul; SwiGLU is silu(gate) * x with the same exp.
 
 Row-exact attention: with the row-exact quantized weights (cpu_weights), `enable_row_exact`
 routes attention over decode and verify blocks to the extension's one-row-at-a-time attention,
-whether or not these kernels are on (see that function for why).
+whether or not these kernels are on (see that function for why), and SwiGLU to the extension's
+vectorised one (any number of rows); cpu_weights.patch_rope gives the model's rope modules the
+extension's rope.
 
 Where: `enable(model)` puts dispatchers into the model's mlx-lm module (its
 `scaled_dot_product_attention` and `swiglu` names). They run these kernels only inside

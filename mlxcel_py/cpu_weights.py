@@ -12,7 +12,9 @@ verify block equals the one-row decode step of row i bit for bit (csrc/qmm_kerne
 activations would turn any last-bit difference upstream into a different rounding, so everything
 between two kernels must be row-exact too: attention over those blocks goes to the extension's
 one-row-at-a-time attention (`attention`, routed by cpu_kernels.enable_row_exact), and `auto`
-uses the kernel only on models where nothing else mixes rows (`why_rows_not_exact`). Speculative
+uses the kernel only on models where nothing else mixes rows (`why_rows_not_exact`). The other
+row-wise ops of a forward run in the extension on this path too (`swiglu`, `RowExactRoPE`): one
+vectorised op each instead of MLX's CPU graphs of several ops with an element-at-a-time exp. Speculative
 output then equals plain output token for token, with no near-tie caveat. Prefill runs in chunks
 of MAX_ROWS - 1 on this path (`cpu_kernels.prefill_chunk`), so a prompt fed in other pieces (a
 prompt cache's stored prefix, a chat turn) continues exactly as a fresh one. Blocks wider than

@@ -1,13 +1,15 @@
 """One MLX worker thread behind a bounded queue, decoding up to `-np` requests together.
 
 All model work (warmup included) runs on this thread. Each tick it admits waiting jobs into free
-slots, then gives every live slot its turn: a new request prefills one chunk, the others ask for
-their next forward (a plain step, or a verify round's block); those run as one batched forward
-(`batch.batched_forward`; one forward per sequence where the model cannot batch).
+slots, then gives every live slot its turn: each asks for its next forward (a plain step, a
+verify round's block, or, for a new request, one prompt chunk); those run as one batched forward
+(`batch.batched_forward`; one forward per sequence where the model cannot batch). Where batches
+are ragged (`Gate.prefill_chunk`) a prompt chunk rides in that forward; elsewhere it is its own
+forward between the others' steps.
 Verify rounds run only while at most `--prompt-lookup-max-batch` requests are live (`batch.Gate`).
 A speculating request's verify block joins the
-same forward (padded to the widest block), which measured 1.4-1.7x faster than verifying two
-requests in turn (scripts/batch_step_cost.py --verify). A request owns its cache while it runs (the engine's prompt cache hands finished ones on).
+same forward, which measured 1.7-2x faster than verifying two requests in turn
+(scripts/batch_step_cost.py --verify). A request owns its cache while it runs (the engine's prompt cache hands finished ones on).
 
 A client that disconnects (streaming or not) sets its job's cancel flag: a queued job is skipped,
 a running one stops at its next turn and frees its slot. Beyond `max_queue` waiting jobs, `submit`
