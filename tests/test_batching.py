@@ -64,6 +64,23 @@ def test_a_batch_wider_than_the_kernel_block_stays_exact(tiny):
     assert [len(s.tokens) for s in seqs] == [len(s.tokens) for s in solo]
 
 
+def test_prompt_chunks_ride_in_the_batch_without_logits(real):
+    """A prompt chunk in a ragged batched forward (logits not wanted) comes back as None, and the
+    sequence then continues exactly as one whose prompt was prefilled alone; the others' rows are
+    unchanged by the chunk beside them."""
+    prompt = real.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 4)
+    fresh, other = SequenceCache(real.model), SequenceCache(real.model)
+    fresh.prefill(prompt[:10])
+    other.prefill(list(range(300, 340)))
+    got = batch.batched_forward(real.model, [fresh, other], [prompt[10:], [7, 8]], [False, True])
+    assert got[0] is None and got[1].shape[0] == 2
+    solo_a, solo_b = SequenceCache(real.model), SequenceCache(real.model)
+    solo_a.prefill(prompt)
+    solo_b.prefill(list(range(300, 340)))
+    assert (solo_b.feed([7, 8]) == got[1]).all().item()
+    assert (solo_a.feed([5]) == fresh.feed([5])).all().item()
+
+
 def test_the_gate_closes_at_once_and_reopens_after_a_calm_spell():
     g = batch.Gate(2)
     assert g.tick(1) and g.tick(2)

@@ -55,9 +55,9 @@ def test_kernel_matches_dequantized_matmul_within_the_rounding_bound_for_every_m
 @pytest.mark.parametrize("bits", [4, 8])
 def test_each_row_is_bit_identical_to_the_one_row_product(bits):
     rng = random.Random(10 + bits)
-    w, s, b, _ = _quantized(200, 576, bits)
+    w, s, b, _ = _quantized(200, 576, bits)  # 12 groups of 16 rows and one of 8
     for trial in range(12):
-        m = rng.randint(2, 65)
+        m = rng.randint(2, cpu_weights.KERNEL_ROWS)
         x = mx.random.normal((m, 576))
         block = QMM.row_exact_qmm(x, w, s, b, bits)
         for i in rng.sample(range(m), min(m, 5)):
@@ -184,6 +184,40 @@ def test_cache_attention_writes_each_sequence_and_equals_its_own_attention():
     with pytest.raises(ValueError, match="entry 0"):
         QMM.row_exact_cache_attention(q, k_new, v_new, [mx.zeros((1, kv, 2, dim))] * 3, [mx.zeros((1, kv, 9, dim))] * 3,
                                       [0, 1, 2], [0, 0, 0], 0.125)
+
+
+@needs_kernel
+def test_row_rope_matches_mlx_and_each_entry_its_own_call():
+    """The extension's rope (RowExactRoPE): within float rounding of nn.RoPE (it takes cos and sin
+    in double), entries at their own offsets equal one-entry calls bit for bit, and the rest of a
+    head past `dims` is copied."""
+    mx.random.seed(7)
+    for trad in (False, True):
+        for dims in (64, 32):
+            rope = nn.RoPE(dims, traditional=trad, base=100000)
+            x = mx.random.normal((3, 5, 4, 64)) * 3
+            assert mx.allclose(QMM.row_rope(x, dims, trad, 100000.0, 1.0, 40), rope(x, offset=40), atol=2e-4).item()
+            offs = mx.array([0, 77, 700])
+            xt = mx.random.normal((3, 4, 5, 64)).transpose(0, 2, 1, 3)  # the projections' strided view
+            got = QMM.row_rope(xt, dims, trad, 100000.0, 1.0, 0, offs)
+            assert mx.allclose(got, rope(xt, offset=offs), atol=2e-4).item()
+            for b, o in enumerate((0, 77, 700)):
+                assert mx.array_equal(got[b:b + 1], QMM.row_rope(xt[b:b + 1], dims, trad, 100000.0, 1.0, o)).item()
+            if dims < 64:
+                assert mx.array_equal(got[..., dims:], xt[..., dims:]).item()
+    with pytest.raises(ValueError, match="even"):
+        QMM.row_rope(mx.zeros((1, 1, 1, 64)), 63, False, 1e4, 1.0)
+
+
+@needs_kernel
+def test_row_swiglu_matches_mlx():
+    gate, up = mx.random.normal((37, 1, 1536)) * 6, mx.random.normal((37, 1, 1536))
+    gate = mx.concatenate([gate, mx.array([[[-200.0, 200.0] + [0.0] * 1534]])])
+    up = mx.concatenate([up, mx.ones((1, 1, 1536))])
+    got = QMM.row_swiglu(gate, up)
+    assert mx.allclose(got, nn.silu(gate) * up, atol=1e-5, rtol=1e-5).item()
+    # the extremes stay finite: silu(-200) is -200 * 1 / (1 + e^88), silu(200) is 200
+    assert abs(got[-1, 0, 0].item()) < 1e-30 and got[-1, 0, 1].item() == 200.0
 
 
 def _block_vs_steps(model, prompt: list[int], toks: list[int]) -> list[bool]:
