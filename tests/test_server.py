@@ -401,6 +401,11 @@ def test_metrics_count_requests_tokens_and_drafts(server):
     assert delta("mlxcel_speculative_rounds_total") > 0 and delta("mlxcel_draft_tokens_accepted_total") > 0
     assert after["mlxcel_requests_processing"] == 0 and after["mlxcel_prompt_cache_entries"] >= 1
     assert after["mlxcel_prompt_cache_bytes"] > 0
+    # llama-server's names, for dashboards made for it
+    assert delta("llamacpp:tokens_predicted_total") == 30 and delta("llamacpp:tokens_predicted_seconds_total") > 0
+    assert delta("llamacpp:prompt_tokens_total") == delta("mlxcel_prompt_tokens_total")
+    assert after["llamacpp:predicted_tokens_seconds"] > 0 and after["llamacpp:requests_processing"] == 0
+    assert after["llamacpp:requests_deferred"] == 0
 
 
 def test_slots_show_the_request_being_decoded(server):

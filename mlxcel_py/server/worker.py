@@ -224,6 +224,8 @@ class Worker:
             return
         for s, r in zip(wanting, rows):
             s.gen.step_result = r
+        if self.metrics is not None:
+            self.metrics.forward(len(wanting))
 
     def _finish(self, slot: Slot) -> None:
         job, gen, stream = slot.job, slot.gen, slot.stream
