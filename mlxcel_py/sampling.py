@@ -14,6 +14,7 @@ import os
 from typing import Callable, Sequence
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_repetition_penalty
 
 from .options import SamplingOptions
@@ -107,9 +108,22 @@ class Decider:
         """
         logits = self.processed_rows(logits, history, inputs)
         if self.greedy:
-            return mx.argmax(logits, axis=-1).tolist()
+            return argmax_rows(logits)
         lp = self.filtered_logprobs(logits)
         start = len(history) - self.prompt_len
         scaled = lp * (1.0 / self.sampling.temp)
         picks = [mx.random.categorical(scaled[r], key=self.key(start + r)) for r in range(lp.shape[0])]
         return mx.stack(picks).tolist()
+
+
+def argmax_rows(logits: mx.array) -> list[int]:
+    """The greedy token of every row of `logits` (R, V), ties to the lowest id as mx.argmax.
+
+    On the CPU through numpy on the evaluated rows: MLX's CPU argmax is an element-at-a-time loop,
+    0.25 ms for 3 rows of a 49K vocabulary against 0.01 ms, paid once per verify round or step
+    (and by every request of a batched step). Elsewhere the rows stay on the device."""
+    if mx.default_device() != mx.cpu:
+        return mx.argmax(logits, axis=-1).tolist()
+    if logits.dtype != mx.float32:  # bfloat16 has no numpy type; widening keeps the order
+        logits = logits.astype(mx.float32)
+    return np.asarray(logits).argmax(axis=-1).tolist()
