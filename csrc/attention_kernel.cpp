@@ -16,28 +16,17 @@
 #include <functional>
 #include <vector>
 
+#include "simd_exp.h"
 #include "thread_pool.h"
 
 namespace mlxcel {
 
 namespace {
 
-// exp(x) for x <= 0 (scores minus their max): 2^n * P(f), x*log2(e) = n + f, |f| <= 1/2;
-// MLX's CPU coefficients; below -88 the result is 0, as MLX's is
+// exp(x) for x <= 0 (scores minus their max); below -88 the result is 0, as MLX's is
 inline __m512 exp_le0(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-88.0f));
-  const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(1.442695f));
-  const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(y, n);
-  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  const __m512 r = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+  const __m512 r = exp_poly_ps(x);
   // n = -127 would be a denormal exponent field of 0: flush those to exactly 0
   return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33f), _CMP_GE_OQ), r);
 }
