@@ -466,23 +466,24 @@ struct RopeTables {
     int dims;
     float base, scale;
     std::vector<int32_t> pos;
-    std::vector<float> table;
+    std::shared_ptr<const std::vector<float>> table;
   };
   std::mutex m;
   std::list<Entry> entries;
 
-  const std::vector<float>& get(const std::vector<int32_t>& pos, int dims, float base, float scale) {
+  // shared, so a table evicted by another caller stays valid for the one using it
+  std::shared_ptr<const std::vector<float>> get(const std::vector<int32_t>& pos, int dims, float base, float scale) {
     std::lock_guard<std::mutex> lock(m);
     for (auto it = entries.begin(); it != entries.end(); ++it)
       if (it->dims == dims && it->base == base && it->scale == scale && it->pos == pos) {
         entries.splice(entries.begin(), entries, it);
         return entries.front().table;
       }
-    Entry e{dims, base, scale, pos, std::vector<float>(pos.size() * static_cast<size_t>(dims))};
-    mlxcel::rope_table(pos.data(), static_cast<int>(pos.size()), dims, base, scale, e.table.data());
-    entries.push_front(std::move(e));
+    auto table = std::make_shared<std::vector<float>>(pos.size() * static_cast<size_t>(dims));
+    mlxcel::rope_table(pos.data(), static_cast<int>(pos.size()), dims, base, scale, table->data());
+    entries.push_front(Entry{dims, base, scale, pos, table});
     if (entries.size() > 4) entries.pop_back();
-    return entries.front().table;
+    return table;
   }
 };
 RopeTables g_rope_tables;
@@ -508,9 +509,9 @@ class RowRope : public mx::UnaryPrimitive {
         const int32_t o = offsets ? offsets->data<int32_t>()[offsets->size() == 1 ? 0 : b] : offset;
         for (int l = 0; l < L; ++l) pos[static_cast<size_t>(b) * L + l] = o + l;
       }
-      const auto& table = g_rope_tables.get(pos, dims, base, scale);
+      const auto table = g_rope_tables.get(pos, dims, base, scale);
       const int64_t st[3] = {x.strides()[0], x.strides()[1], x.strides()[2]};
-      mlxcel::rope(x.data<float>(), st, op, B, H, L, D, dims, trad, table.data(), threads);
+      mlxcel::rope(x.data<float>(), st, op, B, H, L, D, dims, trad, table->data(), threads);
     });
   }
 

@@ -53,43 +53,38 @@ class RowCaches:
     verify block are consecutive entries of one sequence at consecutive positions (`entries`:
     (sequence, position of the entry's first row) per entry).
 
-    On the row-exact path the layer's cache writes and all its attentions are one op
+    Ragged (the row-exact path): the layer's cache writes and all its attentions are one op
     (`cpu_weights.cache_attention`): `update_and_fetch` only holds the new keys and values, and
     `attend_rows` (called by the attention dispatcher) writes them into each sequence's buffers
     and attends every row over its own sequence up to its position, with the same one-row code a
     solo step runs. A 2,000-op graph of per-row slices, cache writes and attentions at 8 sequences
-    becomes 30 ops. Elsewhere (padded layout only) each row goes through its own cache and its own
-    attention call."""
+    becomes 30 ops. Padded (elsewhere): each row goes through its own cache and its own attention
+    call."""
 
-    def __init__(self, caches: Sequence[Any], offset: mx.array, fuse: bool,
-                 entries: Sequence[tuple[int, int]] | None = None):
+    def __init__(self, caches: Sequence[Any], offset: mx.array, entries: Sequence[tuple[int, int]] | None = None):
         self.caches = list(caches)
         self.offset = offset  # per-entry positions, for rope
-        self.entries = list(entries) if entries is not None else [(b, c.offset) for b, c in enumerate(self.caches)]
-        self._ragged = entries is not None
-        self._fuse = fuse and all(type(c) is KVCache for c in self.caches)
+        self.entries = list(entries) if entries is not None else None  # None: the padded layout
         self._held: tuple[mx.array, mx.array] | None = None
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
-        if self._fuse and keys.dtype == values.dtype == mx.float32 and keys.shape == values.shape:
-            self._held = (keys, values)  # written by attend_rows, in the same op as the attention
-            return keys, values
-        if self._ragged:
-            raise RuntimeError("a ragged batch needs the fused cache attention (float32 KV caches on the kernel path)")
-        return self._write_rows(keys, values)
+        if self.entries is None:
+            return self._write_rows(keys, values)
+        if not (keys.dtype == values.dtype == mx.float32 and keys.shape == values.shape):
+            raise RuntimeError("a ragged batch needs float32 keys and values of one shape")
+        self._held = (keys, values)  # written by attend_rows, in the same op as the attention
+        return keys, values
 
     def _write_rows(self, keys: mx.array, values: mx.array):
         got = [c.update_and_fetch(keys[b : b + 1], values[b : b + 1]) for b, c in enumerate(self.caches)]
         return [k for k, _ in got], [v for _, v in got]
 
     def attend_rows(self, queries, keys, values, scale, mask, sinks, covered: bool) -> mx.array:
-        held, self._held = self._held, None
-        if held is not None:
-            if covered and cpu_kernels.row_exact_now():
-                return self._fused(queries, *held, scale)
-            if self._ragged:
+        if self.entries is not None:
+            held, self._held = self._held, None
+            if held is None or not covered or not cpu_kernels.row_exact_now():
                 raise RuntimeError("a ragged batch needs the row-exact attention")
-            keys, values = self._write_rows(*held)
+            return self._fused(queries, *held, scale)
         return mx.concatenate([cpu_kernels.scaled_dot_product_attention(queries[b : b + 1], k, v, c, scale, mask, sinks)
                                for b, (k, v, c) in enumerate(zip(keys, values, self.caches))], axis=0)
 
@@ -179,7 +174,7 @@ def _forward_ragged(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[
     unwanted blocks skip the output layer where the model's forward is the usual trunk + head."""
     entries = [(b, s.layers[0].offset + i) for b, (s, blk) in enumerate(zip(seqs, blocks)) for i in range(len(blk))]
     offset = mx.array([p for _, p in entries], dtype=mx.int32)
-    layers = [RowCaches([s.layers[i] for s in seqs], offset, True, entries) for i in range(len(seqs[0].layers))]
+    layers = [RowCaches([s.layers[i] for s in seqs], offset, entries) for i in range(len(seqs[0].layers))]
     x = mx.array([[t] for blk in blocks for t in blk], dtype=mx.int32)
     split = _trunk_and_head(model) if not all(wants) else None
     with cpu_kernels.engaged(model):
@@ -231,7 +226,7 @@ def _forward(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequenc
     afterwards (trim-only caches: `probe`)."""
     width = max(len(b) for b in blocks)
     offset = mx.array([s.layers[0].offset for s in seqs], dtype=mx.int32)
-    layers = [RowCaches([s.layers[i] for s in seqs], offset, False) for i in range(len(seqs[0].layers))]
+    layers = [RowCaches([s.layers[i] for s in seqs], offset) for i in range(len(seqs[0].layers))]
     x = mx.array([list(b) + [b[-1]] * (width - len(b)) for b in blocks], dtype=mx.int32)
     with cpu_kernels.engaged(model):
         logits = model(x, cache=layers)
