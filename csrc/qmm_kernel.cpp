@@ -249,15 +249,8 @@ void qmm_multi(const float* x, const WeightRef* weights, int count, int M, int K
   };
   // threads only pay off on big enough products (handing work to a thread costs microseconds)
   const double work = static_cast<double>(total) * kGroup * K * (M + 3);
-  threads = std::max(1, std::min({threads, total, static_cast<int>(work / 2.0e5)}));
-  if (threads == 1) {
-    run(0, total);
-    return;
-  }
-  ThreadPool::instance().run(threads, [&](int t) {
-    const int chunk = (total + threads - 1) / threads;
-    run(std::min(total, t * chunk), std::min(total, (t + 1) * chunk));
-  });
+  run_ranges(total, std::min({threads, total, static_cast<int>(work / 2.0e5)}),
+             [&](int64_t g0, int64_t g1) { run(static_cast<int>(g0), static_cast<int>(g1)); });
 }
 
 void qmm(const float* x, const uint8_t* w, const float* scales, const float* biases, float* out,

@@ -93,15 +93,9 @@ void rope(const float* x, const int64_t* st, float* out, int B, int H, int L, in
   };
   const int64_t pairs = static_cast<int64_t>(B) * H;
   const double work = static_cast<double>(pairs) * L * D;
-  threads = std::max<int>(1, std::min<int64_t>({static_cast<int64_t>(threads), pairs, static_cast<int64_t>(work / 2.0e5)}));
-  if (threads == 1) {
-    run(0, pairs);
-    return;
-  }
-  ThreadPool::instance().run(threads, [&](int t) {
-    const int64_t chunk = (pairs + threads - 1) / threads;
-    run(std::min(pairs, t * chunk), std::min(pairs, (t + 1) * chunk));
-  });
+  run_ranges(pairs, static_cast<int>(std::min<int64_t>({static_cast<int64_t>(threads), pairs,
+                                                         static_cast<int64_t>(work / 2.0e5)})),
+             run);
 }
 
 }  // namespace mlxcel

@@ -1,5 +1,7 @@
 #include "thread_pool.h"
 
+#include <algorithm>
+
 #include <sched.h>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -89,6 +91,15 @@ void ThreadPool::run(int n, const std::function<void(int)>& f) {
     else sched_yield();
   }
   job_ = nullptr;
+}
+
+void run_ranges(int64_t n, int threads, const std::function<void(int64_t, int64_t)>& run) {
+  if (threads <= 1 || n <= 1) {
+    run(0, n);
+    return;
+  }
+  const int64_t chunk = (n + threads - 1) / threads;
+  ThreadPool::instance().run(threads, [&](int t) { run(std::min(n, t * chunk), std::min(n, (t + 1) * chunk)); });
 }
 
 }  // namespace mlxcel

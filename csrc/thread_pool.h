@@ -41,4 +41,8 @@ class ThreadPool {
   bool stop_ = false;
 };
 
+// run(begin, end) over [0, n) cut into `threads` even ranges, one per thread (threads <= 1: the
+// whole range here). Callers decide the thread count from their own work estimate.
+void run_ranges(int64_t n, int threads, const std::function<void(int64_t, int64_t)>& run);
+
 }  // namespace mlxcel
