@@ -90,6 +90,15 @@ void quantize_rows(const float* x, int M, int K, Act& a) {
     }
 }
 
+// One block's contribution to 16 outputs of one activation row: the block's exact integer dot
+// products scaled by weight scale x activation scale, plus bias x (activation scale x sum of the
+// row's quantized block). The VNNI tiles and the AMX tiles both go through this, in this order, so
+// their outputs are bit-identical.
+inline __m512 block_term(__m512i dot, __m512 sv, __m512 bv, float d, float ds) {
+  const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sv, _mm512_set1_ps(d)));
+  return _mm512_fmadd_ps(bv, _mm512_set1_ps(ds), t);
+}
+
 inline int32_t load4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -139,9 +148,7 @@ inline void tile(const Act& a, int m0, int K, const uint8_t* wg, const float* sg
 #pragma GCC unroll 4
       for (int c = 1; c < CH; ++c) dot = _mm512_add_epi32(dot, s[c]);
       const size_t f = static_cast<size_t>(m) * nb + b;
-      __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sv, _mm512_set1_ps(a.d[f])));
-      t = _mm512_fmadd_ps(bv, _mm512_set1_ps(a.ds[f]), t);
-      acc[i] = _mm512_add_ps(acc[i], t);
+      acc[i] = _mm512_add_ps(acc[i], block_term(dot, sv, bv, a.d[f], a.ds[f]));
     }
   }
 #pragma GCC unroll 8
@@ -164,6 +171,123 @@ void group(const Act& a, int M, int K, const uint8_t* wg, const float* sg, const
     default: break;
   }
 }
+
+
+#if MLXCEL_AMX
+// ---- AMX tiles (Sapphire Rapids and later) ------------------------------------------------
+// TDPBSUD multiplies an int8 activation tile (A: 16 rows x one block of 32 values, straight from
+// the quantized rows, padded with zero rows to a multiple of 16) by a uint8 weight tile (B: 8
+// rows, each the 4 values of one run for the group's 16 weight rows side by side: the layout
+// above, one block) into 16 x 16 int32 dot products: exactly the integers the VNNI tile sums.
+// They then go through block_term in the same order, so an AMX row is bit-identical to a VNNI
+// row (tests check it for every M). For 16 rows and a block that is one instruction instead of
+// 128 vpdpbusd, so what is left is the float work; two blocks are in flight (tiles 0/2/4 and
+// 1/3/5) so the next block's product runs while this one's floats are summed.
+struct TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+void load_tiles() {
+  alignas(64) TileConfig c;
+  for (int t = 0; t < 2; ++t) {
+    c.colsb[t] = 64; c.rows[t] = kGroup;          // C: 16 rows x 16 int32
+    c.colsb[2 + t] = kBlock; c.rows[2 + t] = kGroup;  // A: 16 rows x 32 int8
+    c.colsb[4 + t] = 64; c.rows[4 + t] = kBlock / 4;  // B: 8 rows x (16 weight rows x 4)
+  }
+  _tile_loadconfig(&c);
+}
+
+// the group's weight tiles, block after block (512 bytes each): 8-bit full groups are already
+// in that form; 4-bit runs are split into their low and high nibbles, partial groups padded
+template <int BITS>
+const uint8_t* weight_tiles(const uint8_t* wg, int K, int r, uint8_t* buf) {
+  if (BITS == 8 && r == kGroup) return wg;
+  const int nb = K / kBlock;
+  const size_t bb = block_bytes(r, BITS), run = static_cast<size_t>(4) * r;
+  const __mmask64 bm = r == kGroup ? ~0ULL : ((1ULL << (4 * r)) - 1);
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* wb = wg + b * bb;
+    uint8_t* o = buf + static_cast<size_t>(b) * 512;
+    if (BITS == 8) {
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) _mm512_storeu_si512(o + 64 * c, _mm512_maskz_loadu_epi8(bm, wb + c * run));
+    } else {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const __m512i p = _mm512_maskz_loadu_epi8(bm, wb + j * run);
+        _mm512_storeu_si512(o + 128 * j, _mm512_and_si512(p, low));
+        _mm512_storeu_si512(o + 128 * j + 64, _mm512_and_si512(_mm512_srli_epi16(p, 4), low));
+      }
+    }
+  }
+  return buf;
+}
+
+// tile ids must be literals (the intrinsics paste them into the instruction)
+#define MLXCEL_DOTS(C, A, B, aq, K, bt) \
+  do {                                  \
+    _tile_zero(C);                      \
+    _tile_loadd(A, aq, K);              \
+    _tile_loadd(B, bt, 64);             \
+    _tile_dpbsud(C, A, B);              \
+  } while (0)
+
+// the block's 16 x 16 dot products (in cbuf) into the rows' accumulators
+inline void block_floats(const Act& a, int m0, int rows, int nb, int b, const int32_t* cbuf, const float* sg,
+                         const float* bg, int r, __m512* acc) {
+  const __mmask16 fm = static_cast<__mmask16>((1u << r) - 1);
+  const __m512 sv = _mm512_maskz_loadu_ps(fm, sg + static_cast<size_t>(b) * r);
+  const __m512 bv = _mm512_maskz_loadu_ps(fm, bg + static_cast<size_t>(b) * r);
+#pragma GCC unroll 16
+  for (int i = 0; i < kGroup; ++i) {
+    if (i < rows) {
+      const size_t f = static_cast<size_t>(m0 + i) * nb + b;
+      acc[i] = _mm512_add_ps(acc[i], block_term(_mm512_loadu_si512(cbuf + 16 * i), sv, bv, a.d[f], a.ds[f]));
+    }
+  }
+}
+
+// activation rows m0..m0+rows-1 (rows <= 16; a.q has zero rows up to m0+16) against one group's
+// weight tiles
+void amx_tile_rows(const Act& a, int m0, int rows, int K, const uint8_t* bt, const float* sg, const float* bg,
+                   int r, float* out, int ldo, int32_t* cbuf) {
+  const int nb = K / kBlock;
+  __m512 acc[kGroup];
+#pragma GCC unroll 16
+  for (int i = 0; i < kGroup; ++i) acc[i] = _mm512_setzero_ps();
+  const int8_t* aq = a.q.data() + static_cast<size_t>(m0) * K;
+  int32_t* c0 = cbuf;
+  int32_t* c1 = cbuf + 256;
+  MLXCEL_DOTS(0, 2, 4, aq, K, bt);
+  for (int b = 0; b < nb; b += 2) {
+    const bool next = b + 1 < nb;
+    if (next) MLXCEL_DOTS(1, 3, 5, aq + (b + 1) * kBlock, K, bt + static_cast<size_t>(b + 1) * 512);
+    _tile_stored(0, c0, 64);
+    if (b + 2 < nb) MLXCEL_DOTS(0, 2, 4, aq + (b + 2) * kBlock, K, bt + static_cast<size_t>(b + 2) * 512);
+    block_floats(a, m0, rows, nb, b, c0, sg, bg, r, acc);
+    if (next) {
+      _tile_stored(1, c1, 64);
+      block_floats(a, m0, rows, nb, b + 1, c1, sg, bg, r, acc);
+    }
+  }
+  const __mmask16 fm = static_cast<__mmask16>((1u << r) - 1);
+#pragma GCC unroll 16
+  for (int i = 0; i < kGroup; ++i)
+    if (i < rows) _mm512_mask_storeu_ps(out + static_cast<size_t>(m0 + i) * ldo, fm, acc[i]);
+}
+#undef MLXCEL_DOTS
+
+template <int BITS>
+void amx_group(const Act& a, int M, int K, const uint8_t* wg, const float* sg, const float* bg, int r, float* out,
+               int ldo, uint8_t* buf, int32_t* cbuf) {
+  const uint8_t* bt = weight_tiles<BITS>(wg, K, r, buf);
+  for (int m0 = 0; m0 < M; m0 += kGroup) amx_tile_rows(a, m0, std::min(kGroup, M - m0), K, bt, sg, bg, r, out, ldo, cbuf);
+}
+#endif  // MLXCEL_AMX
 
 }  // namespace
 
@@ -227,6 +351,10 @@ void dequantize_rows(const uint8_t* w, const float* scales, const float* biases,
 void qmm_multi(const float* x, const WeightRef* weights, int count, int M, int K, int bits, int threads) {
   Act a;
   quantize_rows(x, M, K, a);
+#if MLXCEL_AMX
+  const bool amx = M >= amx_rows.load(std::memory_order_relaxed);
+  if (amx) a.q.resize(static_cast<size_t>((M + kGroup - 1) / kGroup * kGroup) * K, 0);  // whole A tiles
+#endif
   const size_t rb = row_bytes(K, bits);
   const int nb = K / kBlock;
   // all weights' groups as one range of "global" groups, split evenly over the threads
@@ -234,6 +362,28 @@ void qmm_multi(const float* x, const WeightRef* weights, int count, int M, int K
   for (int i = 0; i < count; ++i) starts[i + 1] = starts[i] + (weights[i].N + kGroup - 1) / kGroup;
   const int total = starts[count];
   auto run = [&](int g0, int g1) {
+#if MLXCEL_AMX
+    if (amx) {
+      thread_local std::vector<uint8_t> buf;
+      thread_local std::vector<int32_t> cbuf(2 * 16 * kGroup);
+      buf.resize(static_cast<size_t>(nb) * 512);
+      load_tiles();
+      for (int i = 0; i < count; ++i) {
+        const WeightRef& wr = weights[i];
+        const int a0 = std::max(g0, starts[i]) - starts[i], a1 = std::min(g1, starts[i + 1]) - starts[i];
+        for (int g = a0; g < a1; ++g) {
+          const int r = group_rows(wr.N, g);
+          const uint8_t* wg = wr.w + static_cast<size_t>(g) * kGroup * rb;
+          const size_t fo = static_cast<size_t>(g) * kGroup * nb;
+          float* out = wr.out + static_cast<size_t>(g) * kGroup;
+          if (bits == 8) amx_group<8>(a, M, K, wg, wr.scales + fo, wr.biases + fo, r, out, wr.N, buf.data(), cbuf.data());
+          else amx_group<4>(a, M, K, wg, wr.scales + fo, wr.biases + fo, r, out, wr.N, buf.data(), cbuf.data());
+        }
+      }
+      _tile_release();
+      return;
+    }
+#endif
     for (int i = 0; i < count; ++i) {
       const WeightRef& wr = weights[i];
       const int a0 = std::max(g0, starts[i]) - starts[i], a1 = std::min(g1, starts[i + 1]) - starts[i];

@@ -1,12 +1,21 @@
 // Row-exact quantized matmul kernels for x86 (AVX-512 VNNI): plain pointers, no MLX types.
 #pragma once
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
 
 namespace mlxcel {
 
 // Whether this CPU runs the kernels (AVX-512 F/BW/VL + VNNI); checked at run time.
 bool cpu_supported();
+
+// Whether this CPU has AMX tiles for int8 and the OS granted this process their state
+// (asked once); checked at run time.
+bool amx_supported();
+
+// Blocks of at least this many rows go through AMX tiles (bit-identical to the VNNI path);
+// INT_MAX when AMX is unavailable, not built or turned off. Set by the binding.
+extern std::atomic<int> amx_rows;
 
 // Bytes of one weight row of K values (the packed matrix is N rows of this many bytes in all,
 // interleaved by groups of 16 rows: see qmm_kernel.cpp).

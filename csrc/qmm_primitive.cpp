@@ -10,6 +10,10 @@
 #include <nanobind/stl/vector.h>
 
 #include <atomic>
+#include <climits>
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <list>
 #include <mutex>
 #include <cstring>
@@ -35,6 +39,23 @@ bool cpu_supported() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
+
+bool amx_supported() {
+  static const bool ok = [] {
+#if MLXCEL_AMX && defined(__linux__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!cpu_supported() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (!((d >> 24) & 1u) || !((d >> 25) & 1u)) return false;  // AMX-TILE, AMX-INT8
+    // Linux hands out the tile state only on request (ARCH_REQ_XCOMP_PERM, XTILEDATA)
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#else
+    return false;
+#endif
+  }();
+  return ok;
+}
+
+std::atomic<int> amx_rows{INT_MAX};
 }  // namespace mlxcel
 
 namespace {
@@ -678,6 +699,13 @@ NB_MODULE(_qmm, m) {
         "per-block scales or biases float32 [N, K/32] -> the kernel's order (16 rows side by side per block; eager)");
   m.def("unpack", &unpack, "w"_a, "bits"_a, "the kernel's layout -> uint8 values [N, K] (eager)");
   m.def("cpu_supported", &mlxcel::cpu_supported, "whether this CPU has AVX-512 F/BW/VL and VNNI");
+  m.def("amx_supported", &mlxcel::amx_supported,
+        "whether AMX int8 tiles are usable here (CPU and OS; the extension built with them)");
+  m.def("set_amx_rows", [](int n) {
+          mlxcel::amx_rows.store(n > 0 && mlxcel::amx_supported() ? n : INT_MAX);
+          return mlxcel::amx_rows.load() != INT_MAX;
+        }, "n"_a, "blocks of at least n rows go through AMX tiles (0: never); returns whether AMX is on");
+  m.def("amx_rows", []() { const int n = mlxcel::amx_rows.load(); return n == INT_MAX ? 0 : n; });
   m.def("set_threads", [](int n) { g_threads.store(n < 1 ? 1 : n); }, "n"_a);
   m.def("threads", []() { return g_threads.load(); });
   m.def("kernel_time", []() { return std::make_pair(g_ns.load() * 1e-9, g_calls.load()); },

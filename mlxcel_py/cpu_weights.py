@@ -50,6 +50,12 @@ MAX_ROWS = MAX_DRAFT_LIMIT + 1  # the widest verify block; decode steps are 1 ro
 # kernel took 6.2 ms for 64 rows of a 49152 x 576 4-bit weight, about linear in the rows, where
 # BLAS on float32 needs about 4x that at 256 rows before the dequantization.
 KERNEL_ROWS = 256
+# Blocks of at least this many rows go through AMX tiles where the CPU has them (Sapphire Rapids
+# and later; MLXCEL_NO_AMX=1 turns them off): bit-identical to the VNNI rows, so rows stay exact
+# whichever path a block takes. Measured here (scripts/amx_rows.py, docs/bench/amx-rows.md):
+# 1.1-1.5x over a forward's layers at 16-128 rows, 0.4-0.6x below 16 (the tile round trip and
+# the float work per block cost more than the 8 vpdpbusd a row they save).
+AMX_ROWS = 16
 GROUP = 32  # the group size of layers this module quantizes (GGUF's block size)
 KERNEL_GROUPS = (32, 64, 128)
 
@@ -68,6 +74,8 @@ def kernel_status() -> tuple[Any, str]:
     if not _qmm.cpu_supported():
         return None, "this CPU lacks AVX-512 VNNI"
     _qmm.set_threads(default_threads())
+    if _qmm.set_amx_rows(0 if os.environ.get("MLXCEL_NO_AMX") else AMX_ROWS):
+        return _qmm, f"row-exact AVX-512 VNNI kernel, AMX tiles from {AMX_ROWS} rows"
     return _qmm, "row-exact AVX-512 VNNI kernel"
 
 

@@ -69,6 +69,43 @@ def test_each_row_is_bit_identical_to_the_one_row_product(bits):
         assert mx.array_equal(QMM.row_exact_qmm(other, w, s, b, bits)[3], block[j]).item()
 
 
+needs_amx = pytest.mark.skipif(QMM is None or not QMM.amx_supported(), reason="no AMX int8 tiles on this CPU/OS")
+
+
+@needs_amx
+@pytest.mark.parametrize("bits", [4, 8])
+def test_amx_tiles_give_the_vnni_rows_bit_for_bit(bits):
+    # every block height (whole tiles of 16, a last partial one, fewer than 16) and a weight whose
+    # last group has 8 rows: the AMX path and the VNNI path must give the same bits
+    try:
+        for n, k in ((200, 576), (48, 64), (64, 1536)):
+            w, s, b, _ = _quantized(n, k, bits, seed=n + k)
+            for m in list(range(1, 41)) + [63, 64, 65, 130]:
+                x = mx.random.normal((m, k)) * (30.0 if m % 3 == 0 else 1.0)
+                assert QMM.set_amx_rows(0) is False
+                vnni = QMM.row_exact_qmm(x, w, s, b, bits)
+                mx.eval(vnni)
+                assert QMM.set_amx_rows(1) is True
+                amx = QMM.row_exact_qmm(x, w, s, b, bits)
+                assert mx.array_equal(vnni, amx).item(), (n, k, m)
+    finally:
+        QMM.set_amx_rows(cpu_weights.AMX_ROWS)
+
+
+@needs_amx
+def test_amx_can_be_turned_off_by_environment(cli_env):
+    import subprocess
+    import sys
+
+    code = "from mlxcel_py import cpu_weights, _qmm; print(cpu_weights.kernel_status()[1], _qmm.amx_rows())"
+    plain_env = {k: v for k, v in cli_env.items() if k != "MLXCEL_NO_AMX"}
+    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=plain_env, check=True)
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**cli_env, "MLXCEL_NO_AMX": "1"})
+    assert on.stdout.split()[-1] == str(cpu_weights.AMX_ROWS) and "AMX tiles" in on.stdout
+    assert off.stdout.split()[-1] == "0" and "AMX" not in off.stdout
+
+
 @needs_kernel
 def test_threads_and_batch_shape_do_not_change_a_bit():
     w, s, b, _ = _quantized(1536, 576, 4)
