@@ -61,10 +61,13 @@ class RowCaches:
     becomes 30 ops. Padded (elsewhere): each row goes through its own cache and its own attention
     call."""
 
-    def __init__(self, caches: Sequence[Any], offset: mx.array, entries: Sequence[tuple[int, int]] | None = None):
+    def __init__(self, caches: Sequence[Any], offset: mx.array, entries: Sequence[tuple[int, int]] | None = None,
+                 plan: "RaggedPlan | None" = None):
         self.caches = list(caches)
         self.offset = offset  # per-entry positions, for rope
         self.entries = list(entries) if entries is not None else None  # None: the padded layout
+        # the entries as the fused op takes them, worked out once per forward (every layer has them)
+        self.plan = plan if plan is not None or entries is None else RaggedPlan.of(self.entries, [c.offset for c in caches])
         self._held: tuple[mx.array, mx.array] | None = None
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
@@ -89,20 +92,36 @@ class RowCaches:
                                for b, (k, v, c) in enumerate(zip(keys, values, self.caches))], axis=0)
 
     def _fused(self, queries: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
-        n = keys.shape[2]
-        end = [c.offset for c in self.caches]
-        for seq, pos in self.entries:
-            end[seq] = max(end[seq], pos + n)
-        for c, e in zip(self.caches, end):
+        if keys.shape[2] != 1:
+            raise RuntimeError("a ragged batch has one row per entry")
+        plan = self.plan
+        for c, e in zip(self.caches, plan.ends):
             _reserve(c, e - c.offset, keys.shape[1], keys.shape[3])
         got = cpu_weights.cache_attention(queries, keys, values, [c.keys for c in self.caches],
-                                          [c.values for c in self.caches], [e[0] for e in self.entries],
-                                          [e[1] for e in self.entries], float(scale))
+                                          [c.values for c in self.caches], plan.seq, plan.pos, float(scale))
         count = len(self.caches)
-        for s, (c, e) in enumerate(zip(self.caches, end)):
+        for s, (c, e) in enumerate(zip(self.caches, plan.ends)):
             c.keys, c.values = got[1 + s], got[1 + count + s]
             c.offset = e
         return got[0]
+
+
+@dataclass(frozen=True)
+class RaggedPlan:
+    """A ragged forward's entries as the fused op takes them: each entry's sequence and position,
+    and each sequence's end once its rows are written. The same for every layer (they all hold
+    the same positions), so a forward works it out once instead of once per layer."""
+
+    seq: list[int]
+    pos: list[int]
+    ends: list[int]
+
+    @staticmethod
+    def of(entries: Sequence[tuple[int, int]], offsets: Sequence[int]) -> "RaggedPlan":
+        ends = list(offsets)
+        for seq, pos in entries:
+            ends[seq] = max(ends[seq], pos + 1)
+        return RaggedPlan([e[0] for e in entries], [e[1] for e in entries], ends)
 
 
 def _reserve(c: KVCache, n: int, heads: int, dim: int) -> None:
@@ -174,7 +193,8 @@ def _forward_ragged(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[
     unwanted blocks skip the output layer where the model's forward is the usual trunk + head."""
     entries = [(b, s.layers[0].offset + i) for b, (s, blk) in enumerate(zip(seqs, blocks)) for i in range(len(blk))]
     offset = mx.array([p for _, p in entries], dtype=mx.int32)
-    layers = [RowCaches([s.layers[i] for s in seqs], offset, entries) for i in range(len(seqs[0].layers))]
+    plan = RaggedPlan.of(entries, [s.layers[0].offset for s in seqs])
+    layers = [RowCaches([s.layers[i] for s in seqs], offset, entries, plan) for i in range(len(seqs[0].layers))]
     x = mx.array([[t] for blk in blocks for t in blk], dtype=mx.int32)
     split = _trunk_and_head(model) if not all(wants) else None
     with cpu_kernels.engaged(model):

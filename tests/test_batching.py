@@ -12,6 +12,7 @@ import pytest
 
 from mlxcel_py import batch, cpu_weights
 from mlxcel_py.cache import SequenceCache
+from mlxcel_py.options import SamplingOptions
 
 from test_server import COPY_PROMPT, get, post, start_server
 
@@ -189,3 +190,45 @@ def test_a_seeded_sampled_request_draws_the_same_beside_others(server8):
     for th in others + [t]:
         th.join()
     assert out["r"]["choices"][0]["message"]["content"] == alone["choices"][0]["message"]["content"]
+
+
+def test_a_result_reader_gets_only_the_result_and_a_stream_its_pieces_in_order(tiny):
+    # the worker wakes the event loop once per turn for a streaming request and not at all
+    # before the end for a request whose reader takes only the result
+    import asyncio
+
+    from mlxcel_py.engine import Engine
+    from mlxcel_py.server.worker import Job, Worker
+
+    eng = Engine(tiny.model, eos_ids=[], vocab_size=tiny.vocab_size, context_length=2048)
+    worker = Worker(eng, tiny.tokenizer, parallel=2)
+    worker.start(warmup=False)
+
+    async def run(pieces: bool):
+        loop = asyncio.get_running_loop()
+        calls = 0
+        handoff = loop.call_soon_threadsafe
+
+        def counted(*args):
+            nonlocal calls
+            calls += 1
+            return handoff(*args)
+
+        loop.call_soon_threadsafe = counted
+        job = Job(prompt=[5, 6, 7, 8, 9], max_tokens=24, sampling=SamplingOptions(temp=0.0),
+                  ignore_eos=True, pieces=pieces)
+        events = [(kind, payload) async for kind, payload in worker.submit(job)]
+        return events, calls
+
+    try:
+        streamed, stream_calls = asyncio.run(run(True))
+        result_only, result_calls = asyncio.run(run(False))
+    finally:
+        worker.stop()
+    assert [k for k, _ in result_only] == ["done"] and result_calls == 1
+    kinds = [k for k, _ in streamed]
+    assert kinds[-1] == "done" and set(kinds[:-1]) == {"text"}
+    done = streamed[-1][1]
+    assert "".join(p.text for k, p in streamed[:-1]) == done.text == result_only[0][1].text
+    assert done.tokens == result_only[0][1].tokens and len(done.tokens) == 24
+    assert 2 <= stream_calls <= len(kinds)  # pieces as they come, never more hand-offs than events

@@ -153,6 +153,7 @@ class ServerContext:
 
     async def collect(self, job: Job, request: Request) -> Result:
         """A non-streaming job's result; a client that hangs up cancels it (checked every 0.2 s)."""
+        job.pieces = False  # text pieces would only be dropped here: the worker need not send them
         self.admit(job)
 
         async def watch() -> None:

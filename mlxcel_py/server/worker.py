@@ -40,6 +40,7 @@ class Job:
     stop: Sequence[str] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N per token ("logprobs" events before each text piece)
+    pieces: bool = True  # the consumer reads text as it comes (streaming); else only "done"/"error"
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -58,6 +59,11 @@ class Result:
     stats: Any
     speculative: bool
     logprobs: list = field(default_factory=list)  # engine.TokenLogprob per emitted token, when asked
+
+
+def _put_all(q: asyncio.Queue, events: list) -> None:
+    for e in events:
+        q.put_nowait(e)
 
 
 class Busy(Exception):
@@ -122,6 +128,14 @@ class Worker:
         assert job.loop is not None and job.events is not None
         job.loop.call_soon_threadsafe(job.events.put_nowait, (kind, payload))
 
+    def _emit_all(self, job: Job, events: list) -> None:
+        """A turn's events in one hand-off: each call wakes the event loop (a socket write and a
+        pass of the loop, competing with this thread for the GIL), once per request per step
+        instead of once per token."""
+        if events:
+            assert job.loop is not None and job.events is not None
+            job.loop.call_soon_threadsafe(_put_all, job.events, events)
+
     def _loop(self) -> None:
         from .. import cpu_kernels
         from ..batch import probe, ragged
@@ -185,23 +199,30 @@ class Worker:
         from ..engine import NEED_STEP, PAUSE
 
         job = slot.job
+        out: list = []  # this turn's events, handed over together
         try:
             while True:
                 if job.cancelled.is_set():
+                    self._emit_all(job, out)
                     self._finish(slot)
                     return
                 try:
                     item = next(slot.pieces)
                 except StopIteration:
+                    self._emit_all(job, out)
                     self._finish(slot)
                     return
                 if item is PAUSE or item is NEED_STEP:
+                    self._emit_all(job, out)
                     return
+                if not job.pieces:  # the consumer takes only the result
+                    continue
                 if job.logprobs is not None:  # the logprobs of the tokens this piece completes
-                    self._emit(job, "logprobs", slot.gen.logprobs_out[slot.sent : item.tokens])
+                    out.append(("logprobs", slot.gen.logprobs_out[slot.sent : item.tokens]))
                     slot.sent = item.tokens
-                self._emit(job, "text", item)
+                out.append(("text", item))
         except Exception as exc:
+            self._emit_all(job, out)
             self._fail(slot, exc)
 
     def _step(self, wanting: list[Slot]) -> None:
