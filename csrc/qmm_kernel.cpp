@@ -363,25 +363,11 @@ void qmm_multi(const float* x, const WeightRef* weights, int count, int M, int K
   const int total = starts[count];
   auto run = [&](int g0, int g1) {
 #if MLXCEL_AMX
+    thread_local std::vector<uint8_t> buf;
+    thread_local std::vector<int32_t> cbuf(2 * 16 * kGroup);
     if (amx) {
-      thread_local std::vector<uint8_t> buf;
-      thread_local std::vector<int32_t> cbuf(2 * 16 * kGroup);
       buf.resize(static_cast<size_t>(nb) * 512);
       load_tiles();
-      for (int i = 0; i < count; ++i) {
-        const WeightRef& wr = weights[i];
-        const int a0 = std::max(g0, starts[i]) - starts[i], a1 = std::min(g1, starts[i + 1]) - starts[i];
-        for (int g = a0; g < a1; ++g) {
-          const int r = group_rows(wr.N, g);
-          const uint8_t* wg = wr.w + static_cast<size_t>(g) * kGroup * rb;
-          const size_t fo = static_cast<size_t>(g) * kGroup * nb;
-          float* out = wr.out + static_cast<size_t>(g) * kGroup;
-          if (bits == 8) amx_group<8>(a, M, K, wg, wr.scales + fo, wr.biases + fo, r, out, wr.N, buf.data(), cbuf.data());
-          else amx_group<4>(a, M, K, wg, wr.scales + fo, wr.biases + fo, r, out, wr.N, buf.data(), cbuf.data());
-        }
-      }
-      _tile_release();
-      return;
     }
 #endif
     for (int i = 0; i < count; ++i) {
@@ -392,10 +378,20 @@ void qmm_multi(const float* x, const WeightRef* weights, int count, int M, int K
         const uint8_t* wg = wr.w + static_cast<size_t>(g) * kGroup * rb;
         const size_t fo = static_cast<size_t>(g) * kGroup * nb;
         float* out = wr.out + static_cast<size_t>(g) * kGroup;
+#if MLXCEL_AMX
+        if (amx) {
+          if (bits == 8) amx_group<8>(a, M, K, wg, wr.scales + fo, wr.biases + fo, r, out, wr.N, buf.data(), cbuf.data());
+          else amx_group<4>(a, M, K, wg, wr.scales + fo, wr.biases + fo, r, out, wr.N, buf.data(), cbuf.data());
+          continue;
+        }
+#endif
         if (bits == 8) group<8>(a, M, K, wg, wr.scales + fo, wr.biases + fo, r, out, wr.N);
         else group<4>(a, M, K, wg, wr.scales + fo, wr.biases + fo, r, out, wr.N);
       }
     }
+#if MLXCEL_AMX
+    if (amx) _tile_release();
+#endif
   };
   // threads only pay off on big enough products (handing work to a thread costs microseconds)
   const double work = static_cast<double>(total) * kGroup * K * (M + 3);

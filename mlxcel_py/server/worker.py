@@ -11,6 +11,10 @@ A speculating request's verify block joins the
 same forward, which measured 1.7-2x faster than verifying two requests in turn
 (scripts/batch_step_cost.py --verify). A request owns its cache while it runs (the engine's prompt cache hands finished ones on).
 
+Each slot's turn hands its text pieces to the event loop in one call (a streaming request's; a
+request read whole gets only its result), since every hand-off wakes the loop, which then competes
+with this thread for the GIL.
+
 A client that disconnects (streaming or not) sets its job's cancel flag: a queued job is skipped,
 a running one stops at its next turn and frees its slot. Beyond `max_queue` waiting jobs, `submit`
 refuses at once (`Busy`, a 503 with Retry-After) instead of letting the queue grow without bound.
