@@ -200,34 +200,39 @@ class Worker:
 
     def _turn(self, slot: Slot) -> None:
         """Run one slot until it asks for a plain step, pauses or ends; its text goes out as it comes."""
+        job = slot.job
+        out: list = []  # this turn's events, handed over together before the result or error
+        try:
+            try:
+                ended = self._advance(slot, out)
+            finally:
+                self._emit_all(job, out)
+            if ended:
+                self._finish(slot)
+        except Exception as exc:
+            self._fail(slot, exc)
+
+    def _advance(self, slot: Slot, out: list) -> bool:
+        """Collect the slot's pieces into `out` until it asks for a step or pauses (False) or is
+        cancelled or done (True)."""
         from ..engine import NEED_STEP, PAUSE
 
         job = slot.job
-        out: list = []  # this turn's events, handed over together
-        try:
-            while True:
-                if job.cancelled.is_set():
-                    self._emit_all(job, out)
-                    self._finish(slot)
-                    return
-                try:
-                    item = next(slot.pieces)
-                except StopIteration:
-                    self._emit_all(job, out)
-                    self._finish(slot)
-                    return
-                if item is PAUSE or item is NEED_STEP:
-                    self._emit_all(job, out)
-                    return
-                if not job.pieces:  # the consumer takes only the result
-                    continue
-                if job.logprobs is not None:  # the logprobs of the tokens this piece completes
-                    out.append(("logprobs", slot.gen.logprobs_out[slot.sent : item.tokens]))
-                    slot.sent = item.tokens
-                out.append(("text", item))
-        except Exception as exc:
-            self._emit_all(job, out)
-            self._fail(slot, exc)
+        while True:
+            if job.cancelled.is_set():
+                return True
+            try:
+                item = next(slot.pieces)
+            except StopIteration:
+                return True
+            if item is PAUSE or item is NEED_STEP:
+                return False
+            if not job.pieces:  # the consumer takes only the result
+                continue
+            if job.logprobs is not None:  # the logprobs of the tokens this piece completes
+                out.append(("logprobs", slot.gen.logprobs_out[slot.sent : item.tokens]))
+                slot.sent = item.tokens
+            out.append(("text", item))
 
     def _step(self, wanting: list[Slot]) -> None:
         """The plain steps the live slots asked for: one batched forward (or one per sequence)."""
