@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "thread_pool.h"
@@ -52,9 +53,26 @@ inline size_t value_offset(int i, int k, int r, int bits, bool* high) {
   return blk * block_bytes(r, 4) + static_cast<size_t>(run / 2) * 4 * r + 4 * i + e;
 }
 
+// 64-byte aligned storage for what AMX tiles load and store: a tile row that straddles two cache
+// lines is a split access, and with the 16-byte alignment of malloc every row of a weight tile
+// and of the result buffer, and half the rows of an activation tile, did
+template <class T>
+struct Aligned64 {
+  using value_type = T;
+  Aligned64() = default;
+  template <class U>
+  Aligned64(const Aligned64<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <class U>
+  bool operator==(const Aligned64<U>&) const { return true; }
+  template <class U>
+  bool operator!=(const Aligned64<U>&) const { return false; }
+};
+
 // Quantized activation rows: q [M, K] int8 in natural order, per block the scale d and d * sum(q)
 struct Act {
-  std::vector<int8_t> q;
+  std::vector<int8_t, Aligned64<int8_t>> q;
   std::vector<float> d, ds;
 };
 
@@ -201,10 +219,11 @@ void load_tiles() {
 }
 
 // the group's weight tiles, block after block (512 bytes each): 8-bit full groups are already
-// in that form; 4-bit runs are split into their low and high nibbles, partial groups padded
+// in that form (used in place when 64-byte aligned); 4-bit runs are split into their low and high
+// nibbles, partial groups padded
 template <int BITS>
 const uint8_t* weight_tiles(const uint8_t* wg, int K, int r, uint8_t* buf) {
-  if (BITS == 8 && r == kGroup) return wg;
+  if (BITS == 8 && r == kGroup && reinterpret_cast<uintptr_t>(wg) % 64 == 0) return wg;
   const int nb = K / kBlock;
   const size_t bb = block_bytes(r, BITS), run = static_cast<size_t>(4) * r;
   const __mmask64 bm = r == kGroup ? ~0ULL : ((1ULL << (4 * r)) - 1);
@@ -363,8 +382,8 @@ void qmm_multi(const float* x, const WeightRef* weights, int count, int M, int K
   const int total = starts[count];
   auto run = [&](int g0, int g1) {
 #if MLXCEL_AMX
-    thread_local std::vector<uint8_t> buf;
-    thread_local std::vector<int32_t> cbuf(2 * 16 * kGroup);
+    thread_local std::vector<uint8_t, Aligned64<uint8_t>> buf;
+    thread_local std::vector<int32_t, Aligned64<int32_t>> cbuf(2 * 16 * kGroup);
     if (amx) {
       buf.resize(static_cast<size_t>(nb) * 512);
       load_tiles();

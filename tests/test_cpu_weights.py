@@ -224,6 +224,36 @@ def test_cache_attention_writes_each_sequence_and_equals_its_own_attention():
 
 
 @needs_kernel
+def test_a_prompt_chunk_beside_decode_rows_splits_over_threads_and_stays_exact():
+    """A batched layer as serve runs it under load: a 64-row prompt chunk (192 queries a KV head,
+    each seeing few keys) beside 8 sequences' 3-row verify blocks over 300 keys. The threads split
+    the work by visible keys, cutting the chunk's head into parts, and the queries of a head go
+    through in groups; every row still equals its own one-row call bit for bit."""
+    mx.random.seed(11)
+    heads, kv, dim = 9, 3, 64
+    lengths, offsets = [64] + [3] * 8, [20] + [300 + 7 * i for i in range(8)]
+    kbufs = [mx.random.normal((1, kv, o + n + 3, dim)) for o, n in zip(offsets, lengths)]
+    vbufs = [mx.random.normal((1, kv, o + n + 3, dim)) for o, n in zip(offsets, lengths)]
+    seq = [b for b, n in enumerate(lengths) for _ in range(n)]
+    pos = [o + i for o, n in zip(offsets, lengths) for i in range(n)]
+    q = mx.random.normal((len(seq), heads, 1, dim))
+    k_new, v_new = mx.random.normal((len(seq), kv, 1, dim)), mx.random.normal((len(seq), kv, 1, dim))
+    mx.eval(kbufs, vbufs, q, k_new, v_new)
+    threads = QMM.threads()
+    QMM.set_threads(2)
+    try:
+        got = QMM.row_exact_cache_attention(q, k_new, v_new, kbufs, vbufs, seq, pos, 0.125)
+        mx.eval(got)
+    finally:
+        QMM.set_threads(threads)
+    out = got[0]
+    for e, (b, p) in enumerate(zip(seq, pos)):
+        kb, vb = got[1 + b], got[1 + len(lengths) + b]
+        want = QMM.row_exact_attention(q[e:e + 1], kb[:, :, :p + 1], vb[:, :, :p + 1], 0.125, False)
+        assert mx.array_equal(out[e:e + 1], want).item(), (e, b, p)
+
+
+@needs_kernel
 def test_row_rope_matches_mlx_and_each_entry_its_own_call():
     """The extension's rope (RowExactRoPE): within float rounding of nn.RoPE (it takes cos and sin
     in double), entries at their own offsets equal one-entry calls bit for bit, and the rest of a
@@ -240,6 +270,11 @@ def test_row_rope_matches_mlx_and_each_entry_its_own_call():
             assert mx.allclose(got, rope(xt, offset=offs), atol=2e-4).item()
             for b, o in enumerate((0, 77, 700)):
                 assert mx.array_equal(got[b:b + 1], QMM.row_rope(xt[b:b + 1], dims, trad, 100000.0, 1.0, o)).item()
+            # offsets as an evaluated int32 vector go in as they are; any other form (computed
+            # lazily, another dtype, a strided view) is made one first: the same rows
+            spaced = mx.array([0, 5, 77, 5, 700])
+            for other in (offs * 1, offs.astype(mx.int64), spaced[::2]):
+                assert mx.array_equal(QMM.row_rope(xt, dims, trad, 100000.0, 1.0, 0, other), got).item()
             if dims < 64:
                 assert mx.array_equal(got[..., dims:], xt[..., dims:]).item()
     with pytest.raises(ValueError, match="even"):
