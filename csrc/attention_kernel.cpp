@@ -286,23 +286,22 @@ void run_items(const AttentionArgs& a, std::vector<Item>& items, double work, in
   const double cap = total / (2 * threads);
   if (threads > 1 && *std::max_element(item_work.begin(), item_work.end()) > cap) {
     std::vector<Item> parts;
+    std::vector<double> part_work;
     for (auto& it : items) {
       double w = 0;
       size_t from = 0;
       for (size_t i = 0; i < it.queries.size(); ++i) {
         w += query_work(it.queries[i]);
-        if (w >= cap && i + 1 < it.queries.size()) {
+        if ((w >= cap && i + 1 < it.queries.size()) || i + 1 == it.queries.size()) {
           parts.push_back({it.k, it.v, std::vector<Query>(it.queries.begin() + from, it.queries.begin() + i + 1)});
+          part_work.push_back(w);
           from = i + 1;
           w = 0;
         }
       }
-      parts.push_back({it.k, it.v, std::vector<Query>(it.queries.begin() + from, it.queries.end())});
     }
     items.swap(parts);
-    item_work.assign(items.size(), 0.0);
-    for (size_t i = 0; i < items.size(); ++i)
-      for (auto& q : items[i].queries) item_work[i] += query_work(q);
+    item_work.swap(part_work);
   }
   const int count = static_cast<int>(items.size());
   threads = std::min(threads, count);

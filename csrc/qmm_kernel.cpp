@@ -190,7 +190,6 @@ void group(const Act& a, int M, int K, const uint8_t* wg, const float* sg, const
   }
 }
 
-
 #if MLXCEL_AMX
 // ---- AMX tiles (Sapphire Rapids and later) ------------------------------------------------
 // TDPBSUD multiplies an int8 activation tile (A: 16 rows x one block of 32 values, straight from

@@ -50,8 +50,8 @@ class RowCaches:
 
     The forward's batch entries map to the sequences: in the padded layout entry b is sequence b
     (its block padded to the widest); in the ragged one every entry is one row, and the rows of a
-    verify block are consecutive entries of one sequence at consecutive positions (`entries`:
-    (sequence, position of the entry's first row) per entry).
+    verify block are consecutive entries of one sequence at consecutive positions (`plan`: each
+    entry's sequence and position, worked out once per forward; None in the padded layout).
 
     Ragged (the row-exact path): the layer's cache writes and all its attentions are one op
     (`cpu_weights.cache_attention`): `update_and_fetch` only holds the new keys and values, and
@@ -61,17 +61,14 @@ class RowCaches:
     becomes 30 ops. Padded (elsewhere): each row goes through its own cache and its own attention
     call."""
 
-    def __init__(self, caches: Sequence[Any], offset: mx.array, entries: Sequence[tuple[int, int]] | None = None,
-                 plan: "RaggedPlan | None" = None):
+    def __init__(self, caches: Sequence[Any], offset: mx.array, plan: "RaggedPlan | None" = None):
         self.caches = list(caches)
         self.offset = offset  # per-entry positions, for rope
-        self.entries = list(entries) if entries is not None else None  # None: the padded layout
-        # the entries as the fused op takes them, worked out once per forward (every layer has them)
-        self.plan = plan if plan is not None or entries is None else RaggedPlan.of(self.entries, [c.offset for c in caches])
+        self.plan = plan  # None: the padded layout
         self._held: tuple[mx.array, mx.array] | None = None
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
-        if self.entries is None:
+        if self.plan is None:
             return self._write_rows(keys, values)
         if not (keys.dtype == values.dtype == mx.float32 and keys.shape == values.shape):
             raise RuntimeError("a ragged batch needs float32 keys and values of one shape")
@@ -83,7 +80,7 @@ class RowCaches:
         return [k for k, _ in got], [v for _, v in got]
 
     def attend_rows(self, queries, keys, values, scale, mask, sinks, covered: bool) -> mx.array:
-        if self.entries is not None:
+        if self.plan is not None:
             held, self._held = self._held, None
             if held is None or not covered or not cpu_kernels.row_exact_now():
                 raise RuntimeError("a ragged batch needs the row-exact attention")
@@ -194,7 +191,7 @@ def _forward_ragged(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[
     entries = [(b, s.layers[0].offset + i) for b, (s, blk) in enumerate(zip(seqs, blocks)) for i in range(len(blk))]
     offset = mx.array([p for _, p in entries], dtype=mx.int32)
     plan = RaggedPlan.of(entries, [s.layers[0].offset for s in seqs])
-    layers = [RowCaches([s.layers[i] for s in seqs], offset, entries, plan) for i in range(len(seqs[0].layers))]
+    layers = [RowCaches([s.layers[i] for s in seqs], offset, plan) for i in range(len(seqs[0].layers))]
     x = mx.array([[t] for blk in blocks for t in blk], dtype=mx.int32)
     split = _trunk_and_head(model) if not all(wants) else None
     with cpu_kernels.engaged(model):

@@ -129,8 +129,7 @@ class Worker:
         return self.jobs.qsize()
 
     def _emit(self, job: Job, kind: str, payload: Any) -> None:
-        assert job.loop is not None and job.events is not None
-        job.loop.call_soon_threadsafe(job.events.put_nowait, (kind, payload))
+        self._emit_all(job, [(kind, payload)])
 
     def _emit_all(self, job: Job, events: list) -> None:
         """A turn's events in one hand-off: each call wakes the event loop (a socket write and a
@@ -199,7 +198,8 @@ class Worker:
         self.slots[i] = Slot(i, job, gen, stream, iter(stream))
 
     def _turn(self, slot: Slot) -> None:
-        """Run one slot until it asks for a plain step, pauses or ends; its text goes out as it comes."""
+        """Run one slot until it asks for a plain step, pauses or ends; its text goes out at the end
+        of the turn, in one hand-off."""
         job = slot.job
         out: list = []  # this turn's events, handed over together before the result or error
         try:
