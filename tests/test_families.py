@@ -99,6 +99,16 @@ def logical_rows(c) -> list:
     return [a for a in c.state if isinstance(a, mx.array)] + [a for a in getattr(c, "cache", []) if a is not None]
 
 
+def rows_ignore_height(model) -> bool:
+    """Whether this model's float32 matmuls give a row the same bits in a block of any height up to
+    8. OpenBLAS's AVX-512 kernels do at these sizes; its Haswell ones (a CPU without AVX-512, or
+    OPENBLAS_CORETYPE=Haswell) round rows by their place in the block."""
+    lin = next(m for _, m in model.named_modules() if type(m).__name__ == "Linear")
+    x = mx.random.normal((8, lin.weight.shape[1]), key=mx.random.key(0))
+    full = lin(x)
+    return all(mx.array_equal(lin(x[:m]), full[:m]).item() for m in range(1, 8))
+
+
 def assert_same_state(got: SequenceCache, want: SequenceCache, *, exact: bool = True):
     assert got.tokens == want.tokens
     for i, (a, b) in enumerate(zip(got.layers, want.layers)):
@@ -176,7 +186,9 @@ def test_rollback_is_bit_exact_against_the_same_blocks(family_models, name):
         y.prefill(prompt[:-1])
         if "state" in describe_kinds(x.layers):
             y.feed([prompt[-1], *draft[: v.accepted]])
-            assert_same_state(x, y)
+            # a picked state and its layers' rows come from the verify block, y's from a shorter one:
+            # bit for bit only where a float32 matmul's rows do not depend on the block's height
+            assert_same_state(x, y, exact=name != "qwen3_5" or rows_ignore_height(lm.model))
             continue
         y.feed([prompt[-1], *draft])
         cut = len(draft) - v.accepted
