@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*)
 	touch $@
 
 model: install
-	$(PY) -m mlxcel_py.default_model
+	$(PY) -m mlxcel_py.models.default_model
 
 demo: model
 	$(MLXCEL) generate --prompt-lookup --profile -p "$$(cat examples/edit.txt)"
@@ -34,7 +34,7 @@ bench: model
 	$(MLXCEL) bench $(BENCH_PUBLIC) $(COST12) --repeats 3 --json docs/bench/public-cost.json --markdown > docs/bench/public-cost.md
 	$(MLXCEL) bench $(BENCH_PUBLIC) --json docs/bench/public-default.json --markdown > docs/bench/public-default.md
 	$(MLXCEL) bench $(COST12) --vs mlx-lm --json docs/bench/vs-mlx-lm.json --markdown > docs/bench/vs-mlx-lm.md
-	$(MLXCEL) bench --draft-model $$($(PY) -c 'from mlxcel_py.default_model import default_gguf; print(default_gguf())') \
+	$(MLXCEL) bench --draft-model $$($(PY) -c 'from mlxcel_py.models.default_model import default_gguf; print(default_gguf())') \
 		--draft-block-size 4 --limit 1 --max-tokens 64 --vs mlx-lm --json docs/bench/vs-mlx-lm-draft.json \
 		--markdown > docs/bench/vs-mlx-lm-draft.md
 	$(MLXCEL) bench --trace benchmarks/traces.jsonl --draft-kind suffix --prompt-lookup $(COST12) --max-tokens 256 \

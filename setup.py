@@ -1,4 +1,4 @@
-"""Builds the optional C++ extension `mlxcel_py._qmm` (csrc/: the row-exact quantized matmul for
+"""Builds the optional C++ extension `mlxcel_py.cpu._qmm` (csrc/: the row-exact quantized matmul for
 MLX on x86 CPUs) with CMake against the pinned mlx and nanobind. Everything else is in
 pyproject.toml. If the build fails (no compiler, no CMake, not x86_64) the package still installs
 and runs with float32 weights on the CPU; `mlxcel generate --verbose` says which path is in use.
@@ -37,5 +37,5 @@ class OptionalCMakeBuild(CMakeBuild):
               "CPU weights will be float32", file=sys.stderr)
 
 
-ext_modules = [CMakeExtension("mlxcel_py._qmm", sourcedir="csrc")] if CMakeExtension else []
+ext_modules = [CMakeExtension("mlxcel_py.cpu._qmm", sourcedir="csrc")] if CMakeExtension else []
 setup(ext_modules=ext_modules, cmdclass={"build_ext": OptionalCMakeBuild})

@@ -51,7 +51,8 @@ def root(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
 ) -> None:
     """Fast LLM decoding on MLX: prompt lookup and draft-model speculation, exact output."""
-    from . import config_file, ui
+    from . import config_file
+    from .terminal import ui
 
     path = config or config_file.default_path()
     if config is None and not path.exists():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlxcel_py import cpu_weights, fastpath  # noqa: E402
+from mlxcel_py.cpu import weights as cpu_weights, blas as fastpath  # noqa: E402
 
 fastpath.prepare()
 

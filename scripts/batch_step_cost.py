@@ -22,14 +22,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlxcel_py import fastpath  # noqa: E402
+from mlxcel_py.cpu import blas as fastpath  # noqa: E402
 
 fastpath.prepare()
 
 import mlx.core as mx  # noqa: E402
 
-from mlxcel_py import batch, loading  # noqa: E402
-from mlxcel_py.cache import SequenceCache  # noqa: E402
+from mlxcel_py.engine import batch  # noqa: E402
+from mlxcel_py.models import loading
+from mlxcel_py.engine.cache import SequenceCache  # noqa: E402
 
 
 def main() -> None:
@@ -42,7 +43,7 @@ def main() -> None:
     m = loading.load(loading.resolve(a.model))
     print(f"weights: {m.dtype}; {batch.probe(m.model, m.vocab_size or 2).detail}")
     try:
-        from mlxcel_py import _qmm
+        from mlxcel_py.cpu import _qmm
 
         kernel = _qmm.kernel_time
     except ImportError:
@@ -104,7 +105,7 @@ def verify_blocks(model, steps: int) -> None:
 
 def prompt_chunk(model, steps: int) -> None:
     try:
-        from mlxcel_py import _qmm
+        from mlxcel_py.cpu import _qmm
 
         clocks = lambda: (_qmm.kernel_time()[0], _qmm.attention_time())  # noqa: E731
     except ImportError:

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from mlxcel_py import fastpath  # noqa: E402
+from mlxcel_py.cpu import blas as fastpath  # noqa: E402
 
 fastpath.prepare()
 
@@ -26,8 +26,8 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 import gguf_files  # noqa: E402
-from mlxcel_py import gguf as importer  # noqa: E402
-from mlxcel_py import loading  # noqa: E402
+from mlxcel_py.models.gguf import convert as importer  # noqa: E402
+from mlxcel_py.models import loading  # noqa: E402
 
 PROMPT = [5, 17, 99, 3, 250, 42, 42, 7, 120, 64, 9, 33]
 STEPS = 16

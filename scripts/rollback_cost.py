@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from mlxcel_py import fastpath  # noqa: E402
+from mlxcel_py.cpu import blas as fastpath  # noqa: E402
 
 fastpath.prepare()
 
@@ -39,8 +39,8 @@ def main() -> None:
 
     import tiny_models
     from conftest import make_tiny_model
-    from mlxcel_py import loading
-    from mlxcel_py.cache import SequenceCache, describe_kinds
+    from mlxcel_py.models import loading
+    from mlxcel_py.engine.cache import SequenceCache, describe_kinds
 
     tmp = Path(tempfile.mkdtemp())
     models = {

@@ -22,15 +22,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mlxcel_py import fastpath  # noqa: E402
+from mlxcel_py.cpu import blas as fastpath  # noqa: E402
 
 fastpath.prepare()
 
 import mlx.core as mx  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
-from mlxcel_py import cpu_kernels, loading  # noqa: E402
-from mlxcel_py.prompting import prompt_ids  # noqa: E402
+from mlxcel_py.cpu import kernels as cpu_kernels  # noqa: E402
+from mlxcel_py.models import loading
+from mlxcel_py.engine.prompting import prompt_ids  # noqa: E402
 
 
 def logprobs_over(model, ids: list[int], start: int, chunk: int = 64) -> mx.array:
@@ -60,7 +61,7 @@ def main() -> None:
     ref = loading.load(resolved, cpu_weights="f32")
     modes = {m: loading.load(resolved, cpu_weights=m) for m in a.modes.split(",")}
     items = [json.loads(line) for line in Path(a.workload).read_text().splitlines() if line.strip()][: a.limit]
-    from mlxcel_py.engine import Engine
+    from mlxcel_py.engine.engine import Engine
 
     eng = Engine(ref.model, eos_ids=ref.tokenizer.eos_token_ids, vocab_size=ref.vocab_size,
                  context_length=ref.context_length)

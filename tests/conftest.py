@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from mlxcel_py import fastpath
+from mlxcel_py.cpu import blas as fastpath
 
 fastpath.prepare()
 
@@ -76,7 +76,7 @@ def tiny_draft_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny(tiny_dir):
-    from mlxcel_py import loading
+    from mlxcel_py.models import loading
 
     return loading.load(loading.resolve(str(tiny_dir)))
 
@@ -84,7 +84,7 @@ def tiny(tiny_dir):
 @pytest.fixture(scope="session")
 def real():
     """The real default model (SmolLM2-135M-Instruct), loaded once, float32 on the CPU."""
-    from mlxcel_py import loading
+    from mlxcel_py.models import loading
 
     return loading.load(loading.resolve(None))
 
@@ -113,7 +113,7 @@ def cli_env(tmp_path) -> dict:
 @pytest.fixture
 def no_weights(monkeypatch):
     """Startup refusals must come before any weight loads: loading raises if it is reached."""
-    from mlxcel_py import loading
+    from mlxcel_py.models import loading
 
     def forbidden(*a, **k):
         raise AssertionError("weights were loaded")
@@ -122,7 +122,7 @@ def no_weights(monkeypatch):
 
 
 def _cpu_weights_line() -> str:
-    from mlxcel_py import cpu_weights
+    from mlxcel_py.cpu import weights as cpu_weights
 
     qmm, why = cpu_weights.kernel_status()
     if qmm is not None:

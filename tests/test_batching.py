@@ -10,8 +10,9 @@ import urllib.request
 
 import pytest
 
-from mlxcel_py import batch, cpu_weights
-from mlxcel_py.cache import SequenceCache
+from mlxcel_py.engine import batch
+from mlxcel_py.cpu import weights as cpu_weights
+from mlxcel_py.engine.cache import SequenceCache
 from mlxcel_py.options import SamplingOptions
 
 from test_server import COPY_PROMPT, get, post, start_server
@@ -49,7 +50,7 @@ def test_a_batch_wider_than_the_kernel_block_stays_exact(tiny):
     """90 sequences x 1-5 rows is 270 rows, unpadded: split into forwards of at most KERNEL_ROWS
     rows, so every row stays on the row-exact kernel (a wider forward would go through float32
     BLAS); every block's rows equal its solo forward, verify blocks and plain steps alike."""
-    from mlxcel_py import cpu_weights
+    from mlxcel_py.cpu import weights as cpu_weights
 
     blocks = [[(3 * i + j) % 200 + 1 for j in range(1 + i % 5)] for i in range(90)]
     assert sum(map(len, blocks)) > cpu_weights.KERNEL_ROWS
@@ -197,7 +198,7 @@ def test_a_result_reader_gets_only_the_result_and_a_stream_its_pieces_in_order(t
     # before the end for a request whose reader takes only the result
     import asyncio
 
-    from mlxcel_py.engine import Engine
+    from mlxcel_py.engine.engine import Engine
     from mlxcel_py.server.worker import Job, Worker
 
     eng = Engine(tiny.model, eos_ids=[], vocab_size=tiny.vocab_size, context_length=2048)

@@ -36,7 +36,7 @@ def _bench(args, env, timeout=600):
 
 
 def test_bench_sweep_writes_json_png_and_markdown(tiny_dir, tiny_workload, cli_env, tmp_path):
-    from mlxcel_py import fastpath
+    from mlxcel_py.cpu import blas as fastpath
 
     out_json, out_png = tmp_path / "b.json", tmp_path / "sweep.png"
     r = _bench(["-m", str(tiny_dir), "--workload", str(tiny_workload), "--max-tokens", "12",
@@ -105,7 +105,7 @@ def test_bench_draft_model_and_lookup_side_by_side_with_mlx_lm(tiny_dir, tiny_dr
 def test_bench_compares_cpu_weight_modes_in_one_run(tiny_dir, tiny_workload, cli_env, tmp_path):
     """--cpu-weights f32,q8,q4: the model in each form, plain and prompt lookup, interleaved; each
     mode's speculative output equals its own plain output, and plain speed is set against f32's."""
-    from mlxcel_py import cpu_weights
+    from mlxcel_py.cpu import weights as cpu_weights
 
     out_json = tmp_path / "w.json"
     r = _bench(["-m", str(tiny_dir), "--workload", str(tiny_workload), "--max-tokens", "10",

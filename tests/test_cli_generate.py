@@ -121,7 +121,7 @@ def test_profile_and_summary_go_to_stderr(cli_env, workloads):
         assert key in r.stderr, key
     assert "[Prompt lookup] rounds=" in r.stderr
     assert "Profile" not in r.stdout and "[Generated" not in r.stdout
-    from mlxcel_py import cpu_weights
+    from mlxcel_py.cpu import weights as cpu_weights
 
     assert "openblas" in r.stderr
     built = cpu_weights.kernel_status()[0] is not None

@@ -7,8 +7,9 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.models import activations, base
 
-from mlxcel_py import cpu_kernels, loading
-from mlxcel_py.engine import Engine
+from mlxcel_py.cpu import kernels as cpu_kernels
+from mlxcel_py.models import loading
+from mlxcel_py.engine.engine import Engine
 from mlxcel_py.options import DraftConfig, LookupConfig, SamplingOptions
 
 
@@ -56,7 +57,7 @@ def test_dispatch_only_inside_engaged_for_an_enabled_model(tiny_dir, monkeypatch
     """Stock mlx-lm in the same process keeps mlx-lm's kernels; the engine's forwards use ours."""
     import mlx_lm.models.llama as llama_module
 
-    from mlxcel_py import loading
+    from mlxcel_py.models import loading
 
     # float32 weights: with the row-exact ones, attention goes to their one-row kernel instead
     tiny = loading.load(loading.resolve(str(tiny_dir)), cpu_weights="f32")

@@ -12,7 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from mlxcel_py import cpu_weights
+from mlxcel_py.cpu import weights as cpu_weights
 from mlxcel_py.options import SamplingOptions
 
 QMM, WHY = cpu_weights.kernel_status()
@@ -296,7 +296,7 @@ def _block_vs_steps(model, prompt: list[int], toks: list[int]) -> list[bool]:
     """Logits of a verify-shaped block against one-token steps at the same positions."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlxcel_py import cpu_kernels
+    from mlxcel_py.cpu import kernels as cpu_kernels
 
     with cpu_kernels.engaged(model):
         c1 = make_prompt_cache(model)
@@ -325,7 +325,7 @@ def test_every_drafter_equals_plain_on_the_default_model(real, workloads):
     drafting for itself. MTP and the Gemma 4 assistant need models this one is not (they run,
     on float32, in test_mtp.py / test_gemma4_assistant.py)."""
     from mlxcel_py.options import DraftConfig, LookupConfig
-    from mlxcel_py.prompting import prompt_ids
+    from mlxcel_py.engine.prompting import prompt_ids
     from test_engine import engine_for, lookup, run
 
     configs = {
@@ -350,7 +350,7 @@ def test_auto_keeps_float32_where_rows_could_differ(tmp_path, family):
     """A hybrid (recurrent state) model and a sliding-window one stay float32 under auto, saying why."""
     import tiny_models
 
-    from mlxcel_py import loading
+    from mlxcel_py.models import loading
 
     folder = tiny_models.build(tmp_path / family, tiny_models.FAMILIES[family])
     loaded = loading.load(loading.resolve(str(folder)))
@@ -370,7 +370,7 @@ def _flat(model):
 @needs_kernel
 @pytest.mark.parametrize("mode,bits", [("q8", (8,)), ("q4", (4,)), ("auto", (8,))])
 def test_modes_on_a_float_model(tiny_dir, mode, bits):
-    from mlxcel_py import loading
+    from mlxcel_py.models import loading
 
     loaded = loading.load(loading.resolve(str(tiny_dir)), cpu_weights=mode)
     w = loaded.weights

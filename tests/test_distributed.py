@@ -333,7 +333,7 @@ def test_a_world_of_another_size_is_refused(tiny_dir, cli_env, tmp_path):
 
 
 def test_a_model_that_cannot_split_is_refused_before_loading(cli_env, tmp_path):
-    from mlxcel_py.distributed import Layout, why_not_model
+    from mlxcel_py.parallel.distributed import Layout, why_not_model
 
     llama = dict(model_type="llama", hidden_size=48, num_hidden_layers=2, intermediate_size=96,
                  num_attention_heads=6, num_key_value_heads=3, rms_norm_eps=1e-5, vocab_size=260)
@@ -358,7 +358,7 @@ def test_a_model_that_cannot_split_is_refused_before_loading(cli_env, tmp_path):
 
 def test_launch_reads_sizes_and_hostfiles(tmp_path):
     from mlxcel_py.errors import UsageError
-    from mlxcel_py.launcher import layout_size, read_hostfile, ring_hostfile
+    from mlxcel_py.parallel.launcher import layout_size, read_hostfile, ring_hostfile
 
     assert layout_size(["generate", "--tp-size", "2"]) == 2
     assert layout_size(["serve", "--pp-size=4"]) == 4
@@ -402,7 +402,7 @@ def test_chat_in_a_terminal_across_two_ranks(cli_env):
 def test_joining_needs_a_backend_and_a_launch(monkeypatch):
     import mlx.core as mx
 
-    from mlxcel_py import distributed
+    from mlxcel_py.parallel import distributed
     from mlxcel_py.errors import EXIT_USAGE
 
     assert distributed.join(distributed.Layout()) is None  # one process: nothing to join

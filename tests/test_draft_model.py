@@ -13,12 +13,12 @@ import mlx.core as mx
 import pytest
 
 from conftest import make_tiny_model
-from mlxcel_py import loading
+from mlxcel_py.models import loading
 from mlxcel_py.commands._options import build_options
 from mlxcel_py.errors import ModelError
 from mlxcel_py.options import DraftConfig, SamplingOptions
-from mlxcel_py.prompting import prompt_ids
-from mlxcel_py.engine_builder import open_session
+from mlxcel_py.engine.prompting import prompt_ids
+from mlxcel_py.session import open_session
 from mlxcel_py.validate import validate
 from test_engine import engine_for, prompts, run
 
@@ -95,7 +95,7 @@ def chi2_gof(counts: Counter, probs: dict, n: int) -> float:
 
 
 def exact_first_token_probs(lm, prefix, s: SamplingOptions) -> dict:
-    from mlxcel_py.sampling import Decider
+    from mlxcel_py.engine.sampling import Decider
 
     logits = lm.model(mx.array([prefix]))[0, -1:]
     p = Decider(s, prompt_len=len(prefix)).probs(logits)[0].tolist()
@@ -230,7 +230,7 @@ def test_refuses_a_drafter_whose_caches_cannot_be_rolled_back(tiny_dir, tiny_dra
 
 
 def test_first_divergence_reports_index_and_margins(tiny):
-    from mlxcel_py.exactness import first_divergence
+    from mlxcel_py.engine.exactness import first_divergence
 
     p = prompts(1, seed=30)[0]
     plain, _ = run(engine_for(tiny), p, max_tokens=12)

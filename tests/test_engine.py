@@ -7,11 +7,11 @@ import random
 import mlx.core as mx
 import pytest
 
-from mlxcel_py.cache import SequenceCache
-from mlxcel_py.engine import Engine
+from mlxcel_py.engine.cache import SequenceCache
+from mlxcel_py.engine.engine import Engine
 from mlxcel_py.options import DraftConfig, LookupConfig, SamplingOptions
-from mlxcel_py.sampling import Decider
-from mlxcel_py.verify import verify_round
+from mlxcel_py.engine.sampling import Decider
+from mlxcel_py.engine.verify import verify_round
 
 POLICIES = [("auto", True), ("graded", True), ("gated", True), ("cost", True), ("graded", False)]
 
@@ -144,7 +144,7 @@ def test_rollback_then_regenerate_matches_first_run(tiny):
 def test_recurrent_model_is_accepted_and_uncopyable_cache_refused():
     from mlx_lm.models.cache import ArraysCache
 
-    from mlxcel_py import loading
+    from mlxcel_py.models import loading
     from mlxcel_py.errors import ModelError
 
     class Recurrent:
@@ -200,7 +200,7 @@ def test_logprobs_are_the_targets_own_with_and_without_speculation(tiny):
         # as one block
         from mlx_lm.models.cache import make_prompt_cache
 
-        from mlxcel_py import cpu_kernels
+        from mlxcel_py.cpu import kernels as cpu_kernels
 
         with cpu_kernels.engaged(tiny.model):
             c = make_prompt_cache(tiny.model)

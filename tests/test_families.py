@@ -13,11 +13,11 @@ import mlx.core as mx
 import pytest
 
 import tiny_models
-from mlxcel_py import loading
-from mlxcel_py.cache import SequenceCache, describe_kinds, rollback_kind
+from mlxcel_py.models import loading
+from mlxcel_py.engine.cache import SequenceCache, describe_kinds, rollback_kind
 from mlxcel_py.options import SamplingOptions
-from mlxcel_py.sampling import Decider
-from mlxcel_py.verify import verify_round
+from mlxcel_py.engine.sampling import Decider
+from mlxcel_py.engine.verify import verify_round
 from test_draft_model import full
 from test_engine import engine_for, lookup, run
 

@@ -44,7 +44,7 @@ def test_assistant_drafts_equal_plain_decoding(g4, assistant):
 
 
 def test_assistant_reads_the_kv_of_the_last_cache_holding_layer_of_each_type(g4):
-    from mlxcel_py.gemma4_assistant import _kv_layers
+    from mlxcel_py.drafters.gemma4_assistant import _kv_layers
 
     s = session(g4["target"], draft_model=g4["echo"])
     assert _kv_layers(s.engine.model) == {"sliding_attention": 0, "full_attention": 1}

@@ -17,8 +17,8 @@ import pytest
 
 import gguf_files
 from gguf_files import DECODED, NATIVE, Q
-from mlxcel_py import gguf as importer
-from mlxcel_py import loading
+from mlxcel_py.models.gguf import convert as importer
+from mlxcel_py.models import loading
 from mlxcel_py.errors import ModelError
 from test_engine import engine_for, run
 

@@ -21,7 +21,7 @@ from conftest import mlxcel_cmd
 from mlxcel_py.commands._options import build_options
 from mlxcel_py.errors import ModelError
 from mlxcel_py.options import SamplingOptions
-from mlxcel_py.engine_builder import open_session
+from mlxcel_py.session import open_session
 from mlxcel_py.validate import validate
 from test_families import copy_prompts
 from test_engine import run
@@ -56,7 +56,7 @@ def sessions(mtp_dirs):
 
 
 def plain_engine(s):
-    from mlxcel_py.engine import Engine
+    from mlxcel_py.engine.engine import Engine
 
     return Engine(s.engine.model, eos_ids=s.engine.eos_ids, vocab_size=s.target.vocab_size, context_length=2048)
 
@@ -104,7 +104,7 @@ def test_mtp_head_is_refed_with_the_targets_real_hidden_states(sessions):
     # the last proposal's own entries go; then every real pair up to the newest committed one
     drafter._trim_self_fed()
     n = drafter.base + len(drafter.tokens)
-    from mlxcel_py.mtp import lm_head_and_embed, text_model
+    from mlxcel_py.drafters.mtp import lm_head_and_embed, text_model
 
     _, embed = lm_head_and_embed(eng.model)
     h = text_model(eng.model)[1](mx.array([history[:n]]))  # real hidden states h_0 .. h_{n-1}

@@ -1,6 +1,6 @@
 import pytest
 
-from mlxcel_py.policy import CostPolicy, FixedPolicy, GatedPolicy, GradedPolicy, make_policy
+from mlxcel_py.engine.policy import CostPolicy, FixedPolicy, GatedPolicy, GradedPolicy, make_policy
 
 
 def test_graded_starts_full_and_stays_full_on_hits():

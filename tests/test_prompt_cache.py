@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from mlxcel_py.cache import SequenceCache
-from mlxcel_py.engine import Engine
+from mlxcel_py.engine.cache import SequenceCache
+from mlxcel_py.engine.engine import Engine
 from mlxcel_py.options import SamplingOptions
-from mlxcel_py.prompt_cache import PromptCache, cache_bytes
+from mlxcel_py.engine.prompt_cache import PromptCache, cache_bytes
 
 
 def _engine(loaded, pool_bytes=None) -> Engine:

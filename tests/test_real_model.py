@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mlxcel_py.options import SamplingOptions
-from mlxcel_py.prompting import prompt_ids
+from mlxcel_py.engine.prompting import prompt_ids
 from test_engine import engine_for, lookup, run
 
 pytestmark = pytest.mark.real

@@ -13,13 +13,13 @@ from types import SimpleNamespace
 import pytest
 from fastapi.testclient import TestClient
 
-from mlxcel_py.engine import TokenLogprob
+from mlxcel_py.engine.engine import TokenLogprob
 from mlxcel_py.options import SamplingOptions
 from mlxcel_py.server.app import create_app
 from mlxcel_py.server.security import AccessPolicy, is_json_content_type, parse_keys
 from mlxcel_py.server.worker import Busy, Result
-from mlxcel_py.stats import GenerationStats
-from mlxcel_py.text import TextPiece
+from mlxcel_py.engine.stats import GenerationStats
+from mlxcel_py.engine.text import TextPiece
 
 VOCAB = 300
 
@@ -37,7 +37,7 @@ class FakeTokenizer:
         return {str(i): i for i in range(VOCAB)}
 
 
-from mlxcel_py.batch import Gate  # noqa: E402
+from mlxcel_py.engine.batch import Gate  # noqa: E402
 
 
 class FakeWorker:

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import mlxcel_cmd
 from mlxcel_py.options import DraftConfig, LookupConfig, SamplingOptions
-from mlxcel_py.suffix import NGRAM_MAX, SuffixDrafter, SuffixStore, draft_from
+from mlxcel_py.drafters.suffix import NGRAM_MAX, SuffixDrafter, SuffixStore, draft_from
 from test_engine import engine_for, prompts, run
 
 FP = "260:test"
@@ -250,7 +250,7 @@ def test_cost_policy_pauses_suffix_drafts_that_stop_paying(tiny, monkeypatch):
     The verify costs are fixed (a width-w block costs 1 + 0.3 (w - 1) plain steps, the order of the
     default model's on this CPU) instead of timed: on this tiny model a wide block costs about one
     step, so whether the timed policy declined depended on timing noise."""
-    from mlxcel_py.policy import CostPolicy
+    from mlxcel_py.engine.policy import CostPolicy
 
     rng = random.Random(3)
     perm = list(range(256))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from mlxcel_py import loading
+from mlxcel_py.models import loading
 from mlxcel_py.cli import app
 
 RULES = [

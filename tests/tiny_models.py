@@ -99,7 +99,7 @@ def mtp_tensors(cfg: dict, *, kind: str = "random", seed: int = 3, prefix: str =
     it predicts the token the target just predicted: right whenever the output repeats itself;
     `noise` perturbs that pass-through, so its distribution q is near the target's p, not equal.
     """
-    from mlxcel_py.mtp import MTPHead
+    from mlxcel_py.drafters.mtp import MTPHead
 
     mx.random.seed(seed)
     head = MTPHead(dict(cfg))
@@ -146,7 +146,7 @@ def gemma4_assistant_checkpoint(folder: Path, target_folder: Path, *, kind: str 
     sparse lm_head (4 clusters of 65 tokens, top 2)."""
     import json
 
-    from mlxcel_py.gemma4_assistant import Gemma4Assistant
+    from mlxcel_py.drafters.gemma4_assistant import Gemma4Assistant
 
     folder.mkdir(parents=True, exist_ok=True)
     text = dict(GEMMA4, num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],

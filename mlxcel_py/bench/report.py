@@ -13,12 +13,12 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Sequence
 
-from .. import ui
+from ..terminal import ui
 from . import runner as benchmark
 from .runner import ALL_KINDS, SummaryRow, WidthChoice
 from ..errors import MlxcelError
 from ..options import BenchPlan, DraftConfig
-from ..engine_builder import open_session
+from ..session import open_session
 from .workload import Trace, WorkItem
 
 DEFAULT_PLOT = "mlxcel-bench-widths.png"
@@ -109,7 +109,7 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
         peer = LlamaCppPeer(target.resolved.gguf, lookup_widths=widths, ngram_max=ngram, sampling=opts.sampling)
     loaded_by_mode = {plan.weights[0]: target}
     if len(plan.weights) > 1:  # bench --cpu-weights A,B,...: the same model again in each other form
-        from .. import loading
+        from ..models import loading
 
         mopts = opts.model
         for mode in plan.weights[1:]:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..options import PEERS, DraftConfig, SamplingOptions
-from ..prompting import prompt_ids, render_messages
+from ..engine.prompting import prompt_ids, render_messages
 from .workload import Trace, WorkItem
 
 ALL_KINDS = "all"
@@ -124,7 +124,7 @@ def run(
 ) -> BenchResult:
     """Time every prompt plainly, under every draft configuration, and on the peer; with several
     weight modes, each mode's plain and speculative runs, interleaved prompt by prompt."""
-    from ..engine import Engine  # here, not at the top: summaries and plots stay importable without MLX
+    from ..engine.engine import Engine  # here, not at the top: summaries and plots stay importable without MLX
 
     eos = tokenizer.eos_token_ids
     targets = list(weights) or [("", model)]

@@ -6,12 +6,12 @@ import sys
 import time
 from typing import Any
 
-from .. import ui
+from ..terminal import ui
 from ..errors import MlxcelError, UsageError
 from ..options import RunConfig
-from ..prompting import prompt_ids
-from ..engine_builder import Session, describe_draft, open_session, resolved_drafter_line
-from ..text import TextStream
+from ..engine.prompting import prompt_ids
+from ..session import Session, describe_draft, open_session, resolved_drafter_line
+from ..engine.text import TextStream
 from ._report import print_profile, summary_lines
 
 
@@ -86,7 +86,7 @@ def _say_model_only(line: str) -> None:
 
 
 def _verify_exact(session: Session, ids: list[int], spec_tokens: list[int], run: RunConfig) -> None:
-    from ..exactness import first_divergence
+    from ..engine.exactness import first_divergence
 
     g = run.options.generation
     plain = session.engine.generate(ids, max_tokens=len(spec_tokens) if spec_tokens else g.max_tokens,

@@ -17,7 +17,7 @@ from ..options import RunConfig
 @contextmanager
 def ranks(run: RunConfig) -> Iterator[Any]:
     """Yields the distributed.World on rank 0 (None for one process); never yields on followers."""
-    from .. import distributed
+    from ..parallel import distributed
 
     world = distributed.join(run.options.parallel)
     if world is None:
@@ -52,8 +52,8 @@ def ranks(run: RunConfig) -> Iterator[Any]:
 
 
 def follow(run: RunConfig, world: Any) -> int:
-    from .. import distributed
-    from ..engine_builder import open_follower
+    from ..parallel import distributed
+    from ..session import open_follower
 
     session = open_follower(run, world)
     return distributed.follow(session.target.model, world, session.tap)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import sys
 from typing import Any, Iterator
 
-from .. import chat_view, ui
+from ..terminal import chat_view, ui
 from ..options import RunConfig
-from ..prompting import render_messages
-from ..engine_builder import describe_draft, open_session
-from ..text import TextStream
+from ..engine.prompting import render_messages
+from ..session import describe_draft, open_session
+from ..engine.text import TextStream
 
 def _lines(interactive: bool) -> Iterator[str]:
     if interactive:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import fastpath, ui
+from ..cpu import blas as fastpath
+from ..terminal import ui
 from ._options import BENCH_PARAMS, build_bench_options, build_options, with_params
 
 EPILOG = (

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .. import fastpath, ui
+from ..cpu import blas as fastpath
+from ..terminal import ui
 from ..validate import validate
 from ._options import CHAT_SIDE, build_options, with_params
 from ._ranks import ranks

@@ -6,8 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import ui
-from ..launcher import DEFAULT_PORT, launch as start_ranks
+from ..terminal import ui
+from ..parallel.launcher import DEFAULT_PORT, launch as start_ranks
 
 EPILOG = (
     "Examples:\n\n"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from .. import fastpath, ui
+from ..cpu import blas as fastpath
+from ..terminal import ui
 from ..validate import validate
 from ._options import (DISTRIBUTED_PARAMS, LOOKUP_PARAMS_HIDDEN, MODEL_PARAMS, RUNTIME_PARAMS, SERVE_SAMPLING_PARAMS, SERVER_PARAMS,
                        SPEC_PARAMS, ServeMaxTokensOpt, _kw, build_options, with_params)

@@ -28,8 +28,8 @@ from pydantic import BaseModel, ValidationError
 from .. import __version__
 from ..errors import UsageError
 from ..options import SamplingOptions
-from ..prompting import render_messages
-from ..text import TextPiece
+from ..engine.prompting import render_messages
+from ..engine.text import TextPiece
 from ..validate import check_sampling
 from . import schemas
 from .http import BODY_LIMIT, ApiError, error_body, log, read_json

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from ..errors import exit_on_signal
 from ..options import SERVER_SAMPLING_DEFAULTS, RunConfig, SamplingOptions
-from ..engine_builder import describe_draft, open_session, resolved_drafter_line
+from ..session import describe_draft, open_session, resolved_drafter_line
 
 
 def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[str], None], world: Any = None) -> None:
@@ -102,7 +102,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
     """Load and warm the model, then put it on the app (requests stop getting 503)."""
-    from ..default_model import DEFAULT_MODEL_NAME
+    from ..models.default_model import DEFAULT_MODEL_NAME
     from .context import ServerContext
     from .worker import Worker
 

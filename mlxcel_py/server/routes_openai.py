@@ -14,7 +14,7 @@ import uuid
 
 from fastapi import APIRouter, Request
 
-from ..text import TextPiece
+from ..engine.text import TextPiece
 from .context import ctx_of, timings, usage
 from .http import ApiError
 from .schemas import ChatRequest, CompletionRequest

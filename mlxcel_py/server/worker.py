@@ -31,9 +31,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Sequence
 
-from .. import distributed
+from ..parallel import distributed
 from ..options import SamplingOptions
-from ..text import TextStream
+from ..engine.text import TextStream
 
 
 @dataclass
@@ -92,7 +92,7 @@ class Slot:
 class Worker:
     def __init__(self, engine: Any, tokenizer: Any, *, speculative_allowed: bool = True, max_queue: int = MAX_QUEUE,
                  parallel: int = 1, max_batch: int = 2):
-        from ..batch import Gate
+        from ..engine.batch import Gate
 
         self.engine = engine
         self.tokenizer = tokenizer
@@ -140,9 +140,9 @@ class Worker:
             job.loop.call_soon_threadsafe(_put_all, job.events, events)
 
     def _loop(self) -> None:
-        from .. import cpu_kernels
-        from ..batch import probe, ragged
-        from ..cache import PREFILL_CHUNK
+        from ..cpu import kernels as cpu_kernels
+        from ..engine.batch import probe, ragged
+        from ..engine.cache import PREFILL_CHUNK
 
         try:
             if self._warmup:
@@ -215,7 +215,7 @@ class Worker:
     def _advance(self, slot: Slot, out: list) -> bool:
         """Collect the slot's pieces into `out` until it asks for a step or pauses (False) or is
         cancelled or done (True)."""
-        from ..engine import NEED_STEP, PAUSE
+        from ..engine.engine import NEED_STEP, PAUSE
 
         job = slot.job
         while True:
@@ -236,7 +236,7 @@ class Worker:
 
     def _step(self, wanting: list[Slot]) -> None:
         """The plain steps the live slots asked for: one batched forward (or one per sequence)."""
-        from ..batch import batched_forward, solo_forward
+        from ..engine.batch import batched_forward, solo_forward
 
         if not wanting:
             return

@@ -18,9 +18,9 @@ from typing import Any, Protocol, Sequence
 
 import mlx.core as mx
 
-from .cache import SequenceCache
-from .prompt_lookup import PromptLookupIndex
-from .sampling import Decider
+from ..engine.cache import SequenceCache
+from .prompt_lookup_index import PromptLookupIndex
+from ..engine.sampling import Decider
 
 
 @dataclass

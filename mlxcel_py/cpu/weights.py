@@ -42,7 +42,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from .options import MAX_DRAFT_LIMIT
+from ..options import MAX_DRAFT_LIMIT
 
 MAX_ROWS = MAX_DRAFT_LIMIT + 1  # the widest verify block; decode steps are 1 row
 # Blocks up to this many rows use the kernel (a batched step of many sequences' verify blocks
@@ -344,7 +344,7 @@ def why_rows_not_exact(model: Any) -> str | None:
     matmul on the kernel (a float32 layer would multiply a block with BLAS)."""
     from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-    from . import cpu_kernels
+    from . import kernels as cpu_kernels
 
     if not cpu_kernels.routes_attention(model):
         return f"{type(model).__module__.rsplit('.', 1)[-1]} does not call mlx-lm's attention by name"

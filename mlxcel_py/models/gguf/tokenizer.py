@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import ModelError
+from ...errors import ModelError
 
 # llama.cpp pre-tokenizer names whose regex list starts with a lone "\p{N}"
 _DIGITS_FIRST = frozenset({"smollm", "starcoder", "refact"})

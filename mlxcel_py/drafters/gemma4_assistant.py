@@ -27,8 +27,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from .drafters import Proposal, chain_proposal, draw
-from .errors import ModelError
+from .base import Proposal, chain_proposal, draw
+from ..errors import ModelError
 from .mtp import lm_head_and_embed, text_config, text_model
 
 MODEL_TYPE = "gemma4_assistant"

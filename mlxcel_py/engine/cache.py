@@ -39,7 +39,7 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
 )
 
-from . import cpu_kernels, recurrent_steps
+from ..cpu import kernels as cpu_kernels, recurrent_steps
 
 TRIM, WINDOW, STATE, LIST = "trim", "window", "state", "list"
 _TRIM_TYPES = (KVCache, QuantizedKVCache, ConcatenateKVCache, ChunkedKVCache)

@@ -12,11 +12,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from . import fastpath, loading
+from .cpu import blas as fastpath
+from .models import loading
 from .errors import ModelError
 from .options import DEFAULT_MTP_BLOCK, DraftConfig, RunConfig
-from .policy import SHADOW_CONFIRM
-from . import preflight
+from .engine.policy import SHADOW_CONFIRM
+from .models import preflight
 
 
 @dataclass
@@ -64,7 +65,7 @@ def _check_token_ids(target_tok: Any, draft_tok: Any, draft_path: Any) -> None:
 
 def _mtp_source(run: RunConfig, resolved: loading.ResolvedModel):
     """Find the MTP head (the target's own, or --draft-model DIR), before any weight loads."""
-    from . import mtp
+    from .drafters import mtp
 
     folder = cfg = None
     if run.draft.draft_model:
@@ -76,7 +77,7 @@ def _mtp_source(run: RunConfig, resolved: loading.ResolvedModel):
 def _resolve_target(run: RunConfig, world: Any) -> loading.ResolvedModel:
     """Resolve (a GGUF is converted once): on a distributed run rank 0 first, then the others
     find its conversion in a shared cache; the layout is checked before any weight loads."""
-    from . import distributed
+    from .parallel import distributed
 
     mopts = run.options.model
     if world is not None and not world.leader:
@@ -92,8 +93,8 @@ def _resolve_target(run: RunConfig, world: Any) -> loading.ResolvedModel:
 
 def open_follower(run: RunConfig, world: Any) -> Session:
     """A follower rank's part of the target model, ready to mirror rank 0's forwards."""
-    from . import distributed
-    from .mtp import hidden_tap
+    from .parallel import distributed
+    from .drafters.mtp import hidden_tap
 
     blas = fastpath.prepare(run.options.model.blas)
     mopts = run.options.model
@@ -114,7 +115,7 @@ def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None,
     head_source = None
     if run.draft.kind == "full-model":
         draft_resolved = loading.resolve(run.draft.draft_model, what="--draft-model")
-        from . import mtp
+        from .drafters import mtp
 
         if mtp.is_mtp_checkpoint(draft_resolved.config):
             if run.draft.kind_explicit:
@@ -145,8 +146,8 @@ def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None,
                           cpu_weights=mopts.cpu_weights, world=world)
     channel = tap = None
     if world is not None:
-        from . import distributed
-        from .mtp import hidden_tap
+        from .parallel import distributed
+        from .drafters.mtp import hidden_tap
 
         distributed.barrier(world)  # every rank holds its part
         tap = hidden_tap(target.model)
@@ -165,11 +166,11 @@ def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None,
         say(f"draft model: {draft_resolved.source} ({draft.dtype})")
     head = None
     if head_source is not None:
-        from . import mtp
+        from .drafters import mtp
 
         head = mtp.load_head(target.model, head_source, resolved.path)
         say(f"MTP head: {len(head_source.tensors)} tensors from {head_source.where}")
-    from .engine import Engine
+    from .engine.engine import Engine
 
     engine = Engine(
         target.model,
@@ -190,7 +191,7 @@ def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None,
 
 def _suffix_store(draft: DraftConfig, resolved: loading.ResolvedModel):
     """A new store, or the one saved at --suffix-store, checked before any weight loads."""
-    from .suffix import SuffixStore, fingerprint
+    from .drafters.suffix import SuffixStore, fingerprint
 
     tok = loading.load_tokenizer_only(resolved)
     fp = fingerprint(tok.get_vocab() if hasattr(tok, "get_vocab") else None, resolved.config.get("vocab_size"))
@@ -221,7 +222,7 @@ def describe_draft(draft: DraftConfig) -> str:
         if not lk.adaptive:
             pol = "fixed"
         elif lk.policy == "auto":
-            from .engine import on_cuda
+            from .engine.engine import on_cuda
 
             pol = "gated" if on_cuda() else "graded"
         else:

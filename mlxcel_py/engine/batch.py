@@ -39,7 +39,7 @@ import mlx.core as mx
 
 from mlx_lm.models.cache import KVCache
 
-from . import cpu_kernels, cpu_weights
+from ..cpu import kernels as cpu_kernels, weights as cpu_weights
 from .cache import SequenceCache
 
 REOPEN_TICKS = 16

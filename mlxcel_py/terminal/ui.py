@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.theme import Theme
 
-from .errors import MlxcelError
+from ..errors import MlxcelError
 
 THEME = Theme({"ui.muted": "dim", "ui.accent": "cyan", "ui.good": "green", "ui.warn": "yellow", "ui.err": "bold red"})
 _err: Console | None = None

@@ -26,8 +26,8 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
-from .drafters import Proposal, chain_proposal, draw  # one sampling rule for every model drafter
-from .errors import ModelError
+from .base import Proposal, chain_proposal, draw  # one sampling rule for every model drafter
+from ..errors import ModelError
 
 FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 MTP_CHECKPOINT_TYPES = ("qwen3_5_mtp", "qwen3_next_mtp", "gemma4_assistant")

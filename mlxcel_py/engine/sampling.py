@@ -17,7 +17,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_repetition_penalty
 
-from .options import SamplingOptions
+from ..options import SamplingOptions
 
 _WHOLE_CONTEXT = 1 << 30
 

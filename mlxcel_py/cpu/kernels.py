@@ -40,7 +40,7 @@ import mlx.core as mx
 from mlx_lm.models import activations as _activations
 from mlx_lm.models import base as _base
 
-from .options import MAX_DRAFT_LIMIT
+from ..options import MAX_DRAFT_LIMIT
 
 FAST = "vectorized exp (attention softmax, SwiGLU)"
 STOCK = "mlx-lm's"

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .errors import MlxcelError, UsageError
+from ..errors import MlxcelError, UsageError
 
 DEFAULT_PORT = 32323  # mlx.launch's default starting port for the ring
 GRACE_S = 5.0  # how long the other ranks get to stop by themselves once one has ended

@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterator, Sequence
 import mlx.core as mx
 
 from .cache import SequenceCache
-from .drafters import Drafter, FullModelDrafter, PromptLookupDrafter
-from .options import DraftConfig, SamplingOptions
+from ..drafters.base import Drafter, FullModelDrafter, PromptLookupDrafter
+from ..options import DraftConfig, SamplingOptions
 from .policy import make_policy
 from .sampling import Decider
 from .stats import GenerationStats
@@ -309,7 +309,7 @@ class Engine:
         self.suffix_store = suffix_store  # suffix.SuffixStore: earlier sequences, kept across requests
         self.hidden_tap = None
         if mtp_head is not None:
-            from .mtp import hidden_tap
+            from ..drafters.mtp import hidden_tap
 
             self.hidden_tap = hidden_tap(model)
         self.verify_cost: list[float] | None = None
@@ -350,7 +350,7 @@ class Engine:
                 self._full_drafter = FullModelDrafter(self.draft_model, self.vocab_size)
             return self._full_drafter
         if d.kind == "suffix":
-            from .suffix import SuffixDrafter, SuffixStore
+            from ..drafters.suffix import SuffixDrafter, SuffixStore
 
             if self.suffix_store is None:
                 self.suffix_store = SuffixStore(d.suffix_cache_tokens)

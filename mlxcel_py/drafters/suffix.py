@@ -262,7 +262,7 @@ class SuffixDrafter:
         return toks, match
 
     def propose(self, context: Sequence[int], limit: int, decider):
-        from .drafters import Proposal, stop_at_eos
+        from .base import Proposal, stop_at_eos
 
         self.commit(context)
         toks, match = self._best(self.tokens, limit)
