@@ -1,3 +1,64 @@
-"""mlxcel-py: a Python CLI mirroring mlxcel, with speculative decoding on MLX."""
+"""mlxcel-py: a Python CLI mirroring mlxcel, with speculative decoding on MLX, and its Python API.
+
+    import mlxcel_py as mc
+    model = mc.load()
+    print(mc.generate(model, "Fix the typos: teh cat sat on teh mat", max_tokens=32, prompt_lookup=True))
+
+The names below load on first use (`api.py`), so importing the package (and the `mlxcel` CLI,
+which does) stays free of MLX until a model is needed; see docs/api.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_API = {
+    # name: (module, attribute)
+    "load": ("api", "load"),
+    "generate": ("api", "generate"),
+    "stream": ("api", "stream"),
+    "speculative_generate": ("api", "speculative_generate"),
+    "Model": ("api", "Model"),
+    "Generation": ("api", "Generation"),
+    "GenerateOptions": ("api", "GenerateOptions"),
+    "DraftPolicy": ("api", "DraftPolicy"),
+    "Stats": ("api", "Stats"),
+    "Drafter": ("drafters.base", "Drafter"),
+    "PromptLookupDrafter": ("drafters.prompt_lookup", "PromptLookupDrafter"),
+    "SuffixDrafter": ("drafters.suffix", "SuffixDrafter"),
+    "SuffixStore": ("drafters.suffix", "SuffixStore"),
+    "FullModelDrafter": ("drafters.full_model", "FullModelDrafter"),
+    "MtpDrafter": ("drafters.mtp", "MTPDrafter"),
+    "MlxcelError": ("errors", "MlxcelError"),
+    "UsageError": ("errors", "UsageError"),
+    "ModelError": ("errors", "ModelError"),
+}
+__all__ = ["__version__", *_API]
+
+if TYPE_CHECKING:
+    from .api import DraftPolicy, GenerateOptions, Generation, Model, Stats, generate, load, speculative_generate, stream
+    from .drafters.base import Drafter
+    from .drafters.full_model import FullModelDrafter
+    from .drafters.mtp import MTPDrafter as MtpDrafter
+    from .drafters.prompt_lookup import PromptLookupDrafter
+    from .drafters.suffix import SuffixDrafter, SuffixStore
+    from .errors import MlxcelError, ModelError, UsageError
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _API:
+        raise AttributeError(f"module 'mlxcel_py' has no attribute {name!r}")
+    import importlib
+
+    module, attr = _API[name]
+    if module.startswith("drafters"):
+        importlib.import_module(f"{__name__}.api")  # the BLAS swap first (api.py), then mlx
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_API))

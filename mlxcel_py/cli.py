@@ -51,10 +51,10 @@ def root(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
 ) -> None:
     """Fast LLM decoding on MLX: prompt lookup and draft-model speculation, exact output."""
-    from . import config_file
+    from . import config_file, paths
     from .terminal import ui
 
-    path = config or config_file.default_path()
+    path = config or paths.config_file()
     if config is None and not path.exists():
         return
     with ui.exit_on_error():

@@ -9,7 +9,6 @@ caller passes each command's option names and kinds.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,6 @@ import tomli
 from .errors import UsageError
 
 COMMANDS = ("generate", "run", "chat", "serve", "bench")
-
-
-def default_path() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "mlxcel" / "config.toml"
 
 
 def load_toml(path: Path) -> dict:

@@ -35,7 +35,6 @@ DEFAULT_SERVER_LOOKUP_BLOCK = 7
 DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 2
 
 POLICIES = ("auto", "graded", "gated", "cost")
-DRAFT_KINDS = ("full-model", "prompt-lookup", "mtp", "dflash", "suffix")
 
 # --cpu-weights: how linear layers hold their weights when MLX runs on the CPU (cpu_weights.py)
 CPU_WEIGHTS = ("auto", "q8", "q4", "f32")
@@ -191,7 +190,7 @@ class LookupConfig:
 class DraftConfig:
     """The drafter a command runs with, or kind=None for plain decoding."""
 
-    kind: str | None = None  # None | "prompt-lookup" | "full-model" | "mtp" | "suffix"
+    kind: str | None = None  # None (plain decoding) or a drafters.registry kind
     lookup: LookupConfig = field(default_factory=LookupConfig)
     draft_model: str | None = None  # full-model: the drafter; mtp: a separate head checkpoint (optional)
     block_size: int = DEFAULT_FULL_MODEL_BLOCK
@@ -203,15 +202,6 @@ class DraftConfig:
     @property
     def enabled(self) -> bool:
         return self.kind is not None
-
-    @property
-    def max_draft(self) -> int:
-        return self.lookup.max_draft if self.kind in ("prompt-lookup", "suffix") else self.block_size
-
-    @property
-    def calibrates(self) -> bool:
-        """The cost policy sizes this drafter's proposals, so warmup times every verify width."""
-        return self.kind in ("prompt-lookup", "suffix") and self.lookup.adaptive and self.lookup.policy == "cost"
 
 
 @dataclass(frozen=True)

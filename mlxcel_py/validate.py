@@ -14,20 +14,17 @@ import importlib.util
 from dataclasses import replace
 from pathlib import Path
 
+from .drafters import registry
+from .drafters.registry import DRAFT_KINDS
 from .errors import UsageError
 from .options import (
     CPU_WEIGHTS,
     DEFAULT_CPU_WEIGHTS,
-    DEFAULT_FULL_MODEL_BLOCK,
     DEFAULT_MAX_DRAFT,
-    DEFAULT_MTP_BLOCK,
     DEFAULT_NGRAM_MAX,
     DEFAULT_NGRAM_MIN,
     DEFAULT_POLICY,
-    DEFAULT_SERVER_LOOKUP_BLOCK,
-    DEFAULT_SUFFIX_BLOCK,
     DEFAULT_SUFFIX_CACHE_TOKENS,
-    DRAFT_KINDS,
     MAX_DRAFT_LIMIT,
     MAX_PARALLEL,
     NGRAM_MAX_LIMIT,
@@ -45,7 +42,6 @@ from .options import (
 LLAMA_NGRAM_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 LLAMA_SPEC_TYPES = ("none", "draft-simple", "draft-mtp", "draft-dflash", "draft-eagle3", "draft-dspark",
                     "draft-mtp-adaptive", *LLAMA_NGRAM_SPEC_TYPES)
-NOT_IMPLEMENTED_KINDS = ("dflash",)
 
 
 def _lookup_tuning_flags(opts: CommandOptions) -> list[str]:
@@ -140,14 +136,11 @@ def _spec_type(opts: CommandOptions, kind: str | None, draft_model: str | None) 
     if v in LLAMA_NGRAM_SPEC_TYPES:
         raise UsageError(f"--spec-type {v} is not supported: llama-server's n-gram modes have no mlxcel-py "
                          f"equivalent; use --draft-kind prompt-lookup (serve) or --prompt-lookup (generate)")
-    if v == "draft-simple":
-        if kind not in (None, "full-model"):
-            raise UsageError(f"--spec-type draft-simple conflicts with --draft-kind {kind}: pick one")
-        return "full-model", draft_model, False
-    if v == "draft-mtp":
-        if kind not in (None, "mtp"):
-            raise UsageError(f"--spec-type draft-mtp conflicts with --draft-kind {kind}: pick one")
-        return "mtp", draft_model, False
+    entry = registry.by_spec_type(v)
+    if entry is not None and entry.module is not None:
+        if kind not in (None, entry.name):
+            raise UsageError(f"--spec-type {v} conflicts with --draft-kind {kind}: pick one")
+        return entry.name, draft_model, False
     raise UsageError(f"--spec-type {v} is not supported: mlxcel-py has no {v.removeprefix('draft-')} drafter; "
                      f"use --spec-type draft-simple with --draft-model, or drop the flag")
 
@@ -238,7 +231,7 @@ def _validate(opts: CommandOptions) -> RunConfig:
     if lk.enabled and draft_model:
         raise UsageError("--prompt-lookup conflicts with --draft-model: prompt lookup takes no drafter checkpoint; "
                          "drop one of them")
-    if lk.enabled and kind in ("full-model", "mtp", "suffix", "dflash"):
+    if lk.enabled and kind not in (None, "prompt-lookup"):
         raise UsageError(f"--prompt-lookup conflicts with --draft-kind {kind}: one drafter per run; drop one of them")
     if lk.enabled and spec.draft_block_size is not None:
         raise UsageError("--draft-block-size (--draft-max) does not apply to --prompt-lookup; "
@@ -286,44 +279,30 @@ def _validate(opts: CommandOptions) -> RunConfig:
         validate_lookup_bounds(cfg.ngram_min, cfg.ngram_max, cfg.max_draft)
         return RunConfig(opts, DraftConfig(kind="prompt-lookup", lookup=cfg))
 
-    if kind == "prompt-lookup":  # serve
-        if par.pp_size > 1:
-            raise UsageError("--draft-kind prompt-lookup does not support pipeline parallelism (--pp-size > 1); "
-                             "drop one")
-        block = spec.draft_block_size if spec.draft_block_size is not None else DEFAULT_SERVER_LOOKUP_BLOCK
-        cfg = LookupConfig(max_draft=block)
-        return RunConfig(opts, DraftConfig(kind="prompt-lookup", lookup=cfg))
-
-    if kind in NOT_IMPLEMENTED_KINDS:
+    if kind is None and not draft_model:
+        return RunConfig(opts, DraftConfig())
+    # a drafter checkpoint alone means a full model drafter (llama-server's -md)
+    entry = registry.kind_of(kind or "full-model")
+    if entry.module is None:
         raise UsageError(f"--draft-kind {kind} is not available in mlxcel-py yet; use --draft-kind full-model "
                          f"with --draft-model, or prompt lookup")
-    if kind == "full-model" and not draft_model:
-        raise UsageError("--draft-kind full-model needs --draft-model PATH")
+    if entry.checkpoint == registry.REQUIRED and not draft_model:
+        raise UsageError(f"--draft-kind {entry.name} needs --draft-model PATH")
+    if entry.checkpoint == registry.NONE and draft_model:
+        raise UsageError(f"--draft-kind {entry.name} takes no drafter checkpoint; remove --draft-model")
+    if par.active and not entry.parallel:
+        raise UsageError(f"{entry.named} does not run under {par.flag} (the {entry.unsharded} is not sharded); "
+                         f"drop one")
+    if par.pp_size > 1 and "pp" not in entry.parallel:
+        raise UsageError(f"{entry.named} does not support pipeline parallelism (--pp-size > 1); drop one")
     explicit_block = spec.draft_block_size is not None
-    if kind == "suffix":
-        if draft_model:
-            raise UsageError("--draft-kind suffix takes no drafter checkpoint; remove --draft-model")
-        if par.pp_size > 1:
-            raise UsageError("--draft-kind suffix does not support pipeline parallelism (--pp-size > 1); drop one")
-        block = spec.draft_block_size if explicit_block else DEFAULT_SUFFIX_BLOCK
-        return RunConfig(opts, DraftConfig(
-            kind="suffix", kind_explicit=True, block_size=block, block_explicit=explicit_block,
-            lookup=LookupConfig(max_draft=block, policy="cost", adaptive=True),
-            suffix_cache_tokens=spec.suffix_cache_tokens or DEFAULT_SUFFIX_CACHE_TOKENS,
-            suffix_store=spec.suffix_store))
-    if kind == "mtp":
-        if par.active:
-            raise UsageError(f"--draft-kind mtp does not run under {par.flag} (the head is not sharded); drop one")
-        return RunConfig(opts, DraftConfig(kind="mtp", draft_model=draft_model, kind_explicit=True,
-                                           block_size=spec.draft_block_size if explicit_block else DEFAULT_MTP_BLOCK,
-                                           block_explicit=explicit_block))
-    if draft_model:
-        if par.active:
-            raise UsageError(f"--draft-model does not run under {par.flag} (the drafter is not sharded); drop one")
-        block = spec.draft_block_size if spec.draft_block_size is not None else DEFAULT_FULL_MODEL_BLOCK
-        return RunConfig(opts, DraftConfig(kind="full-model", draft_model=draft_model, block_size=block,
-                                           block_explicit=explicit_block, kind_explicit=kind is not None))
-    return RunConfig(opts, DraftConfig())
+    block = spec.draft_block_size if explicit_block else entry.default_width
+    lookup = LookupConfig(max_draft=block, policy=entry.default_policy) if entry.sizing == registry.ADAPTIVE \
+        else LookupConfig()
+    return RunConfig(opts, DraftConfig(
+        kind=entry.name, lookup=lookup, draft_model=draft_model or None, block_size=block,
+        block_explicit=explicit_block, kind_explicit=kind is not None,
+        suffix_cache_tokens=spec.suffix_cache_tokens or DEFAULT_SUFFIX_CACHE_TOKENS, suffix_store=spec.suffix_store))
 
 
 def _suffix_flags(opts: CommandOptions, kind: str | None) -> None:
@@ -356,12 +335,6 @@ def _parse_widths(text: str) -> tuple[int, ...]:
     if len(set(widths)) != len(widths):
         raise UsageError(f"--sweep-widths {text}: a width is listed twice")
     return tuple(sorted(widths))
-
-
-def _with_width(draft: DraftConfig, width: int) -> DraftConfig:
-    if draft.kind == "prompt-lookup":
-        return replace(draft, lookup=replace(draft.lookup, max_draft=width))
-    return replace(draft, block_size=width)
 
 
 def validate_bench(opts: CommandOptions, bench: BenchOptions) -> BenchPlan:
@@ -407,8 +380,8 @@ def validate_bench(opts: CommandOptions, bench: BenchOptions) -> BenchPlan:
                                            suffix_cache_tokens=None))
         runs.append(validate(only_lookup))
     drafters = [r.draft for r in runs]
-    drafts = tuple(_with_width(d, w) for d in drafters for w in widths) if widths else tuple(drafters)
-    primary = next((r for r in runs if r.draft.kind in ("full-model", "mtp")), runs[0])
+    drafts = tuple(registry.with_width(d, w) for d in drafters for w in widths) if widths else tuple(drafters)
+    primary = next((r for r in runs if r.draft.enabled and registry.kind_of(r.draft.kind).loads_weights), runs[0])
     return BenchPlan(run=primary, drafts=drafts, widths=widths, bench=bench, weights=weights)
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlxcel_py.cpu import weights as cpu_weights, blas as fastpath  # noqa: E402
+from mlxcel_py.cpu import blas, weights as cpu_weights  # noqa: E402
 
-fastpath.prepare()
+blas.prepare()
 
 import mlx.core as mx  # noqa: E402
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlxcel_py.cpu import blas as fastpath  # noqa: E402
+from mlxcel_py.cpu import blas  # noqa: E402
 
-fastpath.prepare()
+blas.prepare()
 
 import mlx.core as mx  # noqa: E402
 

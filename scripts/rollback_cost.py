@@ -25,9 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from mlxcel_py.cpu import blas as fastpath  # noqa: E402
+from mlxcel_py.cpu import blas  # noqa: E402
 
-fastpath.prepare()
+blas.prepare()
 
 import mlx.core as mx  # noqa: E402
 
@@ -40,7 +40,8 @@ def main() -> None:
     import tiny_models
     from conftest import make_tiny_model
     from mlxcel_py.models import loading
-    from mlxcel_py.engine.cache import SequenceCache, describe_kinds
+    from mlxcel_py.engine.cache import SequenceCache
+    from mlxcel_py.models.cache_kinds import describe_kinds
 
     tmp = Path(tempfile.mkdtemp())
     models = {

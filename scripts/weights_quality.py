@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mlxcel_py.cpu import blas as fastpath  # noqa: E402
+from mlxcel_py.cpu import blas  # noqa: E402
 
-fastpath.prepare()
+blas.prepare()
 
 import mlx.core as mx  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402

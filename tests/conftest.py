@@ -10,9 +10,9 @@ import os
 import sys
 from pathlib import Path
 
-from mlxcel_py.cpu import blas as fastpath
+from mlxcel_py.cpu import blas
 
-fastpath.prepare()
+blas.prepare()
 
 import mlx.core as mx  # noqa: E402
 import pytest  # noqa: E402

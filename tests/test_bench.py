@@ -36,7 +36,7 @@ def _bench(args, env, timeout=600):
 
 
 def test_bench_sweep_writes_json_png_and_markdown(tiny_dir, tiny_workload, cli_env, tmp_path):
-    from mlxcel_py.cpu import blas as fastpath
+    from mlxcel_py.cpu import blas
 
     out_json, out_png = tmp_path / "b.json", tmp_path / "sweep.png"
     r = _bench(["-m", str(tiny_dir), "--workload", str(tiny_workload), "--max-tokens", "12",
@@ -45,7 +45,7 @@ def test_bench_sweep_writes_json_png_and_markdown(tiny_dir, tiny_workload, cli_e
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     data = json.loads(out_json.read_text())
-    assert data["blas"] == fastpath.state().name  # the fast path was set up before mlx.core loaded
+    assert data["blas"] == blas.state().name  # the fast path was set up before mlx.core loaded
     assert data["configs"] == ["plain", "prompt-lookup k=1", "prompt-lookup k=3"]
     assert data["widths"] == [1, 3] and data["max_tokens"] == 12 and data["workload"] == str(tiny_workload)
     runs = data["runs"]

@@ -11,6 +11,7 @@ from mlxcel_py.cpu import kernels as cpu_kernels
 from mlxcel_py.models import loading
 from mlxcel_py.engine.engine import Engine
 from mlxcel_py.options import DraftConfig, LookupConfig, SamplingOptions
+from test_engine import drafters_for
 
 
 def test_exp_within_an_ulp_or_two_of_mlx_and_zero_where_mlx_is_zero():
@@ -99,7 +100,8 @@ def test_same_greedy_tokens_with_and_without_fast_kernels_and_speculation(tiny, 
     prompt = [40, 41, 42, 43, 44, 40, 41, 42, 43, 44, 40, 41]
     outs = []
     for loaded in (tiny, stock):
-        eng = Engine(loaded.model, eos_ids=[], vocab_size=260, draft=draft)
+        eng = Engine(loaded.model, eos_ids=[], vocab_size=260,
+                     drafters=drafters_for(draft, loaded.model, eos_ids=[], vocab_size=260))
         for spec in (False, True):
             gen = eng.generate(prompt, max_tokens=40, sampling=SamplingOptions(), speculative=spec)
             outs.append([e.token for e in gen])

@@ -7,6 +7,7 @@ import random
 import mlx.core as mx
 import pytest
 
+from mlxcel_py.drafters import registry
 from mlxcel_py.engine.cache import SequenceCache
 from mlxcel_py.engine.engine import Engine
 from mlxcel_py.options import DraftConfig, LookupConfig, SamplingOptions
@@ -16,9 +17,19 @@ from mlxcel_py.engine.verify import verify_round
 POLICIES = [("auto", True), ("graded", True), ("gated", True), ("cost", True), ("graded", False)]
 
 
+def drafters_for(draft, model, *, eos_ids, vocab_size, assets=None):
+    """The registry's DrafterSource for `draft` (None for plain decoding)."""
+    if draft is None or not draft.enabled:
+        return None
+    return registry.kind_of(draft.kind).source(draft, model=model, eos_ids=eos_ids, vocab_size=vocab_size,
+                                               assets=assets)
+
+
 def engine_for(lm, draft=None, draft_model=None):
     return Engine(lm.model, eos_ids=lm.tokenizer.eos_token_ids, vocab_size=lm.vocab_size,
-                  context_length=lm.context_length, draft=draft or DraftConfig(), draft_model=draft_model)
+                  context_length=lm.context_length,
+                  drafters=drafters_for(draft, lm.model, eos_ids=lm.tokenizer.eos_token_ids,
+                                        vocab_size=lm.vocab_size, assets=draft_model))
 
 
 def lookup(policy="auto", adaptive=True, max_draft=7, lo=2, hi=3):
@@ -102,7 +113,8 @@ def test_eos_inside_accepted_block_stops_where_plain_stops(tiny):
     eos = toks[len(toks) // 2]
     plain = Engine(tiny.model, eos_ids=[eos], vocab_size=tiny.vocab_size, context_length=2048)
     spec = Engine(tiny.model, eos_ids=[eos], vocab_size=tiny.vocab_size, context_length=2048,
-                  draft=lookup("graded", adaptive=False))
+                  drafters=drafters_for(lookup("graded", adaptive=False), tiny.model, eos_ids=[eos],
+                                        vocab_size=tiny.vocab_size))
     a, ga = run(plain, p, max_tokens=40)
     b, gb = run(spec, p, max_tokens=40)
     assert a == b and ga.finish_reason == gb.finish_reason == "stop"

@@ -14,7 +14,8 @@ import pytest
 
 import tiny_models
 from mlxcel_py.models import loading
-from mlxcel_py.engine.cache import SequenceCache, describe_kinds, rollback_kind
+from mlxcel_py.engine.cache import SequenceCache
+from mlxcel_py.models.cache_kinds import describe_kinds, rollback_kind
 from mlxcel_py.options import SamplingOptions
 from mlxcel_py.engine.sampling import Decider
 from mlxcel_py.engine.verify import verify_round

@@ -19,6 +19,7 @@ import pytest
 import tiny_models
 from conftest import mlxcel_cmd
 from mlxcel_py.commands._options import build_options
+from mlxcel_py.drafters import mtp
 from mlxcel_py.errors import ModelError
 from mlxcel_py.options import SamplingOptions
 from mlxcel_py.session import open_session
@@ -104,12 +105,12 @@ def test_mtp_head_is_refed_with_the_targets_real_hidden_states(sessions):
     # the last proposal's own entries go; then every real pair up to the newest committed one
     drafter._trim_self_fed()
     n = drafter.base + len(drafter.tokens)
-    from mlxcel_py.drafters.mtp import lm_head_and_embed, text_model
+    from mlxcel_py.models.taps import lm_head_and_embed, text_model
 
     _, embed = lm_head_and_embed(eng.model)
     h = text_model(eng.model)[1](mx.array([history[:n]]))  # real hidden states h_0 .. h_{n-1}
-    ref = eng.mtp_head.make_cache()
-    eng.mtp_head(embed(mx.array([history[drafter.base + 1 : n + 1]])), h[:, drafter.base : n], ref)
+    ref = eng.drafters.head.make_cache()
+    eng.drafters.head(embed(mx.array([history[drafter.base + 1 : n + 1]])), h[:, drafter.base : n], ref)
     got = drafter.cache[0]
     assert got.offset == ref[0].offset == n - drafter.base
     assert drafter.tokens == history[drafter.base + 1 : n + 1]
@@ -145,7 +146,7 @@ def test_separate_mtp_checkpoint_is_auto_detected_with_its_width(mtp_dirs):
     s = session(mtp_dirs["plain"], draft_model=mtp_dirs["head"])  # no --draft-kind
     d = s.engine.draft
     assert (d.kind, d.block_size, d.block_explicit) == ("mtp", 3, False)  # the checkpoint's block_size
-    assert s.draft is None  # no standalone draft model was loaded
+    assert isinstance(s.drafters, mtp.Source)  # no standalone draft model was loaded
     plain = plain_engine(s)
     p = copy_prompts(1, seed=3)[0]
     a, _ = run(plain, p, max_tokens=24, ignore_eos=True)

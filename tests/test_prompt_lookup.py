@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from mlxcel_py.drafters.prompt_lookup_index import PromptLookupIndex, find_by_scan
+from mlxcel_py.drafters.prompt_lookup import PromptLookupIndex, find_by_scan
 
 
 def index_of(tokens, lo=2, hi=3):
@@ -89,7 +89,7 @@ def test_periodic_proposals_continue_a_loop_past_the_context_end():
 def test_drafter_stops_a_proposal_at_eos_unless_eos_is_ignored():
     from types import SimpleNamespace
 
-    from mlxcel_py.drafters.base import PromptLookupDrafter
+    from mlxcel_py.drafters.prompt_lookup import PromptLookupDrafter
 
     ctx = [1, 2, 3, 0, 7, 7, 1, 2]  # 0 is EOS
     d = PromptLookupDrafter(2, 3, eos_ids=[0])

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from fastapi.testclient import TestClient
 
-from mlxcel_py.engine.engine import TokenLogprob
+from mlxcel_py.engine.generation import TokenLogprob
 from mlxcel_py.options import SamplingOptions
 from mlxcel_py.server.app import create_app
 from mlxcel_py.server.security import AccessPolicy, is_json_content_type, parse_keys

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
+from mlxcel_py.drafters import registry
 from mlxcel_py.models import loading
 from mlxcel_py.cli import app
 
@@ -166,15 +167,15 @@ def test_bench_plans_each_drafter_at_each_width():
     params = {"draft_model": "d", "prompt_lookup": True, "prompt_lookup_policy": "cost", "sweep_widths": "4,1",
               "max_tokens": 64}
     plan = validate_bench(build_options("bench", params), build_bench_options(params))
-    assert [(d.kind, d.max_draft) for d in plan.drafts] == [
+    assert [(d.kind, registry.width(d)) for d in plan.drafts] == [
         ("full-model", 1), ("full-model", 4), ("prompt-lookup", 1), ("prompt-lookup", 4)]
     assert plan.run.draft.kind == "full-model"  # the session loads the drafter
     assert all(d.lookup.policy == "cost" for d in plan.drafts if d.kind == "prompt-lookup")
     default = validate_bench(build_options("bench", {"max_tokens": 64}), build_bench_options({}))
-    assert [(d.kind, d.max_draft) for d in default.drafts] == [("prompt-lookup", 7)]
+    assert [(d.kind, registry.width(d)) for d in default.drafts] == [("prompt-lookup", 7)]
     tuned = validate_bench(build_options("bench", {"prompt_lookup_max_draft": 3, "max_tokens": 64}),
                            build_bench_options({}))
-    assert [(d.kind, d.max_draft) for d in tuned.drafts] == [("prompt-lookup", 3)]
+    assert [(d.kind, registry.width(d)) for d in tuned.drafts] == [("prompt-lookup", 3)]
 
 
 def test_spec_type_none_turns_speculation_off_and_draft_simple_maps_to_full_model():

@@ -11,11 +11,12 @@ import platform
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..terminal import ui
 from . import runner as benchmark
 from .runner import ALL_KINDS, SummaryRow, WidthChoice
+from ..drafters import registry
 from ..errors import MlxcelError
 from ..options import BenchPlan, DraftConfig
 from ..session import open_session
@@ -76,7 +77,7 @@ def markdown(rows: Sequence[SummaryRow], peer_name: str | None = "mlx-lm") -> st
 def _as_loaded(d: DraftConfig, loaded: DraftConfig, *, sweeping: bool) -> DraftConfig:
     """A planned model drafter as the session resolved it: an MTP checkpoint given as --draft-model
     runs as mtp, at its declared width unless a width was asked for."""
-    if d.kind not in ("full-model", "mtp") or loaded.kind != "mtp":
+    if not d.enabled or not registry.kind_of(d.kind).loads_weights or loaded.kind != "mtp":
         return d
     explicit = d.block_explicit or sweeping
     return replace(d, kind="mtp", block_size=d.block_size if explicit else loaded.block_size)
@@ -93,9 +94,11 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
     if b.vs == "mlx-lm":
         from .peers import MlxLmPeer
 
+        # mlx-lm's own speculative path takes a full draft model only
         widths = [d.block_size for d in plan.drafts if d.kind == "full-model"]
+        loaded_draft = getattr(session.drafters, "loaded", None)  # drafters.full_model.Source's
         ui.info("starting stock mlx-lm (its own process, bundled BLAS, weights as stored)")
-        peer = MlxLmPeer(target.resolved.path, draft_path=session.draft.resolved.path if session.draft else None,
+        peer = MlxLmPeer(target.resolved.path, draft_path=loaded_draft.resolved.path if loaded_draft else None,
                          draft_widths=widths, sampling=opts.sampling)
     elif b.vs == "llama.cpp":
         from .peers import LlamaCppPeer
@@ -117,6 +120,17 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
                                                 fast_kernels=mopts.fast_kernels, cpu_weights=mode)
             ui.info(f"--cpu-weights {mode}: weights {loaded_by_mode[mode].dtype}")
     weights = [(mode, m.model) for mode, m in loaded_by_mode.items()] if len(loaded_by_mode) > 1 else []
+    loaded_of = {id(m.model): m for m in loaded_by_mode.values()}
+
+    def drafters_for(d: DraftConfig, model) -> Any:
+        """The session's loaded drafter (its draft model or head) at this configuration and target,
+        or a new source for a kind that loads nothing (each configuration with its own memory)."""
+        loaded = loaded_of[id(model)]
+        own = session.drafters
+        if own is not None and own.kind == d.kind and registry.kind_of(d.kind).loads_weights:
+            return own.retarget(d, loaded)
+        return registry.kind_of(d.kind).source(d, model=model, eos_ids=loaded.tokenizer.eos_token_ids,
+                                               vocab_size=loaded.vocab_size)
     per_prompt = (len(weights) or 1) * (1 + len(drafts)) * b.repeats + (len(peer.configs()) if peer else 0) * b.repeats
     n_prompts = sum(len(t.turns) for t in traces) if traces else len(items)
     ui.info(f"benchmark: {n_prompts} prompts{f' in {len(traces)} traces' if traces else ''} x {per_prompt} runs, max {g.max_tokens} tokens, "
@@ -126,7 +140,7 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
             result = benchmark.run(
                 target.model, target.tokenizer, items=items, drafts=drafts, max_tokens=g.max_tokens,
                 sampling=opts.sampling, vocab_size=target.vocab_size, context_length=target.context_length,
-                draft_model=session.draft.model if session.draft else None, mtp_head=session.engine.mtp_head,
+                drafters_for=drafters_for,
                 chat_template=g.chat_template,
                 peer=peer, repeats=b.repeats, traces=traces, on_step=step, weights=weights,
             )

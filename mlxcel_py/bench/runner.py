@@ -17,18 +17,13 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
+from ..drafters import registry
 from ..options import PEERS, DraftConfig, SamplingOptions
 from ..engine.prompting import prompt_ids, render_messages
 from .workload import Trace, WorkItem
 
 ALL_KINDS = "all"
 WIDTH_TIE = 0.02  # widths within 2% of the best median speedup count as tied: pick the narrowest
-
-
-def config_label(draft: DraftConfig) -> str:
-    if draft.kind == "prompt-lookup":
-        return f"prompt-lookup k={draft.lookup.max_draft}"
-    return f"{draft.kind} k={draft.block_size}"
 
 
 @dataclass
@@ -38,7 +33,7 @@ class RunRecord:
     prompt_index: int
     kind: str
     source: str
-    config: str  # "plain", a config_label, or a peer's "mlx-lm plain" / "mlx-lm draft k=N" / "llama.cpp lookup k=N"
+    config: str  # "plain", a registry.label, or a peer's "mlx-lm plain" / "mlx-lm draft k=N" / "llama.cpp lookup k=N"
     width: int | None
     tokens: int
     decode_tps: float
@@ -113,8 +108,7 @@ def run(
     sampling: SamplingOptions,
     vocab_size: int | None,
     context_length: int,
-    draft_model: Any = None,
-    mtp_head: Any = None,
+    drafters_for: Callable[[DraftConfig, Any], Any] | None = None,  # (config, target model) -> DrafterSource
     chat_template: bool = True,
     peer: Any = None,  # a peers.WorkerPeer (mlx-lm or llama.cpp) or None
     repeats: int = 1,  # timed runs per prompt and configuration; the median-speed run is kept
@@ -132,14 +126,12 @@ def run(
     def engines_for(m: Any) -> tuple[Any, list[Any]]:
         plain = Engine(m, eos_ids=eos, vocab_size=vocab_size, context_length=context_length)
         return plain, [
-            Engine(m, eos_ids=eos, vocab_size=vocab_size, context_length=context_length, draft=d,
-                   draft_model=draft_model if d.kind == "full-model" else None,
-                   mtp_head=mtp_head if d.kind == "mtp" else None)
+            Engine(m, eos_ids=eos, vocab_size=vocab_size, context_length=context_length, drafters=drafters_for(d, m))
             for d in drafts
         ]
 
     sets = [(mode, *engines_for(m)) for mode, m in targets]  # (mode, plain engine, draft engines)
-    labels = [config_label(d) for d in drafts]
+    labels = [registry.label(d) for d in drafts]
     if traces:
         first = render_messages(tokenizer, [{"role": "user", "content": traces[0].turns[0]}],
                                 chat_template=chat_template)
@@ -151,7 +143,7 @@ def run(
     for _, plain, engines in sets:
         plain.warmup(sampling=sampling)
         for eng, d in zip(engines, drafts):
-            eng.warmup(sampling=sampling, calibrate=d.calibrates)
+            eng.warmup(sampling=sampling, calibrate=registry.calibrates(d))
         for eng in [plain, *engines]:  # one short untimed request each: first-call costs stay out
             _drain(eng.generate(first, max_tokens=min(8, max_tokens), sampling=sampling, remember=False))
     if peer is not None:
@@ -180,7 +172,7 @@ def run(
                     # must not draft from its own earlier output
                     g = eng.generate(ids, max_tokens=max_tokens, sampling=sampling, remember=False)
                     same = _drain(g) == base_tokens[mode]
-                    rec = _record(i, item, label, d.max_draft, g)
+                    rec = _record(i, item, label, registry.width(d), g)
                     rec.identical, rec.weights = same, mode
                     runs.setdefault((mode, label), []).append(rec)
             if peer is not None:

@@ -10,6 +10,7 @@ from ..terminal import ui
 from ..errors import MlxcelError, UsageError
 from ..options import RunConfig
 from ..engine.prompting import prompt_ids
+from ..drafters import registry
 from ..session import Session, describe_draft, open_session, resolved_drafter_line
 from ..engine.text import TextStream
 from ._report import print_profile, summary_lines
@@ -41,7 +42,7 @@ def run_oneshot(run: RunConfig, world: Any = None) -> None:
         raise MlxcelError(f"the prompt has {len(ids)} tokens, which fills the model's context window "
                           f"({eng.context_length}); shorten the prompt")
     draft = eng.draft  # as resolved at load (an MTP checkpoint's kind and width)
-    warm = eng.warmup(ids, sampling=opts.sampling, calibrate=draft.calibrates)
+    warm = eng.warmup(ids, sampling=opts.sampling, calibrate=registry.calibrates(draft))
     if g.verbose or g.profile:
         if (resolved := resolved_drafter_line(draft)) is not None:
             ui.info(resolved)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..cpu import blas as fastpath
+from ..cpu import blas
 from ..terminal import ui
 from ._options import BENCH_PARAMS, build_bench_options, build_options, with_params
 
@@ -40,7 +40,7 @@ def bench(**params) -> None:
             from ..bench import plot as bench_plot
 
             bench_plot.require()
-        fastpath.prepare(plan.run.options.model.blas)
+        blas.prepare(plan.run.options.model.blas)
         from ..bench.report import run_bench
 
         run_bench(plan, items, traces)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..cpu import blas as fastpath
+from ..cpu import blas
 from ..terminal import ui
 from ..validate import validate
 from ._options import CHAT_SIDE, build_options, with_params
@@ -16,7 +16,7 @@ def chat(**params) -> None:
     """Chat with the model in the terminal (streaming, /help, /clear, /bye, \"\"\" blocks)."""
     with ui.exit_on_error():
         cfg = validate(build_options("chat", params))
-        fastpath.prepare((cfg).options.model.blas)
+        blas.prepare(cfg.options.model.blas)
         from ._repl import run_chat
 
         with ranks(cfg) as world:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..cpu import blas as fastpath
+from ..cpu import blas
 from ..terminal import ui
 from ..validate import validate
 from ._options import ALL_MODEL_SIDE, build_options, with_params
@@ -20,7 +20,7 @@ def generate_or_chat(command: str, params: dict) -> None:
     """The body of `generate` and `run`: one completion with -p, else the interactive chat."""
     with ui.exit_on_error():
         run = validate(build_options(command, params))
-        fastpath.prepare(run.options.model.blas)
+        blas.prepare(run.options.model.blas)
         with ranks(run) as world:
             if run.options.generation.prompt is None:
                 from ._repl import run_chat

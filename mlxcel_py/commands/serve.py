@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..cpu import blas as fastpath
+from ..cpu import blas
 from ..terminal import ui
 from ..validate import validate
 from ._options import (DISTRIBUTED_PARAMS, LOOKUP_PARAMS_HIDDEN, MODEL_PARAMS, RUNTIME_PARAMS, SERVE_SAMPLING_PARAMS, SERVER_PARAMS,
@@ -28,7 +28,7 @@ def serve(**params) -> None:
         if cfg.options.server.threads:  # read by OpenBLAS when it loads, so set before prepare()
             os.environ["OPENBLAS_NUM_THREADS"] = str(cfg.options.server.threads)
             os.environ["MLXCEL_KERNEL_THREADS"] = str(cfg.options.server.threads)  # the row-exact kernel's
-        fastpath.prepare(cfg.options.model.blas)
+        blas.prepare(cfg.options.model.blas)
         from ..server.main import run_server
         from ._ranks import ranks
 

@@ -18,6 +18,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..paths import cache_dir
+
 DEBIAN_OPENBLAS = "/usr/lib/{arch}-linux-gnu/openblas-pthread/libopenblas.so.0"
 
 
@@ -31,15 +33,6 @@ class BlasState:
 
 
 _state: BlasState | None = None
-
-
-def cache_dir() -> Path:
-    """The per-user cache folder (models converted from GGUF, BLAS shims)."""
-    env = os.environ.get("MLXCEL_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "mlxcel-py"
 
 
 def _mlx_runs_on_cpu_linux() -> bool:

@@ -1,33 +1,81 @@
-"""Drafters: where proposals come from. Each returns token ids (and q rows when it sampled).
+"""What a drafter is to the engine, the base class every drafter (a user's too) derives from, and
+what one engine drafts with (`DrafterSource`).
 
-- PromptLookupDrafter: n-gram lookup over prompt + generated text (one-hot proposals).
-- MTPDrafter (mtp.py): a Qwen3.5 / Qwen3-Next checkpoint's own multi-token-prediction head;
-  AssistantDrafter (gemma4_assistant.py): Gemma 4's assistant checkpoint. Both run as "mtp".
-- SuffixDrafter (suffix.py): the context and a store of earlier sequences (SuffixDecoding).
-- FullModelDrafter: a smaller causal LM sharing the target's tokenizer, run autoregressively from
-  its own caches; argmax drafts when greedy, samples from its filtered distribution q otherwise
-  (then the verifier applies the lossless p/q rule). Rejected drafts leave its cache through the
-  same rollback the target uses (SequenceCache.truncate: trim, window slice or checkpoint replay).
-The engine calls begin() once per request, propose() before a round, commit() after it.
+A drafter proposes tokens and the engine verifies them: the target's own choices decide what is
+emitted, so a drafter only changes speed. The engine's side of the contract, per request:
+`begin(context, target_cache)` once, `propose(context, limit, decider)` before a round,
+`commit(context)` after it, `shadow(limit)` while a gated policy is paused. Built-in drafters
+implement those. A user's drafter implements only `draft(context, k)` (up to k token ids) and,
+if it follows the context, `observe(accepted)`; the base class turns that into the engine's side,
+keeping the ids the vocabulary has and at most k of them, so any proposal is safe to verify.
+
+A `DrafterSource` belongs to one engine: it makes a drafter per request (model drafters share one,
+and its caches, across requests unless requests run interleaved), the round policy its kind uses
+(`registry`), warmup of its own forward, and what it remembers across requests (a suffix store).
+Each drafter module defines a `Source` and `prepare()` (see `registry`).
 """
 
 from __future__ import annotations
 
+import itertools
+import operator
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 
-from ..engine.cache import SequenceCache
-from .prompt_lookup_index import PromptLookupIndex
+from ..engine.policy import make_policy, on_cuda
 from ..engine.sampling import Decider
+from ..options import DraftConfig
+from . import registry
 
 
 @dataclass
 class Proposal:
     tokens: list[int]
     q: mx.array | None = None  # (len(tokens), V) proposal distribution, None for one-hot drafts
-    match_len: int | None = None  # prompt lookup: how long the matched context is (confidence)
+    match_len: int | None = None  # lookup drafters: how long the matched context is (confidence)
+
+
+class Drafter:
+    """Subclass and implement `draft(context, k)` (and, optionally, `observe(accepted)`)."""
+
+    kind = "custom"  # what stats and `timings.draft_kind` call it
+    hidden_tap = None  # a models.taps.HiddenTap when it reads the target's hidden states (MTP heads)
+
+    def draft(self, context: Sequence[int], k: int) -> Sequence[int]:
+        """Up to k token ids to follow `context` (prompt and output so far); [] drafts nothing."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither draft() nor propose()")
+
+    def observe(self, accepted: Sequence[int]) -> None:
+        """The tokens just committed after the context this drafter saw last (its own accepted
+        drafts and the target's tokens alike)."""
+
+    # ---- the engine's side ---------------------------------------------------------------------
+    def begin(self, context: Sequence[int], target: Any = None) -> None:
+        self._seen = len(context)
+
+    def propose(self, context: Sequence[int], limit: int, decider: Decider) -> Proposal:
+        vocab = decider.vocab_size
+        tokens: list[int] = []
+        for t in itertools.islice(self.draft(list(context), limit) or (), limit):
+            try:
+                t = operator.index(t)
+            except TypeError:
+                break  # not an integer: the proposal ends here
+            if t < 0 or (vocab is not None and t >= vocab):
+                break  # outside the vocabulary: the embedding would read past its rows
+            tokens.append(t)
+        return Proposal(tokens)
+
+    def commit(self, context: Sequence[int]) -> None:
+        seen = getattr(self, "_seen", 0)
+        self._seen = len(context)
+        if len(context) > seen:
+            self.observe(list(context[seen:]))
+
+    def shadow(self, limit: int) -> list[int]:
+        return []
 
 
 def stop_at_eos(tokens: list[int], eos_ids: frozenset[int], decider: Decider) -> list[int]:
@@ -58,75 +106,70 @@ def chain_proposal(picks: list[mx.array], rows: list[mx.array], target_vocab: in
     return Proposal(tokens.tolist(), q)
 
 
-class Drafter(Protocol):
-    kind: str
+class DrafterSource:
+    """What one engine drafts with; see the module note. Subclasses: each kind's `Source`."""
 
-    def begin(self, context: Sequence[int], target: SequenceCache | None = None) -> None: ...
+    shares_drafter = False  # one drafter (and its caches) across requests, unless `private`
 
-    def propose(self, context: Sequence[int], limit: int, decider: Decider) -> Proposal: ...
+    def __init__(self, draft: DraftConfig, *, model: Any, eos_ids: Sequence[int] = (),
+                 vocab_size: int | None = None, assets: Any = None):
+        self.config = draft
+        self.model = model  # the target mlx-lm model
+        self.eos_ids = tuple(eos_ids)
+        self.vocab_size = vocab_size
+        self.assets = assets  # what the kind loaded: a draft model, an MTP head, a suffix store
+        self._shared: Drafter | None = None
 
-    def commit(self, context: Sequence[int]) -> None: ...
+    @property
+    def kind(self) -> str:
+        return self.config.kind
 
-    def shadow(self, limit: int) -> list[int]: ...
+    @property
+    def width(self) -> int:
+        return registry.width(self.config)
+
+    @property
+    def calibrates(self) -> bool:
+        return registry.calibrates(self.config)
+
+    def new_drafter(self) -> Drafter:
+        raise NotImplementedError
+
+    def make(self, private: bool = False) -> Drafter:
+        """The drafter for one request (`private`: requests decode interleaved, each its own)."""
+        if private or not self.shares_drafter:
+            return self.new_drafter()
+        if self._shared is None:
+            self._shared = self.new_drafter()
+        return self._shared
+
+    def make_policy(self, verify_cost: Sequence[float] | None = None):
+        d = self.config
+        if registry.kind_of(d.kind).sizing == registry.ADAPTIVE:
+            return make_policy(d.lookup.policy, d.lookup.max_draft, adaptive=d.lookup.adaptive,
+                               on_cuda=on_cuda(), verify_cost=verify_cost)
+        return make_policy("fixed", d.block_size, adaptive=False)
+
+    def retarget(self, draft: DraftConfig, loaded: Any) -> "DrafterSource":
+        """The same loaded assets for another configuration or target (bench: widths, weight modes)."""
+        return type(self)(draft, model=loaded.model, eos_ids=self.eos_ids, vocab_size=self.vocab_size,
+                          assets=self.assets)
+
+    def warm(self, tokens: Sequence[int]) -> None:
+        """Trace the drafter's own forward at its width (model drafters), on scratch state."""
+
+    def remember(self, tokens: Sequence[int]) -> None:
+        """A finished sequence (prompt + output), for drafters that learn across requests."""
+
+    def save(self) -> str | None:
+        """Write what should outlive the process (--suffix-store); returns what it did."""
+        return None
 
 
-class PromptLookupDrafter:
-    kind = "prompt-lookup"
+@dataclass
+class Plan:
+    """A drafter checked against the target's files before any weight loads: the configuration it
+    runs with (`prepare` may have resolved its kind or width) and how to load it."""
 
-    def __init__(self, ngram_min: int, ngram_max: int, eos_ids: Sequence[int] = (), *, periodic: bool = False):
-        self.index = PromptLookupIndex(ngram_min, ngram_max)
-        self.eos_ids = frozenset(eos_ids)
-        self.periodic = periodic  # see PromptLookupIndex.find_match
-
-    def begin(self, context: Sequence[int], target: SequenceCache | None = None) -> None:
-        self.index.reset(context)
-
-    def commit(self, context: Sequence[int]) -> None:
-        self.index.extend(context[len(self.index.tokens) :])
-
-    def propose(self, context: Sequence[int], limit: int, decider: Decider) -> Proposal:
-        self.commit(context)
-        tokens, match_len = self.index.find_match(limit, periodic=self.periodic)
-        return Proposal(stop_at_eos(tokens, self.eos_ids, decider), match_len=match_len)
-
-    def shadow(self, limit: int) -> list[int]:
-        return self.index.find(limit)
-
-
-class FullModelDrafter:
-    kind = "full-model"
-
-    def __init__(self, model: Any, target_vocab: int | None = None):
-        self.model = model
-        self.cache = SequenceCache(model)
-        self.target_vocab = target_vocab
-
-    def begin(self, context: Sequence[int], target: SequenceCache | None = None) -> None:
-        n = self.cache.reuse_prefix(context)
-        self.cache.prefill(list(context[n:-1]))
-
-    def commit(self, context: Sequence[int]) -> None:
-        pass  # propose() trims to the common prefix with the committed context
-
-    def shadow(self, limit: int) -> list[int]:
-        return []
-
-    def propose(self, context: Sequence[int], limit: int, decider: Decider) -> Proposal:
-        n = self.cache.reuse_prefix(context)  # drops the rejected drafts (see SequenceCache.truncate)
-        feed = list(context[n:])
-        self.cache.mark()  # the next propose rolls back to the committed context from here
-        x = mx.array(feed, dtype=mx.int32)
-        picks: list[mx.array] = []
-        rows: list[mx.array] = []
-        start = len(context) - decider.prompt_len
-        # The chain stays lazy: each step's input is the previous step's (unevaluated) pick,
-        # so k draft steps cost one synchronisation instead of k.
-        for i in range(limit):
-            logits = self.cache.run(x)[-1:].astype(mx.float32)
-            t, q = draw(logits, decider, start + i)
-            rows += [q] if q is not None else []
-            picks.append(t)
-            x = t.astype(mx.int32)
-        proposal = chain_proposal(picks, rows, self.target_vocab)
-        self.cache.appended(feed + proposal.tokens[:-1])
-        return proposal
+    draft: DraftConfig
+    load: Callable[[Any, Callable[[str], None]], DrafterSource]  # (target LoadedModel, say) -> source

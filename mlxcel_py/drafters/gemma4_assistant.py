@@ -27,9 +27,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from .base import Proposal, chain_proposal, draw
 from ..errors import ModelError
-from .mtp import lm_head_and_embed, text_config, text_model
+from ..models.cache_kinds import time_ordered
+from ..models.config import text_config
+from ..models.safetensors import load_tensors, tensor_shapes
+from ..models.taps import hidden_tap, lm_head_and_embed, text_model
+from .base import Drafter, Proposal, chain_proposal, draw
 
 MODEL_TYPE = "gemma4_assistant"
 TARGETS = ("gemma4", "gemma4_text")
@@ -131,8 +134,6 @@ def check_target(target_cfg: dict, cfg: dict, where: str) -> None:
 
 
 def load(folder: Path, cfg: dict, target_model: Any) -> Gemma4Assistant:
-    from .mtp import load_tensors, tensor_shapes
-
     head = Gemma4Assistant(cfg)
     weights: dict[str, mx.array] = {}
     for f in sorted({f for f, _ in tensor_shapes(folder).values()}):
@@ -162,19 +163,12 @@ def _kv_layers(target_model: Any) -> dict[str, int]:
     return {t: i for i, t in enumerate(args.layer_types[:holders])}
 
 
-def _time_ordered(c) -> tuple[mx.array, mx.array, int]:
-    """A target cache's K/V rows in time order, and how many positions they cover."""
-    if hasattr(c, "max_size"):  # sliding window (rotating)
-        n = min(c.offset, c.max_size)
-        return c._temporal_order(c.keys)[..., -n:, :], c._temporal_order(c.values)[..., -n:, :], n
-    return c.keys[..., : c.offset, :], c.values[..., : c.offset, :], c.offset
-
-
-class AssistantDrafter:
+class AssistantDrafter(Drafter):
     kind = "mtp"
 
     def __init__(self, head: Gemma4Assistant, target_model: Any, target_vocab: int | None = None):
         self.head = head
+        self.hidden_tap = hidden_tap(target_model)  # the first step reads the target's last hidden state
         _, self.embed = lm_head_and_embed(target_model)
         self.embed_scale = float(getattr(text_model(target_model)[1], "embed_scale", 1.0))
         self.kv_layers = _kv_layers(target_model)
@@ -187,10 +181,7 @@ class AssistantDrafter:
             self.target = target
 
     def commit(self, context: Sequence[int]) -> None:
-        pass
-
-    def shadow(self, limit: int) -> list[int]:
-        return []
+        pass  # the next round attends to the target's K/V, which the verify round rolled back
 
     def propose(self, context: Sequence[int], limit: int, decider) -> Proposal:
         target = self.target
@@ -201,7 +192,7 @@ class AssistantDrafter:
         position = L - 1  # the target's cache holds x_0 .. x_{L-2}
         kv, masks = {}, {}
         for kind, i in self.kv_layers.items():
-            keys, values, n = _time_ordered(target.layers[i])
+            keys, values, n = time_ordered(target.layers[i])
             kv[kind] = (keys, values)
             # keys sit at positions position-n .. position-1; a sliding layer sees |q - k| < window
             masks[kind] = (mx.arange(n, 0, -1) < self.window)[None, None, None, :] \

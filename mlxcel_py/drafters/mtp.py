@@ -18,63 +18,34 @@ is verified by the shared verify round, so output equals plain decoding whatever
 from __future__ import annotations
 
 import json
-import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .base import Proposal, chain_proposal, draw  # one sampling rule for every model drafter
+from ..engine.cache import SequenceCache
+from ..engine.sampling import Decider
 from ..errors import ModelError
+from ..models import loading
+from ..models.config import text_config
+from ..models.families import with_mtp_heads
+from ..models.safetensors import load_tensors, tensor_shapes
+from ..models.taps import hidden_tap, lm_head_and_embed, text_model
+from ..options import DraftConfig, SamplingOptions
+from .base import Drafter, DrafterSource, Plan, Proposal, chain_proposal, draw  # one sampling rule for every model drafter
 
-FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+FAMILIES = with_mtp_heads()
 MTP_CHECKPOINT_TYPES = ("qwen3_5_mtp", "qwen3_next_mtp", "gemma4_assistant")
 DEFAULT_WIDTH = 4
 _NORMS = ("norm.weight", "layernorm.weight")  # every RMSNorm weight of the head ends so
-
-
-# ---- what a checkpoint holds, read from safetensors headers (no tensor data) --------------------
-def tensor_shapes(folder: Path) -> dict[str, tuple[Path, list[int]]]:
-    """name -> (file, shape) for every tensor in the folder's safetensors files."""
-    out: dict[str, tuple[Path, list[int]]] = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        try:
-            with open(f, "rb") as fh:
-                (n,) = struct.unpack("<Q", fh.read(8))
-                # the header is JSON of at most 100 MB (the format's own limit) inside the file
-                if n > min(100 << 20, f.stat().st_size - 8):
-                    raise ValueError("header length out of range")
-                header = json.loads(fh.read(n))
-            if not isinstance(header, dict):
-                raise ValueError("header is not a JSON object")
-        except (OSError, struct.error, ValueError):
-            raise ModelError(f"{f}: not a readable safetensors file") from None
-        for name, meta in header.items():
-            if name != "__metadata__" and isinstance(meta, dict):
-                out[name] = (f, list(meta.get("shape", [])))
-    return out
-
-
-def load_tensors(f: Path) -> dict[str, mx.array]:
-    """All tensors of one safetensors file; a damaged file is a one-line error, not a traceback."""
-    try:
-        return mx.load(str(f))
-    except (OSError, RuntimeError, ValueError) as exc:
-        raise ModelError(f"{f}: cannot read its tensors ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
 
 
 def head_name(name: str) -> str | None:
     """'model.mtp.fc.weight' / 'mtp.fc.weight' -> 'fc.weight'; None for trunk tensors."""
     i = name.find("mtp.")
     return name[i + 4 :] if i >= 0 and (i == 0 or name[i - 1] == ".") else None
-
-
-def text_config(cfg: dict) -> dict:
-    """A flat text config (Qwen3.5 nests it under text_config)."""
-    inner = cfg.get("text_config")
-    return {**cfg, **inner} if isinstance(inner, dict) else dict(cfg)
 
 
 def is_mtp_checkpoint(cfg: dict) -> bool:
@@ -190,49 +161,6 @@ class MTPHead(nn.Module):
         return MTPDrafter(self, target_model, target_vocab)
 
 
-def text_model(model: Any) -> tuple[Any, Any]:
-    """(language model, its inner text model): Qwen3.5 and Gemma 4 wrap the text model."""
-    lm = getattr(model, "language_model", model)
-    return lm, lm.model
-
-
-def lm_head_and_embed(model: Any) -> tuple[Callable[[mx.array], mx.array], Any]:
-    """The target's lm_head (as its forward applies it, before any softcap) and embed_tokens."""
-    lm, inner = text_model(model)
-    tied = getattr(getattr(lm, "args", None), "tie_word_embeddings", True)
-    return (inner.embed_tokens.as_linear if tied else lm.lm_head), inner.embed_tokens
-
-
-class HiddenTap:
-    """Holds the output of a model's final norm (its last hidden states) from the latest forward."""
-
-    last: mx.array | None = None
-
-
-_RECORDING: dict[type, type] = {}
-
-
-def hidden_tap(model: Any) -> HiddenTap:
-    """Make the model's final norm record its output (the input of its lm_head): the forward
-    itself is untouched, so logits stay exactly what plain decoding computes."""
-    _, inner = text_model(model)
-    norm = inner.norm
-    tap = getattr(norm, "_mlxcel_tap", None)
-    if tap is None:
-        base = type(norm)
-        if base not in _RECORDING:
-            def call(self, x, _base=base):
-                out = _base.__call__(self, x)
-                self._mlxcel_tap.last = out
-                return out
-
-            _RECORDING[base] = type(f"Recording{base.__name__}", (base,), {"__call__": call})
-        tap = HiddenTap()
-        norm._mlxcel_tap = tap  # a plain object: MLX keeps it out of the parameters
-        norm.__class__ = _RECORDING[base]
-    return tap
-
-
 def _norm_offset(model: Any, target_folder: Path) -> float:
     """mlx-lm adds 1 to the trunk's RMSNorm weights when the checkpoint stores them zero-centred;
     the head's are stored the same way, so they get what the trunk got (measured on the final
@@ -275,11 +203,12 @@ def load_head(model: Any, source: HeadSource, target_folder: Path):
 
 
 # ---- the drafter ---------------------------------------------------------------------------------
-class MTPDrafter:
+class MTPDrafter(Drafter):
     kind = "mtp"
 
     def __init__(self, head: MTPHead, target_model: Any, target_vocab: int | None = None):
         self.head = head
+        self.hidden_tap = hidden_tap(target_model)  # the target keeps its last hidden states for the head
         self.lm_head, self.embed = lm_head_and_embed(target_model)
         self.target_vocab = target_vocab
         self.target = None  # the target's SequenceCache (hidden states of committed positions)
@@ -298,9 +227,6 @@ class MTPDrafter:
 
     def commit(self, context: Sequence[int]) -> None:
         pass  # propose() feeds the accepted positions' real hidden states
-
-    def shadow(self, limit: int) -> list[int]:
-        return []
 
     def _trim_self_fed(self) -> None:
         if self._self_fed:
@@ -332,3 +258,48 @@ class MTPDrafter:
                 out = self.head(self.embed(t.reshape(1, 1)), out, self.cache)
                 self._self_fed += 1
         return chain_proposal(picks, rows, self.target_vocab)
+
+
+class Source(DrafterSource):
+    """assets: the loaded head (an MTPHead or a Gemma 4 assistant), whose `drafter()` drafts for
+    the target model."""
+
+    shares_drafter = True
+
+    def __init__(self, draft: DraftConfig, **kw):
+        super().__init__(draft, **kw)
+        if self.assets is None:
+            raise ValueError("the mtp drafter needs its loaded head (assets)")
+        self.head = self.assets
+
+    def new_drafter(self) -> Drafter:
+        return self.head.drafter(self.model, self.vocab_size)
+
+    def warm(self, tokens: Sequence[int]) -> None:
+        """One proposal at the configured width on a scratch cache (traces the head's shapes)."""
+        drafter = self.new_drafter()
+        cache = SequenceCache(self.model)
+        cache.keep_hidden(drafter.hidden_tap)
+        cache.prefill(tokens[:-1])
+        drafter.begin(tokens, cache)
+        drafter.propose(tokens, self.config.block_size, Decider(SamplingOptions(), prompt_len=len(tokens)))
+
+
+def prepare(draft: DraftConfig, target: loading.ResolvedModel, model_options: Any) -> Plan:
+    """Find the head (the target's own, or --draft-model DIR) before any weight loads; a width the
+    checkpoint declares is used unless --draft-block-size was given."""
+    folder = cfg = None
+    if draft.draft_model:
+        d = loading.resolve(draft.draft_model, what="--draft-model")
+        folder, cfg = d.path, d.config
+    source = find_head(target.config, target.path, cfg, folder)
+    if not draft.block_explicit and source.declared_width:
+        draft = replace(draft, block_size=source.declared_width)
+
+    def load(loaded: loading.LoadedModel, say) -> Source:
+        head = load_head(loaded.model, source, target.path)
+        say(f"MTP head: {len(source.tensors)} tensors from {source.where}")
+        return Source(draft, model=loaded.model, eos_ids=loaded.tokenizer.eos_token_ids,
+                      vocab_size=loaded.vocab_size, assets=head)
+
+    return Plan(draft, load)

@@ -1,6 +1,6 @@
 """SuffixDecoding (arXiv 2411.04975): drafts from the current context and from earlier sequences.
 
-Pure Python over token ids (no MLX). Two sources, matched the same way:
+The store and the index are pure Python over token ids (no MLX). Two sources, matched the same way:
 - the live context (prompt and output so far), and
 - a store of earlier sequences (prompts and outputs of earlier turns, requests and runs), bounded
   by a token budget with least-recently-used eviction, saved to and loaded from a file.
@@ -21,7 +21,10 @@ import os
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
+
+from ..errors import ModelError
+from .base import Drafter, DrafterSource, Plan, Proposal, stop_at_eos
 
 NGRAM_MAX = 6  # the index keys n-grams of 1..NGRAM_MAX tokens
 MAX_MATCH = 32  # how far back a match is measured (sizes the draft)
@@ -227,7 +230,7 @@ def fingerprint(vocab: dict[str, int] | None, vocab_size: int | None) -> str:
     return f"{vocab_size}:{h.hexdigest()[:16]}"
 
 
-class SuffixDrafter:
+class SuffixDrafter(Drafter):
     """Per request: an index over the live context; shared: the engine's SuffixStore."""
 
     kind = "suffix"
@@ -261,9 +264,70 @@ class SuffixDrafter:
         toks, _, match = max((live, stored), key=lambda r: (r[1], r[2]))
         return toks, match
 
-    def propose(self, context: Sequence[int], limit: int, decider):
-        from .base import Proposal, stop_at_eos
-
+    def propose(self, context: Sequence[int], limit: int, decider) -> Proposal:
         self.commit(context)
         toks, match = self._best(self.tokens, limit)
         return Proposal(stop_at_eos(toks, self.eos_ids, decider), match_len=match)
+
+
+class Source(DrafterSource):
+    """assets: the SuffixStore (a new one of --suffix-cache-tokens when None), kept across requests."""
+
+    def __init__(self, draft, **kw):
+        super().__init__(draft, **kw)
+        self.store = self.assets if self.assets is not None else SuffixStore(draft.suffix_cache_tokens)
+        self.fingerprint: str | None = None  # the tokenizer the store belongs to (prepare sets it)
+
+    def new_drafter(self) -> SuffixDrafter:
+        return SuffixDrafter(self.store, eos_ids=self.eos_ids)
+
+    def retarget(self, draft, loaded) -> "Source":
+        # a store is memory of requests, not a loaded asset: another configuration starts empty
+        return Source(draft, model=loaded.model, eos_ids=self.eos_ids, vocab_size=self.vocab_size)
+
+    def remember(self, tokens: Sequence[int]) -> None:
+        self.store.add(tokens)
+
+    def save(self) -> str | None:
+        path = self.config.suffix_store
+        if not path:
+            return None
+        where = Path(path).expanduser()
+        try:
+            self.store.save(where, self.fingerprint)
+        except OSError as exc:
+            raise ModelError(f"--suffix-store {path}: cannot write it ({exc.strerror})") from None
+        return f"suffix store: {len(self.store)} sequences, {self.store.tokens} tokens saved to {where}"
+
+
+def prepare(draft, target, model_options) -> Plan:
+    """A new store, or the one saved at --suffix-store, checked against the target's tokenizer
+    before any weight loads."""
+    from ..models.loading import load_tokenizer_only
+
+    tok = load_tokenizer_only(target)
+    fp = fingerprint(tok.get_vocab() if hasattr(tok, "get_vocab") else None, target.config.get("vocab_size"))
+    store = _load_store(draft, fp, target.config.get("vocab_size"))
+
+    def load(loaded, say) -> Source:
+        src = Source(draft, model=loaded.model, eos_ids=loaded.tokenizer.eos_token_ids,
+                     vocab_size=loaded.vocab_size, assets=store)
+        src.fingerprint = fp
+        if len(store):
+            say(f"suffix store: {len(store)} sequences, {store.tokens} tokens from {draft.suffix_store}")
+        return src
+
+    return Plan(draft, load)
+
+
+def _load_store(draft, fp: str, vocab_size: Any) -> SuffixStore:
+    path = Path(draft.suffix_store).expanduser() if draft.suffix_store else None
+    if path is None or not path.exists():
+        return SuffixStore(draft.suffix_cache_tokens)
+    try:
+        return SuffixStore.load(path, fp, draft.suffix_cache_tokens, vocab_size)
+    except ValueError as exc:
+        raise ModelError(f"--suffix-store {draft.suffix_store}: {exc}",
+                         hint="delete the file or pass another --suffix-store path") from None
+    except OSError as exc:
+        raise ModelError(f"--suffix-store {draft.suffix_store}: cannot read it ({exc.strerror})") from None

@@ -40,6 +40,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from ..cpu import kernels as cpu_kernels, weights as cpu_weights
+from ..models.taps import trunk_and_head
 from .cache import SequenceCache
 
 REOPEN_TICKS = 16
@@ -193,7 +194,7 @@ def _forward_ragged(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[
     plan = RaggedPlan.of(entries, [s.layers[0].offset for s in seqs])
     layers = [RowCaches([s.layers[i] for s in seqs], offset, plan) for i in range(len(seqs[0].layers))]
     x = mx.array([[t] for blk in blocks for t in blk], dtype=mx.int32)
-    split = _trunk_and_head(model) if not all(wants) else None
+    split = trunk_and_head(model) if not all(wants) else None
     with cpu_kernels.engaged(model):
         if split is None:
             logits = model(x, cache=layers)
@@ -208,8 +209,7 @@ def _forward_ragged(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[
     out: list[mx.array | None] = []
     start = kept = 0
     for s, b, w in zip(seqs, blocks, wants):
-        s.appended(list(b))
-        s._last_write = len(b)
+        s.appended(list(b), one_block=True)
         if split is None:
             out.append(logits[start : start + len(b), 0])
         elif w:
@@ -219,21 +219,6 @@ def _forward_ragged(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[
             out.append(None)
         start += len(b)
     return out
-
-
-# mlx-lm model modules whose forward is exactly `self.model(...)` then the tied embedding's
-# as_linear or lm_head (checked against mlx-lm 0.32); others always run their own forward
-_PLAIN_HEAD = ("llama", "qwen2", "qwen3")
-
-
-def _trunk_and_head(model: Any):
-    if type(model).__module__.rsplit(".", 1)[-1] not in _PLAIN_HEAD or not hasattr(model, "model"):
-        return None
-    inner = model.model
-    if getattr(getattr(model, "args", None), "tie_word_embeddings", False):
-        return inner, inner.embed_tokens.as_linear
-    head = getattr(model, "lm_head", None)
-    return (inner, head) if head is not None else None
 
 
 def _forward(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]]) -> list[mx.array]:
@@ -252,8 +237,7 @@ def _forward(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequenc
         if len(b) < width:
             for c in s.layers:
                 c.trim(width - len(b))
-        s.appended(list(b))
-        s._last_write = len(b)
+        s.appended(list(b), one_block=True)
         out.append(logits[i, : len(b)])
     return out
 

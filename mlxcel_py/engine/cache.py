@@ -1,22 +1,14 @@
 """One sequence's model caches: feeding tokens, exact rollback of every cache kind, prefix reuse.
 
 Speculation feeds a block of tokens and then keeps only a prefix of it, so every cache must be
-able to forget its newest positions. mlx-lm's `trim` does that for plain KV caches only; the rest
-(sliding windows, conv and recurrent state) is handled here, chosen per cache object
-(`rollback_kind`), in the one place that the verify round, the drafters and the warmup all use:
-
-- "trim": KVCache, QuantizedKVCache, ConcatenateKVCache, ChunkedKVCache. mlx-lm's `trim`, O(1).
-- "window": RotatingKVCache. A block of S > 1 tokens goes through `_update_concat`, which leaves
-  the rows in temporal order (max_size - 1 + S of them), so dropping the newest n < S rows is a
-  slice. After single-token (in-place, rotating) writes the checkpoint is restored instead.
-- "state": ArraysCache (conv and recurrent state) and any other cache a trim cannot undo. The
-  layers replace these arrays rather than mutate them, so a checkpoint is a shallow copy of
-  references (no array is copied). Rolling back restores the checkpoint and re-feeds the kept
-  tokens; that replay is deferred and rides in front of the next forward (`_pending`), so a
-  partial accept costs a few extra rows in the next block instead of an extra forward.
-  Gated DeltaNet layers (Qwen3.5, Qwen3-Next) on the CPU do better: a marked block records the
-  state after every step (`recurrent_steps`) and a partial accept picks the right one, no replay.
-- "list": CacheList, each part by its own kind.
+able to forget its newest positions. mlx-lm's `trim` does that for plain KV caches only; how each
+other kind is checkpointed, restored or sliced is in `models/cache_kinds` (one adapter per kind).
+This class drives them, in the one place that the verify round, the drafters and the warmup use.
+A rollback takes, in order of cost: a rewind in place (trims, a window's slice); Gated DeltaNet
+layers (Qwen3.5, Qwen3-Next) on the CPU pick the state recorded after the kept step
+(`cpu.recurrent_steps`); anything else restores the checkpoint and replays the kept tokens, a
+replay deferred to ride in front of the next forward (`_pending`), so a partial accept costs a few
+extra rows in the next block instead of an extra forward.
 
 When a rollback cannot be done by trims and slices alone, every layer goes back to the checkpoint
 together (trim layers are trimmed to it) and the kept tokens are replayed: the layers of one model
@@ -29,116 +21,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import (
-    CacheList,
-    ChunkedKVCache,
-    ConcatenateKVCache,
-    KVCache,
-    QuantizedKVCache,
-    RotatingKVCache,
-    make_prompt_cache,
-)
+from mlx_lm.models.cache import make_prompt_cache
 
 from ..cpu import kernels as cpu_kernels, recurrent_steps
-
-TRIM, WINDOW, STATE, LIST = "trim", "window", "state", "list"
-_TRIM_TYPES = (KVCache, QuantizedKVCache, ConcatenateKVCache, ChunkedKVCache)
-
-
-def rollback_kind(c: Any) -> str:
-    if isinstance(c, RotatingKVCache):
-        return WINDOW
-    if isinstance(c, CacheList):
-        return LIST
-    if isinstance(c, _TRIM_TYPES):
-        return TRIM
-    return STATE  # ArraysCache and caches of other families: checkpoint and replay
-
-
-def _leaves(layers: Sequence[Any]):
-    """Every cache object below a model's layer list, CacheList parts in place of the list."""
-    for c in layers:
-        if rollback_kind(c) == LIST:
-            yield from _leaves(c.caches)
-        else:
-            yield c
-
-
-def describe_kinds(layers: Sequence[Any]) -> str:
-    """'trim x30' / 'state x3, trim x1': what the rollback of a model's caches uses."""
-    counts: dict[str, int] = {}
-    for c in _leaves(layers):
-        k = rollback_kind(c)
-        counts[k] = counts.get(k, 0) + 1
-    return ", ".join(f"{k} x{n}" for k, n in counts.items())
-
-
-def check_rollback(layers: Sequence[Any]) -> str | None:
-    """Why these caches cannot be rolled back exactly, or None. A checkpoint copies attributes, so a
-    cache object without them (a C extension type, __slots__ only) is the one impossible case."""
-    for c in _leaves(layers):
-        if rollback_kind(c) == STATE and not hasattr(c, "__dict__"):
-            return f"its {type(c).__name__} cache keeps its state where a checkpoint cannot copy it"
-    return None
-
-
-# ---- per-layer snapshots -----------------------------------------------------------------------
-def _snapshot(c: Any) -> Any:
-    kind = rollback_kind(c)
-    if kind == TRIM:
-        return None
-    if kind == LIST:
-        return [_snapshot(p) for p in c.caches]
-    if kind == WINDOW:
-        # single-token writes assign into the buffer in place; a new array object keeps the old rows
-        copy = (lambda a: None if a is None else mx.array(a))
-        return (copy(c.keys), copy(c.values), c.offset, c._idx)
-    # state: the layers rebind these attributes (and list items); copying the lists is enough
-    return {k: (list(v) if isinstance(v, list) else v) for k, v in vars(c).items()}
-
-
-def _restore(c: Any, snap: Any, since: int) -> None:
-    """Put layer `c` back where `snap` was taken; `since` positions were fed after it."""
-    kind = rollback_kind(c)
-    if kind == TRIM:
-        got = c.trim(since)
-        assert got == since, f"cache rollback trimmed {got} of {since} tokens"
-    elif kind == LIST:
-        for part, s in zip(c.caches, snap):
-            _restore(part, s, since)
-    elif kind == WINDOW:
-        c.keys, c.values, c.offset, c._idx = snap
-    else:
-        for k, v in snap.items():
-            setattr(c, k, list(v) if isinstance(v, list) else v)
-
-
-def _rewind_in_place(c: Any, n: int, last_write: int) -> bool:
-    """Drop the newest n positions without a checkpoint, where the cache kind allows it."""
-    kind = rollback_kind(c)
-    if kind == TRIM:
-        return True  # trimmed in _apply_rewind, after every layer said yes
-    if kind == LIST:
-        return all(_rewind_in_place(p, n, last_write) for p in c.caches)
-    if kind == WINDOW:
-        # the last write was one concat block (temporal order) and keeps at least one of its rows
-        return last_write > 1 and n < last_write and c.keys is not None and c._idx == c.keys.shape[2]
-    return False
-
-
-def _apply_rewind(c: Any, n: int) -> None:
-    kind = rollback_kind(c)
-    if kind == TRIM:
-        got = c.trim(n)
-        assert got == n, f"cache rollback trimmed {got} of {n} tokens"
-    elif kind == LIST:
-        for p in c.caches:
-            _apply_rewind(p, n)
-    else:  # window, in temporal order: slice off the newest rows
-        end = c.keys.shape[2] - n
-        c.keys, c.values = c.keys[..., :end, :], c.values[..., :end, :]
-        c.offset -= n
-        c._idx = end
+from ..models import cache_kinds
+from ..models.cache_kinds import kind_of
 
 
 @dataclass
@@ -165,7 +52,7 @@ class SequenceCache:
     `tokens` are the committed positions; the newest `len(_pending)` of them are not in the layers
     yet (restored away by a rollback) and are fed in front of the next forward.
 
-    With `keep_hidden(tap)` (MTP drafters need it) the final norm's output rows (mtp.hidden_tap)
+    With `keep_hidden(tap)` (MTP drafters need it) the final norm's output rows (models.taps.hidden_tap)
     of committed positions [hidden_start, len(tokens)) are kept. A
     rollback keeps the rows of kept tokens even when their replay is pending: the block computed
     them already.
@@ -190,7 +77,7 @@ class SequenceCache:
         self._step_records: dict | None = None
         self.hidden: mx.array | None = None  # (rows, H)
         self.hidden_start = 0
-        self.trim_only = all(rollback_kind(c) == TRIM for c in _leaves(self.layers))
+        self.trim_only = cache_kinds.trim_only(self.layers)
 
     # -- feeding -------------------------------------------------------------------------------
     @property
@@ -231,9 +118,13 @@ class SequenceCache:
         self.tokens.extend(inputs)
         return logits
 
-    def appended(self, tokens: Sequence[int]) -> None:
-        """Record that `tokens` were just fed through `run`."""
+    def appended(self, tokens: Sequence[int], *, one_block: bool = False) -> None:
+        """Record that `tokens` were just fed: through `run`, or (one_block) as one block of a
+        batched forward that called the model itself; how wide the last write was decides whether
+        a window can drop rows in place."""
         self.tokens.extend(tokens)
+        if one_block:
+            self._last_write = len(tokens)
 
     def prefill(self, tokens: Sequence[int], chunk: int | None = None, stop: Callable[[], bool] | None = None) -> bool:
         """Feed `tokens` in chunks, evaluating the cache after each so memory stays bounded.
@@ -297,7 +188,7 @@ class SequenceCache:
         models, references for the others)."""
         if self.trim_only:
             return
-        self._checkpoint = Checkpoint(self.fed, [_snapshot(c) for c in self.layers])
+        self._checkpoint = Checkpoint(self.fed, [kind_of(c).snapshot(c) for c in self.layers])
         self._recording = bool(self._steps)
 
     def release(self) -> None:
@@ -323,20 +214,20 @@ class SequenceCache:
             self._cut_hidden(n)
             return True
         k = fed - n  # positions to remove from the layers
-        if all(self._picks_state(i, k) or _rewind_in_place(c, k, self._last_write)
+        if all(self._picks_state(i, k) or kind_of(c).can_rewind(c, k, self._last_write)
                for i, c in enumerate(self.layers)):
             for i, c in enumerate(self.layers):
                 if self._picks_state(i, k):
                     recurrent_steps.pick(c, self._step_records[i], self._last_write - k, self._steps[i])
                 else:
-                    _apply_rewind(c, k)
+                    kind_of(c).rewind(c, k)
             self._last_write -= k
             self._step_records = None  # the recorded steps no longer line up with the cache
             self._pending = []
         elif self._checkpoint is not None and self._checkpoint.position <= n:
             cp = self._checkpoint
             for c, snap in zip(self.layers, cp.snaps):
-                _restore(c, snap, fed - cp.position)
+                kind_of(c).restore(c, snap, fed - cp.position)
             self._pending = self.tokens[cp.position : n]
             self._last_write = 0
         else:

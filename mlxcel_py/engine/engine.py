@@ -1,325 +1,48 @@
-"""The speculative engine: prefill, plain decode, verify rounds, rollback, policies, warmup.
+"""The engine: one loaded target model, what it drafts with, and warmup.
 
-Token ids in, TokenEvents out; no CLI, UI or server imports. One Engine per loaded target model;
-`generate()` returns a Generation (an iterator of TokenEvent with `.stats` and `.finish_reason`).
-Each round: ask the policy for a budget (capped so no round passes max_tokens), ask the drafter
-for a proposal, then either a plain step (no proposal) or `verify.verify_round`. EOS inside an
-accepted block ends output exactly where plain decoding would; a consumer that stops early
-(stop strings) simply closes the iterator, and only emitted tokens are counted as accepted.
-The cache holds every committed token except the newest, which is the next round's first input.
+`Engine.generate()` returns a Generation (an iterator of TokenEvent with `.stats` and
+`.finish_reason`, see generation.py). What the engine drafts with is a `DrafterSource` built by
+the drafter registry (drafters/registry.py): the engine asks it for a drafter and a policy per
+request and never looks at the drafter's kind. Warmup runs one forward at every verify width the
+source can ask for, so no request pays for tracing a new shape.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 
-from .cache import SequenceCache
-from ..drafters.base import Drafter, FullModelDrafter, PromptLookupDrafter
 from ..options import DraftConfig, SamplingOptions
-from .policy import make_policy
+from .cache import SequenceCache
+from .generation import Generation
 from .sampling import Decider
-from .stats import GenerationStats
-from .verify import RULE_GREEDY, RULE_PQ, RULE_SAMPLER_MATCH, judge
-
-@dataclass(frozen=True)
-class TokenEvent:
-    token: int
-    from_draft: bool
-
-
-class Tick:
-    """What a scheduled Generation yields besides TokenEvents (see `batch`): PAUSE after a prefill
-    chunk (its turn is over for this tick), NEED_STEP when its next forward (a plain step, or a
-    verify round's block) waits in `step_request` for the scheduler's batched forward, whose rows
-    come back in `step_result`."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-PAUSE, NEED_STEP = Tick("PAUSE"), Tick("NEED_STEP")
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """The target model's log-probability of an emitted token (log-softmax of its raw logits, as
-    OpenAI's `logprobs` reports them), and the `top` most likely tokens at that position."""
-
-    token: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
-
-
-def token_logprobs(rows: mx.array, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
-    lp = rows.astype(mx.float32)
-    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
-    chosen = mx.take_along_axis(lp, mx.array(list(tokens), dtype=mx.int32)[:, None], axis=-1)[:, 0].tolist()
-    best: list = [[] for _ in tokens]
-    if top:
-        order = mx.argsort(-lp, axis=-1)[:, :top]
-        vals = mx.take_along_axis(lp, order, axis=-1)
-        best = [list(zip(o, v)) for o, v in zip(order.tolist(), vals.tolist())]
-    return [TokenLogprob(t, c, tuple(b)) for t, c, b in zip(tokens, chosen, best)]
-
-
-def on_cuda() -> bool:
-    try:
-        return mx.default_device() == mx.gpu and mx.cuda.is_available()
-    except AttributeError:
-        return False
-
-
-class Generation:
-    """One request's token stream. Iterate it once; read `stats` and `finish_reason` after."""
-
-    def __init__(self, engine: "Engine", prompt: Sequence[int], *, max_tokens: int, sampling: SamplingOptions,
-                 min_tokens: int = 0, ignore_eos: bool = False, speculative: bool = True,
-                 reuse_cache: bool = False, remember: bool = True, cancelled: Callable[[], bool] | None = None,
-                 logprobs: int | None = None, gate: Any = None):
-        self.engine = engine
-        # batch.Gate when a scheduler drives this generation (serve -np N): it then yields Ticks too,
-        # drafts only while the gate is open, and leaves its plain steps to the batched forward
-        self.gate = gate
-        self.step_request: tuple[SequenceCache, list[int], bool] | None = None
-        self.step_result: mx.array | None = None
-        # None: none; N >= 0: each emitted token's logprob and the N most likely (self.logprobs_out)
-        self.logprobs = logprobs
-        self.logprobs_out: list[TokenLogprob] = []
-        self.cancelled = cancelled  # asked between prefill chunks and before every round
-        self.remember = remember  # add prompt + output to the suffix store at the end
-        self.prompt = list(prompt)
-        self.max_tokens = max_tokens
-        self.sampling = sampling
-        self.min_tokens = min_tokens
-        self.ignore_eos = ignore_eos
-        self.speculative = speculative and engine.draft.enabled
-        self.reuse_cache = reuse_cache
-        self.stats = GenerationStats(prompt_tokens=len(self.prompt))
-        self.finish_reason: str | None = None
-        self.tokens: list[int] = []
-        self._pooled: SequenceCache | None = None  # taken from engine.prompt_cache, given back at the end
-        self._iter = self._run()
-
-    def __iter__(self) -> Iterator[TokenEvent]:
-        return self._iter
-
-    def __next__(self) -> TokenEvent:
-        return next(self._iter)
-
-    def close(self) -> None:
-        self._iter.close()
-
-    # ---------------------------------------------------------------------------------------
-    def _run(self) -> Iterator[TokenEvent]:
-        channel = self.engine.channel
-        try:
-            if channel is None:
-                yield from self._steps()
-            else:
-                with channel.busy():  # the other ranks mirror this request's forwards
-                    yield from self._steps()
-        except GeneratorExit:  # the consumer stopped between tokens: the cache is whole
-            self._hand_back()
-            raise
-        else:
-            self._hand_back()
-        # any other exception may have left a forward half-applied: that cache is dropped
-
-    def _take_cache(self) -> SequenceCache:
-        eng = self.engine
-        if eng.prompt_cache is not None and not self.reuse_cache:
-            self._pooled = eng.prompt_cache.take(self.prompt)
-            return self._pooled
-        return eng.sequence_cache(self.reuse_cache)
-
-    def _hand_back(self) -> None:
-        if self._pooled is not None:
-            self.engine.prompt_cache.give(self._pooled)
-            self._pooled = None
-
-    def _forward(self, cache: SequenceCache, block: list[int], logits: bool = True):
-        """`block`'s logits rows, fed to `cache` here, or (scheduled) by the scheduler's batched
-        forward with the other sequences' blocks: then this yields NEED_STEP and waits for them.
-        logits=False (a prompt chunk): the rows may come back as None."""
-        if self.gate is None:
-            return cache.feed(block)
-        self.step_request = (cache, block, logits)
-        yield NEED_STEP
-        logits, self.step_request, self.step_result = self.step_result, None, None
-        return logits
-
-    def _steps(self) -> Iterator[TokenEvent]:
-        eng = self.engine
-        st = self.stats
-        if not self.prompt:
-            raise ValueError("empty prompt")
-        decider = Decider(self.sampling, eos_ids=eng.eos_ids, prompt_len=len(self.prompt),
-                          min_tokens=self.min_tokens, ignore_eos=self.ignore_eos, vocab_size=eng.vocab_size)
-        mx.reset_peak_memory()
-        t0 = time.perf_counter()
-        cache = self._take_cache()
-        drafter: Drafter | None = eng.make_drafter() if self.speculative else None
-        # the MTP head drafts from the target's hidden states, so the target keeps them
-        cache.keep_hidden(eng.hidden_tap if drafter is not None and drafter.kind == "mtp" else None)
-        st.cached_tokens = cache.reuse_prefix(self.prompt)
-        todo = self.prompt[st.cached_tokens : -1]
-        if self.gate is not None and self.gate.prefill_chunk:
-            # each chunk rides in the scheduler's batched forward beside the others' steps (one
-            # forward instead of two); its logits rows are not used
-            chunk = self.gate.prefill_chunk
-            for i in range(0, len(todo), chunk):
-                if self.cancelled is not None and self.cancelled():
-                    self.finish_reason = "cancelled"
-                    return
-                yield from self._forward(cache, list(todo[i : i + chunk]), logits=False)
-                cache.eval()
-        else:
-            for fed in cache.prefill_steps(todo, stop=self.cancelled):
-                if not fed:
-                    self.finish_reason = "cancelled"
-                    return
-                if self.gate is not None:
-                    yield PAUSE  # other sequences decode between this prompt's chunks
-        st.prefill_s = time.perf_counter() - t0
-
-        history = list(self.prompt)
-        policy = None
-        if drafter is not None:
-            td = time.perf_counter()
-            drafter.begin(history, cache)
-            policy = eng.make_policy()
-            st.draft_kind = drafter.kind
-            st.policy = policy.name
-            st.draft_s += time.perf_counter() - td
-        st.acceptance_rule = RULE_GREEDY if decider.greedy else RULE_SAMPLER_MATCH
-        eos = set() if self.ignore_eos else set(eng.eos_ids)
-        shadow: list[int] = []
-        shadow_pos = 0
-        t_decode = time.perf_counter()
-        emitted = 0
-        try:
-            while emitted < self.max_tokens:
-                if self.cancelled is not None and self.cancelled():
-                    # checked per round, not per yielded piece: text held back for a stop string
-                    # yields nothing for a while, and a cancelled request must still stop
-                    self.finish_reason = "cancelled"
-                    return
-                draft: list[int] = []
-                q = None
-                if drafter is not None and (self.gate is None or self.gate.open):
-                    budget = min(policy.budget(), self.max_tokens - emitted - 1)
-                    if budget > 0:
-                        td = time.perf_counter()
-                        proposal = drafter.propose(history, budget, decider)
-                        draft, q = proposal.tokens, proposal.q
-                        k = policy.size(len(draft), proposal.match_len) if draft else 0
-                        if k < len(draft):  # the policy declines part (or all) of the proposal
-                            draft, q = draft[:k], (q[:k] if q is not None and k else None)
-                            if not k:
-                                st.paused_rounds += 1
-                        st.draft_s += time.perf_counter() - td
-                    elif policy.paused:
-                        st.paused_rounds += 1
-                        if policy.shadow_len and not shadow:
-                            shadow, shadow_pos = drafter.shadow(policy.shadow_len), len(history)
-                if draft:
-                    tv = time.perf_counter()
-                    cache.mark()  # verify.verify_round, with the forward possibly the scheduler's
-                    logits = yield from self._forward(cache, [history[-1], *draft])
-                    verdict = judge(cache, history, draft, decider, q, logits)
-                    dt = time.perf_counter() - tv
-                    st.verify_s += dt
-                    policy.timed(len(draft) + 1, dt)
-                    st.rollback_s += verdict.rollback_s
-                    if verdict.rule == RULE_PQ:
-                        st.acceptance_rule = RULE_PQ
-                    st.drafted_rounds += 1
-                    st.proposed += len(draft)
-                    st.positions_tested += min(verdict.accepted + 1, len(draft))
-                    policy.drafted(len(draft), verdict.accepted)
-                    new, n_from_draft = verdict.tokens, verdict.accepted
-                    rows = verdict.rows
-                else:
-                    tp = time.perf_counter()
-                    logits = yield from self._forward(cache, history[-1:])
-                    new, n_from_draft = decider.decide(logits, history, history[-1:]), 0
-                    rows = logits
-                    if policy is not None:
-                        policy.timed(1, time.perf_counter() - tp)
-                        policy.plain()
-                st.rounds += 1
-                # the rows that chose each token: in a verify round the same ones plain decoding computes
-                lps = token_logprobs(rows, new, self.logprobs) if self.logprobs is not None else None
-                for i, tok in enumerate(new):
-                    if tok in eos and emitted >= self.min_tokens:
-                        self.finish_reason = "stop"
-                        return
-                    history.append(tok)
-                    self.tokens.append(tok)
-                    if lps is not None:
-                        self.logprobs_out.append(lps[i])
-                    emitted += 1
-                    st.generated_tokens = emitted
-                    if i < n_from_draft:
-                        st.accepted += 1
-                    if emitted == 1:
-                        st.ttft_s = time.perf_counter() - t0
-                    yield TokenEvent(tok, i < n_from_draft)
-                if shadow:
-                    # gated policy: a paused lookup resumes once its shadow proposal comes true
-                    got = history[shadow_pos : shadow_pos + len(shadow)]
-                    if got != shadow[: len(got)]:
-                        shadow = []
-                    elif len(got) == len(shadow):
-                        policy.shadow_confirmed()
-                        st.shadow_confirmations += 1
-                        shadow = []
-                if drafter is not None:
-                    drafter.commit(history)
-            self.finish_reason = "length"
-        finally:
-            st.decode_s = time.perf_counter() - t_decode
-            st.peak_memory_bytes = mx.get_peak_memory()
-            if self.remember:
-                eng.remember(self.prompt + self.tokens)
 
 
 class Engine:
     """A loaded target (and optional draft) model plus the speculative configuration."""
 
     def __init__(self, model: Any, *, eos_ids: Sequence[int], vocab_size: int | None = None,
-                 context_length: int = 4096, draft: DraftConfig | None = None, draft_model: Any = None,
-                 mtp_head: Any = None, suffix_store: Any = None, channel: Any = None):
+                 context_length: int = 4096, drafters: Any = None, channel: Any = None):
         self.model = model
         # distributed.Leader on rank 0 of a distributed run: forwards are announced to the other ranks
         self.channel = channel
         self.eos_ids = tuple(sorted(set(eos_ids)))
         self.vocab_size = vocab_size
         self.context_length = context_length
-        self.draft = draft or DraftConfig()
-        self.draft_model = draft_model
-        self.mtp_head = mtp_head
-        self.suffix_store = suffix_store  # suffix.SuffixStore: earlier sequences, kept across requests
-        self.hidden_tap = None
-        if mtp_head is not None:
-            from ..drafters.mtp import hidden_tap
-
-            self.hidden_tap = hidden_tap(model)
+        self.drafters = drafters  # drafters.base.DrafterSource, or None: plain decoding
         self.verify_cost: list[float] | None = None
         self.prompt_cache = None  # prompt_cache.PromptCache: finished requests' caches (serve --cache-ram)
         # True when several generations run interleaved (serve -np N): model drafters are then made
         # per generation, since a drafter's own cache follows one sequence
         self.private_drafters = False
         self._cache: SequenceCache | None = None
-        self._full_drafter: FullModelDrafter | None = None
-        self._mtp_drafter = None
+
+    @property
+    def draft(self) -> DraftConfig:
+        """The drafter configuration this engine runs (kind None: plain decoding)."""
+        return self.drafters.config if self.drafters is not None else DraftConfig()
 
     # -- per-request pieces --------------------------------------------------------------------
     def sequence_cache(self, reuse: bool) -> SequenceCache:
@@ -334,43 +57,15 @@ class Engine:
 
         self.prompt_cache = PromptCache(lambda: SequenceCache(self.model, self.channel), budget_bytes)
 
-    def make_drafter(self) -> Drafter:
-        d = self.draft
-        if d.kind == "prompt-lookup":
-            # mlxcel's policies keep its drafter exactly (followers end at the context's end);
-            # our cost policy also drafts through loops, since it sizes every proposal itself
-            return PromptLookupDrafter(d.lookup.ngram_min, d.lookup.ngram_max, self.eos_ids,
-                                       periodic=d.lookup.adaptive and d.lookup.policy == "cost")
-        if d.kind == "full-model":
-            if self.draft_model is None:
-                raise RuntimeError("full-model drafting needs a draft model")
-            if self.private_drafters:  # requests decoded together: each its own drafter cache
-                return FullModelDrafter(self.draft_model, self.vocab_size)
-            if self._full_drafter is None:  # one drafter (and its cache) across requests
-                self._full_drafter = FullModelDrafter(self.draft_model, self.vocab_size)
-            return self._full_drafter
-        if d.kind == "suffix":
-            from ..drafters.suffix import SuffixDrafter, SuffixStore
-
-            if self.suffix_store is None:
-                self.suffix_store = SuffixStore(d.suffix_cache_tokens)
-            return SuffixDrafter(self.suffix_store, eos_ids=self.eos_ids)
-        if d.kind == "mtp":
-            if self.mtp_head is None:
-                raise RuntimeError("MTP drafting needs the checkpoint's MTP head")
-            if self.private_drafters:
-                return self.mtp_head.drafter(self.model, self.vocab_size)
-            if self._mtp_drafter is None:
-                self._mtp_drafter = self.mtp_head.drafter(self.model, self.vocab_size)
-            return self._mtp_drafter
-        raise RuntimeError(f"no drafter for kind {d.kind!r}")
+    def make_drafter(self):
+        if self.drafters is None:
+            raise RuntimeError("this engine has no drafter")
+        return self.drafters.make(private=self.private_drafters)
 
     def make_policy(self):
-        d = self.draft
-        if d.kind in ("prompt-lookup", "suffix"):
-            return make_policy(d.lookup.policy, d.lookup.max_draft, adaptive=d.lookup.adaptive,
-                               on_cuda=on_cuda(), verify_cost=self.verify_cost)
-        return make_policy("fixed", d.block_size, adaptive=False)
+        if self.drafters is None:
+            raise RuntimeError("this engine has no drafter")
+        return self.drafters.make_policy(self.verify_cost)
 
     def resolve_max_tokens(self, max_tokens: int, prompt_len: int) -> int:
         room = max(self.context_length - prompt_len, 0)
@@ -380,21 +75,22 @@ class Engine:
                  min_tokens: int = 0, ignore_eos: bool = False, speculative: bool = True,
                  reuse_cache: bool = False, remember: bool = True,
                  cancelled: Callable[[], bool] | None = None, logprobs: int | None = None,
-                 gate: Any = None) -> Generation:
+                 gate: Any = None, drafter: Any = None, policy: Any = None) -> Generation:
+        """A request's Generation (`drafter`, `policy`: the caller's instead of the engine's)."""
         return Generation(self, prompt, max_tokens=self.resolve_max_tokens(max_tokens, len(prompt)),
                           sampling=sampling or SamplingOptions(), min_tokens=min_tokens, cancelled=cancelled,
-                          logprobs=logprobs, gate=gate,
+                          logprobs=logprobs, gate=gate, drafter=drafter, policy=policy,
                           ignore_eos=ignore_eos, speculative=speculative, reuse_cache=reuse_cache,
                           remember=remember)
 
     def remember(self, tokens: Sequence[int]) -> None:
-        """Give a finished sequence to the suffix drafter's store (nothing without one)."""
-        if self.suffix_store is not None:
-            self.suffix_store.add(tokens)
+        """Give a finished sequence to the drafter source (a suffix store keeps it)."""
+        if self.drafters is not None:
+            self.drafters.remember(tokens)
 
     # -- warmup and calibration ----------------------------------------------------------------
     def warmup(self, prompt: Sequence[int] | None = None, *, sampling: SamplingOptions | None = None,
-               calibrate: bool = False) -> float:
+               calibrate: bool = False, width: int | None = None) -> float:
         """One forward at every verify width 1..max_draft+1 (and the sampler), then discard.
 
         With calibrate=True the widths are timed a second time and `verify_cost[w]` (relative
@@ -402,12 +98,15 @@ class Engine:
         """
         if self.channel is not None:
             with self.channel.busy():
-                return self._warmup(prompt, sampling, calibrate)
-        return self._warmup(prompt, sampling, calibrate)
+                return self._warmup(prompt, sampling, calibrate, width)
+        return self._warmup(prompt, sampling, calibrate, width)
 
-    def _warmup(self, prompt: Sequence[int] | None, sampling: SamplingOptions | None, calibrate: bool) -> float:
+    def _warmup(self, prompt: Sequence[int] | None, sampling: SamplingOptions | None, calibrate: bool,
+                width: int | None) -> float:
         start = time.perf_counter()
-        widths = list(range(1, (self.draft.max_draft + 1 if self.draft.enabled else 1) + 1))
+        if width is None:  # the widest proposal the engine's drafter can make
+            width = self.drafters.width if self.drafters is not None else 0
+        widths = list(range(1, width + 2))
         tokens = list(prompt[:32]) if prompt else [0, 1, 2, 3]
         cache = SequenceCache(self.model, self.channel)
         cache.prefill(tokens)
@@ -427,23 +126,10 @@ class Engine:
                     cache.truncate(len(cache.tokens) - w)
                     cache.release()
                 times[w] = (time.perf_counter() - t) / (3 if rep else 1)
-        if self.draft.kind == "full-model" and self.draft_model is not None:
-            dcache = SequenceCache(self.draft_model)
-            dcache.feed(tokens)
-            mx.eval(mx.argmax(dcache.feed(tokens[-1:]), axis=-1))
-        if self.draft.kind == "mtp" and self.mtp_head is not None:
-            self._warm_mtp(tokens)
+        if self.drafters is not None:
+            self.drafters.warm(tokens)  # the drafter's own forward (model drafters)
         if calibrate:
             base = times[1]
             self.verify_cost = [0.0] + [times[w] / base for w in widths]
         mx.clear_cache()
         return time.perf_counter() - start
-
-    def _warm_mtp(self, tokens: Sequence[int]) -> None:
-        """One MTP proposal at the configured width on a scratch cache (traces the head's shapes)."""
-        cache = SequenceCache(self.model)
-        cache.keep_hidden(self.hidden_tap)
-        cache.prefill(tokens[:-1])
-        drafter = self.mtp_head.drafter(self.model, self.vocab_size)
-        drafter.begin(tokens, cache)
-        drafter.propose(tokens, self.draft.block_size, Decider(SamplingOptions(), prompt_len=len(tokens)))

@@ -24,7 +24,7 @@ from typing import Protocol, Sequence
 SHADOW_CONFIRM = 2
 
 
-class DraftPolicy(Protocol):
+class Policy(Protocol):
     name: str
     shadow_len: int  # >0: while paused, the engine checks shadow proposals of this length
 
@@ -265,8 +265,18 @@ class CostPolicy:
         pass
 
 
+def on_cuda() -> bool:
+    """Whether MLX runs on a CUDA GPU (the auto policy is gated there, graded elsewhere)."""
+    import mlx.core as mx
+
+    try:
+        return mx.default_device() == mx.gpu and mx.cuda.is_available()
+    except AttributeError:
+        return False
+
+
 def make_policy(name: str, max_draft: int, *, adaptive: bool = True, on_cuda: bool = False,
-                verify_cost: Sequence[float] | None = None) -> DraftPolicy:
+                verify_cost: Sequence[float] | None = None) -> Policy:
     if not adaptive:
         return FixedPolicy(max_draft)
     if name == "auto":

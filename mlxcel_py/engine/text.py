@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 if TYPE_CHECKING:
-    from .engine import Generation
+    from .generation import Generation
 
 
 @dataclass(frozen=True)

@@ -33,15 +33,16 @@ def main() -> None:
     """`python -m mlxcel_py.default_model`: convert the default model once (used by `make model`)."""
     import sys
 
-    from ..cpu import blas as fastpath
+    from ..cpu import blas
+    from ..paths import cache_dir
     from .gguf import convert as gguf
 
-    fastpath.prepare()
+    blas.prepare()
     try:
         path = default_gguf()
     except ModelError as exc:
         sys.exit(f"error: {exc.message}\nhint: {exc.hint}")
-    out = gguf.ensure_converted(path, fastpath.cache_dir())
+    out = gguf.ensure_converted(path, cache_dir())
     print(f"default model {DEFAULT_MODEL_NAME}: {path} -> {out}", file=sys.stderr)
 
 

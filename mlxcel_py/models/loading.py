@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import default_model
-from ..cpu import blas as fastpath
-from .gguf import convert as gguf
 from ..errors import ModelError
+from ..paths import cache_dir
+from .config import read_config
+from . import default_model
+from .gguf import convert as gguf
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 BARE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -65,28 +66,9 @@ class LoadedModel:
         return v if isinstance(v, int) else None
 
 
-def read_config(folder: Path, *, what: str = "--model") -> dict:
-    """Parse and sanity-check `folder/config.json`; the errors name the file and the fix."""
-    cfg_path = folder / "config.json"
-    if not cfg_path.is_file():
-        raise ModelError(
-            f"{what} {folder}: no config.json in this folder, so it is not an mlx-lm model folder",
-            hint="pass a folder made by mlx_lm.convert, a .gguf file, or an owner/name repo id",
-        )
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelError(f"{what} {cfg_path}: malformed JSON ({exc})") from None
-    if not isinstance(cfg, dict):
-        raise ModelError(f"{what} {cfg_path}: expected a JSON object, got {type(cfg).__name__}")
-    if "model_type" not in cfg:
-        raise ModelError(f"{what} {cfg_path}: no 'model_type' key, so the architecture is unknown")
-    return cfg
-
-
 def resolve(spec: str | None, *, revision: str | None = None, what: str = "--model") -> ResolvedModel:
     """Find a model's folder without reading weights (GGUF files are converted here, once)."""
-    cache_root = fastpath.cache_dir()
+    cache_root = cache_dir()
     if spec is None:
         path = default_model.default_gguf()
         folder = gguf.ensure_converted(path, cache_root)
@@ -145,9 +127,9 @@ def check_rollback(model: Any, *, what: str = "the target model") -> None:
     `cache`); refuse only a model whose caches none of them can restore."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    from ..engine.cache import check_rollback as why_not
+    from .cache_kinds import why_not_rollback
 
-    why = why_not(make_prompt_cache(model))
+    why = why_not_rollback(make_prompt_cache(model))
     if why:
         raise ModelError(
             f"{what} cannot speculate: {why}, so a rejected draft cannot be undone",
@@ -198,15 +180,12 @@ def _sharded_weights(model: Any, dequantize: bool, world: Any):
     from mlx_lm.utils import dequantize_model
 
     from ..cpu import weights as cpu_weights
-    from ..parallel import distributed
 
     on_cpu = mx.default_device() == mx.cpu and dequantize
     if on_cpu:
         dequantize_model(model)
         model.set_dtype(mx.float32)
-    distributed.shard(model, world)
-    with distributed.guard(world):
-        mx.eval(model.parameters())
+    world.take_part(model)  # parallel.distributed.World
     part = f"{world.layout.describe()}, rank {world.rank} of {world.size}"
     if not on_cpu:
         return f"as stored ({part})", None

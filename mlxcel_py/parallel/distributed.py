@@ -64,6 +64,14 @@ class World:
     def leader(self) -> bool:
         return self.rank == 0
 
+    def take_part(self, model: Any) -> None:
+        """Keep this rank's part of `model`'s (lazy) weights and read only that part."""
+        import mlx.core as mx
+
+        shard(model, self)
+        with guard(self):
+            mx.eval(model.parameters())
+
 
 class DistributedError(MlxcelError):
     pass
@@ -132,8 +140,8 @@ def why_not_model(config: dict, layout: Layout) -> str | None:
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.utils import _get_classes
 
+    from ..models.cache_kinds import Trim, kind_of, leaves
     from . import pipeline_stages
-    from ..engine.cache import TRIM, _leaves, rollback_kind
 
     kind = config.get("model_type", "?")
     try:
@@ -157,7 +165,7 @@ def why_not_model(config: dict, layout: Layout) -> str | None:
         layers = len(getattr(inner, "layers", []))
         if layers < layout.pp_size:
             return f"it has {layers} layers, fewer than --pp-size {layout.pp_size} stages"
-    kinds = {type(c).__name__ for c in _leaves(make_prompt_cache(model)) if rollback_kind(c) != TRIM}
+    kinds = {type(c).__name__ for c in leaves(make_prompt_cache(model)) if kind_of(c) is not Trim}
     if kinds:
         return (f"its {', '.join(sorted(kinds))} caches cannot be rolled back by a trim on every rank "
                 f"(distributed runs need plain KV caches)")

@@ -19,14 +19,15 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.base import create_attention_mask
 
-SUPPORTED = ("llama", "qwen3", "mistral")
+from ..models.families import family
+
 _STAGED: dict[type, type] = {}
 
 
 def supports(model: Any) -> bool:
     inner = getattr(model, "model", None)
     kind = getattr(model, "model_type", None) or getattr(getattr(model, "args", None), "model_type", None)
-    if kind not in SUPPORTED or inner is None or hasattr(inner, "pipeline"):
+    if not family(kind).pipeline_stages or inner is None or hasattr(inner, "pipeline"):
         return False
     if not all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm")):
         return False

@@ -113,9 +113,7 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
     speculative = draft.enabled and not srv.no_batch and not srv.kv_unified
     if (resolved := resolved_drafter_line(draft)) is not None:
         say(resolved)
-    line = describe_draft(draft)
-    if draft.kind == "prompt-lookup":
-        line = line.rstrip(")") + f", max_batch={srv.prompt_lookup_max_batch})"
+    line = describe_draft(draft, max_batch=srv.prompt_lookup_max_batch)
     if draft.enabled and not speculative:
         line += " [verify rounds off: " + ("--no-batch" if srv.no_batch else "--kv-unified") + "]"
     if srv.cache_ram != 0 and world is None:

@@ -215,7 +215,7 @@ class Worker:
     def _advance(self, slot: Slot, out: list) -> bool:
         """Collect the slot's pieces into `out` until it asks for a step or pauses (False) or is
         cancelled or done (True)."""
-        from ..engine.engine import NEED_STEP, PAUSE
+        from ..engine.generation import NEED_STEP, PAUSE
 
         job = slot.job
         while True:

@@ -1,6 +1,6 @@
 """Prompt-lookup drafter: propose the continuation of the latest earlier match of the context suffix.
 
-Pure Python over token ids (no MLX). Matching follows mlxcel: suffix n-grams from ngram_max down
+The index is pure Python over token ids (no MLX). Matching follows mlxcel: suffix n-grams from ngram_max down
 to ngram_min, the most recent earlier occurrence that has at least one follower, never the suffix
 itself; up to `limit` followers, capped at the end of the context. An incremental index (one dict
 per n, n-gram -> latest start with a follower) answers like a rescan at O(1) per new token.
@@ -8,7 +8,9 @@ per n, n-gram -> latest start with a follower) answers like a rescan at O(1) per
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
+
+from .base import Drafter, DrafterSource, Plan, Proposal, stop_at_eos
 
 MATCH_CAP = 8  # how far back find_match measures a match (the cost policy buckets at 5+)
 
@@ -80,3 +82,44 @@ def find_by_scan(tokens: Sequence[int], ngram_min: int, ngram_max: int, limit: i
             if list(tokens[start : start + n]) == suffix:
                 return list(tokens[start + n : min(start + n + limit, size)])
     return []
+
+
+class PromptLookupDrafter(Drafter):
+    """N-gram lookup over prompt + generated text (one-hot proposals)."""
+
+    kind = "prompt-lookup"
+
+    def __init__(self, ngram_min: int = 2, ngram_max: int = 3, eos_ids: Sequence[int] = (), *,
+                 periodic: bool = False):
+        self.index = PromptLookupIndex(ngram_min, ngram_max)
+        self.eos_ids = frozenset(eos_ids)
+        self.periodic = periodic  # see PromptLookupIndex.find_match
+
+    def begin(self, context: Sequence[int], target: Any = None) -> None:
+        self.index.reset(context)
+
+    def commit(self, context: Sequence[int]) -> None:
+        self.index.extend(context[len(self.index.tokens) :])
+
+    def propose(self, context: Sequence[int], limit: int, decider) -> Proposal:
+        self.commit(context)
+        tokens, match_len = self.index.find_match(limit, periodic=self.periodic)
+        return Proposal(stop_at_eos(tokens, self.eos_ids, decider), match_len=match_len)
+
+    def shadow(self, limit: int) -> list[int]:
+        return self.index.find(limit)
+
+
+class Source(DrafterSource):
+    def new_drafter(self) -> PromptLookupDrafter:
+        lk = self.config.lookup
+        # mlxcel's policies keep its drafter exactly (followers end at the context's end);
+        # our cost policy also drafts through loops, since it sizes every proposal itself
+        return PromptLookupDrafter(lk.ngram_min, lk.ngram_max, self.eos_ids,
+                                   periodic=lk.adaptive and lk.policy == "cost")
+
+
+def prepare(draft, target, model_options) -> Plan:
+    """Nothing to check or load: the drafter reads the context only."""
+    return Plan(draft, lambda loaded, say: Source(draft, model=loaded.model, eos_ids=loaded.tokenizer.eos_token_ids,
+                                                   vocab_size=loaded.vocab_size))

@@ -1,0 +1,333 @@
+"""The Python API: the engine the CLI runs, to script.
+
+    import mlxcel_py as mc
+    model = mc.load()                                    # the default model; mc.load("dir|repo|file.gguf", draft=...)
+    text = mc.generate(model, "Fix the typos: teh cat", max_tokens=64, prompt_lookup=True)
+    for piece in mc.stream(model, "Hello", max_tokens=32): ...
+    gen = mc.speculative_generate(model, model.encode("Hello"), mc.GenerateOptions(max_tokens=32),
+                                  mc.PromptLookupDrafter(), mc.DraftPolicy.auto())
+    tokens = list(gen); gen.stats(); gen.finish_reason
+
+Every argument goes through the CLI's own validation (`validate.validate` on the same option
+objects `mlxcel generate` builds), so a bad one raises the CLI's MlxcelError subclass with the
+CLI's message, and loading and decoding are the CLI's too (`session.open_session`, `Engine`):
+greedy output equals `mlxcel generate`'s and plain decoding's token for token, whatever the
+drafter proposes. A user's drafter subclasses `Drafter` (drafters/base.py) and implements
+`draft(context, k)`; a proposal of garbage costs speed only.
+"""
+
+from __future__ import annotations
+
+from .cpu import blas
+
+blas.prepare()  # before anything below imports mlx.core (cpu/blas.py says why)
+
+from dataclasses import dataclass, replace  # noqa: E402
+from typing import Any, Iterator, Sequence  # noqa: E402
+
+from .drafters import registry  # noqa: E402
+from .drafters.base import Drafter  # noqa: E402
+from .engine.policy import make_policy, on_cuda  # noqa: E402
+from .engine.prompting import prompt_ids  # noqa: E402
+from .engine.text import TextStream  # noqa: E402
+from .errors import UsageError  # noqa: E402
+from .options import (  # noqa: E402
+    DEFAULT_MAX_DRAFT,
+    POLICIES,
+    CommandOptions,
+    GenerationOptions,
+    ModelOptions,
+    PromptLookupOptions,
+    RunConfig,
+    SamplingOptions,
+    SpecOptions,
+)
+from .session import Session, open_session  # noqa: E402
+from .validate import validate  # noqa: E402
+
+DEFAULT_API_MAX_TOKENS = 256  # mlx-lm's generate() default; the CLI's is -1 (until EOS)
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """One request's budget and sampling (temperature 0: greedy). `stop` applies to text (generate,
+    stream); speculative_generate speaks token ids and ignores it."""
+
+    max_tokens: int = DEFAULT_API_MAX_TOKENS  # -1: until EOS or the context window
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    repeat_last_n: int = -1
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop: tuple[str, ...] = ()
+
+    def _params(self) -> dict:
+        """The CLI's parameters, typed as its parser types them (so messages read the same)."""
+        f, i = _number(float), _number(int)
+        return dict(max_tokens=i("max_tokens", self.max_tokens), temp=f("temperature", self.temperature),
+                    top_p=f("top_p", self.top_p), top_k=i("top_k", self.top_k), min_p=f("min_p", self.min_p),
+                    seed=None if self.seed is None else i("seed", self.seed),
+                    repetition_penalty=f("repetition_penalty", self.repetition_penalty),
+                    repeat_last_n=i("repeat_last_n", self.repeat_last_n), min_tokens=i("min_tokens", self.min_tokens),
+                    ignore_eos=bool(self.ignore_eos), stop=_strings("stop", self.stop))
+
+
+def _number(kind: type):
+    def coerce(name: str, value: Any):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok or (kind is int and value != int(value)) or value != value:  # NaN is no number
+            raise UsageError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+        return kind(value)
+
+    return coerce
+
+
+def _strings(name: str, values: Any) -> tuple[str, ...]:
+    values = (values,) if isinstance(values, str) else tuple(values or ())
+    if not all(isinstance(v, str) for v in values):
+        raise UsageError(f"{name} must be a string or a list of strings, got {values!r}")
+    return values
+
+
+@dataclass(frozen=True)
+class DraftPolicy:
+    """How many tokens a round proposes. `auto()`: the drafter kind's own (the CLI's defaults);
+    `adaptive(n)`: an acceptance-driven width up to n (mlxcel's graded policy); `fixed(n)`: n every
+    round; `cost(n)`: the break-even governor (README, Speculative decoding)."""
+
+    name: str = "auto"
+    max_draft: int | None = None
+
+    @classmethod
+    def auto(cls, max_draft: int | None = None) -> "DraftPolicy":
+        return cls("auto", max_draft)
+
+    @classmethod
+    def adaptive(cls, max_draft: int = DEFAULT_MAX_DRAFT) -> "DraftPolicy":
+        return cls("graded", max_draft)
+
+    @classmethod
+    def fixed(cls, n: int) -> "DraftPolicy":
+        return cls("fixed", n)
+
+    @classmethod
+    def cost(cls, max_draft: int = DEFAULT_MAX_DRAFT) -> "DraftPolicy":
+        return cls("cost", max_draft)
+
+    def _make(self, kind: str, verify_cost: Sequence[float] | None):
+        if self.name != "fixed" and self.name not in POLICIES:
+            raise UsageError(f"DraftPolicy {self.name!r} is not one of fixed, {', '.join(POLICIES)}")
+        entry = registry.KINDS.get(kind)
+        fixed = entry is not None and entry.sizing == registry.FIXED
+        width = self.max_draft if self.max_draft is not None else (entry.default_width if fixed else DEFAULT_MAX_DRAFT)
+        if not 1 <= width <= 64:
+            raise UsageError(f"DraftPolicy max_draft must be between 1 and 64, got {width}")
+        if self.name == "fixed" or (self.name == "auto" and fixed):
+            return make_policy("fixed", width, adaptive=False)
+        return make_policy(self.name, width, on_cuda=on_cuda(), verify_cost=verify_cost)
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A generation's counters. steps: target forwards after the prompt (plain steps and verify
+    rounds); verifies: rounds that verified a proposal; drafted/accepted: proposed and accepted
+    draft tokens; pauses: rounds the policy declined to draft."""
+
+    steps: int
+    verifies: int
+    drafted: int
+    accepted: int
+    pauses: int
+    prompt_tokens: int
+    generated_tokens: int
+    prefill_s: float
+    decode_s: float
+    decode_tps: float
+    acceptance_rate: float
+    draft_kind: str | None
+    policy: str | None
+
+    @classmethod
+    def of(cls, st: Any) -> "Stats":
+        return cls(st.rounds, st.drafted_rounds, st.proposed, st.accepted, st.paused_rounds, st.prompt_tokens,
+                   st.generated_tokens, st.prefill_s, st.decode_s, st.decode_tps, st.acceptance_rate,
+                   st.draft_kind, st.policy)
+
+
+class Model:
+    """A loaded target model, and the drafter `load()` was asked for (if any)."""
+
+    def __init__(self, session: Session, run: RunConfig):
+        self.session = session
+        self._run = run
+        self.engine = session.engine
+        self.tokenizer = session.tokenizer
+        self.model = self.engine.model  # the mlx-lm model (FullModelDrafter(mc.load(small).model))
+
+    @property
+    def drafter_kind(self) -> str | None:
+        return self.engine.draft.kind
+
+    def make_drafter(self) -> Drafter:
+        """A new drafter of the kind `load()` configured (for speculative_generate)."""
+        if self.engine.drafters is None:
+            raise UsageError("this model was loaded without a drafter; pass draft= or draft_kind= to mc.load(), "
+                             "or give speculative_generate a Drafter")
+        return self.engine.drafters.make(private=True)
+
+    def encode(self, text: str, *, chat_template: bool = True, system: str | None = None) -> list[int]:
+        """Prompt ids as `mlxcel generate -p TEXT` builds them (the chat template unless turned off)."""
+        return prompt_ids(self.tokenizer, text, system=system, chat_template=chat_template)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    def __repr__(self) -> str:
+        return f"<mlxcel_py.Model {self.session.target.resolved.source.split(' (')[0]}, drafter {self.drafter_kind}>"
+
+
+def load(model: str | None = None, *, draft: str | None = None, draft_kind: str | None = None,
+         draft_block_size: int | None = None, revision: str | None = None, cpu_weights: str = "auto",
+         suffix_cache_tokens: int | None = None, suffix_store: str | None = None, warmup: bool = True) -> Model:
+    """Load a model as `mlxcel generate -m MODEL` does: a folder, a .gguf file, an owner/name repo id
+    in the local Hugging Face cache, or None for the default model. `draft`: a drafter checkpoint
+    (a small LM, an MTP head); `draft_kind`: mtp, suffix or full-model (prompt lookup needs no load:
+    pass prompt_lookup=True per call). Refusals are the CLI's, as MlxcelError subclasses."""
+    opts = CommandOptions(
+        command="generate",
+        model=ModelOptions(model=model, revision=revision, draft_model=draft, cpu_weights=cpu_weights),
+        # a one-shot prompt stands in for the calls to come (validation asks whether there is one)
+        generation=GenerationOptions(prompt=""),
+        spec=SpecOptions(draft_kind=draft_kind, draft_block_size=draft_block_size,
+                         suffix_cache_tokens=suffix_cache_tokens, suffix_store=suffix_store),
+    )
+    run = validate(opts)
+    session = open_session(run)
+    if warmup:  # every verify width a per-call prompt lookup may use, too
+        session.engine.warmup(width=max(registry.width(session.engine.draft), DEFAULT_MAX_DRAFT))
+    return Model(session, run)
+
+
+def _request(model: Model, options: GenerateOptions, *, prompt_lookup: bool = False) -> RunConfig:
+    """The CLI's validation of one call's options (the model's own drafter flags included)."""
+    base = model._run.options
+    g = options._params()
+    opts = replace(
+        base,
+        generation=replace(base.generation, prompt="", max_tokens=g["max_tokens"], min_tokens=g["min_tokens"],
+                           stop=g["stop"], ignore_eos=g["ignore_eos"]),
+        sampling=SamplingOptions(temp=g["temp"], top_p=g["top_p"], top_k=g["top_k"], min_p=g["min_p"],
+                                 seed=g["seed"], repetition_penalty=g["repetition_penalty"],
+                                 repeat_last_n=g["repeat_last_n"]),
+        spec=replace(base.spec, lookup=PromptLookupOptions(enabled=prompt_lookup)),
+    )
+    return validate(opts)
+
+
+class Generation:
+    """An iterator of token ids; `stats()`, `finish_reason` and `tokens` once it has run."""
+
+    def __init__(self, inner: Any):
+        self._inner = inner
+
+    def __iter__(self) -> Iterator[int]:
+        for event in self._inner:
+            yield event.token
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self._inner.finish_reason
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self._inner.tokens)
+
+    def stats(self) -> Stats:
+        return Stats.of(self._inner.stats)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def speculative_generate(model: Model, prompt: Sequence[int], options: GenerateOptions | None = None,
+                         drafter: Drafter | None = None, policy: DraftPolicy | None = None) -> Generation:
+    """Token ids after `prompt` (ids), speculating with `drafter` (default: the model's own drafter,
+    else plain decoding) under `policy` (default DraftPolicy.auto())."""
+    options = options or GenerateOptions()
+    run = _request(model, options)
+    eng = model.engine
+    prompt = list(prompt)
+    if not prompt:
+        raise UsageError("the prompt is empty; pass at least one token id")
+    if not all(isinstance(t, int) and 0 <= t < (eng.vocab_size or 1 << 62) for t in prompt):
+        raise UsageError(f"prompt token ids must be integers in 0..{(eng.vocab_size or 1 << 62) - 1}")
+    if drafter is None and eng.drafters is not None:
+        drafter = eng.drafters.make()  # shared across calls, as across the CLI's requests
+        if policy is None:
+            return _wrap(model, run, prompt, drafter, eng.drafters.make_policy(eng.verify_cost))
+    pol = (policy or DraftPolicy.auto())._make(getattr(drafter, "kind", "custom"), eng.verify_cost) \
+        if drafter is not None else None
+    return _wrap(model, run, prompt, drafter, pol)
+
+
+def _wrap(model: Model, run: RunConfig, prompt: list[int], drafter: Any, policy: Any) -> Generation:
+    g = run.options.generation
+    inner = model.engine.generate(prompt, max_tokens=g.max_tokens, sampling=run.options.sampling,
+                                  min_tokens=g.min_tokens, ignore_eos=g.ignore_eos,
+                                  speculative=drafter is not None, drafter=drafter, policy=policy)
+    return Generation(inner)
+
+
+def stream(model: Model, prompt: str, *, max_tokens: int = DEFAULT_API_MAX_TOKENS, temperature: float = 0.0,
+           top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, seed: int | None = None,
+           repetition_penalty: float = 1.0, stop: Sequence[str] = (), prompt_lookup: bool = False,
+           speculative: bool = True, chat_template: bool = True, system: str | None = None,
+           min_tokens: int = 0, ignore_eos: bool = False) -> Iterator[str]:
+    """Text pieces of the reply to `prompt`, as `mlxcel generate -p PROMPT` streams them to stdout
+    (arguments are checked when it is called, before the first piece).
+    prompt_lookup=True drafts from the prompt (the CLI's --prompt-lookup defaults); the model's own
+    drafter runs unless speculative=False."""
+    options = GenerateOptions(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                              min_p=min_p, seed=seed, repetition_penalty=repetition_penalty,
+                              min_tokens=min_tokens, ignore_eos=ignore_eos, stop=tuple(stop))
+    run = _request(model, options, prompt_lookup=prompt_lookup)
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise UsageError("the prompt is empty; pass the prompt text")
+    ids = model.encode(prompt, chat_template=chat_template, system=system)
+    eng = model.engine
+    if len(ids) >= eng.context_length:
+        raise UsageError(f"the prompt has {len(ids)} tokens, which fills the model's context window "
+                         f"({eng.context_length}); shorten the prompt")
+    drafter = policy = None
+    if prompt_lookup:  # this call's drafter, as --prompt-lookup configures it
+        src = registry.kind_of(run.draft.kind).source(run.draft, model=eng.model, eos_ids=eng.eos_ids,
+                                                      vocab_size=eng.vocab_size)
+        drafter, policy = src.make(), src.make_policy(eng.verify_cost)
+    elif speculative and eng.drafters is not None:
+        drafter, policy = eng.drafters.make(), eng.drafters.make_policy(eng.verify_cost)
+    g = run.options.generation
+    gen = eng.generate(ids, max_tokens=g.max_tokens, sampling=run.options.sampling, min_tokens=g.min_tokens,
+                       ignore_eos=g.ignore_eos, speculative=drafter is not None, drafter=drafter, policy=policy)
+    return _pieces(TextStream(gen, model.tokenizer, g.stop))
+
+
+def _pieces(text: TextStream) -> Iterator[str]:
+    """Validation ran when stream() was called; this only runs the generation."""
+    try:
+        for piece in text:
+            yield piece.text
+    finally:
+        text.generation.close()
+
+
+def generate(model: Model, prompt: str, **kwargs: Any) -> str:
+    """The whole reply to `prompt` (the arguments of `stream`)."""
+    return "".join(stream(model, prompt, **kwargs))
+
+
+__all__ = ["DraftPolicy", "Drafter", "GenerateOptions", "Generation", "Model", "Stats", "generate", "load",
+           "speculative_generate", "stream"]

@@ -1,0 +1,160 @@
+"""Every drafter kind in one table: what validation, the startup lines, the policies and the
+loader need to know of each, so that a kind is one row here plus one module beside this one.
+
+Pure (no MLX): `validate` reads the table before anything heavy is imported. A row's `module`
+(drafters/<module>.py) does the rest, through three functions the loader calls in order:
+`prepare(draft, target, model_options)` checks the drafter against the target's files before any
+weight loads and returns a `base.Plan` (it may hand over to another kind: an MTP checkpoint given
+as --draft-model runs as mtp); `plan.load(target, say)` loads what the drafter needs once the
+target's weights are in and returns the engine's `base.DrafterSource`; `Source(...)` builds that
+source directly (tests, the bench, the Python API).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from ..options import (
+    DEFAULT_FULL_MODEL_BLOCK,
+    DEFAULT_MTP_BLOCK,
+    DEFAULT_SERVER_LOOKUP_BLOCK,
+    DEFAULT_SUFFIX_BLOCK,
+    DraftConfig,
+)
+
+ADAPTIVE, FIXED = "adaptive", "fixed"
+NONE, REQUIRED, OPTIONAL = "none", "required", "optional"
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    name: str  # --draft-kind
+    module: str | None  # drafters/<module>.py builds it; None: recognised, not available yet
+    # ADAPTIVE: a policy sizes every round up to lookup.max_draft (graded, gated, cost);
+    # FIXED: block_size tokens every round (model drafters: their forward is the cost)
+    sizing: str
+    default_width: int
+    checkpoint: str  # whether --draft-model names its weights: NONE, REQUIRED or OPTIONAL
+    parallel: tuple[str, ...]  # the layouts it runs under: "tp" (--tp-size), "pp" (--pp-size)
+    loads_weights: bool  # a model drafter: its own weights load beside the target's
+    spec_type: str | None = None  # llama-server's --spec-type value for it
+    unsharded: str = ""  # what stays in one process, for the refusal under --tp-size/--pp-size
+    flag: str = ""  # the flag a refusal names (default --draft-kind NAME)
+    default_policy: str = "auto"  # ADAPTIVE kinds: the policy unless --prompt-lookup-policy says
+
+    @property
+    def named(self) -> str:
+        return self.flag or f"--draft-kind {self.name}"
+
+    def runtime(self) -> ModuleType:
+        if self.module is None:
+            raise RuntimeError(f"no drafter module for kind {self.name!r}")
+        return importlib.import_module(f"{__package__}.{self.module}")
+
+    def prepare(self, draft: DraftConfig, target: Any, model_options: Any):
+        """Config-level checks against the resolved target, before any weight loads: a base.Plan."""
+        return self.runtime().prepare(draft, target, model_options)
+
+    def source(self, draft: DraftConfig, *, model: Any, eos_ids: Any, vocab_size: int | None,
+               assets: Any = None):
+        """The engine's DrafterSource from what is loaded already (`assets`: a draft model, an
+        MTP head, a suffix store)."""
+        return self.runtime().Source(draft, model=model, eos_ids=eos_ids, vocab_size=vocab_size, assets=assets)
+
+
+KINDS: dict[str, DrafterKind] = {k.name: k for k in (
+    DrafterKind("full-model", "full_model", FIXED, DEFAULT_FULL_MODEL_BLOCK, REQUIRED, (), True,
+                spec_type="draft-simple", unsharded="drafter", flag="--draft-model"),
+    # the CLI's --prompt-lookup flags configure this kind too; --draft-kind prompt-lookup is serve's
+    DrafterKind("prompt-lookup", "prompt_lookup", ADAPTIVE, DEFAULT_SERVER_LOOKUP_BLOCK, NONE, ("tp",), False),
+    DrafterKind("mtp", "mtp", FIXED, DEFAULT_MTP_BLOCK, OPTIONAL, (), True, spec_type="draft-mtp",
+                unsharded="head"),
+    DrafterKind("dflash", None, FIXED, DEFAULT_FULL_MODEL_BLOCK, REQUIRED, (), True, spec_type="draft-dflash"),
+    DrafterKind("suffix", "suffix", ADAPTIVE, DEFAULT_SUFFIX_BLOCK, NONE, ("tp",), False, default_policy="cost"),
+)}
+DRAFT_KINDS = tuple(KINDS)
+
+
+def kind_of(name: str | None) -> DrafterKind:
+    try:
+        return KINDS[name or ""]
+    except KeyError:
+        raise ValueError(f"no drafter kind {name!r}") from None
+
+
+def by_spec_type(value: str) -> DrafterKind | None:
+    return next((k for k in KINDS.values() if k.spec_type == value), None)
+
+
+# ---- what a configured drafter runs as --------------------------------------------------------
+def width(draft: DraftConfig) -> int:
+    """The widest proposal a round can make (warmup runs every verify width up to one more)."""
+    if not draft.enabled:
+        return 0
+    return draft.lookup.max_draft if kind_of(draft.kind).sizing == ADAPTIVE else draft.block_size
+
+
+def calibrates(draft: DraftConfig) -> bool:
+    """The cost policy sizes this drafter's proposals, so warmup times every verify width."""
+    return (draft.enabled and kind_of(draft.kind).sizing == ADAPTIVE and draft.lookup.adaptive
+            and draft.lookup.policy == "cost")
+
+
+def with_width(draft: DraftConfig, w: int) -> DraftConfig:
+    """The same drafter at another proposal width (bench --sweep-widths)."""
+    from dataclasses import replace
+
+    if kind_of(draft.kind).sizing == ADAPTIVE:  # the policy reads lookup.max_draft (suffix: block_size too)
+        return replace(draft, lookup=replace(draft.lookup, max_draft=w),
+                       block_size=w if draft.kind != "prompt-lookup" else draft.block_size)
+    return replace(draft, block_size=w)
+
+
+def policy_name(draft: DraftConfig, *, on_cuda: bool) -> str:
+    """The policy a round loop runs with (auto resolved)."""
+    if kind_of(draft.kind).sizing == FIXED or not draft.lookup.adaptive:
+        return "fixed"
+    if draft.lookup.policy == "auto":
+        return "gated" if on_cuda else "graded"
+    return draft.lookup.policy
+
+
+def describe(draft: DraftConfig, *, on_cuda: bool = False, shadow: int = 0, max_batch: int | None = None) -> str:
+    """The startup `speculative=...` line, with the policy as it will run (`shadow`: the gated
+    policy's shadow confirmation length; `max_batch`: serve's gate, which mlxcel's server line for
+    prompt lookup shows)."""
+    if not draft.enabled:
+        return "speculative=off"
+    if draft.kind == "prompt-lookup":
+        lk = draft.lookup
+        pol = policy_name(draft, on_cuda=on_cuda)
+        extra = f", shadow_confirm_tokens={shadow}" if pol == "gated" else ""
+        extra += f", max_batch={max_batch}" if max_batch is not None else ""
+        return (f"speculative=prompt-lookup (max_draft={lk.max_draft}, ngram={lk.ngram_min}..{lk.ngram_max}, "
+                f"policy={pol}{extra})")
+    if draft.kind == "full-model":
+        return f"speculative=full-model (draft_model={draft.draft_model}, block_size={draft.block_size})"
+    if draft.kind == "suffix":
+        return (f"speculative=suffix (max_draft={draft.block_size}, policy=cost, "
+                f"cache_tokens={draft.suffix_cache_tokens}, store={draft.suffix_store or 'none'})")
+    head = f"draft_model={draft.draft_model}" if draft.draft_model else "head=target checkpoint"
+    return (f"speculative={draft.kind} ({head}, block_size={draft.block_size}, "
+            f"{'explicit' if draft.block_explicit else 'default'})")
+
+
+def resolved_line(draft: DraftConfig) -> str | None:
+    """mlxcel's line for model drafters: which kind runs, at which width, and where it came from."""
+    if not draft.enabled or not kind_of(draft.kind).loads_weights:
+        return None
+    return (f"Resolved drafter kind: {draft.kind} (block_size = {draft.block_size}, "
+            f"{'explicit' if draft.block_explicit else 'default'})")
+
+
+def label(draft: DraftConfig) -> str:
+    """A configuration's short name in benchmark tables."""
+    if draft.kind == "prompt-lookup":
+        return f"prompt-lookup k={draft.lookup.max_draft}"
+    return f"{draft.kind} k={draft.block_size}"
