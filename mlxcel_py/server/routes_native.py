@@ -13,7 +13,8 @@ import asyncio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from .context import LOADING, ServerContext, ctx_of, timings
+from .context import LOADING, ServerContext, ctx_of
+from .responses import timings
 from .schemas import DetokenizeRequest, NativeCompletionRequest, TokenizeRequest
 from .worker import Result
 
@@ -69,23 +70,23 @@ async def metrics(request: Request):
 @router.post("/tokenize")
 async def tokenize(request: Request):
     ctx = ctx_of(request)
-    req = await ctx.parse(request, TokenizeRequest)
+    req = await ctx.requests.parse(request, TokenizeRequest)
     ids = list(await asyncio.to_thread(ctx.tokenizer.encode, req.content, add_special_tokens=req.add_special))
     if not req.with_pieces:
         return {"tokens": ids}
-    return {"tokens": [{"id": i, "piece": ctx.piece(i)} for i in ids]}
+    return {"tokens": [{"id": i, "piece": ctx.responses.piece(i)} for i in ids]}
 
 
 @router.post("/detokenize")
 async def detokenize(request: Request):
     ctx = ctx_of(request)
-    req = await ctx.parse(request, DetokenizeRequest)
-    return {"content": ctx.tokenizer.decode(ctx.token_ids(req.tokens, "tokens"))}
+    req = await ctx.requests.parse(request, DetokenizeRequest)
+    return {"content": ctx.tokenizer.decode(ctx.requests.token_ids(req.tokens, "tokens"))}
 
 
 def _native(ctx: ServerContext, r: Result, prompt: str, n_eval: int, *, return_tokens: bool, probs: bool) -> dict:
     stop_type = {"length": "limit"}.get(r.finish_reason, "word" if r.stop_word else "eos")
-    extra = {"completion_probabilities": ctx.native_probs(r.logprobs)} if probs else {}
+    extra = {"completion_probabilities": ctx.responses.native_probs(r.logprobs)} if probs else {}
     return {**extra, "index": 0, "content": r.text, "tokens": list(r.tokens) if return_tokens else [], "id_slot": 0,
             "stop": True, "model": ctx.model_id, "tokens_predicted": r.stats.generated_tokens,
             "tokens_evaluated": n_eval, "generation_settings": {}, "prompt": prompt, "has_new_line": "\n" in r.text,
@@ -97,10 +98,10 @@ def _native(ctx: ServerContext, r: Result, prompt: str, n_eval: int, *, return_t
 @router.post("/completions")
 async def completion(request: Request):
     ctx = ctx_of(request)
-    req = await ctx.parse(request, NativeCompletionRequest)
-    prompt = await asyncio.to_thread(ctx.text_prompt, req.prompt)
+    req = await ctx.requests.parse(request, NativeCompletionRequest)
+    prompt = await asyncio.to_thread(ctx.requests.text_prompt, req.prompt)
     lp = req.n_probs or None
-    job = ctx.job(req, prompt, lp)
+    job = ctx.requests.job(req, prompt, lp)
     ptext = req.prompt if isinstance(req.prompt, str) else ""
     probs = lp is not None
     if req.stream:
@@ -109,7 +110,7 @@ async def completion(request: Request):
             job, request,
             lambda piece, lps: {"index": 0, "content": piece.text, "tokens": [], "stop": False, "id_slot": 0,
                                 "tokens_predicted": piece.tokens, "tokens_evaluated": len(prompt),
-                                **({"completion_probabilities": ctx.native_probs(lps)} if probs else {})},
+                                **({"completion_probabilities": ctx.responses.native_probs(lps)} if probs else {})},
             lambda r: {**_native(ctx, r, ptext, len(prompt), return_tokens=req.return_tokens, probs=False), "content": ""},
             done_sentinel=False,
         )

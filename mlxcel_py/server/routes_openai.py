@@ -15,7 +15,8 @@ import uuid
 from fastapi import APIRouter, Request
 
 from ..engine.text import TextPiece
-from .context import ctx_of, timings, usage
+from .context import ctx_of
+from .responses import timings, usage
 from .http import ApiError
 from .schemas import ChatRequest, CompletionRequest
 
@@ -34,11 +35,11 @@ async def models(request: Request):
 @router.post("/chat/completions")
 async def chat_completions(request: Request):
     ctx = ctx_of(request)
-    req = await ctx.parse(request, ChatRequest)
+    req = await ctx.requests.parse(request, ChatRequest)
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError("'top_logprobs' needs 'logprobs': true")
     lp = (req.top_logprobs or 0) if req.logprobs else None
-    job = ctx.job(req, await asyncio.to_thread(ctx.chat_prompt, req.messages), lp)  # templating off the loop
+    job = ctx.requests.job(req, await asyncio.to_thread(ctx.requests.chat_prompt, req.messages), lp)  # templating off the loop
     base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": ctx.model_id,
             "system_fingerprint": ctx.fingerprint}
     if req.stream:
@@ -46,7 +47,7 @@ async def chat_completions(request: Request):
         return ctx.stream(
             job, request,
             lambda piece, lps: {**chunk, "choices": [{"index": 0, "delta": {"content": piece.text}, "finish_reason": None,
-                                                      "logprobs": ctx.chat_logprobs(lps) if lp is not None else None}]},
+                                                      "logprobs": ctx.responses.chat_logprobs(lps) if lp is not None else None}]},
             lambda r: {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": r.finish_reason}],
                        "usage": usage(r), "timings": timings(r.stats)},
             head={**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
@@ -56,23 +57,23 @@ async def chat_completions(request: Request):
     return {**base, "object": "chat.completion",
             "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text},
                          "finish_reason": r.finish_reason,
-                         "logprobs": ctx.chat_logprobs(r.logprobs) if lp is not None else None}],
+                         "logprobs": ctx.responses.chat_logprobs(r.logprobs) if lp is not None else None}],
             "usage": usage(r), "timings": timings(r.stats)}
 
 
 @router.post("/v1/completions")
 async def completions(request: Request):
     ctx = ctx_of(request)
-    req = await ctx.parse(request, CompletionRequest)
+    req = await ctx.requests.parse(request, CompletionRequest)
     lp = req.logprobs
-    job = ctx.job(req, await asyncio.to_thread(ctx.text_prompt, req.prompt), lp)
+    job = ctx.requests.job(req, await asyncio.to_thread(ctx.requests.text_prompt, req.prompt), lp)
     base = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
             "model": ctx.model_id, "system_fingerprint": ctx.fingerprint}
     if req.stream:
         sent = [0]  # characters streamed so far: text_offset continues across chunks
 
         def chunk(piece: TextPiece, lps: list) -> dict:
-            out = ctx.legacy_logprobs(lps, sent[0]) if lp is not None else None
+            out = ctx.responses.legacy_logprobs(lps, sent[0]) if lp is not None else None
             sent[0] += len(piece.text)
             return {**base, "choices": [{"index": 0, "text": piece.text, "finish_reason": None, "logprobs": out}]}
 
@@ -83,5 +84,5 @@ async def completions(request: Request):
         )
     r = await ctx.collect(job, request)
     return {**base, "choices": [{"index": 0, "text": r.text, "finish_reason": r.finish_reason,
-                                 "logprobs": ctx.legacy_logprobs(r.logprobs) if lp is not None else None}],
+                                 "logprobs": ctx.responses.legacy_logprobs(r.logprobs) if lp is not None else None}],
             "usage": usage(r), "timings": timings(r.stats)}

@@ -1,0 +1,103 @@
+"""From an HTTP request to a Job: the body read strictly, the fields checked, the prompt ids.
+
+A request body is read strictly (`http.read_json`), checked for fields we cannot honour
+(`schemas.refuse_unsupported`), validated by its pydantic model, then turned into a `Job`: prompt
+ids (templating and tokenizing run off the event loop, by the routes), sampling (request fields
+over the server defaults, ranges checked by the CLI's own `validate.check_sampling`), the token
+budget (capped by the server's `-n`), stops and logprobs. Token ids a client sends are checked
+against the vocabulary: MLX's embedding lookup does no bounds check, so an id past it would crash
+the process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from ..engine.prompting import render_messages
+from ..errors import UsageError
+from ..options import SamplingOptions
+from ..validate import check_sampling
+from . import schemas
+from .http import BODY_LIMIT, ApiError, read_json
+from .worker import Job
+
+Body = TypeVar("Body", bound=BaseModel)
+HTTP_SAMPLING_NAMES = {"temp": "'temperature'", "top_p": "'top_p'", "top_k": "'top_k'", "min_p": "'min_p'",
+                       "repetition_penalty": "'repeat_penalty'", "repeat_last_n": "'repeat_last_n'", "seed": "'seed'"}
+ROLE_FOR_TEMPLATE = {"developer": "system"}  # OpenAI's newer name for the system turn
+
+
+@dataclass
+class RequestReader:
+    tokenizer: Any
+    vocab: int  # the embedding's rows: token ids must be below it
+    context_length: int
+    defaults: SamplingOptions
+    max_tokens: int  # the server's -n: -1 no cap
+    body_limit: int = BODY_LIMIT
+
+    async def parse(self, request: Request, model: type[Body]) -> Body:
+        data = await read_json(request, self.body_limit)
+        refused = schemas.refuse_unsupported(data)
+        if refused:
+            raise ApiError(refused, code="unsupported_field")
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            raise ApiError(schemas.describe(exc)) from None
+
+    def sampling(self, req: schemas.Sampling) -> SamplingOptions:
+        d = self.defaults
+        s = replace(
+            d,
+            temp=d.temp if req.temperature is None else req.temperature,
+            top_p=d.top_p if req.top_p is None else req.top_p,
+            top_k=d.top_k if req.top_k is None else req.top_k,
+            min_p=d.min_p if req.min_p is None else req.min_p,
+            seed=d.seed if req.seed is None else req.seed,
+            repetition_penalty=next((v for v in (req.repeat_penalty, req.repetition_penalty) if v is not None),
+                                    d.repetition_penalty),
+        )
+        try:
+            check_sampling(s, HTTP_SAMPLING_NAMES)
+        except UsageError as exc:
+            raise ApiError(exc.message) from None
+        return replace(s, seed=None) if s.seed == -1 else s  # llama-server: -1 means random
+
+    def budget(self, req: schemas.Sampling, prompt: list[int]) -> int:
+        n = req.requested_tokens()
+        if n is not None and n < -1:
+            raise ApiError(f"'max_tokens' must be -1 or >= 0, got {n}")
+        if len(prompt) >= self.context_length:
+            raise ApiError(f"the prompt has {len(prompt)} tokens, which exceeds the context window "
+                           f"({self.context_length})", type="exceed_context_size_error")
+        # the server's -n/--n-predict caps every request, as llama-server clamps n_predict
+        if n is None or n == -1:
+            return self.max_tokens
+        return min(n, self.max_tokens) if self.max_tokens >= 0 else n
+
+    def token_ids(self, values: list[int], key: str) -> list[int]:
+        if not all(0 <= t < self.vocab for t in values):
+            raise ApiError(f"'{key}' token ids must be integers in 0..{self.vocab - 1} (the model's vocabulary)")
+        return list(values)
+
+    def text_prompt(self, prompt: str | list) -> list[int]:
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            return self.token_ids(prompt, "prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt:
+            raise ApiError("'prompt' must be a non-empty string (or a list of token ids)")
+        return list(self.tokenizer.encode(prompt))
+
+    def chat_prompt(self, messages: list[schemas.Message]) -> list[int]:
+        turns = [{"role": ROLE_FOR_TEMPLATE.get(m.role, m.role), "content": m.text()} for m in messages]
+        return render_messages(self.tokenizer, turns)
+
+    def job(self, req: schemas.Sampling, prompt: list[int], logprobs: int | None = None) -> Job:
+        return Job(prompt=prompt, max_tokens=self.budget(req, prompt), sampling=self.sampling(req),
+                   stop=req.stops(), ignore_eos=req.ignore_eos, logprobs=logprobs)

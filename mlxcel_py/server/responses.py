@@ -1,0 +1,98 @@
+"""Token text, bytes and logprobs in each API's shape, `usage`, llama-server's `timings`, SSE
+frames: what the routes put in a response, from a finished job or a streamed piece."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .worker import Result
+
+
+@functools.cache
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet back to bytes (token pieces that are not whole UTF-8). Built on
+    first use: by then the tokenizer has imported transformers (importing it earlier prints noise)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {c: b for b, c in bytes_to_unicode().items()}
+
+
+@dataclass
+class ResponseShapes:
+    tokenizer: Any
+
+    def token_bytes(self, token_id: int) -> list[int]:
+        tok = self.tokenizer
+        raw = tok.convert_ids_to_tokens(token_id) if hasattr(tok, "convert_ids_to_tokens") else None
+        if isinstance(raw, str):
+            try:  # a byte-level BPE token spells its bytes in GPT-2's alphabet
+                return list(bytes(_byte_decoder()[c] for c in raw))
+            except KeyError:
+                pass
+        return list(tok.decode([token_id]).encode())
+
+    def piece(self, token_id: int):
+        text = self.tokenizer.decode([token_id])
+        return self.token_bytes(token_id) if "\ufffd" in text else text  # bytes for part of a character
+
+    def chat_logprobs(self, entries: list) -> dict:
+        """OpenAI chat's `logprobs.content`: each token with its bytes and the top alternatives."""
+        def one(t: int, lp: float) -> dict:
+            return {"token": self.tokenizer.decode([t]), "logprob": lp, "bytes": self.token_bytes(t)}
+
+        return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, v) for t, v in e.top]}
+                            for e in entries]}
+
+    def legacy_logprobs(self, entries: list, offset: int = 0) -> dict:
+        """OpenAI completions' `logprobs`: parallel lists, text offsets into the completion."""
+        texts = [self.tokenizer.decode([e.token]) for e in entries]
+        offsets = []
+        for t in texts:
+            offsets.append(offset)
+            offset += len(t)
+        return {"tokens": texts, "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [{self.tokenizer.decode([t]): v for t, v in e.top} for e in entries],
+                "text_offset": offsets}
+
+    def native_probs(self, entries: list) -> list:
+        """llama-server's `completion_probabilities` (its logprob format)."""
+        def one(t: int, lp: float) -> dict:
+            return {"id": t, "token": self.tokenizer.decode([t]), "bytes": self.token_bytes(t), "logprob": lp}
+
+        return [{**one(e.token, e.logprob), "top_logprobs": [one(t, v) for t, v in e.top]} for e in entries]
+
+
+def sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def usage(r: Result) -> dict:
+    p = r.stats.prompt_tokens
+    return {"prompt_tokens": p, "completion_tokens": r.stats.generated_tokens, "total_tokens": p + r.stats.generated_tokens,
+            "prompt_tokens_details": {"cached_tokens": r.stats.cached_tokens}}
+
+
+def timings(stats: Any) -> dict:
+    """llama-server's `timings`, plus the drafter's counters when a round drafted."""
+    prompt_n = stats.prompt_tokens - stats.cached_tokens
+    prompt_ms = stats.prefill_s * 1000
+    pred_n = stats.generated_tokens
+    pred_ms = max(stats.decode_s - stats.ttft_s + stats.prefill_s, 0.0) * 1000 if pred_n else 0.0
+    t = {
+        "cache_n": stats.cached_tokens,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": prompt_n / (prompt_ms / 1000) if prompt_n and prompt_ms else 0.0,
+        "predicted_n": pred_n,
+        "predicted_ms": pred_ms,
+        "predicted_per_token_ms": pred_ms / (pred_n - 1) if pred_n > 1 else 0.0,
+        "predicted_per_second": (pred_n - 1) / (pred_ms / 1000) if pred_n > 1 and pred_ms else 0.0,
+    }
+    if stats.drafted_rounds > 0:
+        t.update(draft_n=stats.proposed, draft_n_accepted=stats.accepted, draft_rounds=stats.drafted_rounds,
+                 draft_kind=stats.draft_kind)
+    return t
