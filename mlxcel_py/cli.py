@@ -82,5 +82,5 @@ def main() -> None:
         sys.stderr.write("\ninterrupted\n")
         sys.exit(EXIT_INTERRUPTED)
     except MlxcelError as exc:  # raised outside a command's boundary
-        sys.stderr.write(f"error: {exc.message}\n")
+        sys.stderr.write(exc.format() + "\n")
         sys.exit(exc.exit_code)

@@ -1,7 +1,7 @@
 """The one user-facing error type and the exit codes it carries.
 
-Anything a user can fix (a flag, a file, a missing model) is an MlxcelError; `ui.exit_on_error`
-turns it into `error: ...` on stderr and the exit code. Bugs stay ordinary exceptions (tracebacks).
+Anything a user can fix (a flag, a file, a missing model) is an MlxcelError; `terminal.ui.exit_on_error`
+(the boundary every command runs inside) prints `MlxcelError.format()` on stderr and exits with its code. Bugs stay ordinary exceptions (tracebacks).
 This module imports nothing so every layer can use it.
 """
 
@@ -24,6 +24,11 @@ class MlxcelError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+    def format(self) -> str:
+        """What the user reads: `error: MESSAGE`, and `hint: HINT` on a second line where there is one.
+        The one spelling of an error line, whoever prints it (a command, a server thread, a rank)."""
+        return f"error: {self.message}" + (f"\nhint: {self.hint}" if self.hint else "")
 
 
 class UsageError(MlxcelError):

@@ -41,7 +41,7 @@ def main() -> None:
     try:
         path = default_gguf()
     except ModelError as exc:
-        sys.exit(f"error: {exc.message}\nhint: {exc.hint}")
+        sys.exit(exc.format())
     out = gguf.ensure_converted(path, cache_dir())
     print(f"default model {DEFAULT_MODEL_NAME}: {path} -> {out}", file=sys.stderr)
 

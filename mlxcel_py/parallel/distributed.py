@@ -23,8 +23,12 @@ follower meet each TICK_S seconds with a no-op header and sleep in between, so a
 costs nothing and new work waits at most one tick.
 
 Failures. A rank that dies closes its sockets and the ring fails the others' pending collectives
-("connection to a peer was lost"); `lost()` turns that into a one-line error (exit 1). Followers
-ignore SIGINT: Ctrl-C belongs to the leader's terminal, and the leader tells them when to stop.
+with a RuntimeError. Whether a RuntimeError means that is decided by the run's own connections,
+not by the error's text: the TCP sockets that joining the group opened (`World.links`) are asked
+for their state, and one that is no longer established means a rank went away; `lost()` turns
+that into a one-line error (exit 1). Any other RuntimeError is a bug and keeps its traceback.
+Followers ignore SIGINT: Ctrl-C belongs to the leader's terminal, and the leader tells them when
+to stop.
 """
 
 from __future__ import annotations
@@ -32,11 +36,12 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import stat
 import struct
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from ..errors import EXIT_USAGE, MlxcelError
@@ -59,6 +64,7 @@ class World:
     backend: str
     channel: Any = None  # the Leader, on rank 0 once the engine is built
     broken: bool = False  # a collective failed: the ring is gone, and a further send would hang
+    links: dict = field(default_factory=dict)  # fd -> inode of the sockets joining the group opened
 
     @property
     def leader(self) -> bool:
@@ -84,10 +90,51 @@ def lost(exc: BaseException, rank: int | None = None) -> DistributedError:
                             hint="a rank exited or was killed; see its own error above, then start every rank again")
 
 
-def is_lost_contact(exc: BaseException) -> bool:
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and any(s in text for s in ("[ring]", "[mpi]", "[jaccl]", "[nccl]",
-                                                                     "distributed"))
+def _sockets() -> dict[int, int]:
+    """fd -> inode of this process's sockets (Linux /proc; empty elsewhere)."""
+    out = {}
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            st = os.stat(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if stat.S_ISSOCK(st.st_mode):
+            out[int(fd)] = st.st_ino
+    return out
+
+
+_TCP_ESTABLISHED = 1  # tcp_info.tcpi_state (linux/tcp_states.h)
+
+
+def links_down(world: World | None) -> bool:
+    """Whether one of the group's own connections was closed (a rank went away)."""
+    if world is None:
+        return False
+    now = _sockets()
+    for fd, inode in world.links.items():
+        if now.get(fd) != inode:
+            return True  # closed (and maybe reused) since the group was joined
+        try:
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            return True
+        try:
+            if s.type == socket.SOCK_STREAM and s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] != _TCP_ESTABLISHED:
+                return True
+        except OSError:
+            pass
+        finally:
+            s.close()
+    return False
+
+
+def is_lost_contact(exc: BaseException, world: World | None) -> bool:
+    """A failed collective of this run: a RuntimeError while one of its connections is down."""
+    return isinstance(exc, RuntimeError) and links_down(world)
 
 
 @contextmanager
@@ -96,7 +143,7 @@ def guard(world: World | None) -> Iterator[None]:
     try:
         yield
     except RuntimeError as exc:
-        if world is None or not is_lost_contact(exc):
+        if not is_lost_contact(exc, world):
             raise
         world.broken = True
         raise lost(exc, world.rank) from None
@@ -120,6 +167,7 @@ def join(layout: Layout) -> World | None:
     if not launched():
         raise DistributedError(f"{layout.flag} needs {layout.size} processes started together, one per rank",
                                exit_code=EXIT_USAGE, hint=f"start it with `{start}` (or mlx.launch -n {layout.size})")
+    before = _sockets()
     try:
         group = mx.distributed.init(strict=True)
     except RuntimeError as exc:
@@ -130,7 +178,8 @@ def join(layout: Layout) -> World | None:
                                f"{group.size()}", exit_code=EXIT_USAGE,
                                hint=f"launch {layout.size} ranks, or set the size to {group.size()}")
     backend = "ring" if "MLX_HOSTFILE" in os.environ or "MLX_RING_HOSTS" in os.environ else "mpi"
-    return World(group, group.rank(), group.size(), layout, backend)
+    links = {fd: ino for fd, ino in _sockets().items() if before.get(fd) != ino}
+    return World(group, group.rank(), group.size(), layout, backend, links=links)
 
 
 # ---- what a model needs ------------------------------------------------------------------------
@@ -337,7 +386,7 @@ class Leader:
 
                 import sys
 
-                sys.stderr.write(f"error: {lost(self.failure, 0).message}\n")
+                sys.stderr.write(lost(self.failure, 0).format() + "\n")
                 sys.stderr.flush()
                 os._exit(EXIT_RUNTIME)
 

@@ -277,8 +277,9 @@ class Worker:
         except Exception:
             pass
         self._free(slot)
-        if distributed.is_lost_contact(exc):  # the model is gone with that rank: stop serving
-            sys.stderr.write(f"error: {distributed.lost(exc, 0).message}\n")
+        world = getattr(self.engine.channel, "world", None)
+        if distributed.is_lost_contact(exc, world):  # the model is gone with that rank: stop serving
+            sys.stderr.write(distributed.lost(exc, 0).format() + "\n")
             os.kill(os.getpid(), signal.SIGTERM)
 
     def _free(self, slot: Slot) -> None:

@@ -47,9 +47,10 @@ def exit_on_error() -> Iterator[None]:
     try:
         yield
     except MlxcelError as exc:
-        err().print(f"error: {exc.message}", style="ui.err", markup=False)
-        if exc.hint:
-            err().print(f"hint: {exc.hint}", style="ui.muted", markup=False)
+        line, _, hint = exc.format().partition("\n")
+        err().print(line, style="ui.err", markup=False)
+        if hint:
+            err().print(hint, style="ui.muted", markup=False)
         raise typer.Exit(exc.exit_code) from None
 
 
