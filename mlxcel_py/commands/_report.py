@@ -28,34 +28,35 @@ def print_profile(st: GenerationStats, session, *, finish_reason: str | None) ->
                  f"[TTFT] {st.ttft_s * 1000:.2f} ms"):
         ui.info(line)
     ms = lambda s: f"{s * 1000:.2f} ms"  # noqa: E731
-    rows = [  # prompt and generated tokens, prefill, decode and TTFT are in mlxcel's block above
-        ("Cached prompt tokens", str(st.cached_tokens)),
-        ("Peak memory", f"{st.peak_memory_bytes / 2**20:.1f} MiB"),
-        ("Finish reason", str(finish_reason)),
-        ("BLAS", session.blas.name + (f" ({session.blas.path})" if session.blas.path else "")),
-        ("Weights", session.target.dtype),
-        ("Kernels", session.target.kernels),
-        ("Warmup", ms(st.warmup_s)),
-    ]
-    world = getattr(session, "world", None)
-    if world is not None and world.channel is not None:
-        rows.append(("Distributed", f"{world.layout.describe()}, {world.size} ranks ({world.backend}); "
-                                    f"rank 0 sent+received {world.channel.describe_traffic()}"))
-    if st.draft_kind:
+    rows = []  # prompt and generated tokens, prefill, decode and TTFT are in mlxcel's block above
+    if st.draft_kind:  # counted as mlxcel's [Prompt lookup] / [Speculative acceptance] lines count them
         rows += [
             ("Drafter", f"{st.draft_kind} (policy {st.policy})"),
             ("Acceptance rule", str(st.acceptance_rule)),
-            ("Rounds", str(st.rounds)),
+            ("Rounds", str(st.decode_rounds)),  # target forwards after the one that gave the first token
             ("Drafted rounds", str(st.drafted_rounds)),
             ("Paused rounds", str(st.paused_rounds)),
             ("Proposed", str(st.proposed)),
             ("Accepted", str(st.accepted)),
             ("Acceptance rate", f"{st.acceptance_rate:.4f}"),
-            ("Mean accepted prefix", f"{st.mean_accepted_prefix:.3f}"),
             ("Positions tested", str(st.positions_tested)),
-            ("Tokens per forward", f"{st.tokens_per_forward:.3f}"),
+            ("Mean accepted prefix", f"{st.mean_accepted_prefix:.4f}"),
+            ("Tokens per forward", f"{st.tokens_per_forward:.4f}"),
             ("Draft", ms(st.draft_s)),
             ("Verify", ms(st.verify_s)),
             ("Rollback", ms(st.rollback_s)),
         ]
+    rows += [
+        ("Warmup", ms(st.warmup_s)),
+        ("Cached prompt tokens", str(st.cached_tokens)),
+        ("Peak memory", f"{st.peak_memory_bytes / 2**20:.1f} MiB"),
+        ("Finish reason", str(finish_reason)),
+        # in full on the `loaded in` line above (with the kernels)
+        ("Weights", session.target.dtype.split(" (")[0]),
+        ("BLAS", session.blas.name),
+    ]
+    world = getattr(session, "world", None)
+    if world is not None and world.channel is not None:
+        rows.append(("Distributed", f"{world.layout.describe()}, {world.size} ranks ({world.backend}); "
+                                    f"rank 0 sent+received {world.channel.describe_traffic()}"))
     ui.profile_table(rows)
