@@ -1,7 +1,7 @@
 // Row-exact quantized matmul: int8 activations x 4/8-bit weights with AVX-512 VNNI.
 //
 // This file is compiled with -mavx512f/bw/vl/vnni (CMakeLists.txt): nothing in it may run before
-// cpu_supported() (qmm_primitive.cpp, built for the baseline) said yes.
+// cpu_supported() (cpu_features.cpp, built for the baseline ISA) said yes.
 //
 // Layout. Weight rows go in groups of 16 (the last group holds N % 16 rows when that is not 0;
 // call a group's row count r). Within a group, block by block (32 values of K), the values go in
@@ -26,6 +26,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <new>
 #include <vector>
@@ -33,6 +34,8 @@
 #include "thread_pool.h"
 
 namespace mlxcel {
+
+std::atomic<int> amx_rows{INT_MAX};
 
 namespace {
 

@@ -6,13 +6,6 @@
 
 namespace mlxcel {
 
-// Whether this CPU runs the kernels (AVX-512 F/BW/VL + VNNI); checked at run time.
-bool cpu_supported();
-
-// Whether this CPU has AMX tiles for int8 and the OS granted this process their state
-// (asked once); checked at run time.
-bool amx_supported();
-
 // Blocks of at least this many rows go through AMX tiles (bit-identical to the VNNI path);
 // INT_MAX when AMX is unavailable, not built or turned off. Set by the binding.
 extern std::atomic<int> amx_rows;

@@ -36,7 +36,7 @@ def kernel_line() -> str:
     from .cpu.weights import kernel_status
 
     qmm, why = kernel_status()
-    return f"{why}, in use (--cpu-weights auto)" if qmm is not None else f"{why}; CPU weights are float32"
+    return f"built and in use ({why})" if qmm is not None else f"{why}; CPU weights are float32"
 
 
 def _option_kinds() -> dict[str, dict[str, tuple[str, bool]]]:

@@ -1,0 +1,69 @@
+// The Python module `mlxcel_py.cpu._qmm` (nanobind, in MLX's type domain so mx.array passes straight
+// through): the primitives, the layout helpers, the CPU checks and the kernels' settings. One
+// primitive per file (*_primitive.cpp); the kernels themselves (*_kernel.cpp) see only pointers.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <climits>
+
+#include "attention_primitive.h"
+#include "cache_attention_primitive.h"
+#include "cpu_features.h"
+#include "dequantize_primitive.h"
+#include "layout.h"
+#include "qmm_kernel.h"
+#include "qmm_primitive.h"
+#include "rope_primitive.h"
+#include "runtime.h"
+#include "swiglu_primitive.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+NB_MODULE(_qmm, m) {
+  m.doc() = "Row-exact int8 x 4/8-bit affine matmul for MLX on x86 CPUs (AVX-512 VNNI)";
+  m.def("row_exact_qmm", &mlxcel::row_exact_qmm, "x"_a, "w"_a, "scales"_a, "biases"_a, "bits"_a,
+        "x @ W.T for W = scales * q + biases per block of 32 (w from repack); each output row is "
+        "bit-identical whatever the number of rows");
+  m.def("row_exact_qmm_multi", &mlxcel::row_exact_qmm_multi, "x"_a, "ws"_a, "scales"_a, "biases"_a, "bits"_a,
+        "[x @ W_i.T] for weights sharing one input (x quantized once); each equals row_exact_qmm alone");
+  m.def("row_exact_attention", &mlxcel::row_exact_attention, "q"_a, "k"_a, "v"_a, "scale"_a, "causal"_a,
+        "softmax(scale q k^T) v computed one query row at a time (row i of a causal block sees keys "
+        "0..S-L+i): each row bit-identical to a one-row call at the same position");
+  m.def("row_exact_cache_attention", &mlxcel::row_exact_cache_attention, "q"_a, "k_new"_a, "v_new"_a, "k_bufs"_a,
+        "v_bufs"_a, "seq"_a, "pos"_a, "scale"_a,
+        "entries of L rows, entry e of sequence seq[e] at positions pos[e]..: their new keys/values "
+        "written into that sequence's buffers and each row attended over keys 0..its position of its "
+        "own sequence: [attention, k_bufs..., v_bufs...]; rows equal row_exact_attention over each "
+        "sequence alone");
+  m.def("buffer_updates", []() { return std::make_pair(mlxcel::buffers_donated.load(), mlxcel::buffers_copied.load()); },
+        "(buffers updated in place, buffers copied first) by row_exact_cache_attention so far");
+  m.def("row_swiglu", &mlxcel::row_swiglu, "gate"_a, "up"_a, "silu(gate) * up, elementwise (vectorised exp)");
+  m.def("row_rope", &mlxcel::row_rope, "x"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a, "offset"_a = 0,
+        "offsets"_a = nb::none(),
+        "rotary embedding of x [B, heads, L, dim], entry b at offsets[b] (or offset); each row depends "
+        "on its own values and position alone");
+  m.def("dequantize_rows", &mlxcel::dequantize_weight_rows, "w"_a, "scales"_a, "biases"_a, "bits"_a, "ids"_a = nb::none(),
+        "rows ids (default: all) of a repacked weight as float32 [..., K]");
+  m.def("repack", &mlxcel::repack_weight, "w"_a, "bits"_a, "MLX affine uint32 rows -> the kernel's uint8 layout (eager)");
+  m.def("interleave", &mlxcel::interleave_blocks, "a"_a,
+        "per-block scales or biases float32 [N, K/32] -> the kernel's order (16 rows side by side per block; eager)");
+  m.def("unpack", &mlxcel::unpack_weight, "w"_a, "bits"_a, "the kernel's layout -> uint8 values [N, K] (eager)");
+  m.def("cpu_supported", &mlxcel::cpu_supported, "whether this CPU has AVX-512 F/BW/VL and VNNI");
+  m.def("amx_supported", &mlxcel::amx_supported,
+        "whether AMX int8 tiles are usable here (CPU and OS; the extension built with them)");
+  m.def("set_amx_rows", [](int n) {
+          mlxcel::amx_rows.store(n > 0 && mlxcel::amx_supported() ? n : INT_MAX);
+          return mlxcel::amx_rows.load() != INT_MAX;
+        }, "n"_a, "blocks of at least n rows go through AMX tiles (0: never); returns whether AMX is on");
+  m.def("amx_rows", []() { const int n = mlxcel::amx_rows.load(); return n == INT_MAX ? 0 : n; });
+  m.def("set_threads", [](int n) { mlxcel::kernel_threads.store(n < 1 ? 1 : n); }, "n"_a);
+  m.def("threads", []() { return mlxcel::kernel_threads.load(); });
+  m.def("kernel_time", []() { return std::make_pair(mlxcel::qmm_ns.load() * 1e-9, mlxcel::qmm_calls.load()); },
+        "(seconds spent in the row kernel, calls) since the process started");
+  m.def("attention_time", []() { return mlxcel::attention_ns.load() * 1e-9; },
+        "seconds spent in the row-exact attention kernels since the process started");
+}

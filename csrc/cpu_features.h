@@ -1,0 +1,14 @@
+// What this CPU and OS let the extension run, checked at run time (the extension is built for
+// the baseline ISA; the AVX-512 files run only after these said yes).
+#pragma once
+
+namespace mlxcel {
+
+// Whether this CPU runs the kernels (AVX-512 F/BW/VL + VNNI).
+bool cpu_supported();
+
+// Whether this CPU has AMX tiles for int8, the extension was built with them, and the OS granted
+// this process their state (asked once).
+bool amx_supported();
+
+}  // namespace mlxcel

@@ -1,0 +1,43 @@
+// What the MLX primitives share: the thread count the kernels run with, the counters the
+// profiling calls read, and reading an mx::array's rows as one contiguous buffer.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "mlx/mlx.h"
+
+namespace mlxcel {
+
+extern std::atomic<int> kernel_threads;  // set_threads(): the thread count every kernel runs with
+extern std::atomic<long long> qmm_ns, qmm_calls;  // time in the matmul kernel (kernel_time())
+extern std::atomic<long long> attention_ns;    // time in the attention kernels (attention_time())
+extern std::atomic<long long> buffers_donated, buffers_copied;  // by the cache attention (buffer_updates())
+
+// 4 or 8, else std::invalid_argument
+void check_bits(int bits);
+
+// x as a row-contiguous buffer: its own data when it already is one, else a gathered copy in
+// `scratch` (any strides; runs inside a dispatched task, when x's contents exist)
+template <typename T>
+const T* contiguous_rows(const mlx::core::array& x, std::vector<T>& scratch) {
+  if (x.flags().row_contiguous) return x.data<T>();
+  scratch.resize(x.size());
+  const auto& shape = x.shape();
+  const auto& strides = x.strides();
+  const int nd = x.ndim();
+  std::vector<int> idx(nd, 0);
+  const T* base = x.data<T>();
+  for (size_t i = 0; i < x.size(); ++i) {
+    int64_t off = 0;
+    for (int d = 0; d < nd; ++d) off += static_cast<int64_t>(idx[d]) * strides[d];
+    scratch[i] = base[off];
+    for (int d = nd - 1; d >= 0; --d) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return scratch.data();
+}
+
+}  // namespace mlxcel
