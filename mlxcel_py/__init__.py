@@ -37,14 +37,24 @@ _API = {
 }
 __all__ = ["__version__", *_API]
 
-if TYPE_CHECKING:
-    from .api import DraftPolicy, GenerateOptions, Generation, Model, Stats, generate, load, speculative_generate, stream
-    from .drafters.base import Drafter
-    from .drafters.full_model import FullModelDrafter
-    from .drafters.mtp import MTPDrafter as MtpDrafter
-    from .drafters.prompt_lookup import PromptLookupDrafter
-    from .drafters.suffix import SuffixDrafter, SuffixStore
-    from .errors import MlxcelError, ModelError, UsageError
+if TYPE_CHECKING:  # the names for type checkers and editors (noqa: they are re-exported)
+    from .api import (  # noqa: F401
+        DraftPolicy,
+        GenerateOptions,
+        Generation,
+        Model,
+        Stats,
+        generate,
+        load,
+        speculative_generate,
+        stream,
+    )
+    from .drafters.base import Drafter  # noqa: F401
+    from .drafters.full_model import FullModelDrafter  # noqa: F401
+    from .drafters.mtp import MTPDrafter as MtpDrafter  # noqa: F401
+    from .drafters.prompt_lookup import PromptLookupDrafter  # noqa: F401
+    from .drafters.suffix import SuffixDrafter, SuffixStore  # noqa: F401
+    from .errors import MlxcelError, ModelError, UsageError  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -22,16 +22,17 @@ from .cpu import blas
 
 blas.prepare()  # before anything below imports mlx.core (cpu/blas.py says why)
 
-from dataclasses import dataclass, replace  # noqa: E402
-from typing import Any, Iterator, Sequence  # noqa: E402
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
-from .drafters import registry  # noqa: E402
-from .drafters.base import Drafter  # noqa: E402
-from .engine.policy import make_policy, on_cuda  # noqa: E402
-from .engine.prompting import prompt_ids  # noqa: E402
-from .engine.text import TextStream  # noqa: E402
-from .errors import UsageError  # noqa: E402
-from .options import (  # noqa: E402
+from .drafters import registry
+from .drafters.base import Drafter
+from .engine.policy import make_policy, on_cuda
+from .engine.prompting import prompt_ids
+from .engine.text import TextStream
+from .errors import UsageError
+from .options import (
     DEFAULT_MAX_DRAFT,
     POLICIES,
     CommandOptions,
@@ -42,8 +43,8 @@ from .options import (  # noqa: E402
     SamplingOptions,
     SpecOptions,
 )
-from .session import Session, open_session  # noqa: E402
-from .validate import validate  # noqa: E402
+from .session import Session, open_session
+from .validate import validate
 
 DEFAULT_API_MAX_TOKENS = 256  # mlx-lm's generate() default; the CLI's is -1 (until EOS)
 
@@ -103,19 +104,19 @@ class DraftPolicy:
     max_draft: int | None = None
 
     @classmethod
-    def auto(cls, max_draft: int | None = None) -> "DraftPolicy":
+    def auto(cls, max_draft: int | None = None) -> DraftPolicy:
         return cls("auto", max_draft)
 
     @classmethod
-    def adaptive(cls, max_draft: int = DEFAULT_MAX_DRAFT) -> "DraftPolicy":
+    def adaptive(cls, max_draft: int = DEFAULT_MAX_DRAFT) -> DraftPolicy:
         return cls("graded", max_draft)
 
     @classmethod
-    def fixed(cls, n: int) -> "DraftPolicy":
+    def fixed(cls, n: int) -> DraftPolicy:
         return cls("fixed", n)
 
     @classmethod
-    def cost(cls, max_draft: int = DEFAULT_MAX_DRAFT) -> "DraftPolicy":
+    def cost(cls, max_draft: int = DEFAULT_MAX_DRAFT) -> DraftPolicy:
         return cls("cost", max_draft)
 
     def _make(self, kind: str, verify_cost: Sequence[float] | None):
@@ -152,7 +153,7 @@ class Stats:
     policy: str | None
 
     @classmethod
-    def of(cls, st: Any) -> "Stats":
+    def of(cls, st: Any) -> Stats:
         return cls(st.rounds, st.drafted_rounds, st.proposed, st.accepted, st.paused_rounds, st.prompt_tokens,
                    st.generated_tokens, st.prefill_s, st.decode_s, st.decode_tps, st.acceptance_rate,
                    st.draft_kind, st.policy)

@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from . import __version__
-from .errors import EXIT_INTERRUPTED, MlxcelError
 from .commands import bench, chat, generate, launch, run, serve
+from .errors import EXIT_INTERRUPTED, MlxcelError
 
 app = typer.Typer(
     name="mlxcel",

@@ -11,8 +11,9 @@ needs is its kind's business (drafters/registry.py), never an if-chain here. Pro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .cpu import blas
 from .drafters import registry

@@ -18,11 +18,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlxcel_py.cpu import blas, weights as cpu_weights  # noqa: E402
+from mlxcel_py.cpu import blas  # noqa: E402
 
 blas.prepare()
 
 import mlx.core as mx  # noqa: E402
+
+from mlxcel_py.cpu import weights as cpu_weights  # noqa: E402  (after the BLAS swap: it imports mlx.core)
 
 SHAPES = {"q/k/v": (960, 576), "o": (576, 576), "gate/up": (3072, 576), "down": (576, 1536), "output": (49152, 576)}
 
@@ -46,7 +48,7 @@ def main() -> None:
     try:
         for m in (int(r) for r in a.rows.split(",")):
             cells, total, same = [], [0.0, 0.0], True
-            for name, (n, k) in SHAPES.items():
+            for name, (_, k) in SHAPES.items():
                 w, s, b = weights[name]
                 x = mx.random.normal((m, k))
                 times, outs = [], []

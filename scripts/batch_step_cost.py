@@ -29,8 +29,8 @@ blas.prepare()
 import mlx.core as mx  # noqa: E402
 
 from mlxcel_py.engine import batch  # noqa: E402
-from mlxcel_py.models import loading
 from mlxcel_py.engine.cache import SequenceCache  # noqa: E402
+from mlxcel_py.models import loading
 
 
 def main() -> None:

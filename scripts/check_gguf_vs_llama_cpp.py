@@ -22,12 +22,12 @@ from mlxcel_py.cpu import blas  # noqa: E402
 
 blas.prepare()
 
+import gguf_files  # noqa: E402
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-import gguf_files  # noqa: E402
-from mlxcel_py.models.gguf import convert as importer  # noqa: E402
 from mlxcel_py.models import loading  # noqa: E402
+from mlxcel_py.models.gguf import convert as importer  # noqa: E402
 
 PROMPT = [5, 17, 99, 3, 250, 42, 42, 7, 120, 64, 9, 33]
 STEPS = 16

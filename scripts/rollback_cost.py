@@ -39,8 +39,9 @@ def main() -> None:
 
     import tiny_models
     from conftest import make_tiny_model
-    from mlxcel_py.models import loading
+
     from mlxcel_py.engine.cache import SequenceCache
+    from mlxcel_py.models import loading
     from mlxcel_py.models.cache_kinds import describe_kinds
 
     tmp = Path(tempfile.mkdtemp())

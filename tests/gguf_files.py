@@ -15,13 +15,12 @@ import json
 import shutil
 from pathlib import Path
 
+import gguf
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten, tree_map
-
-import gguf
-from gguf import GGMLQuantizationType as Q
 from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as Q
+from mlx.utils import tree_flatten, tree_map
 
 H = 256  # K-quants need rows that are a multiple of 256 values
 BASE = dict(hidden_size=H, num_hidden_layers=2, intermediate_size=512, num_attention_heads=4,

@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
-import mlxcel_py as mc
 import tiny_models
 from conftest import ROOT, mlxcel_cmd
 from test_families import copy_prompts
+
+import mlxcel_py as mc
 
 PROMPT = (ROOT / "examples" / "edit.txt").read_text()
 

@@ -9,13 +9,12 @@ import time
 import urllib.request
 
 import pytest
+from test_server import COPY_PROMPT, get, post, start_server
 
-from mlxcel_py.engine import batch
 from mlxcel_py.cpu import weights as cpu_weights
+from mlxcel_py.engine import batch
 from mlxcel_py.engine.cache import SequenceCache
 from mlxcel_py.options import SamplingOptions
-
-from test_server import COPY_PROMPT, get, post, start_server
 
 
 def test_batched_rows_equal_solo_steps_bit_for_bit(real, tiny):

@@ -7,8 +7,8 @@ import json
 import subprocess
 
 import pytest
-
 from conftest import mlxcel_cmd
+
 from mlxcel_py.bench import runner as benchmark
 from mlxcel_py.bench.runner import BenchResult, RunRecord
 

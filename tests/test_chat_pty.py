@@ -10,7 +10,6 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import mlxcel_cmd
 
 pytestmark = pytest.mark.real

@@ -3,8 +3,8 @@
 import subprocess
 
 import pytest
-
 from conftest import ROOT
+
 from mlxcel_py.completions import SCRIPTS
 
 

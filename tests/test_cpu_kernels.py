@@ -6,12 +6,12 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 from mlx_lm.models import activations, base
+from test_engine import drafters_for
 
 from mlxcel_py.cpu import kernels as cpu_kernels
-from mlxcel_py.models import loading
 from mlxcel_py.engine.engine import Engine
+from mlxcel_py.models import loading
 from mlxcel_py.options import DraftConfig, LookupConfig, SamplingOptions
-from test_engine import drafters_for
 
 
 def test_exp_within_an_ulp_or_two_of_mlx_and_zero_where_mlx_is_zero():

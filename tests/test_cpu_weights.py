@@ -56,7 +56,7 @@ def test_kernel_matches_dequantized_matmul_within_the_rounding_bound_for_every_m
 def test_each_row_is_bit_identical_to_the_one_row_product(bits):
     rng = random.Random(10 + bits)
     w, s, b, _ = _quantized(200, 576, bits)  # 12 groups of 16 rows and one of 8
-    for trial in range(12):
+    for _trial in range(12):
         m = rng.randint(2, cpu_weights.KERNEL_ROWS)
         x = mx.random.normal((m, 576))
         block = QMM.row_exact_qmm(x, w, s, b, bits)
@@ -324,9 +324,10 @@ def test_every_drafter_equals_plain_on_the_default_model(real, workloads):
     lookup (each policy runs in test_real_model), the suffix drafter and the default model
     drafting for itself. MTP and the Gemma 4 assistant need models this one is not (they run,
     on float32, in test_mtp.py / test_gemma4_assistant.py)."""
-    from mlxcel_py.options import DraftConfig, LookupConfig
-    from mlxcel_py.engine.prompting import prompt_ids
     from test_engine import engine_for, lookup, run
+
+    from mlxcel_py.engine.prompting import prompt_ids
+    from mlxcel_py.options import DraftConfig, LookupConfig
 
     configs = {
         "prompt-lookup": engine_for(real, lookup("graded")),

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import make_tiny_model, mlxcel_cmd
 from tiny_models import build
 
@@ -402,8 +401,8 @@ def test_chat_in_a_terminal_across_two_ranks(cli_env):
 def test_joining_needs_a_backend_and_a_launch(monkeypatch):
     import mlx.core as mx
 
-    from mlxcel_py.parallel import distributed
     from mlxcel_py.errors import EXIT_USAGE
+    from mlxcel_py.parallel import distributed
 
     assert distributed.join(distributed.Layout()) is None  # one process: nothing to join
     for var in ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):

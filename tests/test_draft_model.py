@@ -11,16 +11,16 @@ from collections import Counter
 
 import mlx.core as mx
 import pytest
-
 from conftest import make_tiny_model
-from mlxcel_py.models import loading
+from test_engine import engine_for, prompts, run
+
 from mlxcel_py.commands._options import build_options
-from mlxcel_py.errors import ModelError
-from mlxcel_py.options import DraftConfig, SamplingOptions
 from mlxcel_py.engine.prompting import prompt_ids
+from mlxcel_py.errors import ModelError
+from mlxcel_py.models import loading
+from mlxcel_py.options import DraftConfig, SamplingOptions
 from mlxcel_py.session import open_session
 from mlxcel_py.validate import validate
-from test_engine import engine_for, prompts, run
 
 ALPHA = 0.001  # significance level of the distribution tests
 EOS = 258  # <|im_end|> in the tiny models' byte tokenizer

@@ -10,9 +10,9 @@ import pytest
 from mlxcel_py.drafters import registry
 from mlxcel_py.engine.cache import SequenceCache
 from mlxcel_py.engine.engine import Engine
-from mlxcel_py.options import DraftConfig, LookupConfig, SamplingOptions
 from mlxcel_py.engine.sampling import Decider
 from mlxcel_py.engine.verify import verify_round
+from mlxcel_py.options import DraftConfig, LookupConfig, SamplingOptions
 
 POLICIES = [("auto", True), ("graded", True), ("gated", True), ("cost", True), ("graded", False)]
 
@@ -156,8 +156,8 @@ def test_rollback_then_regenerate_matches_first_run(tiny):
 def test_recurrent_model_is_accepted_and_uncopyable_cache_refused():
     from mlx_lm.models.cache import ArraysCache
 
-    from mlxcel_py.models import loading
     from mlxcel_py.errors import ModelError
+    from mlxcel_py.models import loading
 
     class Recurrent:
         layers = [0]

@@ -11,16 +11,16 @@ import random
 
 import mlx.core as mx
 import pytest
-
 import tiny_models
-from mlxcel_py.models import loading
-from mlxcel_py.engine.cache import SequenceCache
-from mlxcel_py.models.cache_kinds import describe_kinds, rollback_kind
-from mlxcel_py.options import SamplingOptions
-from mlxcel_py.engine.sampling import Decider
-from mlxcel_py.engine.verify import verify_round
 from test_draft_model import full
 from test_engine import engine_for, lookup, run
+
+from mlxcel_py.engine.cache import SequenceCache
+from mlxcel_py.engine.sampling import Decider
+from mlxcel_py.engine.verify import verify_round
+from mlxcel_py.models import loading
+from mlxcel_py.models.cache_kinds import describe_kinds, rollback_kind
+from mlxcel_py.options import SamplingOptions
 
 FAMILIES = list(tiny_models.FAMILIES)
 _loaded: dict = {}
@@ -173,7 +173,7 @@ def test_rollback_is_bit_exact_against_the_same_blocks(family_models, name):
     rng = random.Random(5)
     dec = Decider(SamplingOptions(), prompt_len=1)
     rolled_back = 0
-    for trial in range(6):
+    for _trial in range(6):
         prompt = [rng.randint(0, 255) for _ in range(rng.randint(10, 20))]
         draft = [rng.randint(0, 255) for _ in range(rng.randint(1, 7))]
         x = SequenceCache(lm.model)

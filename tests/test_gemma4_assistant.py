@@ -12,12 +12,12 @@ import json
 import shutil
 
 import pytest
-
 import tiny_models
-from mlxcel_py.drafters import mtp
-from mlxcel_py.errors import ModelError
 from test_families import copy_prompts
 from test_mtp import session, speculate_like_plain
+
+from mlxcel_py.drafters import mtp
+from mlxcel_py.errors import ModelError
 
 
 @pytest.fixture(scope="module")

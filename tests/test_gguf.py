@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import shutil
 
+import gguf_files
 import mlx.core as mx
 import numpy as np
 import pytest
-
-import gguf_files
 from gguf_files import DECODED, NATIVE, Q
-from mlxcel_py.models.gguf import convert as importer
-from mlxcel_py.models import loading
-from mlxcel_py.errors import ModelError
 from test_engine import engine_for, run
+
+from mlxcel_py.errors import ModelError
+from mlxcel_py.models import loading
+from mlxcel_py.models.gguf import convert as importer
 
 FAMILIES = list(gguf_files.CONFIGS)
 PROMPT = [5, 17, 99, 3, 250, 42, 42, 7, 120, 64, 9, 33]

@@ -15,17 +15,17 @@ from collections import Counter
 
 import mlx.core as mx
 import pytest
-
 import tiny_models
 from conftest import mlxcel_cmd
+from test_engine import run
+from test_families import copy_prompts
+
 from mlxcel_py.commands._options import build_options
 from mlxcel_py.drafters import mtp
 from mlxcel_py.errors import ModelError
 from mlxcel_py.options import SamplingOptions
 from mlxcel_py.session import open_session
 from mlxcel_py.validate import validate
-from test_families import copy_prompts
-from test_engine import run
 
 QWEN = tiny_models.QWEN35
 COLLAPSING = 0.2  # Qwen3.5 at this scale settles into repeating one token: the echo head's drafts come true

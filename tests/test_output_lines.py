@@ -9,7 +9,6 @@ import re
 import subprocess
 
 import pytest
-
 from conftest import mlxcel_cmd
 
 NUM = r"(\d+(?:\.\d+)?)"

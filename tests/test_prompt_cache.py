@@ -6,8 +6,8 @@ import pytest
 
 from mlxcel_py.engine.cache import SequenceCache
 from mlxcel_py.engine.engine import Engine
-from mlxcel_py.options import SamplingOptions
 from mlxcel_py.engine.prompt_cache import PromptCache, cache_bytes
+from mlxcel_py.options import SamplingOptions
 
 
 def _engine(loaded, pool_bytes=None) -> Engine:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-from mlxcel_py.options import SamplingOptions
-from mlxcel_py.engine.prompting import prompt_ids
 from test_engine import engine_for, lookup, run
+
+from mlxcel_py.engine.prompting import prompt_ids
+from mlxcel_py.options import SamplingOptions
 
 pytestmark = pytest.mark.real
 

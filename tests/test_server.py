@@ -11,7 +11,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from conftest import ROOT, mlxcel_cmd
 
 pytestmark = pytest.mark.real

@@ -14,12 +14,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from mlxcel_py.engine.generation import TokenLogprob
+from mlxcel_py.engine.stats import GenerationStats
+from mlxcel_py.engine.text import TextPiece
 from mlxcel_py.options import SamplingOptions
 from mlxcel_py.server.app import create_app
 from mlxcel_py.server.security import AccessPolicy, is_json_content_type, parse_keys
 from mlxcel_py.server.worker import Busy, Result
-from mlxcel_py.engine.stats import GenerationStats
-from mlxcel_py.engine.text import TextPiece
 
 VOCAB = 300
 

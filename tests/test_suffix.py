@@ -10,11 +10,11 @@ import signal
 import subprocess
 
 import pytest
-
 from conftest import mlxcel_cmd
-from mlxcel_py.options import DraftConfig, LookupConfig, SamplingOptions
-from mlxcel_py.drafters.suffix import NGRAM_MAX, SuffixDrafter, SuffixStore, draft_from
 from test_engine import engine_for, prompts, run
+
+from mlxcel_py.drafters.suffix import NGRAM_MAX, SuffixDrafter, SuffixStore, draft_from
+from mlxcel_py.options import DraftConfig, LookupConfig, SamplingOptions
 
 FP = "260:test"
 
@@ -156,8 +156,8 @@ def test_generate_saves_the_store_and_the_next_run_drafts_from_it(tiny_dir, cli_
     second = cli(args, cli_env)
     assert second.returncode == 0 and second.stdout == first.stdout == plain.stdout
     assert "suffix store: 1 sequences" in second.stderr  # loaded at start
-    acc = [int(l.split("accepted=")[1].split()[0]) for r in (first, second)
-           for l in r.stderr.splitlines() if l.startswith("[Speculative acceptance]")]
+    acc = [int(line.split("accepted=")[1].split()[0]) for r in (first, second)
+           for line in r.stderr.splitlines() if line.startswith("[Speculative acceptance]")]
     assert acc[1] > acc[0]
     assert len(json.loads(store.read_text())["sequences"]) == 2  # the same answer twice: counted twice
 
@@ -171,7 +171,7 @@ def test_a_corrupt_or_foreign_store_file_is_one_line_error(tiny_dir, cli_env, tm
         r = cli(["generate", "-m", str(tiny_dir), "-p", "x", "-n", "4", "--draft-kind", "suffix",
                  "--suffix-store", str(store)], cli_env)
         assert r.returncode == 1 and "Traceback" not in r.stderr
-        errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+        errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and f"--suffix-store {store}" in errors[0] and reason in errors[0]
         assert store.read_text() == content  # the user's file is left as it was
 
@@ -186,7 +186,7 @@ def test_chat_keeps_the_store_across_turns_and_runs(tiny_dir, cli_env, tmp_path)
     # the second turn's prompt holds the first turn; it replaces it when the reply re-encodes to the
     # same tokens (this byte tokenizer's random bytes need not), else both are kept
     assert 1 <= len(seqs) <= 2 and max(len(q) for q in seqs) > 2 * 16
-    turns = [l for l in r.stderr.splitlines() if "tokens," in l and "suffix:" in l]
+    turns = [line for line in r.stderr.splitlines() if "tokens," in line and "suffix:" in line]
     assert len(turns) == 2
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
+from mlxcel_py.cli import app
 from mlxcel_py.drafters import registry
 from mlxcel_py.models import loading
-from mlxcel_py.cli import app
 
 RULES = [
     # (argv, message fragment)

@@ -67,9 +67,8 @@ SCALES = {"gemma3_text": 0.1, "qwen3_5": 1.0, "falcon_h1": 0.5}
 
 def build(folder: Path, cfg: dict, *, seed: int = 0, scale: float | None = None, extra: dict | None = None) -> Path:
     """Write a random model of `cfg` (plus `extra` tensors, e.g. an MTP head) to `folder`."""
-    from mlx_lm.utils import save_config, save_model
-
     from conftest import write_byte_tokenizer
+    from mlx_lm.utils import save_config, save_model
 
     scale = SCALES.get(cfg["model_type"], 0.2) if scale is None else scale
     folder.mkdir(parents=True, exist_ok=True)

@@ -7,11 +7,11 @@ against width, one line per workload kind plus all prompts, with the recommended
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from .runner import ALL_KINDS, SummaryRow, WidthChoice
 from ..errors import MlxcelError
+from .runner import ALL_KINDS, SummaryRow, WidthChoice
 
 
 def require() -> None:

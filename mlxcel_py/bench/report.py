@@ -9,17 +9,18 @@ from __future__ import annotations
 import json
 import platform
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from ..terminal import ui
-from . import runner as benchmark
-from .runner import ALL_KINDS, SummaryRow, WidthChoice
 from ..drafters import registry
 from ..errors import MlxcelError
 from ..options import BenchPlan, DraftConfig
 from ..session import open_session
+from ..terminal import ui
+from . import runner as benchmark
+from .runner import ALL_KINDS, SummaryRow, WidthChoice
 from .workload import Trace, WorkItem
 
 DEFAULT_PLOT = "mlxcel-bench-widths.png"

@@ -14,12 +14,13 @@ target-only latency and memory beside them. Ratios are medians of per-prompt rat
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..drafters import registry
-from ..options import PEERS, DraftConfig, SamplingOptions
 from ..engine.prompting import prompt_ids, render_messages
+from ..options import PEERS, DraftConfig, SamplingOptions
 from .workload import Trace, WorkItem
 
 ALL_KINDS = "all"

@@ -6,13 +6,13 @@ import sys
 import time
 from typing import Any
 
-from ..terminal import ui
+from ..drafters import registry
+from ..engine.prompting import prompt_ids
+from ..engine.text import TextStream
 from ..errors import MlxcelError, UsageError
 from ..options import RunConfig
-from ..engine.prompting import prompt_ids
-from ..drafters import registry
 from ..session import Session, describe_draft, open_session, resolved_drafter_line
-from ..engine.text import TextStream
+from ..terminal import ui
 from ._report import print_profile, summary_lines
 
 

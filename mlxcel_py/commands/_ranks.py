@@ -5,8 +5,9 @@ tells the followers to stop when it ends, with its own exit code."""
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import typer
 

@@ -9,13 +9,15 @@ Piped stdin reads one message per line until EOF and writes only replies to stdo
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
-from ..terminal import chat_view, ui
-from ..options import RunConfig
 from ..engine.prompting import render_messages
-from ..session import describe_draft, open_session
 from ..engine.text import TextStream
+from ..options import RunConfig
+from ..session import describe_draft, open_session
+from ..terminal import chat_view, ui
+
 
 def _lines(interactive: bool) -> Iterator[str]:
     if interactive:

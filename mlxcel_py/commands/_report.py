@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..terminal import ui
 from ..engine.stats import GenerationStats
+from ..terminal import ui
 
 
 def summary_lines(st: GenerationStats, elapsed_s: float, *, profile: bool = False) -> list[str]:

@@ -6,8 +6,9 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..parallel.launcher import DEFAULT_PORT
+from ..parallel.launcher import launch as start_ranks
 from ..terminal import ui
-from ..parallel.launcher import DEFAULT_PORT, launch as start_ranks
 
 EPILOG = (
     "Examples:\n\n"

@@ -7,8 +7,19 @@ import os
 from ..cpu import blas
 from ..terminal import ui
 from ..validate import validate
-from ._options import (DISTRIBUTED_PARAMS, LOOKUP_PARAMS_HIDDEN, MODEL_PARAMS, RUNTIME_PARAMS, SERVE_SAMPLING_PARAMS, SERVER_PARAMS,
-                       SPEC_PARAMS, ServeMaxTokensOpt, _kw, build_options, with_params)
+from ._options import (
+    DISTRIBUTED_PARAMS,
+    LOOKUP_PARAMS_HIDDEN,
+    MODEL_PARAMS,
+    RUNTIME_PARAMS,
+    SERVE_SAMPLING_PARAMS,
+    SERVER_PARAMS,
+    SPEC_PARAMS,
+    ServeMaxTokensOpt,
+    _kw,
+    build_options,
+    with_params,
+)
 
 EPILOG = (
     "Examples:\n\n"

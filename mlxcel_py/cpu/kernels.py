@@ -33,8 +33,9 @@ import functools
 import sys
 import threading
 import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models import activations as _activations

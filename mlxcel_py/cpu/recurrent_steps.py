@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models import gated_delta as _gd
@@ -89,7 +90,7 @@ def enable(model: Any) -> dict[int, int]:
         module = sys.modules.get(type(gdn).__module__)
         current = getattr(module, "gated_delta_update", None)
         if current is _ORIGINAL:
-            setattr(module, "gated_delta_update", _dispatch)
+            module.gated_delta_update = _dispatch
         elif current is not _dispatch:
             return {}  # a module that computes the recurrence some other way: checkpoint instead
         _recording_conv(gdn.conv1d)

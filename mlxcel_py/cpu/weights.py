@@ -371,6 +371,7 @@ def why_rows_not_exact(model: Any) -> str | None:
 def apply(model: Any, asked: str) -> WeightsReport:
     """Put `model`'s weights in the form `asked` picks (CPU only); float32 for everything else."""
     from mlx.utils import tree_unflatten
+
     # the kernel's layers are not nn.QuantizedLinear/QuantizedEmbedding, so this leaves them alone
     from mlx_lm.utils import dequantize_model
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import itertools
 import operator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import mlx.core as mx
 
@@ -150,7 +151,7 @@ class DrafterSource:
                                on_cuda=on_cuda(), verify_cost=verify_cost)
         return make_policy("fixed", d.block_size, adaptive=False)
 
-    def retarget(self, draft: DraftConfig, loaded: Any) -> "DrafterSource":
+    def retarget(self, draft: DraftConfig, loaded: Any) -> DrafterSource:
         """The same loaded assets for another configuration or target (bench: widths, weight modes)."""
         return type(self)(draft, model=loaded.model, eos_ids=self.eos_ids, vocab_size=self.vocab_size,
                           assets=self.assets)

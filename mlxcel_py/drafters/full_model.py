@@ -10,8 +10,9 @@ MTP checkpoint given as --draft-model is handed to the mtp kind, as the seed pag
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any
 
 import mlx.core as mx
 

@@ -20,8 +20,9 @@ reachable from this machine, so tests prove mechanics and exactness with random 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -111,7 +112,7 @@ class Gemma4Assistant(nn.Module):
         h = self.model.norm(x)
         return self.logits(h)[0].astype(mx.float32), self.post_projection(h)
 
-    def drafter(self, target_model: Any, target_vocab: int | None) -> "AssistantDrafter":
+    def drafter(self, target_model: Any, target_vocab: int | None) -> AssistantDrafter:
         return AssistantDrafter(self, target_model, target_vocab)
 
 

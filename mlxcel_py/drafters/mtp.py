@@ -18,9 +18,10 @@ is verified by the shared verify round, so output equals plain decoding whatever
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -34,7 +35,14 @@ from ..models.families import with_mtp_heads
 from ..models.safetensors import load_tensors, tensor_shapes
 from ..models.taps import hidden_tap, lm_head_and_embed, text_model
 from ..options import DraftConfig, SamplingOptions
-from .base import Drafter, DrafterSource, Plan, Proposal, chain_proposal, draw  # one sampling rule for every model drafter
+from .base import (  # one sampling rule for every model drafter
+    Drafter,
+    DrafterSource,
+    Plan,
+    Proposal,
+    chain_proposal,
+    draw,
+)
 
 FAMILIES = with_mtp_heads()
 MTP_CHECKPOINT_TYPES = ("qwen3_5_mtp", "qwen3_next_mtp", "gemma4_assistant")
@@ -157,7 +165,7 @@ class MTPHead(nn.Module):
 
         return [KVCache() for _ in self.layers]
 
-    def drafter(self, target_model: Any, target_vocab: int | None) -> "MTPDrafter":
+    def drafter(self, target_model: Any, target_vocab: int | None) -> MTPDrafter:
         return MTPDrafter(self, target_model, target_vocab)
 
 

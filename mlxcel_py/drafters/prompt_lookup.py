@@ -8,7 +8,8 @@ per n, n-gram -> latest start with a follower) answers like a rescan at O(1) per
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .base import Drafter, DrafterSource, Plan, Proposal, stop_at_eos
 

@@ -20,8 +20,9 @@ import json
 import os
 import tempfile
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from ..errors import ModelError
 from .base import Drafter, DrafterSource, Plan, Proposal, stop_at_eos
@@ -191,7 +192,7 @@ class SuffixStore:
             raise
 
     @classmethod
-    def load(cls, path: Path, fingerprint: str, budget: int, vocab_size: int | None = None) -> "SuffixStore":
+    def load(cls, path: Path, fingerprint: str, budget: int, vocab_size: int | None = None) -> SuffixStore:
         """Read a saved store; ValueError (with the reason) for a corrupt or foreign file. Token ids
         are checked against the vocabulary: a draft is fed to the model, whose embedding lookup
         does no bounds check."""
@@ -281,7 +282,7 @@ class Source(DrafterSource):
     def new_drafter(self) -> SuffixDrafter:
         return SuffixDrafter(self.store, eos_ids=self.eos_ids)
 
-    def retarget(self, draft, loaded) -> "Source":
+    def retarget(self, draft, loaded) -> Source:
         # a store is memory of requests, not a loaded asset: another configuration starts empty
         return Source(draft, model=loaded.model, eos_ids=self.eos_ids, vocab_size=self.vocab_size)
 

@@ -32,14 +32,15 @@ below the limit, so a queue that hovers around the limit does not flap.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import mlx.core as mx
-
 from mlx_lm.models.cache import KVCache
 
-from ..cpu import kernels as cpu_kernels, weights as cpu_weights
+from ..cpu import kernels as cpu_kernels
+from ..cpu import weights as cpu_weights
 from ..models.taps import trunk_and_head
 from .cache import SequenceCache
 
@@ -62,7 +63,7 @@ class RowCaches:
     becomes 30 ops. Padded (elsewhere): each row goes through its own cache and its own attention
     call."""
 
-    def __init__(self, caches: Sequence[Any], offset: mx.array, plan: "RaggedPlan | None" = None):
+    def __init__(self, caches: Sequence[Any], offset: mx.array, plan: RaggedPlan | None = None):
         self.caches = list(caches)
         self.offset = offset  # per-entry positions, for rope
         self.plan = plan  # None: the padded layout
@@ -115,7 +116,7 @@ class RaggedPlan:
     ends: list[int]
 
     @staticmethod
-    def of(entries: Sequence[tuple[int, int]], offsets: Sequence[int]) -> "RaggedPlan":
+    def of(entries: Sequence[tuple[int, int]], offsets: Sequence[int]) -> RaggedPlan:
         ends = list(offsets)
         for seq, pos in entries:
             ends[seq] = max(ends[seq], pos + 1)

@@ -17,13 +17,15 @@ always stand at the same position.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from ..cpu import kernels as cpu_kernels, recurrent_steps
+from ..cpu import kernels as cpu_kernels
+from ..cpu import recurrent_steps
 from ..models import cache_kinds
 from ..models.cache_kinds import kind_of
 

@@ -10,7 +10,8 @@ source can ask for, so no request pays for tracing a new shape.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import mlx.core as mx
 

@@ -7,8 +7,9 @@ block) and reports the top-2 logit margins at the first divergence.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import mlx.core as mx
 

@@ -14,8 +14,9 @@ Ticks and leaves its forwards to the scheduler's batched forward.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
@@ -76,7 +77,7 @@ def token_logprobs(rows: mx.array, tokens: Sequence[int], top: int) -> list[Toke
 class Generation:
     """One request's token stream. Iterate it once; read `stats` and `finish_reason` after."""
 
-    def __init__(self, engine: "Engine", prompt: Sequence[int], *, max_tokens: int, sampling: SamplingOptions,
+    def __init__(self, engine: Engine, prompt: Sequence[int], *, max_tokens: int, sampling: SamplingOptions,
                  min_tokens: int = 0, ignore_eos: bool = False, speculative: bool = True,
                  reuse_cache: bool = False, remember: bool = True, cancelled: Callable[[], bool] | None = None,
                  logprobs: int | None = None, gate: Any = None, drafter: Any = None, policy: Any = None):

@@ -19,7 +19,8 @@ and the time of every target forward with `timed(width, seconds)`.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 SHADOW_CONFIRM = 2
 

@@ -14,8 +14,8 @@ entries go first; an entry larger than the whole budget is not kept.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import mlx.core as mx
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def render_messages(tokenizer, messages: Sequence[dict], *, chat_template: bool = True) -> list[int]:

@@ -11,7 +11,7 @@ It also exposes the filtered target distribution p, which lossless p/q acceptanc
 from __future__ import annotations
 
 import os
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 import numpy as np

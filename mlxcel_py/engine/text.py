@@ -7,8 +7,9 @@ until it cannot. Closing the token iterator ends the engine's generation where t
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .generation import Generation
@@ -24,7 +25,7 @@ class TextStream:
     """Iterate text pieces of a Generation; `finish_reason` and `stop_word` when done. A scheduled
     Generation's Ticks come through as they are, between the pieces."""
 
-    def __init__(self, generation: "Generation", tokenizer, stop: Sequence[str] = ()):
+    def __init__(self, generation: Generation, tokenizer, stop: Sequence[str] = ()):
         self.generation = generation
         self.detok = tokenizer.detokenizer
         self.stop = [s for s in stop if s]

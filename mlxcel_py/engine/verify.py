@@ -13,8 +13,8 @@ from a distribution q: accept with probability min(1, p/q), else draw from norm(
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import mlx.core as mx
 

@@ -18,7 +18,8 @@ every read and write of it is here, next to the kind it belongs to (checked agai
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import (

@@ -9,7 +9,6 @@ reaches the user.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -19,8 +18,8 @@ from typing import Any
 
 from ..errors import ModelError
 from ..paths import cache_dir
-from .config import read_config
 from . import default_model
+from .config import read_config
 from .gguf import convert as gguf
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

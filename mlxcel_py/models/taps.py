@@ -8,7 +8,8 @@ for prompt rows) and distributed followers share these, so no drafter module own
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 

@@ -40,9 +40,10 @@ import stat
 import struct
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from ..errors import EXIT_USAGE, MlxcelError
 from ..options import ParallelOptions as Layout  # --tp-size / --pp-size
@@ -382,9 +383,9 @@ class Leader:
                     self.world.broken = True
             if self.failure is not None:
                 # nobody may be waiting on the engine (chat at its prompt): say so and stop this process
-                from ..errors import EXIT_RUNTIME
-
                 import sys
+
+                from ..errors import EXIT_RUNTIME
 
                 sys.stderr.write(lost(self.failure, 0).format() + "\n")
                 sys.stderr.flush()

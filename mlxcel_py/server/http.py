@@ -54,17 +54,17 @@ async def read_json(request: Request, limit: int) -> dict:
     try:
         data = json.loads(bytes(raw) or b"{}", parse_constant=_no_constants)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(f"malformed JSON body: {exc}")
+        raise ApiError(f"malformed JSON body: {exc}") from None
     except RecursionError:
-        raise ApiError("malformed JSON body: nested too deeply")
+        raise ApiError("malformed JSON body: nested too deeply") from None
     except ValueError as exc:  # e.g. an integer with thousands of digits
-        raise ApiError(f"malformed JSON body: {str(exc).splitlines()[0][:120]}")
+        raise ApiError(f"malformed JSON body: {str(exc).splitlines()[0][:120]}") from None
     if not isinstance(data, dict):
         raise ApiError("the request body must be a JSON object")
     try:  # JSON may spell a lone UTF-16 surrogate ("\ud800"); no tokenizer can encode one
         json.dumps(data, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
-        raise ApiError("malformed JSON body: a string holds a lone UTF-16 surrogate (not valid Unicode text)")
+        raise ApiError("malformed JSON body: a string holds a lone UTF-16 surrogate (not valid Unicode text)") from None
     return data
 
 

@@ -12,9 +12,10 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import exit_on_signal
 from ..options import SERVER_SAMPLING_DEFAULTS, RunConfig, SamplingOptions

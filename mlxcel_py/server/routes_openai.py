@@ -16,8 +16,8 @@ from fastapi import APIRouter, Request
 
 from ..engine.text import TextPiece
 from .context import ctx_of
-from .responses import timings, usage
 from .http import ApiError
+from .responses import timings, usage
 from .schemas import ChatRequest, CompletionRequest
 
 router = APIRouter()

@@ -24,16 +24,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import signal
 import sys
-import queue
 import threading
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Sequence
+from typing import Any
 
-from ..parallel import distributed
-from ..options import SamplingOptions
 from ..engine.text import TextStream
+from ..options import SamplingOptions
+from ..parallel import distributed
 
 
 @dataclass

@@ -15,8 +15,9 @@ name map (`gguf.TensorNameMap`), the one llama.cpp's converter writes with.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ...errors import ModelError
 

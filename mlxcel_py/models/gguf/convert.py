@@ -24,8 +24,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from . import arch as gguf_arch, tokenizer as gguf_tokenizer
 from ...errors import ModelError
+from . import arch as gguf_arch
+from . import tokenizer as gguf_tokenizer
 
 GROUP_SIZE = 32  # every GGUF block quant MLX reads has 32 values per block
 FORMAT = "v2"  # bump when the folder layout changes, so old cache entries are not re-used
