@@ -37,8 +37,9 @@ class OptionalCMakeBuild(CMakeBuild):
         self._note(None)
 
     def _skip(self, why):
-        print(f"mlxcel-py: the row-exact CPU kernel was not built ({why}); "
-              "CPU weights will be float32", file=sys.stderr)
+        print(
+            f"mlxcel-py: the row-exact CPU kernel was not built ({why}); CPU weights will be float32", file=sys.stderr
+        )
         self._note(why)
 
     def _note(self, why):

@@ -69,12 +69,19 @@ class GenerateOptions:
     def _params(self) -> dict:
         """The CLI's parameters, typed as its parser types them (so messages read the same)."""
         f, i = _number(float), _number(int)
-        return dict(max_tokens=i("max_tokens", self.max_tokens), temp=f("temperature", self.temperature),
-                    top_p=f("top_p", self.top_p), top_k=i("top_k", self.top_k), min_p=f("min_p", self.min_p),
-                    seed=None if self.seed is None else i("seed", self.seed),
-                    repetition_penalty=f("repetition_penalty", self.repetition_penalty),
-                    repeat_last_n=i("repeat_last_n", self.repeat_last_n), min_tokens=i("min_tokens", self.min_tokens),
-                    ignore_eos=bool(self.ignore_eos), stop=_strings("stop", self.stop))
+        return dict(
+            max_tokens=i("max_tokens", self.max_tokens),
+            temp=f("temperature", self.temperature),
+            top_p=f("top_p", self.top_p),
+            top_k=i("top_k", self.top_k),
+            min_p=f("min_p", self.min_p),
+            seed=None if self.seed is None else i("seed", self.seed),
+            repetition_penalty=f("repetition_penalty", self.repetition_penalty),
+            repeat_last_n=i("repeat_last_n", self.repeat_last_n),
+            min_tokens=i("min_tokens", self.min_tokens),
+            ignore_eos=bool(self.ignore_eos),
+            stop=_strings("stop", self.stop),
+        )
 
 
 def _number(kind: type):
@@ -154,9 +161,21 @@ class Stats:
 
     @classmethod
     def of(cls, st: Any) -> Stats:
-        return cls(st.rounds, st.drafted_rounds, st.proposed, st.accepted, st.paused_rounds, st.prompt_tokens,
-                   st.generated_tokens, st.prefill_s, st.decode_s, st.decode_tps, st.acceptance_rate,
-                   st.draft_kind, st.policy)
+        return cls(
+            st.rounds,
+            st.drafted_rounds,
+            st.proposed,
+            st.accepted,
+            st.paused_rounds,
+            st.prompt_tokens,
+            st.generated_tokens,
+            st.prefill_s,
+            st.decode_s,
+            st.decode_tps,
+            st.acceptance_rate,
+            st.draft_kind,
+            st.policy,
+        )
 
 
 class Model:
@@ -176,8 +195,10 @@ class Model:
     def make_drafter(self) -> Drafter:
         """A new drafter of the kind `load()` configured (for speculative_generate)."""
         if self.engine.drafters is None:
-            raise UsageError("this model was loaded without a drafter; pass draft= or draft_kind= to mc.load(), "
-                             "or give speculative_generate a Drafter")
+            raise UsageError(
+                "this model was loaded without a drafter; pass draft= or draft_kind= to mc.load(), "
+                "or give speculative_generate a Drafter"
+            )
         return self.engine.drafters.make(private=True)
 
     def encode(self, text: str, *, chat_template: bool = True, system: str | None = None) -> list[int]:
@@ -191,9 +212,18 @@ class Model:
         return f"<mlxcel_py.Model {self.session.target.resolved.source.split(' (')[0]}, drafter {self.drafter_kind}>"
 
 
-def load(model: str | None = None, *, draft: str | None = None, draft_kind: str | None = None,
-         draft_block_size: int | None = None, revision: str | None = None, cpu_weights: str = "auto",
-         suffix_cache_tokens: int | None = None, suffix_store: str | None = None, warmup: bool = True) -> Model:
+def load(
+    model: str | None = None,
+    *,
+    draft: str | None = None,
+    draft_kind: str | None = None,
+    draft_block_size: int | None = None,
+    revision: str | None = None,
+    cpu_weights: str = "auto",
+    suffix_cache_tokens: int | None = None,
+    suffix_store: str | None = None,
+    warmup: bool = True,
+) -> Model:
     """Load a model as `mlxcel generate -m MODEL` does: a folder, a .gguf file, an owner/name repo id
     in the local Hugging Face cache, or None for the default model. `draft`: a drafter checkpoint
     (a small LM, an MTP head); `draft_kind`: mtp, suffix or full-model (prompt lookup needs no load:
@@ -203,8 +233,12 @@ def load(model: str | None = None, *, draft: str | None = None, draft_kind: str 
         model=ModelOptions(model=model, revision=revision, draft_model=draft, cpu_weights=cpu_weights),
         # a one-shot prompt stands in for the calls to come (validation asks whether there is one)
         generation=GenerationOptions(prompt=""),
-        spec=SpecOptions(draft_kind=draft_kind, draft_block_size=draft_block_size,
-                         suffix_cache_tokens=suffix_cache_tokens, suffix_store=suffix_store),
+        spec=SpecOptions(
+            draft_kind=draft_kind,
+            draft_block_size=draft_block_size,
+            suffix_cache_tokens=suffix_cache_tokens,
+            suffix_store=suffix_store,
+        ),
     )
     run = validate(opts)
     session = open_session(run)
@@ -219,11 +253,23 @@ def _request(model: Model, options: GenerateOptions, *, prompt_lookup: bool = Fa
     g = options._params()
     opts = replace(
         base,
-        generation=replace(base.generation, prompt="", max_tokens=g["max_tokens"], min_tokens=g["min_tokens"],
-                           stop=g["stop"], ignore_eos=g["ignore_eos"]),
-        sampling=SamplingOptions(temp=g["temp"], top_p=g["top_p"], top_k=g["top_k"], min_p=g["min_p"],
-                                 seed=g["seed"], repetition_penalty=g["repetition_penalty"],
-                                 repeat_last_n=g["repeat_last_n"]),
+        generation=replace(
+            base.generation,
+            prompt="",
+            max_tokens=g["max_tokens"],
+            min_tokens=g["min_tokens"],
+            stop=g["stop"],
+            ignore_eos=g["ignore_eos"],
+        ),
+        sampling=SamplingOptions(
+            temp=g["temp"],
+            top_p=g["top_p"],
+            top_k=g["top_k"],
+            min_p=g["min_p"],
+            seed=g["seed"],
+            repetition_penalty=g["repetition_penalty"],
+            repeat_last_n=g["repeat_last_n"],
+        ),
         spec=replace(base.spec, lookup=PromptLookupOptions(enabled=prompt_lookup)),
     )
     return validate(opts)
@@ -254,8 +300,13 @@ class Generation:
         self._inner.close()
 
 
-def speculative_generate(model: Model, prompt: Sequence[int], options: GenerateOptions | None = None,
-                         drafter: Drafter | None = None, policy: DraftPolicy | None = None) -> Generation:
+def speculative_generate(
+    model: Model,
+    prompt: Sequence[int],
+    options: GenerateOptions | None = None,
+    drafter: Drafter | None = None,
+    policy: DraftPolicy | None = None,
+) -> Generation:
     """Token ids after `prompt` (ids), speculating with `drafter` (default: the model's own drafter,
     else plain decoding) under `policy` (default DraftPolicy.auto())."""
     options = options or GenerateOptions()
@@ -270,49 +321,93 @@ def speculative_generate(model: Model, prompt: Sequence[int], options: GenerateO
         drafter = eng.drafters.make()  # shared across calls, as across the CLI's requests
         if policy is None:
             return _wrap(model, run, prompt, drafter, eng.drafters.make_policy(eng.verify_cost))
-    pol = (policy or DraftPolicy.auto())._make(getattr(drafter, "kind", "custom"), eng.verify_cost) \
-        if drafter is not None else None
+    pol = (
+        (policy or DraftPolicy.auto())._make(getattr(drafter, "kind", "custom"), eng.verify_cost)
+        if drafter is not None
+        else None
+    )
     return _wrap(model, run, prompt, drafter, pol)
 
 
 def _wrap(model: Model, run: RunConfig, prompt: list[int], drafter: Any, policy: Any) -> Generation:
     g = run.options.generation
-    inner = model.engine.generate(prompt, max_tokens=g.max_tokens, sampling=run.options.sampling,
-                                  min_tokens=g.min_tokens, ignore_eos=g.ignore_eos,
-                                  speculative=drafter is not None, drafter=drafter, policy=policy)
+    inner = model.engine.generate(
+        prompt,
+        max_tokens=g.max_tokens,
+        sampling=run.options.sampling,
+        min_tokens=g.min_tokens,
+        ignore_eos=g.ignore_eos,
+        speculative=drafter is not None,
+        drafter=drafter,
+        policy=policy,
+    )
     return Generation(inner)
 
 
-def stream(model: Model, prompt: str, *, max_tokens: int = DEFAULT_API_MAX_TOKENS, temperature: float = 0.0,
-           top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, seed: int | None = None,
-           repetition_penalty: float = 1.0, stop: Sequence[str] = (), prompt_lookup: bool = False,
-           speculative: bool = True, chat_template: bool = True, system: str | None = None,
-           min_tokens: int = 0, ignore_eos: bool = False) -> Iterator[str]:
+def stream(
+    model: Model,
+    prompt: str,
+    *,
+    max_tokens: int = DEFAULT_API_MAX_TOKENS,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    seed: int | None = None,
+    repetition_penalty: float = 1.0,
+    stop: Sequence[str] = (),
+    prompt_lookup: bool = False,
+    speculative: bool = True,
+    chat_template: bool = True,
+    system: str | None = None,
+    min_tokens: int = 0,
+    ignore_eos: bool = False,
+) -> Iterator[str]:
     """Text pieces of the reply to `prompt`, as `mlxcel generate -p PROMPT` streams them to stdout
     (arguments are checked when it is called, before the first piece).
     prompt_lookup=True drafts from the prompt (the CLI's --prompt-lookup defaults); the model's own
     drafter runs unless speculative=False."""
-    options = GenerateOptions(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                              min_p=min_p, seed=seed, repetition_penalty=repetition_penalty,
-                              min_tokens=min_tokens, ignore_eos=ignore_eos, stop=tuple(stop))
+    options = GenerateOptions(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        seed=seed,
+        repetition_penalty=repetition_penalty,
+        min_tokens=min_tokens,
+        ignore_eos=ignore_eos,
+        stop=tuple(stop),
+    )
     run = _request(model, options, prompt_lookup=prompt_lookup)
     if not isinstance(prompt, str) or not prompt.strip():
         raise UsageError("the prompt is empty; pass the prompt text")
     ids = model.encode(prompt, chat_template=chat_template, system=system)
     eng = model.engine
     if len(ids) >= eng.context_length:
-        raise UsageError(f"the prompt has {len(ids)} tokens, which fills the model's context window "
-                         f"({eng.context_length}); shorten the prompt")
+        raise UsageError(
+            f"the prompt has {len(ids)} tokens, which fills the model's context window "
+            f"({eng.context_length}); shorten the prompt"
+        )
     drafter = policy = None
     if prompt_lookup:  # this call's drafter, as --prompt-lookup configures it
-        src = registry.kind_of(run.draft.kind).source(run.draft, model=eng.model, eos_ids=eng.eos_ids,
-                                                      vocab_size=eng.vocab_size)
+        src = registry.kind_of(run.draft.kind).source(
+            run.draft, model=eng.model, eos_ids=eng.eos_ids, vocab_size=eng.vocab_size
+        )
         drafter, policy = src.make(), src.make_policy(eng.verify_cost)
     elif speculative and eng.drafters is not None:
         drafter, policy = eng.drafters.make(), eng.drafters.make_policy(eng.verify_cost)
     g = run.options.generation
-    gen = eng.generate(ids, max_tokens=g.max_tokens, sampling=run.options.sampling, min_tokens=g.min_tokens,
-                       ignore_eos=g.ignore_eos, speculative=drafter is not None, drafter=drafter, policy=policy)
+    gen = eng.generate(
+        ids,
+        max_tokens=g.max_tokens,
+        sampling=run.options.sampling,
+        min_tokens=g.min_tokens,
+        ignore_eos=g.ignore_eos,
+        speculative=drafter is not None,
+        drafter=drafter,
+        policy=policy,
+    )
     return _pieces(TextStream(gen, model.tokenizer, g.stop))
 
 
@@ -330,5 +425,15 @@ def generate(model: Model, prompt: str, **kwargs: Any) -> str:
     return "".join(stream(model, prompt, **kwargs))
 
 
-__all__ = ["DraftPolicy", "Drafter", "GenerateOptions", "Generation", "Model", "Stats", "generate", "load",
-           "speculative_generate", "stream"]
+__all__ = [
+    "DraftPolicy",
+    "Drafter",
+    "GenerateOptions",
+    "Generation",
+    "Model",
+    "Stats",
+    "generate",
+    "load",
+    "speculative_generate",
+    "stream",
+]

@@ -59,8 +59,17 @@ def _option_kinds() -> dict[str, dict[str, tuple[str, bool]]]:
 @app.callback()
 def root(
     ctx: typer.Context,
-    config: Annotated[Optional[Path], typer.Option("--config", envvar="MLXCEL_CONFIG", help="TOML file of option defaults (default ~/.config/mlxcel/config.toml).")] = None,
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
+    config: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--config",
+            envvar="MLXCEL_CONFIG",
+            help="TOML file of option defaults (default ~/.config/mlxcel/config.toml).",
+        ),
+    ] = None,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
 ) -> None:
     """Fast LLM decoding on MLX: prompt lookup and draft-model speculation, exact output."""
     from . import config_file, paths
@@ -83,8 +92,13 @@ app.command("run", help=run.__doc__, epilog=run.EPILOG, **_plain)(run.run)
 app.command("chat", help=chat.__doc__, epilog=chat.EPILOG, **_plain)(chat.chat)
 app.command("serve", help=serve.__doc__, epilog=serve.EPILOG, **_plain)(serve.serve)
 app.command("bench", help=bench.__doc__, epilog=bench.EPILOG, **_plain)(bench.bench)
-app.command("launch", help=launch.__doc__, epilog=launch.EPILOG,
-            context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, **_plain)(launch.launch)
+app.command(
+    "launch",
+    help=launch.__doc__,
+    epilog=launch.EPILOG,
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    **_plain,
+)(launch.launch)
 
 
 def main() -> None:

@@ -58,7 +58,9 @@ def default_maps(path: Path, data: dict, options: dict[str, dict[str, tuple[str,
                 maps[cmd][name] = _check_type(path, key, value, kind, multiple)
                 hit = True
         if not hit:
-            raise UsageError(f"config file {path}: unknown key '{key}'{where}; keys are option names such as max-tokens")
+            raise UsageError(
+                f"config file {path}: unknown key '{key}'{where}; keys are option names such as max-tokens"
+            )
 
     for key, value in data.items():
         if key in options and isinstance(value, dict):

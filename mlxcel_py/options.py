@@ -231,7 +231,9 @@ class BenchOptions:
     plot_path: str | None = None
     limit: int | None = None  # prompts per kind
     repeats: int = 1
-    trace: str | None = None  # multi-turn traces (JSON Lines of {"turns": [...]}) instead of a workload  # timed runs per prompt and configuration (the median-speed one is kept)
+    trace: str | None = (
+        None  # multi-turn traces (JSON Lines of {"turns": [...]}) instead of a workload  # timed runs per prompt and configuration (the median-speed one is kept)
+    )
 
 
 @dataclass(frozen=True)

@@ -74,8 +74,13 @@ def open_follower(run: RunConfig, world: Any) -> Session:
     return Session(target, None, state, world=world, tap=hidden_tap(target.model))
 
 
-def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None,
-                 warn: Callable[[str], None] | None = None, world: Any = None) -> Session:
+def open_session(
+    run: RunConfig,
+    *,
+    say: Callable[[str], None] = lambda s: None,
+    warn: Callable[[str], None] | None = None,
+    world: Any = None,
+) -> Session:
     for line in run.warnings:
         (warn or say)(line)
     state = blas.prepare(run.options.model.blas)
@@ -85,8 +90,13 @@ def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None,
     if plan is not None:
         loading.check_rollback_config(resolved.config)
     say(f"model: {resolved.source}")
-    target = loading.load(resolved, dequantize=mopts.dequantize, fast_kernels=mopts.fast_kernels,
-                          cpu_weights=mopts.cpu_weights, world=world)
+    target = loading.load(
+        resolved,
+        dequantize=mopts.dequantize,
+        fast_kernels=mopts.fast_kernels,
+        cpu_weights=mopts.cpu_weights,
+        world=world,
+    )
     channel = tap = None
     if world is not None:
         from .models.taps import hidden_tap
@@ -95,13 +105,20 @@ def open_session(run: RunConfig, *, say: Callable[[str], None] = lambda s: None,
         distributed.barrier(world)  # every rank holds its part
         tap = hidden_tap(target.model)
         channel = world.channel = distributed.Leader(world, tap)
-        say(f"distributed: {world.layout.describe()} over {world.size} ranks ({world.backend} backend); "
-            f"rank 0 runs the engine")
+        say(
+            f"distributed: {world.layout.describe()} over {world.size} ranks ({world.backend} backend); "
+            f"rank 0 runs the engine"
+        )
     if target.weights is not None and target.weights.inexact:
-        (warn or say)(f"--cpu-weights {mopts.cpu_weights}: speculative output may differ from plain output on this "
-                      f"model ({target.weights.inexact}); --cpu-weights auto picks f32 for it")
-    say(f"loaded in {target.load_seconds:.2f}s; weights {target.dtype}; BLAS {state.name}"
-        + (f" ({state.path})" if state.path else f" ({state.note})") + f"; kernels {target.kernels}")
+        (warn or say)(
+            f"--cpu-weights {mopts.cpu_weights}: speculative output may differ from plain output on this "
+            f"model ({target.weights.inexact}); --cpu-weights auto picks f32 for it"
+        )
+    say(
+        f"loaded in {target.load_seconds:.2f}s; weights {target.dtype}; BLAS {state.name}"
+        + (f" ({state.path})" if state.path else f" ({state.note})")
+        + f"; kernels {target.kernels}"
+    )
     drafters = plan.load(target, say) if plan is not None else None
     from .engine.engine import Engine
 

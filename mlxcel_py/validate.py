@@ -40,8 +40,16 @@ from .options import (
 )
 
 LLAMA_NGRAM_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-LLAMA_SPEC_TYPES = ("none", "draft-simple", "draft-mtp", "draft-dflash", "draft-eagle3", "draft-dspark",
-                    "draft-mtp-adaptive", *LLAMA_NGRAM_SPEC_TYPES)
+LLAMA_SPEC_TYPES = (
+    "none",
+    "draft-simple",
+    "draft-mtp",
+    "draft-dflash",
+    "draft-eagle3",
+    "draft-dspark",
+    "draft-mtp-adaptive",
+    *LLAMA_NGRAM_SPEC_TYPES,
+)
 
 
 def _lookup_tuning_flags(opts: CommandOptions) -> list[str]:
@@ -60,24 +68,30 @@ def _lookup_tuning_flags(opts: CommandOptions) -> list[str]:
     return given
 
 
-def validate_lookup_bounds(ngram_min: int, ngram_max: int, max_draft: int, *, flag: str = "--prompt-lookup-max-draft") -> None:
+def validate_lookup_bounds(
+    ngram_min: int, ngram_max: int, max_draft: int, *, flag: str = "--prompt-lookup-max-draft"
+) -> None:
     if ngram_min < 1:
         raise UsageError("--prompt-lookup-ngram-min must be at least 1")
     if ngram_max > NGRAM_MAX_LIMIT:
         raise UsageError(f"--prompt-lookup-ngram-max ({ngram_max}) must be at most {NGRAM_MAX_LIMIT}")
     if ngram_max < ngram_min:
-        raise UsageError(
-            f"--prompt-lookup-ngram-max ({ngram_max}) must be >= --prompt-lookup-ngram-min ({ngram_min})"
-        )
+        raise UsageError(f"--prompt-lookup-ngram-max ({ngram_max}) must be >= --prompt-lookup-ngram-min ({ngram_min})")
     if max_draft < 1:
         raise UsageError(f"{flag} must be at least 1")
     if max_draft > MAX_DRAFT_LIMIT:
         raise UsageError(f"{flag} ({max_draft}) must be at most {MAX_DRAFT_LIMIT}")
 
 
-CLI_SAMPLING_NAMES = {"temp": "--temp", "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p",
-                      "repetition_penalty": "--repetition-penalty", "repeat_last_n": "--repeat-last-n",
-                      "seed": "--seed"}
+CLI_SAMPLING_NAMES = {
+    "temp": "--temp",
+    "top_p": "--top-p",
+    "top_k": "--top-k",
+    "min_p": "--min-p",
+    "repetition_penalty": "--repetition-penalty",
+    "repeat_last_n": "--repeat-last-n",
+    "seed": "--seed",
+}
 
 
 def check_sampling(s, names: dict[str, str] = CLI_SAMPLING_NAMES) -> None:
@@ -124,8 +138,10 @@ def _spec_type(opts: CommandOptions, kind: str | None, draft_model: str | None) 
     values = [v.strip() for v in st.split(",") if v.strip()]
     for v in values:
         if v not in LLAMA_SPEC_TYPES:
-            raise UsageError(f"--spec-type {v} is not a llama-server speculation type mlxcel-py recognizes; "
-                             f"accepted: none, draft-simple")
+            raise UsageError(
+                f"--spec-type {v} is not a llama-server speculation type mlxcel-py recognizes; "
+                f"accepted: none, draft-simple"
+            )
     if "none" in values and len(values) > 1:
         raise UsageError("--spec-type none cannot be combined with another type; pick one")
     if len(set(values)) > 1:
@@ -134,15 +150,19 @@ def _spec_type(opts: CommandOptions, kind: str | None, draft_model: str | None) 
     if v == "none":
         return None, None, True
     if v in LLAMA_NGRAM_SPEC_TYPES:
-        raise UsageError(f"--spec-type {v} is not supported: llama-server's n-gram modes have no mlxcel-py "
-                         f"equivalent; use --draft-kind prompt-lookup (serve) or --prompt-lookup (generate)")
+        raise UsageError(
+            f"--spec-type {v} is not supported: llama-server's n-gram modes have no mlxcel-py "
+            f"equivalent; use --draft-kind prompt-lookup (serve) or --prompt-lookup (generate)"
+        )
     entry = registry.by_spec_type(v)
     if entry is not None and entry.module is not None:
         if kind not in (None, entry.name):
             raise UsageError(f"--spec-type {v} conflicts with --draft-kind {kind}: pick one")
         return entry.name, draft_model, False
-    raise UsageError(f"--spec-type {v} is not supported: mlxcel-py has no {v.removeprefix('draft-')} drafter; "
-                     f"use --spec-type draft-simple with --draft-model, or drop the flag")
+    raise UsageError(
+        f"--spec-type {v} is not supported: mlxcel-py has no {v.removeprefix('draft-')} drafter; "
+        f"use --spec-type draft-simple with --draft-model, or drop the flag"
+    )
 
 
 def validate(opts: CommandOptions) -> RunConfig:
@@ -157,7 +177,9 @@ def validate(opts: CommandOptions) -> RunConfig:
 def _server(opts: CommandOptions) -> None:
     srv = opts.server
     if srv.ctx_size < 0:
-        raise UsageError(f"--ctx-size must be 0 (the model's window) or a positive number of tokens, got {srv.ctx_size}")
+        raise UsageError(
+            f"--ctx-size must be 0 (the model's window) or a positive number of tokens, got {srv.ctx_size}"
+        )
     if not 1 <= srv.parallel <= MAX_PARALLEL:
         raise UsageError(f"--parallel (-np) must be between 1 and {MAX_PARALLEL}, got {srv.parallel}")
     if srv.shutdown_grace < 0:
@@ -179,8 +201,10 @@ def _cpu_weights(opts: CommandOptions) -> None:
         hint = " (a comma list is a bench option)" if "," in m.cpu_weights else ""
         raise UsageError(f"--cpu-weights {m.cpu_weights} is not one of {', '.join(CPU_WEIGHTS)}{hint}")
     if not m.dequantize and m.cpu_weights != DEFAULT_CPU_WEIGHTS:
-        raise UsageError(f"--no-dequantize keeps MLX's own quantized matmul and conflicts with --cpu-weights "
-                         f"{m.cpu_weights}; drop one of them")
+        raise UsageError(
+            f"--no-dequantize keeps MLX's own quantized matmul and conflicts with --cpu-weights "
+            f"{m.cpu_weights}; drop one of them"
+        )
 
 
 def _parallel(opts: CommandOptions) -> None:
@@ -192,11 +216,14 @@ def _parallel(opts: CommandOptions) -> None:
     if not par.active:
         return
     if par.tp_size > 1 and par.pp_size > 1:
-        raise UsageError(f"--tp-size {par.tp_size} with --pp-size {par.pp_size}: a 2-D layout is not supported; "
-                         f"pick one of them")
+        raise UsageError(
+            f"--tp-size {par.tp_size} with --pp-size {par.pp_size}: a 2-D layout is not supported; pick one of them"
+        )
     if opts.model.cpu_weights in ("q8", "q4"):
-        raise UsageError(f"--cpu-weights {opts.model.cpu_weights}: the row-exact kernel does not run under "
-                         f"{par.flag} (sharded layers are MLX's own, float32 on the CPU); drop one of them")
+        raise UsageError(
+            f"--cpu-weights {opts.model.cpu_weights}: the row-exact kernel does not run under "
+            f"{par.flag} (sharded layers are MLX's own, float32 on the CPU); drop one of them"
+        )
     if opts.generation.verify_exact:
         raise UsageError(f"--verify-exact does not run under {par.flag}; drop one of them")
 
@@ -224,21 +251,27 @@ def _validate(opts: CommandOptions) -> RunConfig:
     par = opts.parallel
 
     if lk.enabled and cmd not in ("generate", "bench"):
-        raise UsageError(f"--prompt-lookup is a generate option; on {cmd} use "
-                         + ("--draft-kind prompt-lookup" if cmd == "serve" else "mlxcel generate -p TEXT --prompt-lookup"))
+        raise UsageError(
+            f"--prompt-lookup is a generate option; on {cmd} use "
+            + ("--draft-kind prompt-lookup" if cmd == "serve" else "mlxcel generate -p TEXT --prompt-lookup")
+        )
     if tuning and not lk.enabled:
         raise UsageError(f"{tuning[0]} requires --prompt-lookup; add --prompt-lookup or drop {tuning[0]}")
     if lk.enabled and draft_model:
-        raise UsageError("--prompt-lookup conflicts with --draft-model: prompt lookup takes no drafter checkpoint; "
-                         "drop one of them")
+        raise UsageError(
+            "--prompt-lookup conflicts with --draft-model: prompt lookup takes no drafter checkpoint; drop one of them"
+        )
     if lk.enabled and kind not in (None, "prompt-lookup"):
         raise UsageError(f"--prompt-lookup conflicts with --draft-kind {kind}: one drafter per run; drop one of them")
     if lk.enabled and spec.draft_block_size is not None:
-        raise UsageError("--draft-block-size (--draft-max) does not apply to --prompt-lookup; "
-                         "use --prompt-lookup-max-draft N")
+        raise UsageError(
+            "--draft-block-size (--draft-max) does not apply to --prompt-lookup; use --prompt-lookup-max-draft N"
+        )
     if lk.enabled and spec.spec_type is not None:
-        raise UsageError(f"--spec-type {spec.spec_type} selects a server drafter and does not combine with "
-                         f"--prompt-lookup; drop one of them")
+        raise UsageError(
+            f"--spec-type {spec.spec_type} selects a server drafter and does not combine with "
+            f"--prompt-lookup; drop one of them"
+        )
     if opts.generation.verify_exact and cmd not in ("generate", "run"):
         raise UsageError(f"--verify-exact is a generate/run option (it reruns one prompt plainly); drop it on {cmd}")
     if cmd == "serve" and opts.server.cache_ram < -1:
@@ -247,22 +280,28 @@ def _validate(opts: CommandOptions) -> RunConfig:
         raise UsageError("--prompt-lookup-max-batch must be at least 1")
     _suffix_flags(opts, kind)
     if kind == "prompt-lookup" and cmd in ("generate", "run", "chat", "bench"):
-        raise UsageError("--draft-kind=prompt-lookup takes no drafter checkpoint; pass --prompt-lookup instead "
-                         "(see --prompt-lookup-* for its settings)")
+        raise UsageError(
+            "--draft-kind=prompt-lookup takes no drafter checkpoint; pass --prompt-lookup instead "
+            "(see --prompt-lookup-* for its settings)"
+        )
     if kind == "prompt-lookup" and draft_model:
         raise UsageError("prompt-lookup takes no draft model; remove --draft-model/--model-draft")
 
     kind, draft_model, spec_off = _spec_type(opts, kind, draft_model)
     if spec_off:
-        dropped = (f"--spec-type none: the drafter {opts.model.draft_model} is dropped; decoding plainly",) \
-            if opts.model.draft_model else ()
+        dropped = (
+            (f"--spec-type none: the drafter {opts.model.draft_model} is dropped; decoding plainly",)
+            if opts.model.draft_model
+            else ()
+        )
         return RunConfig(opts, DraftConfig(), warnings=dropped)
 
     if lk.enabled:
         g = opts.generation
         if g.prompt is None and cmd == "generate":
-            raise UsageError("--prompt-lookup needs a one-shot prompt (-p/--prompt); interactive chat does not "
-                             "support prompt lookup")
+            raise UsageError(
+                "--prompt-lookup needs a one-shot prompt (-p/--prompt); interactive chat does not support prompt lookup"
+            )
         if par.pp_size > 1:
             raise UsageError("--prompt-lookup does not support pipeline parallelism (--pp-size > 1); drop one")
         cfg = LookupConfig(
@@ -284,31 +323,51 @@ def _validate(opts: CommandOptions) -> RunConfig:
     # a drafter checkpoint alone means a full model drafter (llama-server's -md)
     entry = registry.kind_of(kind or "full-model")
     if entry.module is None:
-        raise UsageError(f"--draft-kind {kind} is not available in mlxcel-py yet; use --draft-kind full-model "
-                         f"with --draft-model, or prompt lookup")
+        raise UsageError(
+            f"--draft-kind {kind} is not available in mlxcel-py yet; use --draft-kind full-model "
+            f"with --draft-model, or prompt lookup"
+        )
     if entry.checkpoint == registry.REQUIRED and not draft_model:
         raise UsageError(f"--draft-kind {entry.name} needs --draft-model PATH")
     if entry.checkpoint == registry.NONE and draft_model:
         raise UsageError(f"--draft-kind {entry.name} takes no drafter checkpoint; remove --draft-model")
     if par.active and not entry.parallel:
-        raise UsageError(f"{entry.named} does not run under {par.flag} (the {entry.unsharded} is not sharded); "
-                         f"drop one")
+        raise UsageError(
+            f"{entry.named} does not run under {par.flag} (the {entry.unsharded} is not sharded); drop one"
+        )
     if par.pp_size > 1 and "pp" not in entry.parallel:
         raise UsageError(f"{entry.named} does not support pipeline parallelism (--pp-size > 1); drop one")
     explicit_block = spec.draft_block_size is not None
     block = spec.draft_block_size if explicit_block else entry.default_width
-    lookup = LookupConfig(max_draft=block, policy=entry.default_policy) if entry.sizing == registry.ADAPTIVE \
+    lookup = (
+        LookupConfig(max_draft=block, policy=entry.default_policy)
+        if entry.sizing == registry.ADAPTIVE
         else LookupConfig()
-    return RunConfig(opts, DraftConfig(
-        kind=entry.name, lookup=lookup, draft_model=draft_model or None, block_size=block,
-        block_explicit=explicit_block, kind_explicit=kind is not None,
-        suffix_cache_tokens=spec.suffix_cache_tokens or DEFAULT_SUFFIX_CACHE_TOKENS, suffix_store=spec.suffix_store))
+    )
+    return RunConfig(
+        opts,
+        DraftConfig(
+            kind=entry.name,
+            lookup=lookup,
+            draft_model=draft_model or None,
+            block_size=block,
+            block_explicit=explicit_block,
+            kind_explicit=kind is not None,
+            suffix_cache_tokens=spec.suffix_cache_tokens or DEFAULT_SUFFIX_CACHE_TOKENS,
+            suffix_store=spec.suffix_store,
+        ),
+    )
 
 
 def _suffix_flags(opts: CommandOptions, kind: str | None) -> None:
     spec = opts.spec
-    flag = ("--suffix-cache-tokens" if spec.suffix_cache_tokens is not None else
-            "--suffix-store" if spec.suffix_store is not None else None)
+    flag = (
+        "--suffix-cache-tokens"
+        if spec.suffix_cache_tokens is not None
+        else "--suffix-store"
+        if spec.suffix_store is not None
+        else None
+    )
     if flag and kind != "suffix":
         raise UsageError(f"{flag} requires --draft-kind suffix; add it or drop {flag}")
     if spec.suffix_cache_tokens is not None and spec.suffix_cache_tokens < 1:
@@ -344,18 +403,24 @@ def validate_bench(opts: CommandOptions, bench: BenchOptions) -> BenchPlan:
     weights = _parse_weights(opts.model.cpu_weights)
     opts = replace(opts, model=replace(opts.model, cpu_weights=weights[0]))
     if len(weights) > 1 and opts.spec.draft_kind == "mtp":
-        raise UsageError(f"--cpu-weights {','.join(weights)}: the MTP head is loaded onto one target, so "
-                         f"--draft-kind mtp is benchmarked in one weight mode; pass one mode")
+        raise UsageError(
+            f"--cpu-weights {','.join(weights)}: the MTP head is loaded onto one target, so "
+            f"--draft-kind mtp is benchmarked in one weight mode; pass one mode"
+        )
     if bench.vs is not None and bench.vs not in PEERS:
         raise UsageError(f"--vs {bench.vs}: the peer to compare against must be one of {', '.join(PEERS)}")
     if bench.vs == "llama.cpp":
         spec = opts.model.model
         if spec is not None and not (spec.endswith(".gguf") and Path(spec).expanduser().is_file()):
-            raise UsageError("--vs llama.cpp runs llama.cpp on the same GGUF file: pass -m FILE.gguf "
-                             "(or omit -m for the default model)")
+            raise UsageError(
+                "--vs llama.cpp runs llama.cpp on the same GGUF file: pass -m FILE.gguf "
+                "(or omit -m for the default model)"
+            )
         if importlib.util.find_spec("llama_cpp") is None:
-            raise UsageError("--vs llama.cpp needs llama-cpp-python, which is not installed",
-                             hint="pip install -e '.[llama]' (it builds llama.cpp from source, a few minutes)")
+            raise UsageError(
+                "--vs llama.cpp needs llama-cpp-python, which is not installed",
+                hint="pip install -e '.[llama]' (it builds llama.cpp from source, a few minutes)",
+            )
     if bench.limit is not None and bench.limit < 1:
         raise UsageError(f"--limit must be at least 1, got {bench.limit}")
     if not 1 <= bench.repeats <= 100:
@@ -374,10 +439,17 @@ def validate_bench(opts: CommandOptions, bench: BenchOptions) -> BenchPlan:
         runs.append(validate(no_lookup))
     if wants_lookup:
         # beside a model drafter, --draft-block-size is that drafter's; alone it is refused
-        only_lookup = replace(opts, model=replace(opts.model, draft_model=None),
-                              spec=replace(opts.spec, draft_kind=None, lookup=replace(lk, enabled=True),
-                                           draft_block_size=None if wants_model else opts.spec.draft_block_size,
-                                           suffix_cache_tokens=None))
+        only_lookup = replace(
+            opts,
+            model=replace(opts.model, draft_model=None),
+            spec=replace(
+                opts.spec,
+                draft_kind=None,
+                lookup=replace(lk, enabled=True),
+                draft_block_size=None if wants_model else opts.spec.draft_block_size,
+                suffix_cache_tokens=None,
+            ),
+        )
         runs.append(validate(only_lookup))
     drafters = [r.draft for r in runs]
     drafts = tuple(registry.with_width(d, w) for d in drafters for w in widths) if widths else tuple(drafters)

@@ -36,8 +36,10 @@ def main() -> None:
     a = ap.parse_args()
     qmm, why = cpu_weights.kernel_status()
     if qmm is None or not qmm.amx_supported():
-        sys.exit(f"needs the kernel with AMX tiles here (kernel: {why}; AMX: "
-                 f"{'yes' if qmm is not None and qmm.amx_supported() else 'no'})")
+        sys.exit(
+            f"needs the kernel with AMX tiles here (kernel: {why}; AMX: "
+            f"{'yes' if qmm is not None and qmm.amx_supported() else 'no'})"
+        )
     mx.random.seed(0)
     weights = {}
     for name, (n, k) in SHAPES.items():

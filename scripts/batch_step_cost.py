@@ -133,8 +133,10 @@ def prompt_chunk(model, steps: int) -> None:
                     kern.append(k1 - k0)
                     att.append(a1 - a0)
             what = f"{B} x 3 rows" + (f" + a {chunk}-row prompt chunk" if chunk else "")
-            print(f"| {what} | {statistics.median(times) * 1000:.1f} | {statistics.median(kern) * 1000:.1f} | "
-                  f"{statistics.median(att) * 1000:.1f} |")
+            print(
+                f"| {what} | {statistics.median(times) * 1000:.1f} | {statistics.median(kern) * 1000:.1f} | "
+                f"{statistics.median(att) * 1000:.1f} |"
+            )
 
 
 if __name__ == "__main__":

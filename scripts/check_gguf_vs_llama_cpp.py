@@ -89,8 +89,10 @@ def main(families: list[str], kinds: list) -> int:
             same = a == b
             # llama.cpp keeps its KV cache in f16; with quantized weights it also quantizes activations
             bad += (not same and exact) or diff > (5e-3 if exact else 5e-2) * max(1.0, scale)
-            print(f"{family:9s} greedy {'equal' if same else 'DIFFER'} ({STEPS} tokens); "
-                  f"first-step logits max |diff| {diff:.2e} (max |logit| {scale:.2f})")
+            print(
+                f"{family:9s} greedy {'equal' if same else 'DIFFER'} ({STEPS} tokens); "
+                f"first-step logits max |diff| {diff:.2e} (max |logit| {scale:.2f})"
+            )
     return 1 if bad else 0
 
 

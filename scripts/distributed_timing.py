@@ -65,16 +65,19 @@ def main() -> None:
     base = statistics.median(r["ms_per_token"] for r in runs["1 process, f32"])
     for name, rs in runs.items():
         best = sorted(rs, key=lambda r: r["ms_per_token"])[len(rs) // 2]
-        rows.append({"config": name, **{k: v for k, v in best.items() if k != "text"},
-                     "vs_f32": base / best["ms_per_token"]})
+        rows.append(
+            {"config": name, **{k: v for k, v in best.items() if k != "text"}, "vs_f32": base / best["ms_per_token"]}
+        )
     same = runs["1 process, f32"][0]["text"] == runs[f"2 ranks, {layout[0]} 2"][0]["text"]
     print("| configuration | ms per token | tok/s | vs 1 process f32 | exchanged per token |")
     print("|---|---|---|---|---|")
     for r in rows:
         ex = f"{r['kib_per_token']:.2f} KiB" if "kib_per_token" in r else "-"
         print(f"| {r['config']} | {r['ms_per_token']:.1f} | {r['tok_s']:.2f} | {r['vs_f32']:.2f}x | {ex} |")
-    print(f"\n{a.max_tokens} tokens, median of {a.repeats} interleaved runs; 2-rank output identical to "
-          f"1-process f32 output: {same}")
+    print(
+        f"\n{a.max_tokens} tokens, median of {a.repeats} interleaved runs; 2-rank output identical to "
+        f"1-process f32 output: {same}"
+    )
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"rows": rows, "identical": same, "max_tokens": a.max_tokens, "repeats": a.repeats}, fh, indent=1)

@@ -36,9 +36,17 @@ def main() -> int:
     def client(i: int) -> None:
         for j in range(args.requests):
             try:
-                r = post(f"{args.url}/v1/chat/completions", {
-                    "messages": [{"role": "user", "content": f"Client {i} request {j}: repeat 'alpha beta gamma'."}],
-                    "max_tokens": args.max_tokens, "temperature": 0}, args.timeout)
+                r = post(
+                    f"{args.url}/v1/chat/completions",
+                    {
+                        "messages": [
+                            {"role": "user", "content": f"Client {i} request {j}: repeat 'alpha beta gamma'."}
+                        ],
+                        "max_tokens": args.max_tokens,
+                        "temperature": 0,
+                    },
+                    args.timeout,
+                )
                 assert r["choices"][0]["message"]["content"] is not None
                 done.append(1)
             except Exception as exc:  # report every failure

@@ -47,8 +47,9 @@ def workload() -> list[dict]:
 
 
 def start(serve_args: list[str]) -> tuple[subprocess.Popen, str, list[str]]:
-    proc = subprocess.Popen([sys.executable, "-m", "mlxcel_py", "serve", "--port", "0", *serve_args],
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlxcel_py", "serve", "--port", "0", *serve_args], stderr=subprocess.PIPE, text=True
+    )
     lines = []
     while True:
         line = proc.stderr.readline()
@@ -67,8 +68,10 @@ def run(url: str, items: list[dict], clients: int, max_tokens: int, sustained: i
     work: queue.Queue = queue.Queue()
     if sustained:
         n = len(items)
-        plans = [[(j % n, items[j % n]) for j in range(c * n // clients, c * n // clients + n * sustained)]
-                 for c in range(clients)]
+        plans = [
+            [(j % n, items[j % n]) for j in range(c * n // clients, c * n // clients + n * sustained)]
+            for c in range(clients)
+        ]
     else:
         for i, it in enumerate(items):
             work.put((i, it))
@@ -83,13 +86,24 @@ def run(url: str, items: list[dict], clients: int, max_tokens: int, sustained: i
                 except (queue.Empty, StopIteration):
                     return
                 t = time.perf_counter()
-                r = http.post(url + "/v1/chat/completions", json={
-                    "messages": [{"role": "user", "content": it["prompt"]}], "max_tokens": max_tokens,
-                    "temperature": 0}).json()
-                out.append({"index": i, "latency": time.perf_counter() - t,
-                            "text": r["choices"][0]["message"]["content"],
-                            "tokens": r["usage"]["completion_tokens"], "timings": r.get("timings", {}),
-                            "kind": it.get("kind", "")})
+                r = http.post(
+                    url + "/v1/chat/completions",
+                    json={
+                        "messages": [{"role": "user", "content": it["prompt"]}],
+                        "max_tokens": max_tokens,
+                        "temperature": 0,
+                    },
+                ).json()
+                out.append(
+                    {
+                        "index": i,
+                        "latency": time.perf_counter() - t,
+                        "text": r["choices"][0]["message"]["content"],
+                        "tokens": r["usage"]["completion_tokens"],
+                        "timings": r.get("timings", {}),
+                        "kind": it.get("kind", ""),
+                    }
+                )
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
@@ -100,10 +114,16 @@ def run(url: str, items: list[dict], clients: int, max_tokens: int, sustained: i
     wall = time.perf_counter() - t0
     out.sort(key=lambda o: o["index"])
     lat = sorted(o["latency"] for o in out)
-    return {"clients": clients, "wall_s": wall, "tokens": sum(o["tokens"] for o in out),
-            "tok_s": sum(o["tokens"] for o in out) / wall, "p50_s": statistics.median(lat),
-            "p95_s": lat[min(len(lat) - 1, round(0.95 * (len(lat) - 1)))],
-            "draft_rounds": sum(o["timings"].get("draft_rounds", 0) for o in out), "responses": out}
+    return {
+        "clients": clients,
+        "wall_s": wall,
+        "tokens": sum(o["tokens"] for o in out),
+        "tok_s": sum(o["tokens"] for o in out) / wall,
+        "p50_s": statistics.median(lat),
+        "p95_s": lat[min(len(lat) - 1, round(0.95 * (len(lat) - 1)))],
+        "draft_rounds": sum(o["timings"].get("draft_rounds", 0) for o in out),
+        "responses": out,
+    }
 
 
 def main() -> None:
@@ -119,40 +139,67 @@ def main() -> None:
     items = workload() * (1 if a.sustained else max(1, a.passes))
     proc, url, lines = start(serve_args)
     try:
-        httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                        "max_tokens": 4, "temperature": 0}, timeout=600)
-        results = [run(url, items, int(c), a.max_tokens, max(1, a.passes) if a.sustained and int(c) > 1 else 0)
-                   for c in a.clients.split(",")]
+        httpx.post(
+            url + "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0},
+            timeout=600,
+        )
+        results = [
+            run(url, items, int(c), a.max_tokens, max(1, a.passes) if a.sustained and int(c) > 1 else 0)
+            for c in a.clients.split(",")
+        ]
     finally:
         proc.terminate()
         proc.wait(timeout=60)
     base = results[0]
     if a.sustained:
         each = f"{a.passes} times" if a.passes > 1 else "once"
-        shape = (f"{len(items)} public-workload prompts; 1 client sends them once, C clients each send all "
-                 f"of them {each} from their own offset (sustained load)")
+        shape = (
+            f"{len(items)} public-workload prompts; 1 client sends them once, C clients each send all "
+            f"of them {each} from their own offset (sustained load)"
+        )
     else:
-        shape = f"{len(items)} public-workload prompts" + (f" ({a.passes} passes over the workload)" if a.passes > 1 else "")
+        shape = f"{len(items)} public-workload prompts" + (
+            f" ({a.passes} passes over the workload)" if a.passes > 1 else ""
+        )
     print(f"serve {' '.join(serve_args)}; {shape}, greedy, max {a.max_tokens} tokens each; one run\n")
-    print("| clients | requests | wall s | generated tok/s | vs 1 client | p50 latency s | p95 latency s | "
-          "verify rounds | same text as 1 client |")
+    print(
+        "| clients | requests | wall s | generated tok/s | vs 1 client | p50 latency s | p95 latency s | "
+        "verify rounds | same text as 1 client |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     alone = {x["index"]: x["text"] for x in base["responses"]}
     for r in results:
         same = sum(x["text"] == alone[x["index"]] for x in r["responses"])
         r["identical"] = same
-        print(f"| {r['clients']} | {len(r['responses'])} | {r['wall_s']:.1f} | {r['tok_s']:.1f} | "
-              f"{r['tok_s'] / base['tok_s']:.2f}x | {r['p50_s']:.1f} | {r['p95_s']:.1f} | {r['draft_rounds']} | "
-              f"{same}/{len(r['responses'])} |")
+        print(
+            f"| {r['clients']} | {len(r['responses'])} | {r['wall_s']:.1f} | {r['tok_s']:.1f} | "
+            f"{r['tok_s'] / base['tok_s']:.2f}x | {r['p50_s']:.1f} | {r['p95_s']:.1f} | {r['draft_rounds']} | "
+            f"{same}/{len(r['responses'])} |"
+        )
     if any(it.get("kind") in ("edit", "reformat") for it in items):
         print("\nCopy-heavy requests (edit, reformat), median decode tok/s per request (server `timings`):")
         for r in results[:3]:
-            speeds = [x["timings"].get("predicted_per_second", 0.0) for x in r["responses"]
-                      if x["kind"] in ("edit", "reformat")]
+            speeds = [
+                x["timings"].get("predicted_per_second", 0.0)
+                for x in r["responses"]
+                if x["kind"] in ("edit", "reformat")
+            ]
             print(f"- {r['clients']} client(s): {statistics.median(speeds):.1f}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"serve_args": serve_args, "max_tokens": a.max_tokens, "passes": a.passes, "sustained": a.sustained,
-                                            "results": results, "startup": lines}, indent=1))
+        Path(a.json).write_text(
+            json.dumps(
+                {
+                    "serve_args": serve_args,
+                    "max_tokens": a.max_tokens,
+                    "passes": a.passes,
+                    "sustained": a.sustained,
+                    "results": results,
+                    "startup": lines,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

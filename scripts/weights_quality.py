@@ -40,7 +40,7 @@ def logprobs_over(model, ids: list[int], start: int, chunk: int = 64) -> mx.arra
     rows = []
     with cpu_kernels.engaged(model):
         for i in range(0, len(ids) - 1, chunk):
-            part = ids[i:min(i + chunk, len(ids) - 1)]
+            part = ids[i : min(i + chunk, len(ids) - 1)]
             out = model(mx.array([part]), cache=cache)[0]
             rows.append(out)
             mx.eval(out)
@@ -63,8 +63,9 @@ def main() -> None:
     items = [json.loads(line) for line in Path(a.workload).read_text().splitlines() if line.strip()][: a.limit]
     from mlxcel_py.engine.engine import Engine
 
-    eng = Engine(ref.model, eos_ids=ref.tokenizer.eos_token_ids, vocab_size=ref.vocab_size,
-                 context_length=ref.context_length)
+    eng = Engine(
+        ref.model, eos_ids=ref.tokenizer.eos_token_ids, vocab_size=ref.vocab_size, context_length=ref.context_length
+    )
     stats = {m: {"positions": 0, "top1": 0, "kl": 0.0} for m in modes}
     for item in items:
         ids = prompt_ids(ref.tokenizer, item["prompt"])
@@ -81,18 +82,29 @@ def main() -> None:
             st["top1"] += int((p.argmax(-1) == q.argmax(-1)).sum().item())
             st["kl"] += kl.sum().item()
         print(f"{item.get('kind', '?')}: {len(cont)} positions", file=sys.stderr)
-    lines = ["| --cpu-weights | weights | positions | top-1 agreement with f32 | mean KL(f32 ‖ mode), nats |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| --cpu-weights | weights | positions | top-1 agreement with f32 | mean KL(f32 ‖ mode), nats |",
+        "|---|---|---|---|---|",
+    ]
     for m, st in stats.items():
         n = max(st["positions"], 1)
         st["top1_agreement"], st["mean_kl"] = st["top1"] / n, st["kl"] / n
-        lines.append(f"| {m} | {modes[m].dtype.split(' (')[0]} | {st['positions']} | {st['top1_agreement']:.4f} | "
-                     f"{st['mean_kl']:.2e} |")
+        lines.append(
+            f"| {m} | {modes[m].dtype.split(' (')[0]} | {st['positions']} | {st['top1_agreement']:.4f} | "
+            f"{st['mean_kl']:.2e} |"
+        )
     print("\n".join(lines))
     if a.json:
-        Path(a.json).write_text(json.dumps({"model": resolved.source, "max_tokens": a.max_tokens,
-                                            "modes": {m: {**st, "weights": modes[m].dtype} for m, st in stats.items()}},
-                                           indent=2))
+        Path(a.json).write_text(
+            json.dumps(
+                {
+                    "model": resolved.source,
+                    "max_tokens": a.max_tokens,
+                    "modes": {m: {**st, "weights": modes[m].dtype} for m, st in stats.items()},
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -35,14 +35,22 @@ def write_byte_tokenizer(folder: Path) -> None:
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-        "chat_template": CHATML, "clean_up_tokenization_spaces": False,
-    }))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": "<|im_end|>",
+                "pad_token": "<|endoftext|>",
+                "chat_template": CHATML,
+                "clean_up_tokenization_spaces": False,
+            }
+        )
+    )
 
 
-def make_tiny_model(folder: Path, *, seed: int = 0, hidden: int = 64, layers: int = 2, vocab: int = 260,
-                    scale: float = 1.0) -> Path:
+def make_tiny_model(
+    folder: Path, *, seed: int = 0, hidden: int = 64, layers: int = 2, vocab: int = 260, scale: float = 1.0
+) -> Path:
     """A random llama that mlx_lm.load reads offline. `scale` > 1 makes its logits less flat,
     so greedy decoding wanders instead of collapsing to one repeated token."""
     from mlx.utils import tree_map
@@ -50,9 +58,18 @@ def make_tiny_model(folder: Path, *, seed: int = 0, hidden: int = 64, layers: in
     from mlx_lm.utils import save_config, save_model
 
     folder.mkdir(parents=True, exist_ok=True)
-    cfg = dict(model_type="llama", hidden_size=hidden, num_hidden_layers=layers, intermediate_size=hidden * 2,
-               num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=vocab,
-               tie_word_embeddings=True, max_position_embeddings=2048)
+    cfg = dict(
+        model_type="llama",
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=hidden * 2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=vocab,
+        tie_word_embeddings=True,
+        max_position_embeddings=2048,
+    )
     mx.random.seed(seed)
     model = llama.Model(llama.ModelArgs(**cfg))
     if scale != 1.0:

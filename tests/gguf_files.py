@@ -23,46 +23,142 @@ from gguf import GGMLQuantizationType as Q
 from mlx.utils import tree_flatten, tree_map
 
 H = 256  # K-quants need rows that are a multiple of 256 values
-BASE = dict(hidden_size=H, num_hidden_layers=2, intermediate_size=512, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-6, vocab_size=260, max_position_embeddings=2048)
+BASE = dict(
+    hidden_size=H,
+    num_hidden_layers=2,
+    intermediate_size=512,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    rms_norm_eps=1e-6,
+    vocab_size=260,
+    max_position_embeddings=2048,
+)
 CONFIGS = {
     "llama": ("llama", dict(BASE, model_type="llama", tie_word_embeddings=False, rope_theta=10000.0)),
     # Mistral Nemo's quirk: head_dim (32 here) is not hidden / heads; one KV head for four query heads
-    "mistral": ("llama", dict(BASE, model_type="mistral", head_dim=32, num_key_value_heads=1,
-                              tie_word_embeddings=False, rope_theta=1e6)),
-    "mixtral": ("llama", dict(BASE, model_type="mixtral", intermediate_size=256, num_local_experts=4,
-                              num_experts_per_tok=2, tie_word_embeddings=False, rope_theta=1e6)),
+    "mistral": (
+        "llama",
+        dict(BASE, model_type="mistral", head_dim=32, num_key_value_heads=1, tie_word_embeddings=False, rope_theta=1e6),
+    ),
+    "mixtral": (
+        "llama",
+        dict(
+            BASE,
+            model_type="mixtral",
+            intermediate_size=256,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            tie_word_embeddings=False,
+            rope_theta=1e6,
+        ),
+    ),
     "qwen2": ("qwen2", dict(BASE, model_type="qwen2", tie_word_embeddings=True, rope_theta=1e6)),
     "qwen3": ("qwen3", dict(BASE, model_type="qwen3", tie_word_embeddings=True, rope_theta=1e6)),
-    "qwen3moe": ("qwen3moe", dict(BASE, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2,
-                                  moe_intermediate_size=256, decoder_sparse_step=1, mlp_only_layers=[],
-                                  norm_topk_prob=True, tie_word_embeddings=False, rope_theta=1e6)),
-    "gemma2": ("gemma2", dict(BASE, model_type="gemma2", vocab_size=268, query_pre_attn_scalar=64,
-                              attn_logit_softcapping=50.0, final_logit_softcapping=30.0, rope_theta=10000.0)),
+    "qwen3moe": (
+        "qwen3moe",
+        dict(
+            BASE,
+            model_type="qwen3_moe",
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=256,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            norm_topk_prob=True,
+            tie_word_embeddings=False,
+            rope_theta=1e6,
+        ),
+    ),
+    "gemma2": (
+        "gemma2",
+        dict(
+            BASE,
+            model_type="gemma2",
+            vocab_size=268,
+            query_pre_attn_scalar=64,
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+            rope_theta=10000.0,
+        ),
+    ),
     # llama.cpp's gemma3: every 6th layer global, local rope base 10000, queries scaled by head_dim
-    "gemma3": ("gemma3", dict(BASE, model_type="gemma3_text", vocab_size=268, query_pre_attn_scalar=64, num_hidden_layers=6,
-                              sliding_window=8, sliding_window_pattern=6, rope_local_base_freq=10000.0,
-                              rope_theta=1e6)),
-    "phi3": ("phi3", dict(BASE, model_type="phi3", tie_word_embeddings=False, rope_theta=10000.0,
-                          max_position_embeddings=4096, original_max_position_embeddings=4096)),
+    "gemma3": (
+        "gemma3",
+        dict(
+            BASE,
+            model_type="gemma3_text",
+            vocab_size=268,
+            query_pre_attn_scalar=64,
+            num_hidden_layers=6,
+            sliding_window=8,
+            sliding_window_pattern=6,
+            rope_local_base_freq=10000.0,
+            rope_theta=1e6,
+        ),
+    ),
+    "phi3": (
+        "phi3",
+        dict(
+            BASE,
+            model_type="phi3",
+            tie_word_embeddings=False,
+            rope_theta=10000.0,
+            max_position_embeddings=4096,
+            original_max_position_embeddings=4096,
+        ),
+    ),
 }
 NATIVE = [Q.F32, Q.F16, Q.Q4_0, Q.Q4_1, Q.Q8_0]  # MLX reads these itself
-DECODED = [Q.Q4_K, Q.Q6_K, Q.Q2_K, Q.Q3_K, Q.Q5_K, Q.IQ4_XS, Q.IQ4_NL, Q.Q5_0, Q.Q5_1, Q.BF16, Q.IQ2_XXS, Q.IQ3_S,
-           Q.Q8_0, Q.F16]
+DECODED = [
+    Q.Q4_K,
+    Q.Q6_K,
+    Q.Q2_K,
+    Q.Q3_K,
+    Q.Q5_K,
+    Q.IQ4_XS,
+    Q.IQ4_NL,
+    Q.Q5_0,
+    Q.Q5_1,
+    Q.BF16,
+    Q.IQ2_XXS,
+    Q.IQ3_S,
+    Q.Q8_0,
+    Q.F16,
+]
 # byte offsets of the f16 scale fields in one block (llama.cpp's block_* structs)
-_SCALE_FIELDS = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,),
-                 Q.IQ4_XS: (0,), Q.IQ4_NL: (0,), Q.IQ2_XXS: (0,), Q.IQ3_S: (0,)}
+_SCALE_FIELDS = {
+    Q.Q2_K: (80, 82),
+    Q.Q3_K: (108,),
+    Q.Q4_K: (0, 2),
+    Q.Q5_K: (0, 2),
+    Q.Q6_K: (208,),
+    Q.IQ4_XS: (0,),
+    Q.IQ4_NL: (0,),
+    Q.IQ2_XXS: (0,),
+    Q.IQ3_S: (0,),
+}
 GPT2_MERGES = ["Ġ t", "h e", "Ġt he"]
-METADATA = {"block_count": "num_hidden_layers", "context_length": "max_position_embeddings",
-            "embedding_length": "hidden_size", "feed_forward_length": "intermediate_size",
-            "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
-            "attention.key_length": "head_dim", "attention.value_length": "head_dim",
-            "attention.layer_norm_rms_epsilon": "rms_norm_eps", "rope.freq_base": "rope_theta",
-            "vocab_size": "vocab_size", "rope.dimension_count": "head_dim"}
+METADATA = {
+    "block_count": "num_hidden_layers",
+    "context_length": "max_position_embeddings",
+    "embedding_length": "hidden_size",
+    "feed_forward_length": "intermediate_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.key_length": "head_dim",
+    "attention.value_length": "head_dim",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "rope.freq_base": "rope_theta",
+    "vocab_size": "vocab_size",
+    "rope.dimension_count": "head_dim",
+}
 
 
 def build_model(cfg: dict, seed: int = 0):
-    module = importlib.import_module(f"mlx_lm.models.{cfg['model_type'] if cfg['model_type'] != 'mistral' else 'llama'}")
+    module = importlib.import_module(
+        f"mlx_lm.models.{cfg['model_type'] if cfg['model_type'] != 'mistral' else 'llama'}"
+    )
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs.from_dict(dict(cfg)))
     model.update(tree_map(lambda p: p * 0.2 if p.ndim >= 2 else p, model.parameters()))
@@ -82,7 +178,7 @@ def _random_blocks(qtype, rows: int, cols: int, rng) -> np.ndarray:
 
     def set_scale(value: float):
         for off in fields:
-            raw[:, :, off:off + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
+            raw[:, :, off : off + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
 
     set_scale(1.0)
     peak = np.abs(gguf.quants.dequantize(raw.reshape(rows, -1), qtype)).max()
@@ -109,8 +205,9 @@ def _encode_as(w: np.ndarray, qtype, rng) -> np.ndarray:
 
 def _hf_name(mlx_name: str) -> str:
     # mlx-lm stacks experts in `switch_mlp`; Hugging Face (and gguf-py's map) call the stack `experts`
-    return (mlx_name.replace(".mlp.switch_mlp.", ".mlp.experts.")
-            .replace(".block_sparse_moe.switch_mlp.", ".block_sparse_moe.experts."))
+    return mlx_name.replace(".mlp.switch_mlp.", ".mlp.experts.").replace(
+        ".block_sparse_moe.switch_mlp.", ".block_sparse_moe.experts."
+    )
 
 
 _MIXTRAL_EXPERTS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
@@ -147,8 +244,9 @@ def write(path: Path, family: str, kinds: list, *, seed: int = 0) -> tuple[dict,
     arch, cfg = CONFIGS[family]
     model = build_model(cfg, seed)
     rng = np.random.default_rng(seed)
-    tmap = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch),
-                                    cfg["num_hidden_layers"])
+    tmap = gguf.get_tensor_name_map(
+        next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch), cfg["num_hidden_layers"]
+    )
     w = gguf.GGUFWriter(str(path), arch)
     p = f"{arch}."
     for key, name in METADATA.items():  # llama.cpp's key names, from the model's config

@@ -40,9 +40,15 @@ def plain_ids(model, ids, n):
 
 # ---- the CLI's output ---------------------------------------------------------------------------
 
+
 def test_generate_equals_the_cli_greedy_with_and_without_prompt_lookup(default, cli_env):
-    out = subprocess.run([*mlxcel_cmd(), "generate", "--prompt-lookup", "-n", "48", "-p", PROMPT],
-                         env=cli_env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [*mlxcel_cmd(), "generate", "--prompt-lookup", "-n", "48", "-p", PROMPT],
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     cli = out.stdout.removesuffix("\n")  # the CLI ends its output with a newline
     assert mc.generate(default, PROMPT, max_tokens=48, prompt_lookup=True) == cli
@@ -61,6 +67,7 @@ def test_stop_strings_and_seeded_sampling_behave_as_on_the_cli(default):
 
 
 # ---- a user's drafter ---------------------------------------------------------------------------
+
 
 class Oracle(mc.Drafter):
     """Proposes the plain run's own continuation: every draft is accepted."""
@@ -93,15 +100,17 @@ def test_a_users_drafter_right_or_wrong_leaves_the_output_plain(tiny_api):
     for ids in copy_prompts(4, seed=3):
         want, _ = plain_ids(tiny_api, ids, 32)
         oracle = Oracle(len(ids), want)
-        got = mc.speculative_generate(tiny_api, ids, mc.GenerateOptions(max_tokens=32, ignore_eos=True), oracle,
-                                      mc.DraftPolicy.fixed(4))
+        got = mc.speculative_generate(
+            tiny_api, ids, mc.GenerateOptions(max_tokens=32, ignore_eos=True), oracle, mc.DraftPolicy.fixed(4)
+        )
         assert list(got) == want and got.finish_reason == "length"
         st = got.stats()
         assert st.draft_kind == "oracle" and st.verifies > 0 and st.accepted == st.drafted > 0
         assert st.steps < 32  # drafts were accepted: fewer target forwards than tokens
         assert oracle.seen == want[: len(oracle.seen)] and len(oracle.seen) >= 31  # observe() followed it
-        bad = mc.speculative_generate(tiny_api, ids, mc.GenerateOptions(max_tokens=32, ignore_eos=True), Garbage(),
-                                      mc.DraftPolicy.adaptive(6))
+        bad = mc.speculative_generate(
+            tiny_api, ids, mc.GenerateOptions(max_tokens=32, ignore_eos=True), Garbage(), mc.DraftPolicy.adaptive(6)
+        )
         assert list(bad) == want
         st = bad.stats()
         assert st.draft_kind == "custom" and st.drafted > st.accepted  # drafted, mostly rejected
@@ -116,6 +125,7 @@ def test_a_drafter_without_draft_is_a_clear_error(tiny_api):
 
 
 # ---- every built-in drafter ---------------------------------------------------------------------
+
 
 def test_prompt_lookup_and_suffix_drafters(tiny_api):
     store = mc.SuffixStore()
@@ -138,15 +148,20 @@ def test_full_model_drafter(tiny_api, tiny_draft_dir):
     small = mc.load(str(tiny_draft_dir))
     for ids in copy_prompts(3, seed=4):
         want, _ = plain_ids(tiny_api, ids, 24)
-        gen = mc.speculative_generate(tiny_api, ids, mc.GenerateOptions(max_tokens=24, ignore_eos=True),
-                                      mc.FullModelDrafter(small.model, tiny_api.engine.vocab_size))
+        gen = mc.speculative_generate(
+            tiny_api,
+            ids,
+            mc.GenerateOptions(max_tokens=24, ignore_eos=True),
+            mc.FullModelDrafter(small.model, tiny_api.engine.vocab_size),
+        )
         assert list(gen) == want
         st = gen.stats()
         assert st.draft_kind == "full-model" and st.policy == "fixed"
         # 4 a round (the model kind's default width), less in the last rounds before max_tokens
         assert 4 * (st.verifies - 3) <= st.drafted <= 4 * st.verifies
-    self_drafted = mc.speculative_generate(tiny_api, ids, mc.GenerateOptions(max_tokens=24, ignore_eos=True),
-                                           mc.FullModelDrafter(tiny_api.model))
+    self_drafted = mc.speculative_generate(
+        tiny_api, ids, mc.GenerateOptions(max_tokens=24, ignore_eos=True), mc.FullModelDrafter(tiny_api.model)
+    )
     assert list(self_drafted) == want and self_drafted.stats().accepted == self_drafted.stats().drafted
 
 
@@ -169,6 +184,7 @@ def test_mtp_drafter_from_a_model_loaded_with_its_head(tmp_path):
 
 # ---- refusals: the CLI's errors and messages ----------------------------------------------------
 
+
 def cli_error(cli_env, *argv) -> str:
     out = subprocess.run([*mlxcel_cmd(), *argv], env=cli_env, capture_output=True, text=True, timeout=120)
     assert out.returncode in (1, 2), out
@@ -179,8 +195,11 @@ def test_bad_arguments_raise_the_clis_errors(tiny_api, tiny_dir, cli_env):
     cases = [
         (lambda: mc.load(draft_kind="eagle"), mc.UsageError, ("generate", "-p", "x", "--draft-kind", "eagle")),
         (lambda: mc.load("/nonexistent/model"), mc.ModelError, ("generate", "-p", "x", "-m", "/nonexistent/model")),
-        (lambda: mc.load(str(tiny_dir), draft_kind="full-model"), mc.UsageError,
-         ("generate", "-p", "x", "--draft-kind", "full-model")),
+        (
+            lambda: mc.load(str(tiny_dir), draft_kind="full-model"),
+            mc.UsageError,
+            ("generate", "-p", "x", "--draft-kind", "full-model"),
+        ),
         (lambda: mc.generate(tiny_api, "hi", temperature=-1), mc.UsageError, ("generate", "-p", "x", "--temp", "-1")),
         (lambda: mc.generate(tiny_api, "hi", top_p=0), mc.UsageError, ("generate", "-p", "x", "--top-p", "0")),
         (lambda: mc.generate(tiny_api, "hi", max_tokens=-5), mc.UsageError, ("generate", "-p", "x", "-n", "-5")),
@@ -193,8 +212,9 @@ def test_bad_arguments_raise_the_clis_errors(tiny_api, tiny_dir, cli_env):
     with pytest.raises(mc.UsageError, match="token ids must be integers"):
         mc.speculative_generate(tiny_api, [1, 10**9])
     with pytest.raises(mc.UsageError, match="DraftPolicy max_draft must be between 1 and 64"):
-        list(mc.speculative_generate(tiny_api, [1, 2], drafter=mc.PromptLookupDrafter(),
-                                     policy=mc.DraftPolicy.fixed(0)))
+        list(
+            mc.speculative_generate(tiny_api, [1, 2], drafter=mc.PromptLookupDrafter(), policy=mc.DraftPolicy.fixed(0))
+        )
     with pytest.raises(mc.UsageError, match="the prompt is empty"):
         mc.stream(tiny_api, "   ")  # checked when called, before any piece
 
@@ -206,17 +226,26 @@ def test_importing_the_package_loads_no_mlx():
 
 # ---- docs/api.md: every example runs -----------------------------------------------------------
 
+
 def test_the_api_page_examples_run(tmp_path):
     page = (ROOT / "docs" / "api.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", page, re.S)
     assert len(blocks) >= 3
     script = tmp_path / "examples.py"
     script.write_text("\n\n".join(blocks))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
-                         cwd=tmp_path, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     self_drafted = re.search(r"full-model drafter: accepted (\d+) of (\d+)", out.stdout)
-    assert self_drafted and int(self_drafted.group(1)) == int(self_drafted.group(2)) > 0  # the target drafting for itself
+    assert (
+        self_drafted and int(self_drafted.group(1)) == int(self_drafted.group(2)) > 0
+    )  # the target drafting for itself
     assert re.search(r"steps \d+, verifies [1-9]\d*, drafted \d+, accepted \d+", out.stdout)
 
 

@@ -104,8 +104,10 @@ def server8(tmp_path_factory):
 
 
 def _chat(url: str, prompt: str, n: int = 24) -> dict:
-    _, r = post(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}],
-                                               "max_tokens": n, "temperature": 0})
+    _, r = post(
+        url + "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": prompt}], "max_tokens": n, "temperature": 0},
+    )
     return r
 
 
@@ -173,8 +175,12 @@ def test_speculation_switches_off_above_the_gate_and_back_on_below(server8):
 def test_a_seeded_sampled_request_draws_the_same_beside_others(server8):
     """Position-keyed draws: a seeded request samples the same tokens whatever else is decoding."""
     url, _ = server8
-    body = {"messages": [{"role": "user", "content": "Invent a name for a cat."}], "max_tokens": 20,
-            "temperature": 0.9, "seed": 1234}
+    body = {
+        "messages": [{"role": "user", "content": "Invent a name for a cat."}],
+        "max_tokens": 20,
+        "temperature": 0.9,
+        "seed": 1234,
+    }
     _, alone = post(url + "/v1/chat/completions", body)
     out: dict = {}
 
@@ -182,8 +188,9 @@ def test_a_seeded_sampled_request_draws_the_same_beside_others(server8):
         out["r"] = post(url + "/v1/chat/completions", body)[1]
 
     t = threading.Thread(target=seeded)
-    others = [threading.Thread(target=_chat, args=(url, f"Write a short poem about the number {i}.", 30))
-              for i in range(4)]
+    others = [
+        threading.Thread(target=_chat, args=(url, f"Write a short poem about the number {i}.", 30)) for i in range(4)
+    ]
     for th in others:
         th.start()
     t.start()
@@ -215,8 +222,9 @@ def test_a_result_reader_gets_only_the_result_and_a_stream_its_pieces_in_order(t
             return handoff(*args)
 
         loop.call_soon_threadsafe = counted
-        job = Job(prompt=[5, 6, 7, 8, 9], max_tokens=24, sampling=SamplingOptions(temp=0.0),
-                  ignore_eos=True, pieces=pieces)
+        job = Job(
+            prompt=[5, 6, 7, 8, 9], max_tokens=24, sampling=SamplingOptions(temp=0.0), ignore_eos=True, pieces=pieces
+        )
         events = [(kind, payload) async for kind, payload in worker.submit(job)]
         return events, calls
 

@@ -13,9 +13,26 @@ from mlxcel_py.bench import runner as benchmark
 from mlxcel_py.bench.runner import BenchResult, RunRecord
 
 SUMMARY_FIELDS = {
-    "config", "width", "kind", "prompts", "plain_tps", "spec_tps", "speedup", "mean_accepted_prefix",
-    "tokens_per_verify", "acceptance_rate", "draft_ms_per_round", "verify_ms_per_round", "plain_ms_per_token",
-    "plain_peak_mib", "spec_peak_mib", "identical", "peer_tps", "vs_peer", "weights", "plain_vs_first",
+    "config",
+    "width",
+    "kind",
+    "prompts",
+    "plain_tps",
+    "spec_tps",
+    "speedup",
+    "mean_accepted_prefix",
+    "tokens_per_verify",
+    "acceptance_rate",
+    "draft_ms_per_round",
+    "verify_ms_per_round",
+    "plain_ms_per_token",
+    "plain_peak_mib",
+    "spec_peak_mib",
+    "identical",
+    "peer_tps",
+    "vs_peer",
+    "weights",
+    "plain_vs_first",
 }
 
 
@@ -39,9 +56,26 @@ def test_bench_sweep_writes_json_png_and_markdown(tiny_dir, tiny_workload, cli_e
     from mlxcel_py.cpu import blas
 
     out_json, out_png = tmp_path / "b.json", tmp_path / "sweep.png"
-    r = _bench(["-m", str(tiny_dir), "--workload", str(tiny_workload), "--max-tokens", "12",
-                "--sweep-widths", "3,1", "--repeats", "2", "--json", str(out_json), "--plot", str(out_png),
-                "--markdown"], cli_env)
+    r = _bench(
+        [
+            "-m",
+            str(tiny_dir),
+            "--workload",
+            str(tiny_workload),
+            "--max-tokens",
+            "12",
+            "--sweep-widths",
+            "3,1",
+            "--repeats",
+            "2",
+            "--json",
+            str(out_json),
+            "--plot",
+            str(out_png),
+            "--markdown",
+        ],
+        cli_env,
+    )
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     data = json.loads(out_json.read_text())
@@ -54,7 +88,8 @@ def test_bench_sweep_writes_json_png_and_markdown(tiny_dir, tiny_workload, cli_e
     assert [r["config"] for r in runs[:3]] == data["configs"]  # interleaved: each prompt under every config in turn
     summary = data["summary"]
     assert {(s["config"], s["kind"]) for s in summary} == {
-        (c, k) for c in data["configs"][1:] for k in ("copy", "free", "all")}
+        (c, k) for c in data["configs"][1:] for k in ("copy", "free", "all")
+    }
     for s in summary:
         assert set(s) == SUMMARY_FIELDS
         mine = [x for x in runs if x["config"] == s["config"] and s["kind"] in ("all", x["kind"])]
@@ -83,12 +118,32 @@ def test_bench_sweep_writes_json_png_and_markdown(tiny_dir, tiny_workload, cli_e
     assert len(lines) == 2 + len(summary)
 
 
-def test_bench_draft_model_and_lookup_side_by_side_with_mlx_lm(tiny_dir, tiny_draft_dir, tiny_workload, cli_env,
-                                                               tmp_path):
+def test_bench_draft_model_and_lookup_side_by_side_with_mlx_lm(
+    tiny_dir, tiny_draft_dir, tiny_workload, cli_env, tmp_path
+):
     out_json = tmp_path / "b.json"
-    r = _bench(["-m", str(tiny_dir), "--draft-model", str(tiny_draft_dir), "--prompt-lookup",
-                "--draft-block-size", "2", "--workload", str(tiny_workload), "--limit", "1", "--max-tokens", "10",
-                "--vs", "mlx-lm", "--json", str(out_json)], cli_env)
+    r = _bench(
+        [
+            "-m",
+            str(tiny_dir),
+            "--draft-model",
+            str(tiny_draft_dir),
+            "--prompt-lookup",
+            "--draft-block-size",
+            "2",
+            "--workload",
+            str(tiny_workload),
+            "--limit",
+            "1",
+            "--max-tokens",
+            "10",
+            "--vs",
+            "mlx-lm",
+            "--json",
+            str(out_json),
+        ],
+        cli_env,
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(out_json.read_text())
     assert data["configs"] == ["plain", "full-model k=2", "prompt-lookup k=7", "mlx-lm plain", "mlx-lm draft k=2"]
@@ -108,8 +163,22 @@ def test_bench_compares_cpu_weight_modes_in_one_run(tiny_dir, tiny_workload, cli
     from mlxcel_py.cpu import weights as cpu_weights
 
     out_json = tmp_path / "w.json"
-    r = _bench(["-m", str(tiny_dir), "--workload", str(tiny_workload), "--max-tokens", "10",
-                "--cpu-weights", "f32,q8,q4", "--json", str(out_json), "--markdown"], cli_env)
+    r = _bench(
+        [
+            "-m",
+            str(tiny_dir),
+            "--workload",
+            str(tiny_workload),
+            "--max-tokens",
+            "10",
+            "--cpu-weights",
+            "f32,q8,q4",
+            "--json",
+            str(out_json),
+            "--markdown",
+        ],
+        cli_env,
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(out_json.read_text())
     assert data["cpu_weights"] == ["f32", "q8", "q4"] and "3 prompts x 6 runs" in r.stderr
@@ -119,7 +188,8 @@ def test_bench_compares_cpu_weight_modes_in_one_run(tiny_dir, tiny_workload, cli
     assert modes["q8"]["bits"] == ([8] if built else []) and modes["q4"]["bits"] == ([4] if built else [])
     runs = data["runs"]
     assert {(x["weights"], x["config"]) for x in runs} == {
-        (m, c) for m in ("f32", "q8", "q4") for c in ("plain", "prompt-lookup k=7")}
+        (m, c) for m in ("f32", "q8", "q4") for c in ("plain", "prompt-lookup k=7")
+    }
     overall = {s["weights"]: s for s in data["summary"] if s["kind"] == "all"}
     assert set(overall) == {"f32", "q8", "q4"}
     for mode, s in overall.items():
@@ -130,22 +200,48 @@ def test_bench_compares_cpu_weight_modes_in_one_run(tiny_dir, tiny_workload, cli
 
 
 def test_bench_refuses_a_mode_list_outside_bench(tiny_dir, cli_env):
-    r = subprocess.run(mlxcel_cmd() + ["generate", "-m", str(tiny_dir), "-p", "x", "--cpu-weights", "q8,q4"],
-                       capture_output=True, text=True, env=cli_env, timeout=120)
+    r = subprocess.run(
+        mlxcel_cmd() + ["generate", "-m", str(tiny_dir), "-p", "x", "--cpu-weights", "q8,q4"],
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=120,
+    )
     assert r.returncode == 2 and "a comma list is a bench option" in r.stderr
 
 
 def _rec(i, kind, config, tps, width=None, **kw):
-    return RunRecord(prompt_index=i, kind=kind, source="", config=config, width=width, tokens=10, decode_tps=tps,
-                     decode_s=10 / tps, **kw)
+    return RunRecord(
+        prompt_index=i,
+        kind=kind,
+        source="",
+        config=config,
+        width=width,
+        tokens=10,
+        decode_tps=tps,
+        decode_s=10 / tps,
+        **kw,
+    )
 
 
 def test_summary_takes_medians_of_per_prompt_ratios_and_pools_counters():
     res = BenchResult(configs=["plain", "prompt-lookup k=4"])
     for i, (kind, plain, spec) in enumerate([("a", 10, 30), ("a", 20, 20), ("b", 10, 15)]):
         res.records.append(_rec(i, kind, "plain", plain))
-        res.records.append(_rec(i, kind, "prompt-lookup k=4", spec, width=4, drafted_rounds=2, accepted=3, proposed=8,
-                                identical=True, speedup=spec / plain))
+        res.records.append(
+            _rec(
+                i,
+                kind,
+                "prompt-lookup k=4",
+                spec,
+                width=4,
+                drafted_rounds=2,
+                accepted=3,
+                proposed=8,
+                identical=True,
+                speedup=spec / plain,
+            )
+        )
     rows = {(r.kind): r for r in benchmark.summarize(res)}
     assert rows["a"].speedup == pytest.approx(2.0)  # median of 3.0 and 1.0
     assert rows["all"].speedup == pytest.approx(1.5)  # median of 3.0, 1.0, 1.5
@@ -156,10 +252,24 @@ def test_summary_takes_medians_of_per_prompt_ratios_and_pools_counters():
 
 def test_recommended_width_is_the_narrowest_within_two_percent_of_the_best():
     def row(w, speedup):
-        return benchmark.SummaryRow(config=f"prompt-lookup k={w}", width=w, kind="all", prompts=1, plain_tps=1,
-                                    spec_tps=speedup, speedup=speedup, mean_accepted_prefix=0, tokens_per_verify=0,
-                                    acceptance_rate=0, draft_ms_per_round=0, verify_ms_per_round=0,
-                                    plain_ms_per_token=0, plain_peak_mib=0, spec_peak_mib=0, identical=1)
+        return benchmark.SummaryRow(
+            config=f"prompt-lookup k={w}",
+            width=w,
+            kind="all",
+            prompts=1,
+            plain_tps=1,
+            spec_tps=speedup,
+            speedup=speedup,
+            mean_accepted_prefix=0,
+            tokens_per_verify=0,
+            acceptance_rate=0,
+            draft_ms_per_round=0,
+            verify_ms_per_round=0,
+            plain_ms_per_token=0,
+            plain_peak_mib=0,
+            spec_peak_mib=0,
+            identical=1,
+        )
 
     (c,) = benchmark.recommend_widths([row(2, 1.5), row(4, 2.45), row(7, 2.5), row(12, 2.3)])
     assert (c.width, c.flag) == (4, "--prompt-lookup-max-draft")
@@ -180,8 +290,25 @@ def test_bench_side_by_side_with_llama_cpp_on_the_same_gguf(tiny_workload, cli_e
     fake = str(os.path.join(os.path.dirname(__file__), "fake_llama_cpp"))
     env = {**cli_env, "PYTHONPATH": os.pathsep.join([fake, cli_env.get("PYTHONPATH", "")]), "FAKE_LLAMA_LOG": str(log)}
     out_json = tmp_path / "b.json"
-    r = _bench(["-m", str(model), "--prompt-lookup", "--workload", str(tiny_workload), "--limit", "1",
-                "--max-tokens", "10", "--vs", "llama.cpp", "--json", str(out_json), "--markdown"], env)
+    r = _bench(
+        [
+            "-m",
+            str(model),
+            "--prompt-lookup",
+            "--workload",
+            str(tiny_workload),
+            "--limit",
+            "1",
+            "--max-tokens",
+            "10",
+            "--vs",
+            "llama.cpp",
+            "--json",
+            str(out_json),
+            "--markdown",
+        ],
+        env,
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(out_json.read_text())
     assert data["configs"] == ["plain", "prompt-lookup k=7", "llama.cpp plain", "llama.cpp lookup k=7"]

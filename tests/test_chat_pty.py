@@ -86,8 +86,14 @@ def test_chat_two_turns_clear_ctrl_c_bye(cli_env):
 
 
 def test_piped_stdin_one_message_per_line_clean_stdout(cli_env):
-    r = subprocess.run(mlxcel_cmd() + ["chat", "-n", "30"], input="Hi!\n/clear\nSay yes.\n", capture_output=True,
-                       text=True, env=cli_env, timeout=300)
+    r = subprocess.run(
+        mlxcel_cmd() + ["chat", "-n", "30"],
+        input="Hi!\n/clear\nSay yes.\n",
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert "non-interactive stdin detected" in r.stderr
     assert ">>>" not in r.stdout and "Conversation cleared." not in r.stdout

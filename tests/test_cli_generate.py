@@ -15,31 +15,103 @@ def mlxcel(args, env, input=None, timeout=300):
 
 
 def test_help_lists_documented_flags_for_all_commands(cli_env):
-    common = ["--model", "--draft-model", "--max-tokens", "--profile", "--no-chat-template", "--system", "--stop",
-              "--ignore-eos", "--min-tokens", "--image", "--audio", "--video", "--temp", "--top-p", "--top-k",
-              "--min-p", "--seed", "--repetition-penalty", "--repeat-last-n", "--draft-kind", "--draft-block-size",
-              "--spec-type", "--pp-size", "--revision", "--no-blas", "--no-dequantize", "--no-fast-kernels",
-              "--suffix-cache-tokens", "--suffix-store"]
-    lookup = ["--prompt-lookup", "--prompt-lookup-ngram-max", "--prompt-lookup-ngram-min",
-              "--prompt-lookup-max-draft", "--prompt-lookup-no-adaptive", "--prompt-lookup-policy"]
+    common = [
+        "--model",
+        "--draft-model",
+        "--max-tokens",
+        "--profile",
+        "--no-chat-template",
+        "--system",
+        "--stop",
+        "--ignore-eos",
+        "--min-tokens",
+        "--image",
+        "--audio",
+        "--video",
+        "--temp",
+        "--top-p",
+        "--top-k",
+        "--min-p",
+        "--seed",
+        "--repetition-penalty",
+        "--repeat-last-n",
+        "--draft-kind",
+        "--draft-block-size",
+        "--spec-type",
+        "--pp-size",
+        "--revision",
+        "--no-blas",
+        "--no-dequantize",
+        "--no-fast-kernels",
+        "--suffix-cache-tokens",
+        "--suffix-store",
+    ]
+    lookup = [
+        "--prompt-lookup",
+        "--prompt-lookup-ngram-max",
+        "--prompt-lookup-ngram-min",
+        "--prompt-lookup-max-draft",
+        "--prompt-lookup-no-adaptive",
+        "--prompt-lookup-policy",
+    ]
     server = ["--host", "--port", "--prompt-lookup-max-batch", "--no-batch", "--kv-unified"]
-    for cmd, extra in [("generate", ["--prompt"] + lookup), ("run", ["--prompt"]), ("chat", ["--prompt"]),
-                       ("serve", server)]:
+    for cmd, extra in [
+        ("generate", ["--prompt"] + lookup),
+        ("run", ["--prompt"]),
+        ("chat", ["--prompt"]),
+        ("serve", server),
+    ]:
         r = mlxcel([cmd, "--help"], {**cli_env, "COLUMNS": "200"})
         assert r.returncode == 0
-        flags = common if cmd != "serve" else [f for f in common if f not in (
-            "--profile", "--no-chat-template", "--system", "--stop", "--ignore-eos", "--min-tokens", "--image",
-            "--audio", "--video")]
+        flags = (
+            common
+            if cmd != "serve"
+            else [
+                f
+                for f in common
+                if f
+                not in (
+                    "--profile",
+                    "--no-chat-template",
+                    "--system",
+                    "--stop",
+                    "--ignore-eos",
+                    "--min-tokens",
+                    "--image",
+                    "--audio",
+                    "--video",
+                )
+            ]
+        )
         for flag in flags + extra:
             assert flag in r.stdout, (cmd, flag)
         if cmd != "generate":  # refused there, so not listed (still parsed, so the refusal names them)
             assert not re.search(r"--prompt-lookup(?!-max-batch)", r.stdout), cmd
     r = mlxcel(["bench", "--help"], {**cli_env, "COLUMNS": "200"})
     assert r.returncode == 0
-    for flag in ["--model", "--draft-model", "--max-tokens", "--temp", "--seed", "--draft-kind", "--draft-block-size",
-                 "--prompt-lookup", "--prompt-lookup-max-draft", "--prompt-lookup-policy", "--workload",
-                 "--sweep-widths", "--plot", "--vs", "--json", "--markdown", "--limit", "--repeats", "--no-blas",
-                 "--trace", "--suffix-cache-tokens"]:
+    for flag in [
+        "--model",
+        "--draft-model",
+        "--max-tokens",
+        "--temp",
+        "--seed",
+        "--draft-kind",
+        "--draft-block-size",
+        "--prompt-lookup",
+        "--prompt-lookup-max-draft",
+        "--prompt-lookup-policy",
+        "--workload",
+        "--sweep-widths",
+        "--plot",
+        "--vs",
+        "--json",
+        "--markdown",
+        "--limit",
+        "--repeats",
+        "--no-blas",
+        "--trace",
+        "--suffix-cache-tokens",
+    ]:
         assert flag in r.stdout, ("bench", flag)
     r = mlxcel(["chat", "--prompt-lookup-policy", "cost"], cli_env)
     assert r.returncode == 2 and "--prompt-lookup-policy" in r.stderr
@@ -66,15 +138,18 @@ def test_help_shows_every_flag_name_whole_at_80_columns(monkeypatch):
                 assert re.search(rf"(^|[\s,]){re.escape(opt)}([\s,]|$)", out, re.M), (name, opt)
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["-m", "/nonexistent/model"], "no such file or folder"),
-    (["-m", "{empty}"], "no config.json in this folder"),
-    (["-m", "{badjson}"], "malformed JSON"),
-    (["-m", "{badgguf}"], "GGUF architecture 'gpt2' is not supported"),
-    (["-m", "someone/not-cached-model"], "not in the local Hugging Face cache"),
-    (["--max-tokens", "-5"], "--max-tokens must be -1"),
-    (["--temp", "-1"], "--temp must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["-m", "/nonexistent/model"], "no such file or folder"),
+        (["-m", "{empty}"], "no config.json in this folder"),
+        (["-m", "{badjson}"], "malformed JSON"),
+        (["-m", "{badgguf}"], "GGUF architecture 'gpt2' is not supported"),
+        (["-m", "someone/not-cached-model"], "not in the local Hugging Face cache"),
+        (["--max-tokens", "-5"], "--max-tokens must be -1"),
+        (["--temp", "-1"], "--temp must be >= 0"),
+    ],
+)
 def test_bad_inputs_one_line_error(args, fragment, cli_env, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -102,7 +177,12 @@ def _write_gguf(path, arch):
 def test_pipeline_stdout_is_only_the_completion(cli_env):
     r = subprocess.run(
         " ".join(mlxcel_cmd()) + " generate -p - --prompt-lookup -n 24 | wc -w",
-        shell=True, capture_output=True, text=True, env=cli_env, input="Fix: teh cat\n", timeout=300,
+        shell=True,
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        input="Fix: teh cat\n",
+        timeout=300,
     )
     assert r.returncode == 0, r.stderr
     assert int(r.stdout.strip()) > 0
@@ -114,9 +194,27 @@ def test_profile_and_summary_go_to_stderr(cli_env, workloads):
     prompt = workloads[0]["prompt"]
     r = mlxcel(["generate", "-p", prompt, "--prompt-lookup", "--profile", "-n", "48", "--verbose"], cli_env)
     assert r.returncode == 0, r.stderr
-    for key in ("Prompt tokens", "Generated tokens", "Prefill", "Decode", "TTFT", "Peak memory", "BLAS",
-                "Weights", "Rounds", "Drafted rounds", "Paused rounds", "Proposed", "Accepted", "Acceptance rate",
-                "Mean accepted prefix", "Tokens per forward", "Draft", "Verify", "Rollback"):
+    for key in (
+        "Prompt tokens",
+        "Generated tokens",
+        "Prefill",
+        "Decode",
+        "TTFT",
+        "Peak memory",
+        "BLAS",
+        "Weights",
+        "Rounds",
+        "Drafted rounds",
+        "Paused rounds",
+        "Proposed",
+        "Accepted",
+        "Acceptance rate",
+        "Mean accepted prefix",
+        "Tokens per forward",
+        "Draft",
+        "Verify",
+        "Rollback",
+    ):
         assert key in r.stderr, key
     assert "[Prompt lookup] rounds=" in r.stderr
     assert "Profile" not in r.stdout and "[Generated" not in r.stdout
@@ -169,11 +267,15 @@ def test_run_resolves_a_bare_name_in_the_default_org(tmp_path, tiny_dir, cli_env
     r = mlxcel(["run", "tiny-llama", "-p", "hi", "-n", "3", "--no-chat-template", "-v"], env)
     assert r.returncode == 0, r.stderr
     assert "mlx-community/tiny-llama" in r.stderr
-    r = mlxcel(["run", "tiny-llama", "-p", "hi", "-n", "3", "--no-chat-template", "-v"],
-               {**env, "MLXCEL_DEFAULT_ORG": "my-org"})
+    r = mlxcel(
+        ["run", "tiny-llama", "-p", "hi", "-n", "3", "--no-chat-template", "-v"],
+        {**env, "MLXCEL_DEFAULT_ORG": "my-org"},
+    )
     assert r.returncode == 0 and "my-org/tiny-llama" in r.stderr
     r = mlxcel(["run", "no-such-model", "-p", "hi"], env)
     assert r.returncode == 1
-    assert ("error: --model no-such-model (read as mlx-community/no-such-model; set MLXCEL_DEFAULT_ORG for "
-            "another organisation): not in the local Hugging Face cache") in r.stderr
+    assert (
+        "error: --model no-such-model (read as mlx-community/no-such-model; set MLXCEL_DEFAULT_ORG for "
+        "another organisation): not in the local Hugging Face cache"
+    ) in r.stderr
     assert "Traceback" not in r.stderr

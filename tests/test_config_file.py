@@ -24,7 +24,9 @@ def invoke(argv, tmp_path, monkeypatch, text=None):
 
 
 def test_values_apply_and_flags_win(tmp_path, monkeypatch):
-    text = 'max-tokens = 33\ntemp = 0.5\n[generate]\nprompt-lookup = true\nprompt_lookup_policy = "cost"\nstop = ["END"]\n'
+    text = (
+        'max-tokens = 33\ntemp = 0.5\n[generate]\nprompt-lookup = true\nprompt_lookup_policy = "cost"\nstop = ["END"]\n'
+    )
     r, seen = invoke(["generate", "-p", "x"], tmp_path, monkeypatch, text)
     assert r.exit_code == 0, r.output
     run = seen["run"]

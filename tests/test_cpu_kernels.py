@@ -100,8 +100,12 @@ def test_same_greedy_tokens_with_and_without_fast_kernels_and_speculation(tiny, 
     prompt = [40, 41, 42, 43, 44, 40, 41, 42, 43, 44, 40, 41]
     outs = []
     for loaded in (tiny, stock):
-        eng = Engine(loaded.model, eos_ids=[], vocab_size=260,
-                     drafters=drafters_for(draft, loaded.model, eos_ids=[], vocab_size=260))
+        eng = Engine(
+            loaded.model,
+            eos_ids=[],
+            vocab_size=260,
+            drafters=drafters_for(draft, loaded.model, eos_ids=[], vocab_size=260),
+        )
         for spec in (False, True):
             gen = eng.generate(prompt, max_tokens=40, sampling=SamplingOptions(), speculative=spec)
             outs.append([e.token for e in gen])

@@ -61,11 +61,11 @@ def test_each_row_is_bit_identical_to_the_one_row_product(bits):
         x = mx.random.normal((m, 576))
         block = QMM.row_exact_qmm(x, w, s, b, bits)
         for i in rng.sample(range(m), min(m, 5)):
-            one = QMM.row_exact_qmm(x[i:i + 1], w, s, b, bits)
-            assert mx.array_equal(block[i:i + 1], one).item(), (m, i)
+            one = QMM.row_exact_qmm(x[i : i + 1], w, s, b, bits)
+            assert mx.array_equal(block[i : i + 1], one).item(), (m, i)
         # the same row anywhere in another block (other neighbours, other position)
         j = rng.randrange(m)
-        other = mx.concatenate([mx.random.normal((3, 576)), x[j:j + 1]])
+        other = mx.concatenate([mx.random.normal((3, 576)), x[j : j + 1]])
         assert mx.array_equal(QMM.row_exact_qmm(other, w, s, b, bits)[3], block[j]).item()
 
 
@@ -100,8 +100,9 @@ def test_amx_can_be_turned_off_by_environment(cli_env):
     code = "from mlxcel_py import cpu_weights, _qmm; print(cpu_weights.kernel_status()[1], _qmm.amx_rows())"
     plain_env = {k: v for k, v in cli_env.items() if k != "MLXCEL_NO_AMX"}
     on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=plain_env, check=True)
-    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**cli_env, "MLXCEL_NO_AMX": "1"})
+    off = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**cli_env, "MLXCEL_NO_AMX": "1"}
+    )
     assert on.stdout.split()[-1] == str(cpu_weights.AMX_ROWS) and "AMX tiles" in on.stdout
     assert off.stdout.split()[-1] == "0" and "AMX" not in off.stdout
 
@@ -117,7 +118,9 @@ def test_threads_and_batch_shape_do_not_change_a_bit():
             assert mx.array_equal(QMM.row_exact_qmm(x.reshape(14, 576), w, s, b, 4).reshape(2, 7, 1536), ref).item()
             # a strided (transposed) input gives the same rows
             xt = mx.random.normal((576, 5)).T
-            assert mx.array_equal(QMM.row_exact_qmm(xt, w, s, b, 4), QMM.row_exact_qmm(mx.array(xt.tolist()), w, s, b, 4)).item()
+            assert mx.array_equal(
+                QMM.row_exact_qmm(xt, w, s, b, 4), QMM.row_exact_qmm(mx.array(xt.tolist()), w, s, b, 4)
+            ).item()
     finally:
         QMM.set_threads(cpu_weights.default_threads())
 
@@ -148,7 +151,9 @@ def test_repack_round_trips_and_dequantize_rows_matches_mlx(bits):
         rows = QMM.dequantize_rows(packed, si, bi, bits, mx.array([[3, 0], [36, 3]]))
         want = mx.dequantize(wq, s, b, group_size=32, bits=bits)
         assert rows.shape == (2, 2, k)
-        assert mx.allclose(rows[0, 0], want[3], atol=1e-6).item() and mx.allclose(rows[1, 0], want[36], atol=1e-6).item()
+        assert (
+            mx.allclose(rows[0, 0], want[3], atol=1e-6).item() and mx.allclose(rows[1, 0], want[36], atol=1e-6).item()
+        )
         assert mx.allclose(QMM.dequantize_rows(packed, si, bi, bits), want, atol=1e-6).item()
 
 
@@ -180,8 +185,8 @@ def test_attention_matches_mlx_and_each_row_equals_its_decode_step():
         assert mx.allclose(got, want, atol=2e-6, rtol=1e-5).item()
         for i in range(length):
             visible = s_len - length + i + 1
-            one = QMM.row_exact_attention(q[:, :, i:i + 1], k[:, :, :visible], v[:, :, :visible], 0.125, False)
-            assert mx.array_equal(one, got[:, :, i:i + 1]).item(), (s_len, length, i)
+            one = QMM.row_exact_attention(q[:, :, i : i + 1], k[:, :, :visible], v[:, :, :visible], 0.125, False)
+            assert mx.array_equal(one, got[:, :, i : i + 1]).item(), (s_len, length, i)
 
 
 @needs_kernel
@@ -214,13 +219,21 @@ def test_cache_attention_writes_each_sequence_and_equals_its_own_attention():
     out = got[0]
     for b, o in enumerate(offsets):
         kb, vb = got[1 + b], got[4 + b]
-        assert mx.array_equal(kb[:, :, o:o + length], k_new[b:b + 1]).item()
+        assert mx.array_equal(kb[:, :, o : o + length], k_new[b : b + 1]).item()
         assert mx.array_equal(vb[:, :, :o], old[b][1][:, :, :o]).item()
-        want = QMM.row_exact_attention(q[b:b + 1], kb[:, :, :o + length], vb[:, :, :o + length], 0.125, True)
-        assert mx.array_equal(out[b:b + 1], want).item(), b
+        want = QMM.row_exact_attention(q[b : b + 1], kb[:, :, : o + length], vb[:, :, : o + length], 0.125, True)
+        assert mx.array_equal(out[b : b + 1], want).item(), b
     with pytest.raises(ValueError, match="entry 0"):
-        QMM.row_exact_cache_attention(q, k_new, v_new, [mx.zeros((1, kv, 2, dim))] * 3, [mx.zeros((1, kv, 9, dim))] * 3,
-                                      [0, 1, 2], [0, 0, 0], 0.125)
+        QMM.row_exact_cache_attention(
+            q,
+            k_new,
+            v_new,
+            [mx.zeros((1, kv, 2, dim))] * 3,
+            [mx.zeros((1, kv, 9, dim))] * 3,
+            [0, 1, 2],
+            [0, 0, 0],
+            0.125,
+        )
 
 
 @needs_kernel
@@ -249,8 +262,8 @@ def test_a_prompt_chunk_beside_decode_rows_splits_over_threads_and_stays_exact()
     out = got[0]
     for e, (b, p) in enumerate(zip(seq, pos)):
         kb, vb = got[1 + b], got[1 + len(lengths) + b]
-        want = QMM.row_exact_attention(q[e:e + 1], kb[:, :, :p + 1], vb[:, :, :p + 1], 0.125, False)
-        assert mx.array_equal(out[e:e + 1], want).item(), (e, b, p)
+        want = QMM.row_exact_attention(q[e : e + 1], kb[:, :, : p + 1], vb[:, :, : p + 1], 0.125, False)
+        assert mx.array_equal(out[e : e + 1], want).item(), (e, b, p)
 
 
 @needs_kernel
@@ -269,7 +282,7 @@ def test_row_rope_matches_mlx_and_each_entry_its_own_call():
             got = QMM.row_rope(xt, dims, trad, 100000.0, 1.0, 0, offs)
             assert mx.allclose(got, rope(xt, offset=offs), atol=2e-4).item()
             for b, o in enumerate((0, 77, 700)):
-                assert mx.array_equal(got[b:b + 1], QMM.row_rope(xt[b:b + 1], dims, trad, 100000.0, 1.0, o)).item()
+                assert mx.array_equal(got[b : b + 1], QMM.row_rope(xt[b : b + 1], dims, trad, 100000.0, 1.0, o)).item()
             # offsets as an evaluated int32 vector go in as they are; any other form (computed
             # lazily, another dtype, a strided view) is made one first: the same rows
             spaced = mx.array([0, 5, 77, 5, 700])

@@ -54,9 +54,19 @@ def single(args: list[str], env: dict, **kw) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def qwen2_dir(tmp_path_factory) -> Path:
-    cfg = dict(model_type="qwen2", hidden_size=64, num_hidden_layers=4, intermediate_size=128, num_attention_heads=4,
-               num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=260, tie_word_embeddings=True,
-               max_position_embeddings=2048, rope_theta=10000.0)
+    cfg = dict(
+        model_type="qwen2",
+        hidden_size=64,
+        num_hidden_layers=4,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=260,
+        tie_word_embeddings=True,
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
+    )
     return build(tmp_path_factory.mktemp("qwen2") / "model", cfg, seed=3, scale=2.5)
 
 
@@ -69,12 +79,15 @@ def _gen(model: Path, *extra: str) -> list[str]:
     return ["generate", "-m", str(model), "-p", PROMPT, "-n", "40", "--no-chat-template", *extra]
 
 
-@pytest.mark.parametrize("layout,extra", [
-    ("--tp-size", []),
-    ("--tp-size", ["--prompt-lookup"]),
-    ("--tp-size", ["--prompt-lookup", "--temp", "0.9", "--seed", "7"]),
-    ("--pp-size", []),
-])
+@pytest.mark.parametrize(
+    "layout,extra",
+    [
+        ("--tp-size", []),
+        ("--tp-size", ["--prompt-lookup"]),
+        ("--tp-size", ["--prompt-lookup", "--temp", "0.9", "--seed", "7"]),
+        ("--pp-size", []),
+    ],
+)
 def test_two_ranks_print_what_one_process_prints(llama4_dir, cli_env, layout, extra):
     args = _gen(llama4_dir, *extra)
     alone = single(args, cli_env).stdout
@@ -154,8 +167,9 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _long_run(model: Path, env: dict, layout: str = "--tp-size") -> subprocess.Popen:
-    cmd = launch_cmd(["generate", "-m", str(model), "-p", "hi", "-n", "100000", "--ignore-eos",
-                      "--no-chat-template", layout, "2"])
+    cmd = launch_cmd(
+        ["generate", "-m", str(model), "-p", "hi", "-n", "100000", "--ignore-eos", "--no-chat-template", layout, "2"]
+    )
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -203,8 +217,13 @@ def test_ctrl_c_or_sigterm_on_rank_0_stops_every_rank(llama4_dir, cli_env, sig, 
 
 
 def test_sigterm_to_the_launcher_stops_every_rank(tiny_dir, cli_env):
-    launcher = subprocess.Popen(launch_cmd(["chat", "-m", str(tiny_dir), "--tp-size", "2"]), env=cli_env,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    launcher = subprocess.Popen(
+        launch_cmd(["chat", "-m", str(tiny_dir), "--tp-size", "2"]),
+        env=cli_env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     seen: list[str] = []
     try:
         ranks = _wait_for_ranks(launcher)
@@ -245,8 +264,13 @@ def _lines_until(stream, needle: str, timeout: float = 90, seen: list[str] | Non
 
 def test_an_idle_follower_sleeps(tiny_dir, cli_env):
     """While chat waits for input the follower waits between ticks instead of spinning in the ring."""
-    launcher = subprocess.Popen(launch_cmd(["chat", "-m", str(tiny_dir), "--tp-size", "2"]), env=cli_env,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    launcher = subprocess.Popen(
+        launch_cmd(["chat", "-m", str(tiny_dir), "--tp-size", "2"]),
+        env=cli_env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         ranks = _wait_for_ranks(launcher)
         _lines_until(launcher.stderr, "reading messages")
@@ -270,8 +294,12 @@ def test_serve_under_launch(tiny_dir, cli_env):
 
     prompt = "once upon a time"
     alone = single(["generate", "-m", str(tiny_dir), "-p", prompt, "-n", "16", "--no-chat-template"], cli_env).stdout
-    launcher = subprocess.Popen(launch_cmd(["serve", "-m", str(tiny_dir), "--tp-size", "2", "--port", "0"]),
-                                env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    launcher = subprocess.Popen(
+        launch_cmd(["serve", "-m", str(tiny_dir), "--tp-size", "2", "--port", "0"]),
+        env=cli_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         line = _lines_until(launcher.stderr, "listening on")
         port = int(line.rsplit(":", 1)[1].split()[0].strip("/"))
@@ -280,8 +308,12 @@ def test_serve_under_launch(tiny_dir, cli_env):
         first = httpx.post(f"{url}/completion", json=body, timeout=60).json()
         assert first["content"] == alone.decode().rstrip("\n")
         # a client that hangs up mid-stream: the ranks stay in step for the next request
-        with httpx.stream("POST", f"{url}/completion", json={**body, "n_predict": 4000, "stream": True,
-                                                             "ignore_eos": True}, timeout=60) as resp:
+        with httpx.stream(
+            "POST",
+            f"{url}/completion",
+            json={**body, "n_predict": 4000, "stream": True, "ignore_eos": True},
+            timeout=60,
+        ) as resp:
             for _ in resp.iter_lines():
                 break
         again = httpx.post(f"{url}/completion", json=body, timeout=60).json()
@@ -298,19 +330,34 @@ def test_remote_ranks_start_through_ssh(tiny_dir, cli_env, tmp_path):
     """A hostfile's hosts are reached with ssh; a stand-in ssh runs the remote command here."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "ssh").write_text('#!/bin/bash\nwhile [[ "$1" == -* ]]; do shift 2; done\nshift\n'
-                                 'echo "$@" >> "$SSH_LOG"\nexec bash -c "$*"\n')
+    (bin_dir / "ssh").write_text(
+        '#!/bin/bash\nwhile [[ "$1" == -* ]]; do shift 2; done\nshift\necho "$@" >> "$SSH_LOG"\nexec bash -c "$*"\n'
+    )
     (bin_dir / "ssh").chmod(0o755)
     (bin_dir / "mlxcel").write_text(f'#!/bin/bash\nexec {sys.executable} -m mlxcel_py "$@"\n')
     (bin_dir / "mlxcel").chmod(0o755)
     hosts = tmp_path / "hosts.json"
     hosts.write_text(json.dumps([{"ssh": "node-a", "ips": ["127.0.0.1"]}, {"ssh": "node-b", "ips": ["127.0.0.1"]}]))
-    env = dict(cli_env, PATH=f"{bin_dir}:{cli_env['PATH']}", SSH_LOG=str(tmp_path / "ssh.log"),
-               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(
+        cli_env,
+        PATH=f"{bin_dir}:{cli_env['PATH']}",
+        SSH_LOG=str(tmp_path / "ssh.log"),
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+    )
     args = _gen(tiny_dir)
     alone = single(args, cli_env).stdout
-    cmd = mlxcel_cmd() + ["launch", "--hostfile", str(hosts), "--starting-port", str(_free_ports()), "--",
-                          "mlxcel", *args, "--tp-size", "2"]
+    cmd = mlxcel_cmd() + [
+        "launch",
+        "--hostfile",
+        str(hosts),
+        "--starting-port",
+        str(_free_ports()),
+        "--",
+        "mlxcel",
+        *args,
+        "--tp-size",
+        "2",
+    ]
     r = run(cmd, env)
     assert r.returncode == 0, r.stderr.decode()
     assert r.stdout == alone
@@ -322,9 +369,15 @@ def test_a_world_of_another_size_is_refused(tiny_dir, cli_env, tmp_path):
     port = _free_ports()
     hostfile = tmp_path / "ring.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{port}"], [f"127.0.0.1:{port + 1}"]]))
-    procs = [subprocess.Popen(mlxcel_cmd() + _gen(tiny_dir) + ["--tp-size", "4"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, env=dict(cli_env, MLX_RANK=str(r), MLX_HOSTFILE=str(hostfile)))
-             for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            mlxcel_cmd() + _gen(tiny_dir) + ["--tp-size", "4"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(cli_env, MLX_RANK=str(r), MLX_HOSTFILE=str(hostfile)),
+        )
+        for r in range(2)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 2, err.decode()
@@ -334,8 +387,16 @@ def test_a_world_of_another_size_is_refused(tiny_dir, cli_env, tmp_path):
 def test_a_model_that_cannot_split_is_refused_before_loading(cli_env, tmp_path):
     from mlxcel_py.parallel.distributed import Layout, why_not_model
 
-    llama = dict(model_type="llama", hidden_size=48, num_hidden_layers=2, intermediate_size=96,
-                 num_attention_heads=6, num_key_value_heads=3, rms_norm_eps=1e-5, vocab_size=260)
+    llama = dict(
+        model_type="llama",
+        hidden_size=48,
+        num_hidden_layers=2,
+        intermediate_size=96,
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        rms_norm_eps=1e-5,
+        vocab_size=260,
+    )
     assert "num_key_value_heads (3) does not divide by --tp-size 2" in why_not_model(llama, Layout(tp_size=2))
     assert why_not_model(llama, Layout(pp_size=2)) is None
     assert "fewer than --pp-size 4 stages" in why_not_model(llama, Layout(pp_size=4))
@@ -363,8 +424,9 @@ def test_launch_reads_sizes_and_hostfiles(tmp_path):
     assert layout_size(["serve", "--pp-size=4"]) == 4
     assert layout_size(["chat", "--tp-size", "1"]) is None
     f = tmp_path / "h.json"
-    f.write_text(json.dumps({"envs": ["A=1"], "hosts": [{"ssh": "m1", "ips": ["10.0.0.1"]},
-                                                        {"ssh": "m2", "ips": ["10.0.0.2"]}]}))
+    f.write_text(
+        json.dumps({"envs": ["A=1"], "hosts": [{"ssh": "m1", "ips": ["10.0.0.1"]}, {"ssh": "m2", "ips": ["10.0.0.2"]}]})
+    )
     hosts, envs = read_hostfile(str(f))
     assert [h.ssh for h in hosts] == ["m1", "m2"] and envs == ["A=1"]
     assert json.loads(ring_hostfile(hosts, 5000)) == [["10.0.0.1:5000"], ["10.0.0.2:5001"]]

@@ -103,9 +103,11 @@ def exact_first_token_probs(lm, prefix, s: SamplingOptions) -> dict:
 
 
 # temperature 1.0 alone is covered by t1.0-top_p0.9 (the same rule, plus a filter)
-@pytest.mark.parametrize("s", [SamplingOptions(temp=0.7), SamplingOptions(temp=1.0, top_p=0.9),
-                               SamplingOptions(temp=1.5, top_k=20)],
-                         ids=["t0.7", "t1.0-top_p0.9", "t1.5-top_k20"])
+@pytest.mark.parametrize(
+    "s",
+    [SamplingOptions(temp=0.7), SamplingOptions(temp=1.0, top_p=0.9), SamplingOptions(temp=1.5, top_k=20)],
+    ids=["t0.7", "t1.0-top_p0.9", "t1.5-top_k20"],
+)
 def test_lossless_pq_matches_target_distribution(tiny, near_draft, s):
     """First and second tokens under p/q acceptance follow the target's own sampling distribution."""
     prefix = prompts(1, seed=21)[0][:12]
@@ -155,8 +157,11 @@ def test_sampler_match_distribution_for_one_hot_drafts(tiny):
 
 # ---- refusals, before the target's weights load --------------------------------------------
 
+
 def session_for(target, draft):
-    return open_session(validate(build_options("generate", {"prompt": "x", "model": str(target), "draft_model": str(draft)})))
+    return open_session(
+        validate(build_options("generate", {"prompt": "x", "model": str(target), "draft_model": str(draft)}))
+    )
 
 
 def copy_model(src, dst, edit=None):
@@ -247,9 +252,26 @@ def test_cli_verify_exact_with_draft_model(tiny_dir, tiny_draft_dir, cli_env):
 
     from conftest import mlxcel_cmd
 
-    r = subprocess.run(mlxcel_cmd() + ["generate", "-m", str(tiny_dir), "--draft-model", str(tiny_draft_dir), "-p", "hello",
-                                       "-n", "20", "--verify-exact", "--profile"],
-                       capture_output=True, text=True, env=cli_env, timeout=300)
+    r = subprocess.run(
+        mlxcel_cmd()
+        + [
+            "generate",
+            "-m",
+            str(tiny_dir),
+            "--draft-model",
+            str(tiny_draft_dir),
+            "-p",
+            "hello",
+            "-n",
+            "20",
+            "--verify-exact",
+            "--profile",
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert "[verify-exact] speculative output equals plain output (20 tokens)" in r.stderr
     assert re.search(r"^\[Speculative acceptance\] rule=greedy-argmax rounds=\d+ .* kind=full-model$", r.stderr, re.M)
@@ -261,8 +283,14 @@ def test_chat_speculates_with_a_draft_model(tiny_dir, tiny_draft_dir, cli_env):
     from conftest import mlxcel_cmd
 
     base = mlxcel_cmd() + ["chat", "-m", str(tiny_dir), "-n", "12", "--profile"]
-    spec = subprocess.run(base + ["--draft-model", str(tiny_draft_dir)], input="hi\nagain\n", capture_output=True,
-                          text=True, env=cli_env, timeout=300)
+    spec = subprocess.run(
+        base + ["--draft-model", str(tiny_draft_dir)],
+        input="hi\nagain\n",
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=300,
+    )
     plain = subprocess.run(base, input="hi\nagain\n", capture_output=True, text=True, env=cli_env, timeout=300)
     assert spec.returncode == 0 and plain.returncode == 0, spec.stderr + plain.stderr
     assert spec.stdout == plain.stdout and spec.stdout.strip()

@@ -21,20 +21,28 @@ def drafters_for(draft, model, *, eos_ids, vocab_size, assets=None):
     """The registry's DrafterSource for `draft` (None for plain decoding)."""
     if draft is None or not draft.enabled:
         return None
-    return registry.kind_of(draft.kind).source(draft, model=model, eos_ids=eos_ids, vocab_size=vocab_size,
-                                               assets=assets)
+    return registry.kind_of(draft.kind).source(
+        draft, model=model, eos_ids=eos_ids, vocab_size=vocab_size, assets=assets
+    )
 
 
 def engine_for(lm, draft=None, draft_model=None):
-    return Engine(lm.model, eos_ids=lm.tokenizer.eos_token_ids, vocab_size=lm.vocab_size,
-                  context_length=lm.context_length,
-                  drafters=drafters_for(draft, lm.model, eos_ids=lm.tokenizer.eos_token_ids,
-                                        vocab_size=lm.vocab_size, assets=draft_model))
+    return Engine(
+        lm.model,
+        eos_ids=lm.tokenizer.eos_token_ids,
+        vocab_size=lm.vocab_size,
+        context_length=lm.context_length,
+        drafters=drafters_for(
+            draft, lm.model, eos_ids=lm.tokenizer.eos_token_ids, vocab_size=lm.vocab_size, assets=draft_model
+        ),
+    )
 
 
 def lookup(policy="auto", adaptive=True, max_draft=7, lo=2, hi=3):
-    return DraftConfig(kind="prompt-lookup", lookup=LookupConfig(ngram_min=lo, ngram_max=hi, max_draft=max_draft,
-                                                                  adaptive=adaptive, policy=policy))
+    return DraftConfig(
+        kind="prompt-lookup",
+        lookup=LookupConfig(ngram_min=lo, ngram_max=hi, max_draft=max_draft, adaptive=adaptive, policy=policy),
+    )
 
 
 def prompts(n, seed=0):
@@ -112,9 +120,13 @@ def test_eos_inside_accepted_block_stops_where_plain_stops(tiny):
     toks, _ = run(base, p, max_tokens=40)
     eos = toks[len(toks) // 2]
     plain = Engine(tiny.model, eos_ids=[eos], vocab_size=tiny.vocab_size, context_length=2048)
-    spec = Engine(tiny.model, eos_ids=[eos], vocab_size=tiny.vocab_size, context_length=2048,
-                  drafters=drafters_for(lookup("graded", adaptive=False), tiny.model, eos_ids=[eos],
-                                        vocab_size=tiny.vocab_size))
+    spec = Engine(
+        tiny.model,
+        eos_ids=[eos],
+        vocab_size=tiny.vocab_size,
+        context_length=2048,
+        drafters=drafters_for(lookup("graded", adaptive=False), tiny.model, eos_ids=[eos], vocab_size=tiny.vocab_size),
+    )
     a, ga = run(plain, p, max_tokens=40)
     b, gb = run(spec, p, max_tokens=40)
     assert a == b and ga.finish_reason == gb.finish_reason == "stop"
@@ -176,7 +188,9 @@ def test_recurrent_model_is_accepted_and_uncopyable_cache_refused():
         def make_cache(self):
             return [Sealed()]
 
-    with pytest.raises(ModelError, match="cannot speculate: its Sealed cache keeps its state where a checkpoint cannot copy it"):
+    with pytest.raises(
+        ModelError, match="cannot speculate: its Sealed cache keeps its state where a checkpoint cannot copy it"
+    ):
         loading.check_rollback(Opaque())
 
 

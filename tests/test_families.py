@@ -263,12 +263,23 @@ def test_lossless_pq_on_a_hybrid_pair_keeps_the_target_distribution(family_model
     n = 700
     got, want, rules, acc, prop = Counter(), Counter(), set(), 0, 0
     for seed in range(n):
-        a, g = run(spec, prefix, max_tokens=2, sampling=SamplingOptions(**{**s.__dict__, "seed": seed}), ignore_eos=True)
+        a, g = run(
+            spec, prefix, max_tokens=2, sampling=SamplingOptions(**{**s.__dict__, "seed": seed}), ignore_eos=True
+        )
         rules.add(g.stats.acceptance_rule)
         acc, prop = acc + g.stats.accepted, prop + g.stats.proposed
         got[tuple(a)] += 1
-        want[tuple(run(plain, prefix, max_tokens=2, sampling=SamplingOptions(**{**s.__dict__, "seed": 10**6 + seed}),
-                       ignore_eos=True)[0])] += 1
+        want[
+            tuple(
+                run(
+                    plain,
+                    prefix,
+                    max_tokens=2,
+                    sampling=SamplingOptions(**{**s.__dict__, "seed": 10**6 + seed}),
+                    ignore_eos=True,
+                )[0]
+            )
+        ] += 1
     assert rules == {"lossless-p/q"}
     assert 0.05 < acc / prop < 0.95  # both branches of the rule ran
     keys = [k for k in set(got) | set(want) if got[k] + want[k] >= 10]
@@ -280,6 +291,7 @@ def test_lossless_pq_on_a_hybrid_pair_keeps_the_target_distribution(family_model
 
 
 # ---- the commands on these families ---------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def family_dirs(tmp_path_factory):

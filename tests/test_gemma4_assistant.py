@@ -67,11 +67,20 @@ def test_refuses_an_assistant_for_another_family(g4, tiny_dir, no_weights):
         session(tiny_dir, draft_model=g4["echo"])
 
 
-@pytest.mark.parametrize("edit,message", [
-    ({"backbone_hidden_size": 32}, "the assistant's backbone_hidden_size \\(32\\) does not match the target's hidden size"),
-    ({"text_config": dict(tiny_models.GEMMA4, vocab_size=300)}, "text_config.vocab_size \\(300\\) does not match"),
-    ({"text_config": dict(tiny_models.GEMMA4, head_dim=8)}, "text_config.head_dim \\(8\\) does not match the target's K/V"),
-])
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (
+            {"backbone_hidden_size": 32},
+            "the assistant's backbone_hidden_size \\(32\\) does not match the target's hidden size",
+        ),
+        ({"text_config": dict(tiny_models.GEMMA4, vocab_size=300)}, "text_config.vocab_size \\(300\\) does not match"),
+        (
+            {"text_config": dict(tiny_models.GEMMA4, head_dim=8)},
+            "text_config.head_dim \\(8\\) does not match the target's K/V",
+        ),
+    ],
+)
 def test_refuses_an_assistant_made_for_another_target(g4, tmp_path, no_weights, edit, message):
     d = tmp_path / "other"
     shutil.copytree(g4["echo"], d)

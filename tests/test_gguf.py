@@ -34,8 +34,13 @@ def _imported(folder) -> dict[str, np.ndarray]:
             continue
         base = k.rsplit(".", 1)[0]
         if k.endswith(".weight") and f"{base}.scales" in w:
-            v = mx.dequantize(v, w[f"{base}.scales"], w[f"{base}.biases"], group_size=32,
-                              bits=v.shape[-1] * 32 // (w[f"{base}.scales"].shape[-1] * 32))
+            v = mx.dequantize(
+                v,
+                w[f"{base}.scales"],
+                w[f"{base}.biases"],
+                group_size=32,
+                bits=v.shape[-1] * 32 // (w[f"{base}.scales"].shape[-1] * 32),
+            )
         out[k] = np.array(v.astype(mx.float32))
     return out
 
@@ -59,7 +64,9 @@ def test_gguf_imports_like_the_same_weights_as_a_folder(tmp_path, family, kinds)
         if kinds == "decoded":  # gguf-py decoded these: bit for bit
             assert np.array_equal(got[name], value), name
         else:  # MLX's affine dequantization (scale * q + bias) rounds differently from d * (q - 8)
-            np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-6 * max(1.0, np.abs(value).max()), err_msg=name)
+            np.testing.assert_allclose(
+                got[name], value, rtol=0, atol=1e-6 * max(1.0, np.abs(value).max()), err_msg=name
+            )
     # the file holds the model's weights up to quantization (catches a wrong name or layout that
     # would otherwise be undone the same way by the expected-weights reader)
     if kinds == "native":
@@ -101,8 +108,9 @@ def test_k_quants_are_requantized_for_metal_and_cuda(tmp_path):
     bits = {m: cfg["quantization"].get(m, {}).get("bits", cfg["quantization"]["bits"]) for m in quantized}
     assert set(bits.values()) == {4, 8}  # Q4_K -> 4-bit, Q6_K -> 8-bit
     for module in quantized:
-        approx = mx.dequantize(w[f"{module}.weight"], w[f"{module}.scales"], w[f"{module}.biases"],
-                               group_size=32, bits=bits[module])
+        approx = mx.dequantize(
+            w[f"{module}.weight"], w[f"{module}.scales"], w[f"{module}.biases"], group_size=32, bits=bits[module]
+        )
         exact = want[f"{module}.weight"]
         step = (exact.max() - exact.min()) / (2 ** bits[module] - 1)
         assert np.abs(np.array(approx) - exact).max() <= step  # within one quantization step
@@ -173,5 +181,7 @@ def test_block_scales_are_float32_for_the_cpu_and_half_elsewhere(tmp_path):
     gguf_files.write(path, "qwen2", [Q.Q8_0, Q.Q4_0])
     for for_cpu, dtype in ((True, mx.float32), (False, mx.float16)):
         folder = importer.convert(path, tmp_path / f"converted-{for_cpu}", for_cpu=for_cpu)
-        scales = [v for k, v in mx.load(str(folder / "model.safetensors")).items() if k.endswith((".scales", ".biases"))]
+        scales = [
+            v for k, v in mx.load(str(folder / "model.safetensors")).items() if k.endswith((".scales", ".biases"))
+        ]
         assert scales and all(v.dtype == dtype for v in scales)

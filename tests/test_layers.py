@@ -19,19 +19,27 @@ PKG = Path(__file__).resolve().parents[1] / "mlxcel_py"
 
 # (module prefix, layer): the longest matching prefix decides
 LAYERS = {
-    "errors": 0, "options": 0, "paths": 0,
-    "drafters.registry": 1, "config_file": 1,
+    "errors": 0,
+    "options": 0,
+    "paths": 0,
+    "drafters.registry": 1,
+    "config_file": 1,
     "validate": 2,
     "cpu": 3,
     "models": 4,
-    "engine": 5, "parallel": 5,
+    "engine": 5,
+    "parallel": 5,
     "drafters": 6,
     "session": 7,
     "api": 8,
-    "terminal": 9, "server": 9, "bench": 9,
+    "terminal": 9,
+    "server": 9,
+    "bench": 9,
     "commands": 10,
     "cli": 11,
-    "__main__": 12, "__init__": 12, "completions": 12,
+    "__main__": 12,
+    "__init__": 12,
+    "completions": 12,
 }
 SAME_LAYER_OK = {("bench", "terminal")}  # the benchmark report prints its tables through terminal.ui
 HEAVY = ("mlx", "mlx_lm", "typer", "rich", "fastapi", "uvicorn", "starlette", "numpy")

@@ -35,10 +35,13 @@ COLLAPSING = 0.2  # Qwen3.5 at this scale settles into repeating one token: the 
 def mtp_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("mtp")
     return {
-        "echo": tiny_models.build(root / "echo", QWEN, scale=COLLAPSING, extra=tiny_models.mtp_tensors(QWEN, kind="echo")),
+        "echo": tiny_models.build(
+            root / "echo", QWEN, scale=COLLAPSING, extra=tiny_models.mtp_tensors(QWEN, kind="echo")
+        ),
         "random": tiny_models.build(root / "random", QWEN, extra=tiny_models.mtp_tensors(QWEN, kind="random")),
-        "noisy": tiny_models.build(root / "noisy", QWEN, scale=COLLAPSING,
-                                   extra=tiny_models.mtp_tensors(QWEN, kind="echo", noise=0.3)),
+        "noisy": tiny_models.build(
+            root / "noisy", QWEN, scale=COLLAPSING, extra=tiny_models.mtp_tensors(QWEN, kind="echo", noise=0.3)
+        ),
         "plain": tiny_models.build(root / "plain", QWEN),  # no head
         "head": tiny_models.build_mtp_checkpoint(root / "head", QWEN, config={"block_size": 3}),
     }
@@ -132,8 +135,13 @@ def test_mtp_lossless_pq_keeps_the_target_distribution(sessions):
         a, g = run(s.engine, prefix, max_tokens=2, sampling=SamplingOptions(**samp, seed=seed), ignore_eos=True)
         acc, prop = acc + g.stats.accepted, prop + g.stats.proposed
         got[tuple(a)] += 1
-        want[tuple(run(plain, prefix, max_tokens=2, sampling=SamplingOptions(**samp, seed=10**6 + seed),
-                       ignore_eos=True)[0])] += 1
+        want[
+            tuple(
+                run(plain, prefix, max_tokens=2, sampling=SamplingOptions(**samp, seed=10**6 + seed), ignore_eos=True)[
+                    0
+                ]
+            )
+        ] += 1
     assert 0 < acc < prop
     keys = [k for k in set(got) | set(want) if got[k] + want[k] >= 10]
     rest = (n - sum(got[k] for k in keys), n - sum(want[k] for k in keys))
@@ -159,11 +167,25 @@ def test_separate_mtp_checkpoint_is_auto_detected_with_its_width(mtp_dirs):
 def test_cli_generate_mtp_profile_and_startup_line(mtp_dirs, cli_env):
     import subprocess
 
-    args = ["generate", "-m", str(mtp_dirs["echo"]), "-p", "abcabcabc", "-n", "24", "--ignore-eos",
-            "--no-chat-template"]
+    args = [
+        "generate",
+        "-m",
+        str(mtp_dirs["echo"]),
+        "-p",
+        "abcabcabc",
+        "-n",
+        "24",
+        "--ignore-eos",
+        "--no-chat-template",
+    ]
     plain = subprocess.run(mlxcel_cmd() + args, capture_output=True, text=True, env=cli_env, timeout=300)
-    spec = subprocess.run(mlxcel_cmd() + args + ["--draft-kind", "mtp", "--profile"], capture_output=True, text=True,
-                          env=cli_env, timeout=300)
+    spec = subprocess.run(
+        mlxcel_cmd() + args + ["--draft-kind", "mtp", "--profile"],
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=300,
+    )
     assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
     assert spec.stdout == plain.stdout
     assert "speculative=mtp (head=target checkpoint, block_size=4, default)" in spec.stderr
@@ -173,6 +195,7 @@ def test_cli_generate_mtp_profile_and_startup_line(mtp_dirs, cli_env):
 
 
 # ---- refusals: each before any target weight loads ----------------------------------------------
+
 
 def edited(src, dst, edit):
     shutil.copytree(src, dst)
@@ -208,8 +231,9 @@ def test_refuses_a_head_of_another_size(mtp_dirs, tmp_path, no_weights, key, val
 def test_refuses_a_head_tensor_of_the_wrong_shape(mtp_dirs, tmp_path, no_weights):
     d = tmp_path / "narrow"
     d.mkdir()
-    tensors = tiny_models.mtp_tensors(dict(QWEN, hidden_size=32, head_dim=8, linear_key_head_dim=8,
-                                           linear_value_head_dim=8))
+    tensors = tiny_models.mtp_tensors(
+        dict(QWEN, hidden_size=32, head_dim=8, linear_key_head_dim=8, linear_value_head_dim=8)
+    )
     mx.save_safetensors(str(d / "model.safetensors"), tensors)
     (d / "config.json").write_text(json.dumps({"model_type": "qwen3_5_mtp"}))
     with pytest.raises(ModelError, match="maps 64 inputs to 32, but the target's hidden size is 64"):
@@ -217,7 +241,9 @@ def test_refuses_a_head_tensor_of_the_wrong_shape(mtp_dirs, tmp_path, no_weights
 
 
 def test_refuses_an_mtp_checkpoint_as_a_full_model_drafter(mtp_dirs, no_weights):
-    with pytest.raises(ModelError, match="is an MTP head \\(qwen3_5_mtp\\), not a standalone model; use --draft-kind mtp"):
+    with pytest.raises(
+        ModelError, match="is an MTP head \\(qwen3_5_mtp\\), not a standalone model; use --draft-kind mtp"
+    ):
         session(mtp_dirs["plain"], draft_model=mtp_dirs["head"], draft_kind="full-model")
 
 
@@ -236,9 +262,24 @@ def test_serve_mtp_reports_draft_kind_in_timings(mtp_dirs, cli_env):
         assert status == 200, r
         t = r["timings"]
         assert t["draft_kind"] == "mtp" and t["draft_rounds"] > 0 and t["draft_n"] >= t["draft_n_accepted"]
-        cli = subprocess.run(mlxcel_cmd() + ["generate", "-m", str(mtp_dirs["echo"]), "-p", "abcabcabc", "-n", "24",
-                                             "--ignore-eos", "--no-chat-template"],
-                             capture_output=True, text=True, env=cli_env, timeout=300)
+        cli = subprocess.run(
+            mlxcel_cmd()
+            + [
+                "generate",
+                "-m",
+                str(mtp_dirs["echo"]),
+                "-p",
+                "abcabcabc",
+                "-n",
+                "24",
+                "--ignore-eos",
+                "--no-chat-template",
+            ],
+            capture_output=True,
+            text=True,
+            env=cli_env,
+            timeout=300,
+        )
         assert cli.stdout.rstrip("\n") == r["choices"][0]["text"].rstrip("\n")
     finally:
         proc.terminate()
@@ -251,20 +292,41 @@ def test_bench_runs_an_auto_detected_mtp_head_beside_prompt_lookup(mtp_dirs, cli
     w = tmp_path / "w.jsonl"
     w.write_text('{"kind": "edit", "prompt": "abcabcabcabc"}\n')
     out = tmp_path / "b.json"
-    r = subprocess.run(mlxcel_cmd() + ["bench", "-m", str(mtp_dirs["plain"]), "--draft-model", str(mtp_dirs["head"]),
-                                       "--prompt-lookup", "--workload", str(w), "--max-tokens", "12",
-                                       "--json", str(out)], capture_output=True, text=True, env=cli_env, timeout=300)
+    r = subprocess.run(
+        mlxcel_cmd()
+        + [
+            "bench",
+            "-m",
+            str(mtp_dirs["plain"]),
+            "--draft-model",
+            str(mtp_dirs["head"]),
+            "--prompt-lookup",
+            "--workload",
+            str(w),
+            "--max-tokens",
+            "12",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
     assert data["configs"] == ["plain", "mtp k=3", "prompt-lookup k=7"]  # the head's declared width
     assert all(s["identical"] == s["prompts"] for s in data["summary"])
 
 
-@pytest.mark.parametrize("content,message", [
-    (b"garbage, not safetensors", "not a readable safetensors file"),
-    (b"\xff" * 8 + b"{}", "not a readable safetensors file"),  # a header length past the file's end
-    (None, "cannot read its tensors"),  # a valid header whose data was cut off
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (b"garbage, not safetensors", "not a readable safetensors file"),
+        (b"\xff" * 8 + b"{}", "not a readable safetensors file"),  # a header length past the file's end
+        (None, "cannot read its tensors"),  # a valid header whose data was cut off
+    ],
+)
 def test_a_damaged_head_file_is_one_line_error(mtp_dirs, tmp_path, content, message):
     import struct
 
@@ -272,7 +334,9 @@ def test_a_damaged_head_file_is_one_line_error(mtp_dirs, tmp_path, content, mess
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"model_type": "qwen3_5_mtp"}))
     if content is None:
-        header = json.dumps({"mtp.fc.weight": {"dtype": "F32", "shape": [64, 128], "data_offsets": [0, 32768]}}).encode()
+        header = json.dumps(
+            {"mtp.fc.weight": {"dtype": "F32", "shape": [64, 128], "data_offsets": [0, 32768]}}
+        ).encode()
         content = struct.pack("<Q", len(header)) + header + b"x" * 100
     (d / "model.safetensors").write_bytes(content)
     with pytest.raises(ModelError, match=message):

@@ -13,15 +13,24 @@ from conftest import mlxcel_cmd
 
 NUM = r"(\d+(?:\.\d+)?)"
 GENERATED = re.compile(rf"^\[Generated (\d+) tokens in {NUM}s = {NUM} tok/s\]$", re.M)
-PROFILE = re.compile(rf"^\[Profile Results\]\n  Prompt tokens:    (\d+)\n  Generated tokens: (\d+)\n"
-                     rf"  Prefill:          {NUM} ms \({NUM} tok/s\)\n  Decode:           {NUM} ms \({NUM} tok/s\)\n"
-                     rf"\[TTFT\] {NUM} ms$", re.M)
-LOOKUP = re.compile(r"^\[Prompt lookup\] rounds=(\d+) drafted_rounds=(\d+) paused_rounds=(\d+) proposed=(\d+) "
-                    r"accepted=(\d+) acceptance_rate=(\d\.\d{4}) tokens_per_forward=(\d+\.\d{4}) "
-                    r"shadow_confirmations=(\d+)$", re.M)
-ACCEPTANCE = re.compile(r"^\[Speculative acceptance\] rule=(greedy-argmax|sampler-match|lossless-p/q) rounds=(\d+) "
-                        r"proposed=(\d+) positions_tested=(\d+) accepted=(\d+) per_position_acceptance=(\d\.\d{4}) "
-                        r"acceptance_rate=(\d\.\d{4}) mean_accepted_len=(\d+\.\d{4}) kind=([a-z-]+)$", re.M)
+PROFILE = re.compile(
+    rf"^\[Profile Results\]\n  Prompt tokens:    (\d+)\n  Generated tokens: (\d+)\n"
+    rf"  Prefill:          {NUM} ms \({NUM} tok/s\)\n  Decode:           {NUM} ms \({NUM} tok/s\)\n"
+    rf"\[TTFT\] {NUM} ms$",
+    re.M,
+)
+LOOKUP = re.compile(
+    r"^\[Prompt lookup\] rounds=(\d+) drafted_rounds=(\d+) paused_rounds=(\d+) proposed=(\d+) "
+    r"accepted=(\d+) acceptance_rate=(\d\.\d{4}) tokens_per_forward=(\d+\.\d{4}) "
+    r"shadow_confirmations=(\d+)$",
+    re.M,
+)
+ACCEPTANCE = re.compile(
+    r"^\[Speculative acceptance\] rule=(greedy-argmax|sampler-match|lossless-p/q) rounds=(\d+) "
+    r"proposed=(\d+) positions_tested=(\d+) accepted=(\d+) per_position_acceptance=(\d\.\d{4}) "
+    r"acceptance_rate=(\d\.\d{4}) mean_accepted_len=(\d+\.\d{4}) kind=([a-z-]+)$",
+    re.M,
+)
 
 
 def gen(args, env):
@@ -29,8 +38,21 @@ def gen(args, env):
 
 
 def test_profile_lines_and_prompt_lookup_counts(tiny_dir, cli_env):
-    r = gen(["-m", str(tiny_dir), "-p", "abcabcabcabcabc", "-n", "30", "--ignore-eos", "--no-chat-template",
-             "--prompt-lookup", "--profile"], cli_env)
+    r = gen(
+        [
+            "-m",
+            str(tiny_dir),
+            "-p",
+            "abcabcabcabcabc",
+            "-n",
+            "30",
+            "--ignore-eos",
+            "--no-chat-template",
+            "--prompt-lookup",
+            "--profile",
+        ],
+        cli_env,
+    )
     assert r.returncode == 0, r.stderr
     assert not GENERATED.search(r.stderr)  # mlxcel prints [Generated ...] only without --profile
     prof = PROFILE.search(r.stderr)
@@ -54,13 +76,17 @@ def test_summary_lines_without_profile_for_each_drafter(tiny_dir, tiny_draft_dir
     plain = gen(base, cli_env)
     m = GENERATED.search(plain.stderr)
     assert m and int(m.group(1)) == 20 and not ACCEPTANCE.search(plain.stderr)
-    for extra, kind in [(["--draft-model", str(tiny_draft_dir), "--draft-block-size", "3", "-v"], "full-model"),
-                        (["--draft-kind", "suffix"], "suffix")]:
+    for extra, kind in [
+        (["--draft-model", str(tiny_draft_dir), "--draft-block-size", "3", "-v"], "full-model"),
+        (["--draft-kind", "suffix"], "suffix"),
+    ]:
         r = gen(base + extra, cli_env)
         assert r.returncode == 0, r.stderr
         assert GENERATED.search(r.stderr)
         acc = ACCEPTANCE.search(r.stderr)
         assert acc and acc.group(9) == kind and not LOOKUP.search(r.stderr)
         assert r.stdout == plain.stdout
-    assert "Resolved drafter kind: full-model (block_size = 3, explicit)" in \
-        gen(base + ["--draft-model", str(tiny_draft_dir), "--draft-block-size", "3", "-v"], cli_env).stderr
+    assert (
+        "Resolved drafter kind: full-model (block_size = 3, explicit)"
+        in gen(base + ["--draft-model", str(tiny_draft_dir), "--draft-block-size", "3", "-v"], cli_env).stderr
+    )

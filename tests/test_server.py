@@ -14,13 +14,20 @@ import pytest
 from conftest import ROOT, mlxcel_cmd
 
 pytestmark = pytest.mark.real
-COPY_PROMPT = ("Repeat this list exactly, one item per line: apples, pears, plums, cherries, grapes, "
-               "lemons, limes, oranges, peaches, apricots.")
+COPY_PROMPT = (
+    "Repeat this list exactly, one item per line: apples, pears, plums, cherries, grapes, "
+    "lemons, limes, oranges, peaches, apricots."
+)
 
 
 def start_server(env, *args):
-    proc = subprocess.Popen(mlxcel_cmd() + ["serve", "--port", "0", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        mlxcel_cmd() + ["serve", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     deadline = time.time() + 180
     lines = []
     while time.time() < deadline:
@@ -73,12 +80,14 @@ def test_openai_client_chat_stream_and_completion(server):
     client = OpenAI(base_url=url + "/v1", api_key="none")
     models = client.models.list()
     mid = models.data[0].id
-    chat = client.chat.completions.create(model=mid, messages=[{"role": "user", "content": COPY_PROMPT}],
-                                          max_tokens=40, temperature=0)
+    chat = client.chat.completions.create(
+        model=mid, messages=[{"role": "user", "content": COPY_PROMPT}], max_tokens=40, temperature=0
+    )
     text = chat.choices[0].message.content
     assert text and chat.usage.completion_tokens > 0
-    stream = client.chat.completions.create(model=mid, messages=[{"role": "user", "content": COPY_PROMPT}],
-                                            max_tokens=40, temperature=0, stream=True)
+    stream = client.chat.completions.create(
+        model=mid, messages=[{"role": "user", "content": COPY_PROMPT}], max_tokens=40, temperature=0, stream=True
+    )
     pieces, finish = [], None
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
@@ -115,8 +124,11 @@ def test_timings_draft_counters_on_copy_prompt(server):
 
 def test_chat_stream_final_chunk_carries_timings(server):
     url, _, _ = server
-    status, raw = post(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": COPY_PROMPT}],
-                                                      "max_tokens": 32, "temperature": 0, "stream": True}, raw=True)
+    status, raw = post(
+        url + "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": COPY_PROMPT}], "max_tokens": 32, "temperature": 0, "stream": True},
+        raw=True,
+    )
     frames = [x[6:] for x in raw.decode().split("\n\n") if x.startswith("data: ")]
     assert frames[-1] == "[DONE]"
     chunks = [json.loads(f) for f in frames[:-1]]
@@ -127,26 +139,39 @@ def test_chat_stream_final_chunk_carries_timings(server):
 
 def test_http_greedy_equals_cli_generate_with_and_without_speculation(server):
     url, _, env = server
-    status, r = post(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": COPY_PROMPT}],
-                                                    "max_tokens": 40, "temperature": 0})
+    status, r = post(
+        url + "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": COPY_PROMPT}], "max_tokens": 40, "temperature": 0},
+    )
     http_text = r["choices"][0]["message"]["content"]
     for extra in ([], ["--prompt-lookup"]):
-        out = subprocess.run(mlxcel_cmd() + ["generate", "-p", COPY_PROMPT, "-n", "40", *extra],
-                             capture_output=True, text=True, env=env, timeout=300)
+        out = subprocess.run(
+            mlxcel_cmd() + ["generate", "-p", COPY_PROMPT, "-n", "40", *extra],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stderr
         assert out.stdout.rstrip("\n") == http_text.rstrip("\n")
 
 
-@pytest.mark.parametrize("body,status,etype", [
-    (b"{not json", 400, "invalid_request_error"),
-    ({"messages": "hi"}, 400, "invalid_request_error"),
-    ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "invalid_request_error"),
-    ({"messages": [{"role": "user", "content": "hi"}], "model": 9}, 400, "invalid_request_error"),
-    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -5}, 400, "invalid_request_error"),
-    ({"messages": [{"role": "user", "content": "word " * 9000}]}, 400, "exceed_context_size_error"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
-     "invalid_request_error"),
-])
+@pytest.mark.parametrize(
+    "body,status,etype",
+    [
+        (b"{not json", 400, "invalid_request_error"),
+        ({"messages": "hi"}, 400, "invalid_request_error"),
+        ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "invalid_request_error"),
+        ({"messages": [{"role": "user", "content": "hi"}], "model": 9}, 400, "invalid_request_error"),
+        ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -5}, 400, "invalid_request_error"),
+        ({"messages": [{"role": "user", "content": "word " * 9000}]}, 400, "exceed_context_size_error"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            400,
+            "invalid_request_error",
+        ),
+    ],
+)
 def test_bad_requests_get_4xx_and_server_keeps_serving(server, body, status, etype):
     url, _, _ = server
     code, r = post(url + "/v1/chat/completions", body)
@@ -155,19 +180,24 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(server, body, status, ety
     assert get(url + "/health")["status"] == "ok"
 
 
-@pytest.mark.parametrize("route,body", [
-    ("/v1/completions", {"prompt": [1000000000], "max_tokens": 4}),
-    ("/v1/completions", {"prompt": [5, -1], "max_tokens": 4}),
-    ("/completion", {"prompt": [49152], "n_predict": 4}),  # one past the default model's vocabulary
-    ("/detokenize", {"tokens": [10**12]}),
-    ("/detokenize", {"tokens": [True]}),
-])
+@pytest.mark.parametrize(
+    "route,body",
+    [
+        ("/v1/completions", {"prompt": [1000000000], "max_tokens": 4}),
+        ("/v1/completions", {"prompt": [5, -1], "max_tokens": 4}),
+        ("/completion", {"prompt": [49152], "n_predict": 4}),  # one past the default model's vocabulary
+        ("/detokenize", {"tokens": [10**12]}),
+        ("/detokenize", {"tokens": [True]}),
+    ],
+)
 def test_out_of_vocabulary_token_ids_get_400_not_a_crash(server, route, body):
     url, _, _ = server
     code, r = post(url + route, body)
     msg = r["error"]["message"]
     assert code == 400
-    assert "token ids must be integers in 0..49151" in msg or msg.startswith("'tokens.0': Input should be a valid integer")
+    assert "token ids must be integers in 0..49151" in msg or msg.startswith(
+        "'tokens.0': Input should be a valid integer"
+    )
     assert get(url + "/health")["status"] == "ok"
     code, ok = post(url + "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 2})
     assert code == 200 and ok["usage"]["prompt_tokens"] == 3
@@ -191,9 +221,19 @@ def test_disconnect_mid_stream_frees_the_worker(server):
     url, _, _ = server
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=60)
-    conn.request("POST", "/v1/chat/completions", json.dumps({
-        "messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 2000,
-        "stream": True, "ignore_eos": True}), {"Content-Type": "application/json"})
+    conn.request(
+        "POST",
+        "/v1/chat/completions",
+        json.dumps(
+            {
+                "messages": [{"role": "user", "content": "Write a very long story."}],
+                "max_tokens": 2000,
+                "stream": True,
+                "ignore_eos": True,
+            }
+        ),
+        {"Content-Type": "application/json"},
+    )
     resp = conn.getresponse()
     resp.read1(200)
     conn.close()
@@ -209,8 +249,23 @@ def test_disconnect_mid_stream_frees_the_worker(server):
 
 def test_load_script_4_clients_x_2_requests(server):
     url, _, _ = server
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "load_test.py"), "--url", url, "--clients", "4",
-                        "--requests", "2", "--max-tokens", "6"], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "load_test.py"),
+            "--url",
+            url,
+            "--clients",
+            "4",
+            "--requests",
+            "2",
+            "--max-tokens",
+            "6",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "8 ok, 0 errors" in r.stdout and "/health: ok" in r.stdout
 
@@ -219,9 +274,22 @@ def test_mlxcel_server_script_and_api_key(tmp_path):
     import os
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-c", "from mlxcel_py.commands.serve import server_main; server_main()",
-                             "--port", "0", "--api-key", "s3cret", "--no-warmup"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from mlxcel_py.commands.serve import server_main; server_main()",
+            "--port",
+            "0",
+            "--api-key",
+            "s3cret",
+            "--no-warmup",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         url = None
         for _ in range(200):
@@ -232,15 +300,19 @@ def test_mlxcel_server_script_and_api_key(tmp_path):
                 break
         assert url, "mlxcel-server did not start"
         assert get(url + "/health")["status"] == "ok"  # no key needed for health
-        req = urllib.request.Request(url + "/tokenize", data=b'{"content": "hi"}',
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            url + "/tokenize", data=b'{"content": "hi"}', headers={"Content-Type": "application/json"}
+        )
         try:
             urllib.request.urlopen(req, timeout=30)
             raise AssertionError("expected 401")
         except urllib.error.HTTPError as e:
             assert e.code == 401 and json.loads(e.read())["error"]["type"] == "authentication_error"
-        req = urllib.request.Request(url + "/tokenize", data=b'{"content": "hi"}',
-                                     headers={"Authorization": "Bearer s3cret", "Content-Type": "application/json"})
+        req = urllib.request.Request(
+            url + "/tokenize",
+            data=b'{"content": "hi"}',
+            headers={"Authorization": "Bearer s3cret", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=30) as resp:
             assert json.loads(resp.read())["tokens"]
         with urllib.request.urlopen(url + "/v1/models", timeout=30) as resp:  # public, as in llama-server
@@ -257,8 +329,11 @@ def _send_and_hang_up(url: str, path: str, body: dict, after: float) -> None:
     host, port = url.removeprefix("http://").split(":")
     data = json.dumps(body).encode()
     s = socket.create_connection((host, int(port)), timeout=30)
-    s.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    s.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
     time.sleep(after)
     s.close()
 
@@ -273,8 +348,9 @@ def _until_idle(url: str, limit: float) -> float:
 
 def test_non_streaming_request_is_cancelled_when_its_client_leaves(server):
     url, _, _ = server
-    _send_and_hang_up(url, "/v1/completions", {"prompt": "Count from 1 to 10000:", "max_tokens": 3000,
-                                               "ignore_eos": True}, after=1.0)
+    _send_and_hang_up(
+        url, "/v1/completions", {"prompt": "Count from 1 to 10000:", "max_tokens": 3000, "ignore_eos": True}, after=1.0
+    )
     assert _until_idle(url, 10) < 1.0  # freed within a second (0.2 s polls), not after 3000 tokens
 
 
@@ -303,8 +379,11 @@ def test_sigterm_during_a_long_generation_ends_the_server_in_seconds(tmp_path):
 
         def client():
             try:
-                outcome.append(post(url + "/v1/completions", {"prompt": "Count to 10000:", "max_tokens": 5000,
-                                                              "ignore_eos": True})[0])
+                outcome.append(
+                    post(
+                        url + "/v1/completions", {"prompt": "Count to 10000:", "max_tokens": 5000, "ignore_eos": True}
+                    )[0]
+                )
             except (OSError, http.client.HTTPException, ValueError) as exc:  # cut off, or a non-JSON 5xx
                 outcome.append(type(exc).__name__)
 
@@ -363,14 +442,24 @@ def test_prompt_cache_reuses_a_shared_prefix_and_changes_nothing(server):
     asks = ["What is a river delta?", "Why is the sea salty?"]
     replies = []
     for ask in asks:
-        _, r = post(url + "/v1/chat/completions", {"messages": [{"role": "system", "content": system},
-                                                                {"role": "user", "content": ask}],
-                                                   "max_tokens": 16, "temperature": 0})
+        _, r = post(
+            url + "/v1/chat/completions",
+            {
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": ask}],
+                "max_tokens": 16,
+                "temperature": 0,
+            },
+        )
         replies.append(r)
     cached = replies[1]["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached > 100, replies[1]["usage"]  # the system prompt came from the cache
-    cold = subprocess.run(mlxcel_cmd() + ["generate", "-p", asks[1], "--system", system, "-n", "16"],
-                          capture_output=True, text=True, env=env, timeout=300)
+    cold = subprocess.run(
+        mlxcel_cmd() + ["generate", "-p", asks[1], "--system", system, "-n", "16"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert cold.stdout.rstrip("\n") == replies[1]["choices"][0]["message"]["content"].rstrip("\n")
 
 
@@ -389,8 +478,15 @@ def test_metrics_count_requests_tokens_and_drafts(server):
         return values
 
     before = scrape()
-    _, r = post(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": COPY_PROMPT}],
-                                               "max_tokens": 30, "temperature": 0, "ignore_eos": True})
+    _, r = post(
+        url + "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": COPY_PROMPT}],
+            "max_tokens": 30,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
+    )
     after = scrape()
     delta = lambda k: after.get(k, 0.0) - before.get(k, 0.0)  # noqa: E731
     assert r["usage"]["completion_tokens"] == 30 and r["choices"][0]["finish_reason"] == "length"
@@ -415,9 +511,12 @@ def test_slots_show_the_request_being_decoded(server):
     assert len(idle) == 4 and not any(s["is_processing"] for s in idle) and idle[0]["speculative"] is True
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=60)
-    conn.request("POST", "/completion", json.dumps({"prompt": "Count upwards from one:", "n_predict": 400,
-                                                    "stream": True, "ignore_eos": True}),
-                 {"Content-Type": "application/json"})
+    conn.request(
+        "POST",
+        "/completion",
+        json.dumps({"prompt": "Count upwards from one:", "n_predict": 400, "stream": True, "ignore_eos": True}),
+        {"Content-Type": "application/json"},
+    )
     resp = conn.getresponse()
     resp.read1(300)
     busy = [s for s in get(url + "/slots") if s["is_processing"]]

@@ -69,14 +69,34 @@ class FakeWorker:
         yield "done", Result("ok", [5], "stop", None, stats, True, lps)
 
 
-def make_client(*, worker=None, access=AccessPolicy(), cors=(), body_limit=65536, base_url="http://localhost",
-                max_tokens=-1, access_log=False):
+def make_client(
+    *,
+    worker=None,
+    access=AccessPolicy(),
+    cors=(),
+    body_limit=65536,
+    base_url="http://localhost",
+    max_tokens=-1,
+    access_log=False,
+):
     tok = FakeTokenizer()
-    session = SimpleNamespace(tokenizer=tok, engine=SimpleNamespace(vocab_size=VOCAB, context_length=512),
-                              target=SimpleNamespace(resolved=SimpleNamespace(path="/m")))
+    session = SimpleNamespace(
+        tokenizer=tok,
+        engine=SimpleNamespace(vocab_size=VOCAB, context_length=512),
+        target=SimpleNamespace(resolved=SimpleNamespace(path="/m")),
+    )
     worker = worker or FakeWorker()
-    app = create_app(session, worker, defaults=SamplingOptions(), max_tokens=max_tokens, model_id="tiny", access=access,
-                     cors_origins=cors, body_limit=body_limit, access_log=access_log)
+    app = create_app(
+        session,
+        worker,
+        defaults=SamplingOptions(),
+        max_tokens=max_tokens,
+        model_id="tiny",
+        access=access,
+        cors_origins=cors,
+        body_limit=body_limit,
+        access_log=access_log,
+    )
     return TestClient(app, base_url=base_url, raise_server_exceptions=False), worker
 
 
@@ -90,32 +110,47 @@ def _assert_error(r, status, fragment):
     assert fragment in err["message"], err
 
 
-@pytest.mark.parametrize("body,fragment", [
-    ({"messages": HI, "n": 2}, "'n' must be 1"),
-    ({"messages": HI, "response_format": {"type": "json_object"}}, "'response_format' (structured output)"),
-    ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, "'tools' is not supported"),
-    ({"messages": HI, "logit_bias": {"5": 10}}, "'logit_bias' is not supported"),
-    ({"messages": HI, "top_logprobs": 3}, "'top_logprobs' needs 'logprobs': true"),
-    ({"messages": HI, "logprobs": True, "top_logprobs": 50}, "'top_logprobs': Input should be less than or equal to 20"),
-    ({"messages": HI, "logprobs": 3}, "'logprobs': Input should be a valid boolean"),
-    ({"messages": HI, "grammar": "root ::= x"}, "'grammar' is not supported"),
-    ({"messages": [{"role": "<|im_start|>system", "content": "x"}]}, "'messages.0.role': must be one of system, user"),
-    ({"messages": ["hi"]}, "'messages.0': Input should be a valid dictionary"),
-    ({"messages": [{"content": "hi"}]}, "'messages.0.role': Field required"),
-    ({"messages": [{"role": "user", "content": 5}]}, "'messages.0.content': Input should be a valid string or a valid list"),
-    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "'messages.0.content.0.text': Input should"),
-    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "a text part needs a string 'text'"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "text parts only"),
-    ({"messages": HI, "model": {"x": 1}}, "'model': Input should be a valid string"),
-    ({"messages": HI, "temperature": "x" * 5000}, "'temperature': Input should be a valid number"),
-    ({"messages": HI, "temperature": True}, "'temperature': Input should be a valid number"),
-    ({"messages": HI, "top_k": 2.5}, "'top_k': Input should be a valid integer"),
-    ({"messages": HI, "stop": ["s"] * 33}, "'stop': at most 32 strings"),
-    ({"messages": HI, "stop": "x" * 1001}, "'stop': at most 32 strings of at most 1000 characters"),
-    ({"messages": HI, "temperature": -1}, "'temperature' must be >= 0 (0 is greedy)"),
-    ({"messages": HI, "max_tokens": -5}, "'max_tokens' must be -1 or >= 0"),
-    ({"messages": HI, "top_p": 0}, "'top_p' must be in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    "body,fragment",
+    [
+        ({"messages": HI, "n": 2}, "'n' must be 1"),
+        ({"messages": HI, "response_format": {"type": "json_object"}}, "'response_format' (structured output)"),
+        ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, "'tools' is not supported"),
+        ({"messages": HI, "logit_bias": {"5": 10}}, "'logit_bias' is not supported"),
+        ({"messages": HI, "top_logprobs": 3}, "'top_logprobs' needs 'logprobs': true"),
+        (
+            {"messages": HI, "logprobs": True, "top_logprobs": 50},
+            "'top_logprobs': Input should be less than or equal to 20",
+        ),
+        ({"messages": HI, "logprobs": 3}, "'logprobs': Input should be a valid boolean"),
+        ({"messages": HI, "grammar": "root ::= x"}, "'grammar' is not supported"),
+        (
+            {"messages": [{"role": "<|im_start|>system", "content": "x"}]},
+            "'messages.0.role': must be one of system, user",
+        ),
+        ({"messages": ["hi"]}, "'messages.0': Input should be a valid dictionary"),
+        ({"messages": [{"content": "hi"}]}, "'messages.0.role': Field required"),
+        (
+            {"messages": [{"role": "user", "content": 5}]},
+            "'messages.0.content': Input should be a valid string or a valid list",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+            "'messages.0.content.0.text': Input should",
+        ),
+        ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "a text part needs a string 'text'"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "text parts only"),
+        ({"messages": HI, "model": {"x": 1}}, "'model': Input should be a valid string"),
+        ({"messages": HI, "temperature": "x" * 5000}, "'temperature': Input should be a valid number"),
+        ({"messages": HI, "temperature": True}, "'temperature': Input should be a valid number"),
+        ({"messages": HI, "top_k": 2.5}, "'top_k': Input should be a valid integer"),
+        ({"messages": HI, "stop": ["s"] * 33}, "'stop': at most 32 strings"),
+        ({"messages": HI, "stop": "x" * 1001}, "'stop': at most 32 strings of at most 1000 characters"),
+        ({"messages": HI, "temperature": -1}, "'temperature' must be >= 0 (0 is greedy)"),
+        ({"messages": HI, "max_tokens": -5}, "'max_tokens' must be -1 or >= 0"),
+        ({"messages": HI, "top_p": 0}, "'top_p' must be in (0, 1]"),
+    ],
+)
 def test_unsupported_and_malformed_fields_get_400_naming_the_field(body, fragment):
     client, worker = make_client()
     r = client.post(CHAT, json=body)
@@ -125,14 +160,20 @@ def test_unsupported_and_malformed_fields_get_400_naming_the_field(body, fragmen
     assert client.post(CHAT, json={"messages": HI}).status_code == 200  # still serving
 
 
-@pytest.mark.parametrize("raw,fragment", [
-    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', "NaN is not a number JSON allows"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "top_p": Infinity}', "Infinity is not a number JSON allows"),
-    (b'{"max_tokens": ' + b"9" * 5000 + b"}", "malformed JSON body"),
-    (b"[" * 100000 + b"]" * 100000, "malformed JSON body"),
-    (b'{"model": "\\ud800", "messages": [{"role": "user", "content": "\\udfff"}]}', None),
-    (b"\xff\xfe not utf-8", "malformed JSON body"),
-])
+@pytest.mark.parametrize(
+    "raw,fragment",
+    [
+        (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', "NaN is not a number JSON allows"),
+        (
+            b'{"messages": [{"role": "user", "content": "hi"}], "top_p": Infinity}',
+            "Infinity is not a number JSON allows",
+        ),
+        (b'{"max_tokens": ' + b"9" * 5000 + b"}", "malformed JSON body"),
+        (b"[" * 100000 + b"]" * 100000, "malformed JSON body"),
+        (b'{"model": "\\ud800", "messages": [{"role": "user", "content": "\\udfff"}]}', None),
+        (b"\xff\xfe not utf-8", "malformed JSON body"),
+    ],
+)
 def test_hostile_json_gets_a_4xx_never_a_500(raw, fragment):
     client, _ = make_client(body_limit=10**6)
     r = client.post(CHAT, content=raw, headers={"Content-Type": "application/json"})
@@ -150,7 +191,7 @@ def test_body_limit_gives_413_with_and_without_content_length():
 
     def chunks():  # chunked transfer: no Content-Length to check up front
         for i in range(0, len(big), 100):
-            yield big[i:i + 100].encode()
+            yield big[i : i + 100].encode()
 
     r = client.post(CHAT, content=chunks(), headers={"Content-Type": "application/json"})
     _assert_error(r, 413, "larger than 1000 bytes")
@@ -178,10 +219,15 @@ def test_api_keys_bearer_any_case_x_api_key_and_public_routes():
     client, _ = make_client(access=AccessPolicy(api_keys=("k1", "k2")))
     assert client.post("/tokenize", json={"content": "a"}).status_code == 401
     r = client.post("/tokenize", json={"content": "a"}, headers={"Authorization": "Bearer wrong"})
-    assert r.status_code == 401 and r.json() == {"error": {"code": 401, "message": "Invalid API Key",
-                                                           "type": "authentication_error"}}
-    for headers in ({"Authorization": "Bearer k1"}, {"Authorization": "bearer k2"}, {"authorization": "BEARER k1"},
-                    {"X-Api-Key": "k2"}):
+    assert r.status_code == 401 and r.json() == {
+        "error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}
+    }
+    for headers in (
+        {"Authorization": "Bearer k1"},
+        {"Authorization": "bearer k2"},
+        {"authorization": "BEARER k1"},
+        {"X-Api-Key": "k2"},
+    ):
         assert client.post("/tokenize", json={"content": "a"}, headers=headers).status_code == 200, headers
     assert client.post("/tokenize", json={"content": "a"}, headers={"Authorization": "Basic k1"}).status_code == 401
     for path in ("/health", "/v1/models", "/models"):
@@ -227,8 +273,14 @@ def test_cors_is_off_by_default_and_lists_only_the_given_origins():
     r = client.options(CHAT, headers={"Origin": "https://a.example", "Access-Control-Request-Method": "POST"})
     assert "access-control-allow-origin" not in r.headers
     client, _ = make_client(access=AccessPolicy(api_keys=("k",)), cors=("https://a.example",))
-    r = client.options(CHAT, headers={"Origin": "https://a.example", "Access-Control-Request-Method": "POST",
-                                      "Access-Control-Request-Headers": "authorization,content-type"})
+    r = client.options(
+        CHAT,
+        headers={
+            "Origin": "https://a.example",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type",
+        },
+    )
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://a.example"
     r = client.options(CHAT, headers={"Origin": "https://b.example", "Access-Control-Request-Method": "POST"})
     assert r.headers.get("access-control-allow-origin") != "https://b.example"
@@ -264,21 +316,57 @@ def test_fuzzed_bodies_never_get_a_5xx():
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    fields = ["messages", "prompt", "content", "tokens", "model", "max_tokens", "n_predict", "max_completion_tokens",
-              "temperature", "top_p", "top_k", "min_p", "seed", "repeat_penalty", "stop", "stream", "n",
-              "response_format", "logprobs", "n_probs", "add_special", "tools", "logit_bias"]
-    scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False, allow_infinity=False),
-                        st.text(max_size=20))
-    anything = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                             st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-                            max_leaves=12)
-    message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "bogus"]) | anything,
-                                     "content": st.text(max_size=30) | anything})
-    values = {"messages": st.lists(message | anything, max_size=3) | anything,
-              "prompt": st.text(max_size=30) | st.lists(st.integers(-5, 400), max_size=5) | anything,
-              "tokens": st.lists(st.integers(-5, 10**12), max_size=5) | anything}
+    fields = [
+        "messages",
+        "prompt",
+        "content",
+        "tokens",
+        "model",
+        "max_tokens",
+        "n_predict",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "seed",
+        "repeat_penalty",
+        "stop",
+        "stream",
+        "n",
+        "response_format",
+        "logprobs",
+        "n_probs",
+        "add_special",
+        "tools",
+        "logit_bias",
+    ]
+    scalars = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**70), 2**70),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=20),
+    )
+    anything = st.recursive(
+        scalars,
+        lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+        max_leaves=12,
+    )
+    message = st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["user", "system", "assistant", "bogus"]) | anything,
+            "content": st.text(max_size=30) | anything,
+        }
+    )
+    values = {
+        "messages": st.lists(message | anything, max_size=3) | anything,
+        "prompt": st.text(max_size=30) | st.lists(st.integers(-5, 400), max_size=5) | anything,
+        "tokens": st.lists(st.integers(-5, 10**12), max_size=5) | anything,
+    }
     body = st.dictionaries(st.sampled_from(fields), anything, max_size=6).flatmap(
-        lambda d: st.fixed_dictionaries({k: values.get(k, anything) for k in d}))
+        lambda d: st.fixed_dictionaries({k: values.get(k, anything) for k in d})
+    )
     routes = ["/v1/chat/completions", "/v1/completions", "/completion", "/tokenize", "/detokenize"]
     client, _ = make_client()
 
@@ -337,13 +425,20 @@ def test_logprobs_in_each_api_shape():
     r = client.post(CHAT, json={"messages": HI}).json()
     assert r["choices"][0]["logprobs"] is None and worker.jobs[-1].logprobs is None
     r = client.post("/v1/completions", json={"prompt": "hi", "logprobs": 1}).json()
-    assert r["choices"][0]["logprobs"] == {"tokens": ["\x05"], "token_logprobs": [-0.25],
-                                           "top_logprobs": [{"\x05": -0.25}], "text_offset": [0]}
+    assert r["choices"][0]["logprobs"] == {
+        "tokens": ["\x05"],
+        "token_logprobs": [-0.25],
+        "top_logprobs": [{"\x05": -0.25}],
+        "text_offset": [0],
+    }
     r = client.post("/completion", json={"prompt": "hi", "n_probs": 2}).json()
     assert r["completion_probabilities"][0]["id"] == 5 and len(r["completion_probabilities"][0]["top_logprobs"]) == 2
     assert "completion_probabilities" not in client.post("/completion", json={"prompt": "hi"}).json()
-    frames = [json.loads(x[6:]) for x in client.post(CHAT, json={"messages": HI, "logprobs": True, "stream": True})
-              .text.split("\n\n") if x.startswith("data: {")]
+    frames = [
+        json.loads(x[6:])
+        for x in client.post(CHAT, json={"messages": HI, "logprobs": True, "stream": True}).text.split("\n\n")
+        if x.startswith("data: {")
+    ]
     assert frames[1]["choices"][0]["logprobs"]["content"][0]["logprob"] == -0.25
 
 
@@ -365,8 +460,9 @@ def test_while_loading_every_route_answers_503_then_serves():
     app = create_app(access=AccessPolicy())
     client = TestClient(app, base_url="http://localhost", raise_server_exceptions=False)
     r = client.get("/health")
-    assert r.status_code == 503 and r.json() == {"error": {"code": 503, "message": "Loading model",
-                                                           "type": "unavailable_error"}}
+    assert r.status_code == 503 and r.json() == {
+        "error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}
+    }
     r = client.post(CHAT, json={"messages": HI})
     assert r.status_code == 503 and r.json()["error"]["message"] == "Loading model"
     assert client.get("/v1/models").status_code == 503

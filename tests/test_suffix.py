@@ -25,6 +25,7 @@ def draft(store, context, limit=16, factor=1.0, min_prob=0.1):
 
 # ---- the store -------------------------------------------------------------------------------------
 
+
 def test_longest_match_drafts_the_continuation_sized_by_the_match():
     s = SuffixStore(1000)
     s.add(list(range(1, 40)))
@@ -86,17 +87,27 @@ def test_saved_store_round_trips(tmp_path):
     assert oct(path.stat().st_mode & 0o777) != oct(0o600)  # an ordinary file, not a private temp
 
 
-@pytest.mark.parametrize("content,reason", [
-    (b"\x00\xff\xfe", "not a text file"),
-    (b"{oops", "not valid JSON"),
-    (b'{"format": "something-else"}', "not an mlxcel suffix store"),
-    (b'{"format": "mlxcel-suffix-store", "version": 99}', "store version 99"),
-    (b'{"format": "mlxcel-suffix-store", "version": 1, "tokenizer": "other", "sequences": []}', "another tokenizer"),
-    (b'{"format": "mlxcel-suffix-store", "version": 1, "tokenizer": "260:test", "sequences": [[1, -2]]}',
-     "lists of token ids"),
-    (b'{"format": "mlxcel-suffix-store", "version": 1, "tokenizer": "260:test", "sequences": [[1, 100000000000]]}',
-     "below the vocabulary size \\(260\\)"),
-])
+@pytest.mark.parametrize(
+    "content,reason",
+    [
+        (b"\x00\xff\xfe", "not a text file"),
+        (b"{oops", "not valid JSON"),
+        (b'{"format": "something-else"}', "not an mlxcel suffix store"),
+        (b'{"format": "mlxcel-suffix-store", "version": 99}', "store version 99"),
+        (
+            b'{"format": "mlxcel-suffix-store", "version": 1, "tokenizer": "other", "sequences": []}',
+            "another tokenizer",
+        ),
+        (
+            b'{"format": "mlxcel-suffix-store", "version": 1, "tokenizer": "260:test", "sequences": [[1, -2]]}',
+            "lists of token ids",
+        ),
+        (
+            b'{"format": "mlxcel-suffix-store", "version": 1, "tokenizer": "260:test", "sequences": [[1, 100000000000]]}',
+            "below the vocabulary size \\(260\\)",
+        ),
+    ],
+)
 def test_corrupt_or_foreign_store_is_refused(tmp_path, content, reason):
     path = tmp_path / "store.json"
     path.write_bytes(content)
@@ -113,6 +124,7 @@ def test_live_context_never_matches_its_own_suffix():
 
 
 # ---- the engine --------------------------------------------------------------------------------------
+
 
 def suffix_config(block=16):
     return DraftConfig(kind="suffix", block_size=block, lookup=LookupConfig(max_draft=block, policy="cost"))
@@ -141,14 +153,28 @@ def test_suffix_equals_plain_and_learns_across_requests(tiny):
 
 # ---- the commands ------------------------------------------------------------------------------------
 
+
 def cli(args, env, input=None):
     return subprocess.run(mlxcel_cmd() + args, capture_output=True, text=True, env=env, input=input, timeout=300)
 
 
 def test_generate_saves_the_store_and_the_next_run_drafts_from_it(tiny_dir, cli_env, tmp_path):
     store = tmp_path / "s.json"
-    args = ["generate", "-m", str(tiny_dir), "-p", "once upon a time", "-n", "40", "--ignore-eos",
-            "--draft-kind", "suffix", "--suffix-store", str(store), "-v"]
+    args = [
+        "generate",
+        "-m",
+        str(tiny_dir),
+        "-p",
+        "once upon a time",
+        "-n",
+        "40",
+        "--ignore-eos",
+        "--draft-kind",
+        "suffix",
+        "--suffix-store",
+        str(store),
+        "-v",
+    ]
     plain = cli(["generate", "-m", str(tiny_dir), "-p", "once upon a time", "-n", "40", "--ignore-eos"], cli_env)
     first = cli(args, cli_env)
     assert first.returncode == 0, first.stderr
@@ -156,20 +182,42 @@ def test_generate_saves_the_store_and_the_next_run_drafts_from_it(tiny_dir, cli_
     second = cli(args, cli_env)
     assert second.returncode == 0 and second.stdout == first.stdout == plain.stdout
     assert "suffix store: 1 sequences" in second.stderr  # loaded at start
-    acc = [int(line.split("accepted=")[1].split()[0]) for r in (first, second)
-           for line in r.stderr.splitlines() if line.startswith("[Speculative acceptance]")]
+    acc = [
+        int(line.split("accepted=")[1].split()[0])
+        for r in (first, second)
+        for line in r.stderr.splitlines()
+        if line.startswith("[Speculative acceptance]")
+    ]
     assert acc[1] > acc[0]
     assert len(json.loads(store.read_text())["sequences"]) == 2  # the same answer twice: counted twice
 
 
 def test_a_corrupt_or_foreign_store_file_is_one_line_error(tiny_dir, cli_env, tmp_path):
     store = tmp_path / "s.json"
-    for content, reason in [("{oops", "not valid JSON"),
-                            ('{"format": "mlxcel-suffix-store", "version": 1, "tokenizer": "9:x", "sequences": []}',
-                             "saved for another tokenizer")]:
+    for content, reason in [
+        ("{oops", "not valid JSON"),
+        (
+            '{"format": "mlxcel-suffix-store", "version": 1, "tokenizer": "9:x", "sequences": []}',
+            "saved for another tokenizer",
+        ),
+    ]:
         store.write_text(content)
-        r = cli(["generate", "-m", str(tiny_dir), "-p", "x", "-n", "4", "--draft-kind", "suffix",
-                 "--suffix-store", str(store)], cli_env)
+        r = cli(
+            [
+                "generate",
+                "-m",
+                str(tiny_dir),
+                "-p",
+                "x",
+                "-n",
+                "4",
+                "--draft-kind",
+                "suffix",
+                "--suffix-store",
+                str(store),
+            ],
+            cli_env,
+        )
         assert r.returncode == 1 and "Traceback" not in r.stderr
         errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and f"--suffix-store {store}" in errors[0] and reason in errors[0]
@@ -178,8 +226,11 @@ def test_a_corrupt_or_foreign_store_file_is_one_line_error(tiny_dir, cli_env, tm
 
 def test_chat_keeps_the_store_across_turns_and_runs(tiny_dir, cli_env, tmp_path):
     store = tmp_path / "chat.json"
-    r = cli(["chat", "-m", str(tiny_dir), "-n", "16", "--draft-kind", "suffix", "--suffix-store", str(store),
-             "--profile"], cli_env, input="tell me a story\ntell me a story\n")
+    r = cli(
+        ["chat", "-m", str(tiny_dir), "-n", "16", "--draft-kind", "suffix", "--suffix-store", str(store), "--profile"],
+        cli_env,
+        input="tell me a story\ntell me a story\n",
+    )
     assert r.returncode == 0, r.stderr
     assert "suffix" in r.stderr and store.is_file()
     seqs = json.loads(store.read_text())["sequences"]
@@ -194,8 +245,9 @@ def test_serve_suffix_timings_and_store_saved_on_sigterm(tiny_dir, cli_env, tmp_
     from test_server import post, start_server
 
     store = tmp_path / "srv.json"
-    proc, url, lines = start_server(cli_env, "-m", str(tiny_dir), "--draft-kind", "suffix",
-                                    "--suffix-store", str(store))
+    proc, url, lines = start_server(
+        cli_env, "-m", str(tiny_dir), "--draft-kind", "suffix", "--suffix-store", str(store)
+    )
     try:
         body = {"prompt": "the same request", "max_tokens": 32, "temperature": 0, "ignore_eos": True}
         s1, r1 = post(url + "/v1/completions", body)
@@ -214,8 +266,23 @@ def test_bench_trace_replays_turns_through_one_engine(tiny_dir, cli_env, tmp_pat
     trace = tmp_path / "t.jsonl"
     trace.write_text(json.dumps({"source": "t", "turns": ["write abc", "again", "once more"]}) + "\n")
     out = tmp_path / "b.json"
-    r = cli(["bench", "-m", str(tiny_dir), "--trace", str(trace), "--draft-kind", "suffix", "--prompt-lookup",
-             "--max-tokens", "16", "--json", str(out)], cli_env)
+    r = cli(
+        [
+            "bench",
+            "-m",
+            str(tiny_dir),
+            "--trace",
+            str(trace),
+            "--draft-kind",
+            "suffix",
+            "--prompt-lookup",
+            "--max-tokens",
+            "16",
+            "--json",
+            str(out),
+        ],
+        cli_env,
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
     assert data["configs"] == ["plain", "suffix k=16", "prompt-lookup k=7"] and data["trace"] is True
@@ -236,8 +303,21 @@ def test_real_model_trace_turns_equal_plain_for_suffix_and_lookup(cli_env, tmp_p
     obj = json.loads(line)
     trace.write_text(json.dumps({"source": obj["source"], "turns": obj["turns"][:2]}) + "\n")
     out = tmp_path / "b.json"
-    r = cli(["bench", "--trace", str(trace), "--draft-kind", "suffix", "--prompt-lookup", "--max-tokens", "32",
-             "--json", str(out)], cli_env)
+    r = cli(
+        [
+            "bench",
+            "--trace",
+            str(trace),
+            "--draft-kind",
+            "suffix",
+            "--prompt-lookup",
+            "--max-tokens",
+            "32",
+            "--json",
+            str(out),
+        ],
+        cli_env,
+    )
     assert r.returncode == 0, r.stderr
     summary = json.loads(out.read_text())["summary"]
     assert {s["config"] for s in summary} == {"suffix k=16", "prompt-lookup k=7"}

@@ -12,7 +12,10 @@ from mlxcel_py.models import loading
 RULES = [
     # (argv, message fragment)
     (["generate", "-p", "x", "--prompt-lookup", "--draft-model", "d"], "--prompt-lookup conflicts with --draft-model"),
-    (["generate", "-p", "x", "--draft-kind", "prompt-lookup"], "--draft-kind=prompt-lookup takes no drafter checkpoint; pass --prompt-lookup"),
+    (
+        ["generate", "-p", "x", "--draft-kind", "prompt-lookup"],
+        "--draft-kind=prompt-lookup takes no drafter checkpoint; pass --prompt-lookup",
+    ),
     (["generate", "-p", "x", "--prompt-lookup-ngram-max", "4"], "--prompt-lookup-ngram-max requires --prompt-lookup"),
     (["generate", "-p", "x", "--prompt-lookup-ngram-min", "1"], "--prompt-lookup-ngram-min requires --prompt-lookup"),
     (["generate", "-p", "x", "--prompt-lookup-max-draft", "4"], "--prompt-lookup-max-draft requires --prompt-lookup"),
@@ -24,44 +27,90 @@ RULES = [
     (["generate", "-p", "x", "--prompt-lookup", "--image", "a.png"], "--image: multimodal input is not supported"),
     (["generate", "-p", "x", "--prompt-lookup", "--audio", "a.wav"], "--audio: multimodal input is not supported"),
     (["generate", "-p", "x", "--prompt-lookup", "--video", "a.mp4"], "--video: multimodal input is not supported"),
-    (["generate", "-p", "x", "--prompt-lookup", "--pp-size", "2"], "--prompt-lookup does not support pipeline parallelism"),
+    (
+        ["generate", "-p", "x", "--prompt-lookup", "--pp-size", "2"],
+        "--prompt-lookup does not support pipeline parallelism",
+    ),
     (["generate", "-p", "x", "--pp-size", "2"], "--pp-size 2 needs 2 processes started together"),
     (["chat", "--tp-size", "2"], "--tp-size 2 needs 2 processes started together"),
     (["generate", "-p", "x", "--tp-size", "0"], "--tp-size must be at least 1"),
     (["serve", "--pp-size", "0"], "--pp-size must be at least 1"),
     (["generate", "-p", "x", "--tp-size", "2", "--pp-size", "2"], "a 2-D layout is not supported"),
-    (["generate", "-p", "x", "--tp-size", "2", "--cpu-weights", "q8"], "the row-exact kernel does not run under --tp-size 2"),
-    (["generate", "-p", "x", "--tp-size", "2", "--prompt-lookup", "--verify-exact"], "--verify-exact does not run under --tp-size 2"),
+    (
+        ["generate", "-p", "x", "--tp-size", "2", "--cpu-weights", "q8"],
+        "the row-exact kernel does not run under --tp-size 2",
+    ),
+    (
+        ["generate", "-p", "x", "--tp-size", "2", "--prompt-lookup", "--verify-exact"],
+        "--verify-exact does not run under --tp-size 2",
+    ),
     (["generate", "-p", "x", "--tp-size", "2", "--draft-model", "d"], "--draft-model does not run under --tp-size 2"),
     (["serve", "--pp-size", "2", "--draft-kind", "mtp"], "--draft-kind mtp does not run under --pp-size 2"),
-    (["serve", "--pp-size", "2", "--draft-kind", "prompt-lookup"], "--draft-kind prompt-lookup does not support pipeline parallelism"),
+    (
+        ["serve", "--pp-size", "2", "--draft-kind", "prompt-lookup"],
+        "--draft-kind prompt-lookup does not support pipeline parallelism",
+    ),
     (["chat", "--pp-size", "2", "--draft-kind", "suffix"], "--draft-kind suffix does not support pipeline parallelism"),
     (["launch", "--", "mlxcel", "generate", "-p", "x", "--tp-size", "2"], "mlxcel launch needs -n N"),
-    (["launch", "-n", "2", "--", "mlxcel", "generate", "-p", "x"], "the command gives neither --tp-size 2 nor --pp-size 2"),
-    (["launch", "-n", "3", "--", "mlxcel", "chat", "--tp-size", "2"], "the command asks for 2 ranks but the launch starts 3"),
+    (
+        ["launch", "-n", "2", "--", "mlxcel", "generate", "-p", "x"],
+        "the command gives neither --tp-size 2 nor --pp-size 2",
+    ),
+    (
+        ["launch", "-n", "3", "--", "mlxcel", "chat", "--tp-size", "2"],
+        "the command asks for 2 ranks but the launch starts 3",
+    ),
     (["launch", "-n", "2"], "give the command to run after --"),
-    (["launch", "-n", "2", "--starting-port", "65535", "--", "mlxcel", "chat", "--tp-size", "2"],
-     "--starting-port 65535: rank r listens on PORT + r"),
-    (["launch", "--hostfile", "/nonexistent/h.json", "--", "mlxcel", "chat", "--tp-size", "2"], "--hostfile /nonexistent/h.json: cannot read it"),
+    (
+        ["launch", "-n", "2", "--starting-port", "65535", "--", "mlxcel", "chat", "--tp-size", "2"],
+        "--starting-port 65535: rank r listens on PORT + r",
+    ),
+    (
+        ["launch", "--hostfile", "/nonexistent/h.json", "--", "mlxcel", "chat", "--tp-size", "2"],
+        "--hostfile /nonexistent/h.json: cannot read it",
+    ),
     (["serve", "--draft-kind", "prompt-lookup", "--draft-model", "d"], "prompt-lookup takes no draft model"),
     (["serve", "--spec-type", "ngram-mod"], "--spec-type ngram-mod is not supported"),
     (["serve", "--spec-type", "ngram-simple"], "--spec-type ngram-simple is not supported"),
     (["serve", "--spec-type", "draft-eagle3"], "--spec-type draft-eagle3 is not supported"),
-    (["serve", "--spec-type", "draft-mtp", "--draft-kind", "full-model", "--draft-model", "d"],
-     "--spec-type draft-mtp conflicts with --draft-kind full-model"),
-    (["generate", "-p", "x", "--prompt-lookup", "--draft-kind", "mtp"], "--prompt-lookup conflicts with --draft-kind mtp"),
+    (
+        ["serve", "--spec-type", "draft-mtp", "--draft-kind", "full-model", "--draft-model", "d"],
+        "--spec-type draft-mtp conflicts with --draft-kind full-model",
+    ),
+    (
+        ["generate", "-p", "x", "--prompt-lookup", "--draft-kind", "mtp"],
+        "--prompt-lookup conflicts with --draft-kind mtp",
+    ),
     (["serve", "--spec-type", "bogus"], "not a llama-server speculation type"),
     (["serve", "--spec-type", "none,draft-simple"], "--spec-type none cannot be combined"),
-    (["serve", "--spec-type", "draft-simple", "--draft-kind", "dflash"], "--spec-type draft-simple conflicts with --draft-kind dflash"),
-    (["serve", "--draft-kind", "prompt-lookup", "--prompt-lookup-max-batch", "0"], "--prompt-lookup-max-batch must be at least 1"),
+    (
+        ["serve", "--spec-type", "draft-simple", "--draft-kind", "dflash"],
+        "--spec-type draft-simple conflicts with --draft-kind dflash",
+    ),
+    (
+        ["serve", "--draft-kind", "prompt-lookup", "--prompt-lookup-max-batch", "0"],
+        "--prompt-lookup-max-batch must be at least 1",
+    ),
     (["serve", "-np", "0"], "--parallel (-np) must be between 1 and 256"),
     (["serve", "--cache-ram", "-2"], "--cache-ram must be -1 (no limit), 0 (off) or a size in MiB"),
-    (["generate", "-p", "x", "--prompt-lookup", "--prompt-lookup-ngram-min", "0"], "--prompt-lookup-ngram-min must be at least 1"),
+    (
+        ["generate", "-p", "x", "--prompt-lookup", "--prompt-lookup-ngram-min", "0"],
+        "--prompt-lookup-ngram-min must be at least 1",
+    ),
     (["generate", "-p", "x", "--prompt-lookup", "--prompt-lookup-ngram-max", "17"], "must be at most 16"),
-    (["generate", "-p", "x", "--prompt-lookup", "--prompt-lookup-ngram-min", "3", "--prompt-lookup-ngram-max", "2"], "must be >= --prompt-lookup-ngram-min"),
-    (["generate", "-p", "x", "--prompt-lookup", "--prompt-lookup-max-draft", "0"], "--prompt-lookup-max-draft must be at least 1"),
+    (
+        ["generate", "-p", "x", "--prompt-lookup", "--prompt-lookup-ngram-min", "3", "--prompt-lookup-ngram-max", "2"],
+        "must be >= --prompt-lookup-ngram-min",
+    ),
+    (
+        ["generate", "-p", "x", "--prompt-lookup", "--prompt-lookup-max-draft", "0"],
+        "--prompt-lookup-max-draft must be at least 1",
+    ),
     (["generate", "-p", "x", "--prompt-lookup", "--prompt-lookup-max-draft", "65"], "must be at most 64"),
-    (["generate", "-p", "x", "--prompt-lookup", "--prompt-lookup-policy", "fastest"], "--prompt-lookup-policy fastest is not one of"),
+    (
+        ["generate", "-p", "x", "--prompt-lookup", "--prompt-lookup-policy", "fastest"],
+        "--prompt-lookup-policy fastest is not one of",
+    ),
     (["generate", "-p", "x", "--draft-model", "d", "--draft-block-size", "0"], "--draft-block-size must be at least 1"),
     (["generate", "-p", "x", "--draft-kind", "full-model"], "--draft-kind full-model needs --draft-model"),
     (["generate", "-p", "x", "--draft-kind", "eagle"], '--draft-kind="eagle" is not recognised'),
@@ -75,8 +124,10 @@ RULES = [
     (["generate", "-p", "x", "--min-tokens", "9", "-n", "3"], "--min-tokens (9) must not exceed --max-tokens (3)"),
     (["generate", "-p", "x", "--cpu-weights", "q9"], "--cpu-weights q9 is not one of auto, q8, q4, f32"),
     (["serve", "--cpu-weights", "q8,q4"], "(a comma list is a bench option)"),
-    (["generate", "-p", "x", "--no-dequantize", "--cpu-weights", "q4"],
-     "--no-dequantize keeps MLX's own quantized matmul and conflicts with --cpu-weights"),
+    (
+        ["generate", "-p", "x", "--no-dequantize", "--cpu-weights", "q4"],
+        "--no-dequantize keeps MLX's own quantized matmul and conflicts with --cpu-weights",
+    ),
     (["bench", "--cpu-weights", "f32,q8,f32"], "--cpu-weights f32,q8,f32: a mode is listed twice"),
     (["bench", "--cpu-weights", "f32,,q4"], "--cpu-weights f32,,q4: an empty entry is not one of"),
     (["bench", "--cpu-weights", "f32,q8", "--draft-kind", "mtp"], "the MTP head is loaded onto one target"),
@@ -84,27 +135,59 @@ RULES = [
     (["bench", "--sweep-widths", "0,4"], "--sweep-widths: width 0 is outside 1..64"),
     (["bench", "--sweep-widths", "4,2,4"], "a width is listed twice"),
     (["bench", "--vs", "vllm"], "--vs vllm: the peer to compare against must be one of mlx-lm, llama.cpp"),
-    (["bench", "--vs", "llama.cpp", "-m", "/tmp"], "--vs llama.cpp runs llama.cpp on the same GGUF file: pass -m FILE.gguf"),
+    (
+        ["bench", "--vs", "llama.cpp", "-m", "/tmp"],
+        "--vs llama.cpp runs llama.cpp on the same GGUF file: pass -m FILE.gguf",
+    ),
     (["bench", "--limit", "0"], "--limit must be at least 1"),
     (["bench", "--repeats", "0"], "--repeats must be between 1 and 100"),
     (["bench", "--max-tokens", "0"], "--max-tokens must be at least 1 for a benchmark"),
     (["bench", "--workload", "/nonexistent/w.jsonl"], "--workload /nonexistent/w.jsonl: no such file"),
-    (["bench", "--json", "/nonexistent/out.json"], "--json /nonexistent/out.json: the folder /nonexistent does not exist"),
-    (["bench", "--draft-model", "d", "--prompt-lookup-max-draft", "4"], "--prompt-lookup-max-draft requires --prompt-lookup"),
+    (
+        ["bench", "--json", "/nonexistent/out.json"],
+        "--json /nonexistent/out.json: the folder /nonexistent does not exist",
+    ),
+    (
+        ["bench", "--draft-model", "d", "--prompt-lookup-max-draft", "4"],
+        "--prompt-lookup-max-draft requires --prompt-lookup",
+    ),
     (["bench", "--draft-kind", "prompt-lookup"], "--draft-kind=prompt-lookup takes no drafter checkpoint"),
     (["generate", "-p", "x", "--suffix-store", "s.json"], "--suffix-store requires --draft-kind suffix"),
     (["generate", "-p", "x", "--suffix-cache-tokens", "9"], "--suffix-cache-tokens requires --draft-kind suffix"),
     (["chat", "--draft-kind", "suffix", "--suffix-cache-tokens", "0"], "--suffix-cache-tokens must be at least 1"),
-    (["serve", "--draft-kind", "suffix", "--suffix-store", "/nonexistent/s.json"],
-     "--suffix-store /nonexistent/s.json: the folder /nonexistent does not exist"),
+    (
+        ["serve", "--draft-kind", "suffix", "--suffix-store", "/nonexistent/s.json"],
+        "--suffix-store /nonexistent/s.json: the folder /nonexistent does not exist",
+    ),
     (["run", "-p", "x", "--draft-kind", "suffix", "--suffix-store", "/"], "--suffix-store /: a folder"),
-    (["generate", "-p", "x", "--draft-kind", "suffix", "--draft-model", "d"], "--draft-kind suffix takes no drafter checkpoint"),
-    (["generate", "-p", "x", "--prompt-lookup", "--draft-kind", "suffix"], "--prompt-lookup conflicts with --draft-kind suffix"),
-    (["generate", "-p", "x", "--prompt-lookup", "--draft-kind", "full-model"], "--prompt-lookup conflicts with --draft-kind full-model"),
-    (["generate", "-p", "x", "--prompt-lookup", "--draft-max", "4"], "--draft-block-size (--draft-max) does not apply to --prompt-lookup"),
-    (["generate", "-p", "x", "--prompt-lookup", "--draft-block-size", "4"], "--draft-block-size (--draft-max) does not apply to --prompt-lookup"),
-    (["bench", "--prompt-lookup", "--draft-block-size", "4"], "--draft-block-size (--draft-max) does not apply to --prompt-lookup"),
-    (["generate", "-p", "x", "--prompt-lookup", "--spec-type", "none"], "--spec-type none selects a server drafter and does not combine with --prompt-lookup"),
+    (
+        ["generate", "-p", "x", "--draft-kind", "suffix", "--draft-model", "d"],
+        "--draft-kind suffix takes no drafter checkpoint",
+    ),
+    (
+        ["generate", "-p", "x", "--prompt-lookup", "--draft-kind", "suffix"],
+        "--prompt-lookup conflicts with --draft-kind suffix",
+    ),
+    (
+        ["generate", "-p", "x", "--prompt-lookup", "--draft-kind", "full-model"],
+        "--prompt-lookup conflicts with --draft-kind full-model",
+    ),
+    (
+        ["generate", "-p", "x", "--prompt-lookup", "--draft-max", "4"],
+        "--draft-block-size (--draft-max) does not apply to --prompt-lookup",
+    ),
+    (
+        ["generate", "-p", "x", "--prompt-lookup", "--draft-block-size", "4"],
+        "--draft-block-size (--draft-max) does not apply to --prompt-lookup",
+    ),
+    (
+        ["bench", "--prompt-lookup", "--draft-block-size", "4"],
+        "--draft-block-size (--draft-max) does not apply to --prompt-lookup",
+    ),
+    (
+        ["generate", "-p", "x", "--prompt-lookup", "--spec-type", "none"],
+        "--spec-type none selects a server drafter and does not combine with --prompt-lookup",
+    ),
     (["chat", "--verify-exact"], "--verify-exact is a generate/run option"),
     (["serve", "--verify-exact"], "--verify-exact is a generate/run option"),
     (["serve", "--prompt-lookup-max-batch", "0"], "--prompt-lookup-max-batch must be at least 1"),
@@ -145,11 +228,14 @@ def test_every_rule_is_documented():
         assert message.split(" (")[0].strip('"') in doc or message in doc, message
 
 
-@pytest.mark.parametrize("line,message", [
-    ("not json", ":1: not valid JSON"),
-    ('{"kind": "code"}', ':1: each line needs a non-empty string "prompt"'),
-    ('{"kind": "", "prompt": "x"}', ':1: "kind" must be a non-empty string'),
-])
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        ("not json", ":1: not valid JSON"),
+        ('{"kind": "code"}', ':1: each line needs a non-empty string "prompt"'),
+        ('{"kind": "", "prompt": "x"}', ':1: "kind" must be a non-empty string'),
+    ],
+)
 def test_bench_rejects_a_malformed_workload_before_loading(line, message, no_loading, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     w = tmp_path / "w.jsonl"
@@ -164,17 +250,27 @@ def test_bench_plans_each_drafter_at_each_width():
     from mlxcel_py.commands._options import build_bench_options, build_options
     from mlxcel_py.validate import validate_bench
 
-    params = {"draft_model": "d", "prompt_lookup": True, "prompt_lookup_policy": "cost", "sweep_widths": "4,1",
-              "max_tokens": 64}
+    params = {
+        "draft_model": "d",
+        "prompt_lookup": True,
+        "prompt_lookup_policy": "cost",
+        "sweep_widths": "4,1",
+        "max_tokens": 64,
+    }
     plan = validate_bench(build_options("bench", params), build_bench_options(params))
     assert [(d.kind, registry.width(d)) for d in plan.drafts] == [
-        ("full-model", 1), ("full-model", 4), ("prompt-lookup", 1), ("prompt-lookup", 4)]
+        ("full-model", 1),
+        ("full-model", 4),
+        ("prompt-lookup", 1),
+        ("prompt-lookup", 4),
+    ]
     assert plan.run.draft.kind == "full-model"  # the session loads the drafter
     assert all(d.lookup.policy == "cost" for d in plan.drafts if d.kind == "prompt-lookup")
     default = validate_bench(build_options("bench", {"max_tokens": 64}), build_bench_options({}))
     assert [(d.kind, registry.width(d)) for d in default.drafts] == [("prompt-lookup", 7)]
-    tuned = validate_bench(build_options("bench", {"prompt_lookup_max_draft": 3, "max_tokens": 64}),
-                           build_bench_options({}))
+    tuned = validate_bench(
+        build_options("bench", {"prompt_lookup_max_draft": 3, "max_tokens": 64}), build_bench_options({})
+    )
     assert [(d.kind, registry.width(d)) for d in tuned.drafts] == [("prompt-lookup", 3)]
 
 
@@ -224,7 +320,9 @@ def test_bench_vs_llama_cpp_without_the_package_is_refused(no_loading, monkeypat
     from mlxcel_py import validate
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(validate.importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    monkeypatch.setattr(
+        validate.importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a)
+    )
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     result = CliRunner().invoke(app, ["bench", "--vs", "llama.cpp"])
     assert result.exit_code == 2
@@ -241,9 +339,36 @@ def test_serve_takes_llama_server_command_lines(monkeypatch, no_loading, tmp_pat
     monkeypatch.setattr(server_main, "run_server", lambda cfg, **kw: seen.append(cfg))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
-    argv = ["serve", "-np", "2", "-ngl", "99", "-fa", "on", "-cb", "-ctk", "q8_0", "-ctv", "q8_0", "-c", "256",
-            "-n", "64", "-t", "1", "--temp", "0.7", "-kvu", "--api-key", "a,b", "--api-key", "c",
-            "--cors-origins", "https://x.example, https://y.example", "--log-disable"]
+    argv = [
+        "serve",
+        "-np",
+        "2",
+        "-ngl",
+        "99",
+        "-fa",
+        "on",
+        "-cb",
+        "-ctk",
+        "q8_0",
+        "-ctv",
+        "q8_0",
+        "-c",
+        "256",
+        "-n",
+        "64",
+        "-t",
+        "1",
+        "--temp",
+        "0.7",
+        "-kvu",
+        "--api-key",
+        "a,b",
+        "--api-key",
+        "c",
+        "--cors-origins",
+        "https://x.example, https://y.example",
+        "--log-disable",
+    ]
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 0, result.output
     srv = seen[0].options.server
@@ -264,11 +389,14 @@ def test_serve_takes_llama_server_command_lines(monkeypatch, no_loading, tmp_pat
     assert no_loading == []
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["serve", "-c", "-1"], "--ctx-size must be 0 (the model's window) or a positive number of tokens"),
-    (["serve", "-np", "300"], "--parallel (-np) must be between 1 and 256"),
-    (["serve", "-t", "0"], "--threads (-t) must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["serve", "-c", "-1"], "--ctx-size must be 0 (the model's window) or a positive number of tokens"),
+        (["serve", "-np", "300"], "--parallel (-np) must be between 1 and 256"),
+        (["serve", "-t", "0"], "--threads (-t) must be at least 1"),
+    ],
+)
 def test_serve_flag_ranges(argv, message, no_loading, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     result = CliRunner().invoke(app, argv)

@@ -14,51 +14,140 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
 
 QWEN35 = dict(
-    model_type="qwen3_5", hidden_size=64, num_hidden_layers=4, intermediate_size=128, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-    linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=4, vocab_size=260,
-    rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=2048,
+    model_type="qwen3_5",
+    hidden_size=64,
+    num_hidden_layers=4,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    full_attention_interval=4,
+    vocab_size=260,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    max_position_embeddings=2048,
     rope_parameters=dict(type="default", rope_theta=10000.0, partial_rotary_factor=0.5, mrope_section=[2, 1, 1]),
 )
 # the window (8) is far shorter than the prompts, so the rotating caches wrap
 GEMMA3 = dict(
-    model_type="gemma3_text", hidden_size=64, num_hidden_layers=3, intermediate_size=128, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16, vocab_size=260, rms_norm_eps=1e-6, sliding_window=8,
-    sliding_window_pattern=3, max_position_embeddings=2048, query_pre_attn_scalar=16,
+    model_type="gemma3_text",
+    hidden_size=64,
+    num_hidden_layers=3,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=260,
+    rms_norm_eps=1e-6,
+    sliding_window=8,
+    sliding_window_pattern=3,
+    max_position_embeddings=2048,
+    query_pre_attn_scalar=16,
 )
 MAMBA = dict(
-    model_type="mamba", vocab_size=260, hidden_size=64, intermediate_size=128, state_size=8, num_hidden_layers=2,
-    conv_kernel=4, use_bias=False, use_conv_bias=True, time_step_rank=8, tie_word_embeddings=False,
+    model_type="mamba",
+    vocab_size=260,
+    hidden_size=64,
+    intermediate_size=128,
+    state_size=8,
+    num_hidden_layers=2,
+    conv_kernel=4,
+    use_bias=False,
+    use_conv_bias=True,
+    time_step_rank=8,
+    tie_word_embeddings=False,
 )
 LFM2 = dict(
-    model_type="lfm2", vocab_size=260, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=2048, norm_eps=1e-5, conv_bias=False, conv_L_cache=3,
-    block_dim=64, block_ff_dim=128, block_multiple_of=16, block_ffn_dim_multiplier=1.0,
-    block_auto_adjust_ff_dim=False, full_attn_idxs=[2], rope_theta=10000.0,
+    model_type="lfm2",
+    vocab_size=260,
+    hidden_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+    norm_eps=1e-5,
+    conv_bias=False,
+    conv_L_cache=3,
+    block_dim=64,
+    block_ff_dim=128,
+    block_multiple_of=16,
+    block_ffn_dim_multiplier=1.0,
+    block_auto_adjust_ff_dim=False,
+    full_attn_idxs=[2],
+    rope_theta=10000.0,
 )
 # recurrent layers (state) and local attention (rotating window) in one model
 RECURRENT_GEMMA = dict(
-    model_type="recurrent_gemma", attention_bias=False, conv1d_width=4, hidden_size=64, intermediate_size=128,
-    logits_soft_cap=30.0, num_attention_heads=4, num_hidden_layers=3, num_key_value_heads=1, rms_norm_eps=1e-6,
-    rope_theta=10000.0, attention_window_size=8, vocab_size=260, block_types=["recurrent", "recurrent", "attention"],
-    lru_width=64, embeddings_scale_by_sqrt_dim=True, final_w_init_variance_scale=1.0, partial_rotary_factor=0.5,
+    model_type="recurrent_gemma",
+    attention_bias=False,
+    conv1d_width=4,
+    hidden_size=64,
+    intermediate_size=128,
+    logits_soft_cap=30.0,
+    num_attention_heads=4,
+    num_hidden_layers=3,
+    num_key_value_heads=1,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    attention_window_size=8,
+    vocab_size=260,
+    block_types=["recurrent", "recurrent", "attention"],
+    lru_width=64,
+    embeddings_scale_by_sqrt_dim=True,
+    final_w_init_variance_scale=1.0,
+    partial_rotary_factor=0.5,
 )
 RWKV7 = dict(
-    model_type="rwkv7", vocab_size=260, hidden_size=64, intermediate_size=128, norm_eps=1e-5, head_dim=16,
-    num_hidden_layers=2, a_low_rank_dim=8, v_low_rank_dim=8, gate_low_rank_dim=8, decay_low_rank_dim=8,
+    model_type="rwkv7",
+    vocab_size=260,
+    hidden_size=64,
+    intermediate_size=128,
+    norm_eps=1e-5,
+    head_dim=16,
+    num_hidden_layers=2,
+    a_low_rank_dim=8,
+    v_low_rank_dim=8,
+    gate_low_rank_dim=8,
+    decay_low_rank_dim=8,
     tie_word_embeddings=False,
 )
 
 # every layer a CacheList of a Mamba-2 state (ArraysCache) and attention (KVCache)
 FALCON_H1 = dict(
-    model_type="falcon_h1", hidden_size=64, head_dim=16, intermediate_size=128, num_attention_heads=4,
-    num_key_value_heads=2, num_hidden_layers=2, vocab_size=260, mamba_d_conv=4, mamba_d_head=16, mamba_d_ssm=64,
-    mamba_d_state=8, mamba_n_heads=4, mamba_n_groups=1, mamba_chunk_size=16, max_position_embeddings=2048,
-    rope_theta=10000.0, tie_word_embeddings=False,
+    model_type="falcon_h1",
+    hidden_size=64,
+    head_dim=16,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_hidden_layers=2,
+    vocab_size=260,
+    mamba_d_conv=4,
+    mamba_d_head=16,
+    mamba_d_ssm=64,
+    mamba_d_state=8,
+    mamba_n_heads=4,
+    mamba_n_groups=1,
+    mamba_chunk_size=16,
+    max_position_embeddings=2048,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
 )
 
-FAMILIES = {"qwen3_5": QWEN35, "gemma3_text": GEMMA3, "mamba": MAMBA, "lfm2": LFM2,
-            "recurrent_gemma": RECURRENT_GEMMA, "rwkv7": RWKV7, "falcon_h1": FALCON_H1}
+FAMILIES = {
+    "qwen3_5": QWEN35,
+    "gemma3_text": GEMMA3,
+    "mamba": MAMBA,
+    "lfm2": LFM2,
+    "recurrent_gemma": RECURRENT_GEMMA,
+    "rwkv7": RWKV7,
+    "falcon_h1": FALCON_H1,
+}
 # weight scale per family (0.2 otherwise): Gemma's scaled embeddings make its greedy output chaotic
 # at 0.2, so prompt lookup's drafts would never be accepted; Qwen3.5 collapses to one token below 1.0.
 # An untied head keeps Mamba from echoing its input token (LFM2 always ties, and echoes).
@@ -119,24 +208,47 @@ def build_mtp_checkpoint(folder: Path, target_cfg: dict, *, kind: str = "echo", 
     folder.mkdir(parents=True, exist_ok=True)
     tensors = mtp_tensors(target_cfg, kind=kind)
     mx.save_safetensors(str(folder / "model.safetensors"), tensors, metadata={"format": "mlx"})
-    cfg = {"model_type": "qwen3_5_mtp", "hidden_size": target_cfg["hidden_size"],
-           "vocab_size": target_cfg["vocab_size"], **(config or {})}
+    cfg = {
+        "model_type": "qwen3_5_mtp",
+        "hidden_size": target_cfg["hidden_size"],
+        "vocab_size": target_cfg["vocab_size"],
+        **(config or {}),
+    }
     (folder / "config.json").write_text(__import__("json").dumps(cfg))
     return folder
 
 
 # Gemma 4: two layers hold K/V (one sliding, one full), the other two read theirs (KV sharing)
 GEMMA4 = dict(
-    model_type="gemma4_text", hidden_size=64, num_hidden_layers=4, intermediate_size=128, num_attention_heads=4,
-    head_dim=16, global_head_dim=16, num_key_value_heads=2, num_kv_shared_layers=2, hidden_size_per_layer_input=0,
-    vocab_size=260, vocab_size_per_layer_input=260, sliding_window=8, max_position_embeddings=2048,
+    model_type="gemma4_text",
+    hidden_size=64,
+    num_hidden_layers=4,
+    intermediate_size=128,
+    num_attention_heads=4,
+    head_dim=16,
+    global_head_dim=16,
+    num_key_value_heads=2,
+    num_kv_shared_layers=2,
+    hidden_size_per_layer_input=0,
+    vocab_size=260,
+    vocab_size_per_layer_input=260,
+    sliding_window=8,
+    max_position_embeddings=2048,
     layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-    use_double_wide_mlp=False, tie_word_embeddings=True,
+    use_double_wide_mlp=False,
+    tie_word_embeddings=True,
 )
 
 
-def gemma4_assistant_checkpoint(folder: Path, target_folder: Path, *, kind: str = "echo", ordered: bool = False,
-                                noise: float = 0.0, config: dict | None = None) -> Path:
+def gemma4_assistant_checkpoint(
+    folder: Path,
+    target_folder: Path,
+    *,
+    kind: str = "echo",
+    ordered: bool = False,
+    noise: float = 0.0,
+    config: dict | None = None,
+) -> Path:
     """A Gemma 4 assistant for the GEMMA4 target in `target_folder`, as --draft-model DIR.
 
     kind "echo": hidden size = the backbone's, pre_projection passes the target's hidden state
@@ -148,11 +260,20 @@ def gemma4_assistant_checkpoint(folder: Path, target_folder: Path, *, kind: str 
     from mlxcel_py.drafters.gemma4_assistant import Gemma4Assistant
 
     folder.mkdir(parents=True, exist_ok=True)
-    text = dict(GEMMA4, num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
-                num_kv_shared_layers=0)
-    cfg = {"model_type": "gemma4_assistant", "backbone_hidden_size": GEMMA4["hidden_size"],
-           "tie_word_embeddings": True, "use_ordered_embeddings": ordered, "num_centroids": 4,
-           "centroid_intermediate_top_k": 2, "block_size": 3, "text_config": text, **(config or {})}
+    text = dict(
+        GEMMA4, num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0
+    )
+    cfg = {
+        "model_type": "gemma4_assistant",
+        "backbone_hidden_size": GEMMA4["hidden_size"],
+        "tie_word_embeddings": True,
+        "use_ordered_embeddings": ordered,
+        "num_centroids": 4,
+        "centroid_intermediate_top_k": 2,
+        "block_size": 3,
+        "text_config": text,
+        **(config or {}),
+    }
     mx.random.seed(11)
     head = Gemma4Assistant(cfg)
     params = dict(tree_flatten(head.parameters()))
@@ -161,7 +282,8 @@ def gemma4_assistant_checkpoint(folder: Path, target_folder: Path, *, kind: str 
     if kind == "echo":
         H = GEMMA4["hidden_size"]
         params["pre_projection.weight"] = mx.concatenate(
-            [mx.zeros((H, H)), mx.eye(H) + noise * mx.random.normal((H, H))], axis=1)
+            [mx.zeros((H, H)), mx.eye(H) + noise * mx.random.normal((H, H))], axis=1
+        )
         for name in params:
             if name.endswith(("o_proj.weight", "down_proj.weight")):
                 params[name] = mx.zeros_like(params[name])

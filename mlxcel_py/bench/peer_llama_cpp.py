@@ -47,8 +47,9 @@ def main() -> None:
         # llama-cpp-python's draft verification reads every position's logits (logits_all); plain
         # decoding gets an instance without that, as a llama.cpp user would run it
         if lookup not in instances:
-            instances[lookup] = llama_cpp.Llama(sys.argv[1], n_ctx=ctx, n_threads=threads, n_batch=512,
-                                                logits_all=lookup, verbose=False)
+            instances[lookup] = llama_cpp.Llama(
+                sys.argv[1], n_ctx=ctx, n_threads=threads, n_batch=512, logits_all=lookup, verbose=False
+            )
         return instances[lookup]
 
     instance(False)
@@ -62,9 +63,15 @@ def main() -> None:
         llm.reset()  # no prefix reuse across requests: every run pays its own prefill, as ours do
         eos = llm.token_eos()
         n, first, last = 0, 0.0, 0.0
-        for tok in llm.generate(req["ids"], temp=req.get("temp", 0.0), top_p=req.get("top_p", 1.0),
-                                top_k=req.get("top_k", 0), min_p=req.get("min_p", 0.0), repeat_penalty=1.0,
-                                reset=True):
+        for tok in llm.generate(
+            req["ids"],
+            temp=req.get("temp", 0.0),
+            top_p=req.get("top_p", 1.0),
+            top_k=req.get("top_k", 0),
+            min_p=req.get("min_p", 0.0),
+            repeat_penalty=1.0,
+            reset=True,
+        ):
             now = time.perf_counter()
             if tok == eos:
                 break

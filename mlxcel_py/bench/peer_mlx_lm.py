@@ -28,15 +28,17 @@ def main() -> None:
     proto.flush()
     for line in sys.stdin:
         req = json.loads(line)
-        sampler = make_sampler(req.get("temp", 0.0), top_p=req.get("top_p", 1.0), min_p=req.get("min_p", 0.0),
-                               top_k=req.get("top_k", 0))
+        sampler = make_sampler(
+            req.get("temp", 0.0), top_p=req.get("top_p", 1.0), min_p=req.get("min_p", 0.0), top_k=req.get("top_k", 0)
+        )
         extra = {}
         if req.get("num_draft"):
             extra = dict(draft_model=draft, num_draft_tokens=req["num_draft"])
         mx.reset_peak_memory()
         n, tps = 0, 0.0
-        for r in mlx_lm.stream_generate(model, tokenizer, req["ids"], max_tokens=req["max_tokens"],
-                                        sampler=sampler, **extra):
+        for r in mlx_lm.stream_generate(
+            model, tokenizer, req["ids"], max_tokens=req["max_tokens"], sampler=sampler, **extra
+        ):
             n, tps = r.generation_tokens, r.generation_tps
         proto.write(json.dumps({"tokens": n, "tps": tps, "peak_mib": mx.get_peak_memory() / 2**20}) + "\n")
         proto.flush()

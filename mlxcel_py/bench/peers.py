@@ -33,14 +33,16 @@ class WorkerPeer:
     drafter = "draft"  # label of the peer's speculative configurations
     module = ""
 
-    def __init__(self, args: Sequence[str], *, draft_widths: Sequence[int] = (),
-                 sampling: SamplingOptions = SamplingOptions()):
+    def __init__(
+        self, args: Sequence[str], *, draft_widths: Sequence[int] = (), sampling: SamplingOptions = SamplingOptions()
+    ):
         self.draft_widths = tuple(draft_widths)
         self.sampling = sampling
         self._log = tempfile.TemporaryFile(mode="w+")
         cmd = [sys.executable, "-m", self.module, *args]
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-                                      text=True, bufsize=1)
+        self._proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, bufsize=1
+        )
         self._expect("ready")
 
     def configs(self) -> list[tuple[str, int | None]]:
@@ -51,14 +53,22 @@ class WorkerPeer:
         if not line:
             self._log.seek(0)
             tail = [ln for ln in self._log.read().splitlines() if ln.strip()]
-            raise MlxcelError(f"--vs {self.name}: the {self.name} worker stopped ({what}): "
-                              f"{tail[-1] if tail else 'no output'}")
+            raise MlxcelError(
+                f"--vs {self.name}: the {self.name} worker stopped ({what}): {tail[-1] if tail else 'no output'}"
+            )
         return json.loads(line)
 
     def generate(self, ids: Sequence[int], max_tokens: int, width: int | None = None) -> PeerOutput:
         s = self.sampling
-        req = dict(ids=list(ids), max_tokens=max_tokens, num_draft=width, temp=s.temp, top_p=s.top_p,
-                   min_p=s.min_p, top_k=s.top_k)
+        req = dict(
+            ids=list(ids),
+            max_tokens=max_tokens,
+            num_draft=width,
+            temp=s.temp,
+            top_p=s.top_p,
+            min_p=s.min_p,
+            top_k=s.top_k,
+        )
         assert self._proc.stdin is not None
         self._proc.stdin.write(json.dumps(req) + "\n")
         self._proc.stdin.flush()
@@ -85,8 +95,14 @@ class MlxLmPeer(WorkerPeer):
 
     name, drafter, module = "mlx-lm", "draft", "mlxcel_py.bench.peer_mlx_lm"
 
-    def __init__(self, model_path: Path, *, draft_path: Path | None = None, draft_widths: Sequence[int] = (),
-                 sampling: SamplingOptions = SamplingOptions()):
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        draft_path: Path | None = None,
+        draft_widths: Sequence[int] = (),
+        sampling: SamplingOptions = SamplingOptions(),
+    ):
         args = [str(model_path)] + ([str(draft_path)] if draft_path else [])
         super().__init__(args, draft_widths=draft_widths if draft_path else (), sampling=sampling)
 
@@ -96,8 +112,14 @@ class LlamaCppPeer(WorkerPeer):
 
     name, drafter, module = "llama.cpp", "lookup", "mlxcel_py.bench.peer_llama_cpp"
 
-    def __init__(self, gguf_path: Path, *, lookup_widths: Sequence[int] = (), ngram_max: int = 3,
-                 sampling: SamplingOptions = SamplingOptions()):
+    def __init__(
+        self,
+        gguf_path: Path,
+        *,
+        lookup_widths: Sequence[int] = (),
+        ngram_max: int = 3,
+        sampling: SamplingOptions = SamplingOptions(),
+    ):
         super().__init__([str(gguf_path), str(ngram_max)], draft_widths=lookup_widths, sampling=sampling)
 
 

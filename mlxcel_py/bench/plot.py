@@ -19,8 +19,10 @@ def require() -> None:
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
-        raise MlxcelError("--sweep-widths plots with matplotlib, which is not installed; "
-                          "pip install 'mlxcel-py[plot]' (or drop --sweep-widths)")
+        raise MlxcelError(
+            "--sweep-widths plots with matplotlib, which is not installed; "
+            "pip install 'mlxcel-py[plot]' (or drop --sweep-widths)"
+        )
 
 
 def plot_sweep(rows: Sequence[SummaryRow], choices: Sequence[WidthChoice], path: Path, *, title: str) -> Path:
@@ -35,22 +37,27 @@ def plot_sweep(rows: Sequence[SummaryRow], choices: Sequence[WidthChoice], path:
         mine = sorted((r for r in rows if r.kind == ALL_KINDS and r.config.startswith(d)), key=lambda r: r.width)
         xs = [r.width for r in mine]
         left.plot(xs, [r.mean_accepted_prefix for r in mine], marker="o", label=f"{d}: mean accepted prefix")
-        left.plot(xs, [r.tokens_per_verify for r in mine], marker="s", linestyle="--",
-                  label=f"{d}: useful tokens / verify")
+        left.plot(
+            xs, [r.tokens_per_verify for r in mine], marker="s", linestyle="--", label=f"{d}: useful tokens / verify"
+        )
         kinds = sorted({r.kind for r in rows if r.kind != ALL_KINDS})
         for kind in kinds + [ALL_KINDS]:
             sel = sorted((r for r in rows if r.kind == kind and r.config.startswith(d)), key=lambda r: r.width)
-            right.plot([r.width for r in sel], [r.speedup for r in sel], marker="o",
-                       linewidth=2.5 if kind == ALL_KINDS else 1.2,
-                       label=f"{d}: {kind}" if len(drafters) > 1 else kind)
+            right.plot(
+                [r.width for r in sel],
+                [r.speedup for r in sel],
+                marker="o",
+                linewidth=2.5 if kind == ALL_KINDS else 1.2,
+                label=f"{d}: {kind}" if len(drafters) > 1 else kind,
+            )
     for c in choices:
         right.axvline(c.width, color="grey", linestyle=":", linewidth=1)
-        right.annotate(f"{c.drafter}: {c.width}", (c.width, c.speedup), textcoords="offset points", xytext=(4, 6),
-                       fontsize=8)
+        right.annotate(
+            f"{c.drafter}: {c.width}", (c.width, c.speedup), textcoords="offset points", xytext=(4, 6), fontsize=8
+        )
     right.axhline(1.0, color="black", linewidth=0.8)
     left.set(xlabel="proposal width (drafted tokens per round)", ylabel="tokens", title="Accepted work per verify")
-    right.set(xlabel="proposal width (drafted tokens per round)", ylabel="median speedup vs plain (x)",
-              title="Speedup")
+    right.set(xlabel="proposal width (drafted tokens per round)", ylabel="median speedup vs plain (x)", title="Speedup")
     left.legend(fontsize=7)
     right.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)

@@ -47,8 +47,19 @@ def _columns(rows: Sequence[SummaryRow], peer_name: str | None = "mlx-lm") -> tu
     modes = [r.weights for r in rows if r.weights]
     first = modes[0] if modes else None
     headers = (["weights"] if modes else []) + [
-        "drafter", "kind", "prompts", "plain tok/s", "spec tok/s", "speedup", "mean accepted prefix",
-        "tokens/verify", "acceptance", "draft ms/round", "verify ms/round", "identical"]
+        "drafter",
+        "kind",
+        "prompts",
+        "plain tok/s",
+        "spec tok/s",
+        "speedup",
+        "mean accepted prefix",
+        "tokens/verify",
+        "acceptance",
+        "draft ms/round",
+        "verify ms/round",
+        "identical",
+    ]
     if peer:
         headers += [f"{peer_name} tok/s", f"vs {peer_name}"]
     if modes:
@@ -56,10 +67,19 @@ def _columns(rows: Sequence[SummaryRow], peer_name: str | None = "mlx-lm") -> tu
     body = []
     for r in rows:
         line = ([r.weights] if modes else []) + [
-            r.config, r.kind, str(r.prompts), _fmt(r.plain_tps), _fmt(r.spec_tps), _fmt(r.speedup, ".2f", "x"),
-            _fmt(r.mean_accepted_prefix, ".2f"), _fmt(r.tokens_per_verify, ".2f"),
-            _fmt(r.acceptance_rate * 100, ".0f", "%"), _fmt(r.draft_ms_per_round, ".2f"),
-            _fmt(r.verify_ms_per_round, ".1f"), f"{r.identical}/{r.prompts}"]
+            r.config,
+            r.kind,
+            str(r.prompts),
+            _fmt(r.plain_tps),
+            _fmt(r.spec_tps),
+            _fmt(r.speedup, ".2f", "x"),
+            _fmt(r.mean_accepted_prefix, ".2f"),
+            _fmt(r.tokens_per_verify, ".2f"),
+            _fmt(r.acceptance_rate * 100, ".0f", "%"),
+            _fmt(r.draft_ms_per_round, ".2f"),
+            _fmt(r.verify_ms_per_round, ".1f"),
+            f"{r.identical}/{r.prompts}",
+        ]
         if peer:
             line += [_fmt(r.peer_tps), _fmt(r.vs_peer, ".2f", "x")]
         if modes:
@@ -99,8 +119,12 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
         widths = [d.block_size for d in plan.drafts if d.kind == "full-model"]
         loaded_draft = getattr(session.drafters, "loaded", None)  # drafters.full_model.Source's
         ui.info("starting stock mlx-lm (its own process, bundled BLAS, weights as stored)")
-        peer = MlxLmPeer(target.resolved.path, draft_path=loaded_draft.resolved.path if loaded_draft else None,
-                         draft_widths=widths, sampling=opts.sampling)
+        peer = MlxLmPeer(
+            target.resolved.path,
+            draft_path=loaded_draft.resolved.path if loaded_draft else None,
+            draft_widths=widths,
+            sampling=opts.sampling,
+        )
     elif b.vs == "llama.cpp":
         from .peers import LlamaCppPeer
 
@@ -117,8 +141,9 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
 
         mopts = opts.model
         for mode in plan.weights[1:]:
-            loaded_by_mode[mode] = loading.load(target.resolved, dequantize=mopts.dequantize,
-                                                fast_kernels=mopts.fast_kernels, cpu_weights=mode)
+            loaded_by_mode[mode] = loading.load(
+                target.resolved, dequantize=mopts.dequantize, fast_kernels=mopts.fast_kernels, cpu_weights=mode
+            )
             ui.info(f"--cpu-weights {mode}: weights {loaded_by_mode[mode].dtype}")
     weights = [(mode, m.model) for mode, m in loaded_by_mode.items()] if len(loaded_by_mode) > 1 else []
     loaded_of = {id(m.model): m for m in loaded_by_mode.values()}
@@ -130,20 +155,34 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
         own = session.drafters
         if own is not None and own.kind == d.kind and registry.kind_of(d.kind).loads_weights:
             return own.retarget(d, loaded)
-        return registry.kind_of(d.kind).source(d, model=model, eos_ids=loaded.tokenizer.eos_token_ids,
-                                               vocab_size=loaded.vocab_size)
+        return registry.kind_of(d.kind).source(
+            d, model=model, eos_ids=loaded.tokenizer.eos_token_ids, vocab_size=loaded.vocab_size
+        )
+
     per_prompt = (len(weights) or 1) * (1 + len(drafts)) * b.repeats + (len(peer.configs()) if peer else 0) * b.repeats
     n_prompts = sum(len(t.turns) for t in traces) if traces else len(items)
-    ui.info(f"benchmark: {n_prompts} prompts{f' in {len(traces)} traces' if traces else ''} x {per_prompt} runs, max {g.max_tokens} tokens, "
-            f"{'greedy' if opts.sampling.greedy else f'temp {opts.sampling.temp}'}; interleaved after warmup")
+    ui.info(
+        f"benchmark: {n_prompts} prompts{f' in {len(traces)} traces' if traces else ''} x {per_prompt} runs, max {g.max_tokens} tokens, "
+        f"{'greedy' if opts.sampling.greedy else f'temp {opts.sampling.temp}'}; interleaved after warmup"
+    )
     try:
         with ui.progress(1 + n_prompts * per_prompt, "bench") as step:
             result = benchmark.run(
-                target.model, target.tokenizer, items=items, drafts=drafts, max_tokens=g.max_tokens,
-                sampling=opts.sampling, vocab_size=target.vocab_size, context_length=target.context_length,
+                target.model,
+                target.tokenizer,
+                items=items,
+                drafts=drafts,
+                max_tokens=g.max_tokens,
+                sampling=opts.sampling,
+                vocab_size=target.vocab_size,
+                context_length=target.context_length,
                 drafters_for=drafters_for,
                 chat_template=g.chat_template,
-                peer=peer, repeats=b.repeats, traces=traces, on_step=step, weights=weights,
+                peer=peer,
+                repeats=b.repeats,
+                traces=traces,
+                on_step=step,
+                weights=weights,
             )
     finally:
         if peer is not None:
@@ -155,33 +194,57 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
     overall = [r for r in rows if r.kind == ALL_KINDS]  # one row per configuration
     if overall:
         r0 = overall[0]
-        ui.info(f"target only: {r0.plain_ms_per_token:.1f} ms/token, peak {r0.plain_peak_mib:.0f} MiB "
-                f"(speculative peak {max(r.spec_peak_mib for r in overall):.0f} MiB); "
-                f"BLAS {session.blas.name}, weights {target.dtype}, kernels {target.kernels}")
+        ui.info(
+            f"target only: {r0.plain_ms_per_token:.1f} ms/token, peak {r0.plain_peak_mib:.0f} MiB "
+            f"(speculative peak {max(r.spec_peak_mib for r in overall):.0f} MiB); "
+            f"BLAS {session.blas.name}, weights {target.dtype}, kernels {target.kernels}"
+        )
     ratio = benchmark.plain_vs_peer(result)
     if ratio is not None:
         ui.info(f"plain decode vs {b.vs} plain decode: {ratio:.2f}x (median over prompts)")
     for r in (r for r in overall if r.identical < r.prompts):
-        ui.warn(f"{r.config}: {r.prompts - r.identical} prompt(s) produced output different from plain decoding"
-                + ("" if opts.sampling.greedy or opts.sampling.seed is not None else " (sampling without --seed)"))
+        ui.warn(
+            f"{r.config}: {r.prompts - r.identical} prompt(s) produced output different from plain decoding"
+            + ("" if opts.sampling.greedy or opts.sampling.seed is not None else " (sampling without --seed)")
+        )
     plot_path = None
     if plan.widths:
         plot_path = Path(b.plot_path or DEFAULT_PLOT)
         from .plot import plot_sweep
 
         name = target.resolved.source.split(" (")[0]
-        plot_sweep(rows, choices, plot_path, title=f"mlxcel bench: {name}, {n_prompts} prompts, max {g.max_tokens} "
-                                                    f"tokens, BLAS {session.blas.name}, weights {target.dtype.split(' (')[0]}")
+        plot_sweep(
+            rows,
+            choices,
+            plot_path,
+            title=f"mlxcel bench: {name}, {n_prompts} prompts, max {g.max_tokens} "
+            f"tokens, BLAS {session.blas.name}, weights {target.dtype.split(' (')[0]}",
+        )
         ui.info(f"plot: {plot_path}")
         _say_choices(choices)
     if b.json_path:
         data = benchmark.to_json(
-            result, rows, choices, command=["mlxcel", *sys.argv[1:]], model=target.resolved.source,
-            blas=session.blas.name, weights=target.dtype, kernels=target.kernels, max_tokens=g.max_tokens,
-            cpu_weights_modes={mode: m.weights.as_json() for mode, m in loaded_by_mode.items() if m.weights is not None},
+            result,
+            rows,
+            choices,
+            command=["mlxcel", *sys.argv[1:]],
+            model=target.resolved.source,
+            blas=session.blas.name,
+            weights=target.dtype,
+            kernels=target.kernels,
+            max_tokens=g.max_tokens,
+            cpu_weights_modes={
+                mode: m.weights.as_json() for mode, m in loaded_by_mode.items() if m.weights is not None
+            },
             sampling=asdict(opts.sampling),
-            workload=b.trace or b.workload or "built-in", trace=bool(b.trace), repeats=b.repeats, widths=list(plan.widths), plot=str(plot_path) if plot_path else None,
-            peer=b.vs, versions=_versions(), machine=f"{platform.system()} {platform.machine()}",
+            workload=b.trace or b.workload or "built-in",
+            trace=bool(b.trace),
+            repeats=b.repeats,
+            widths=list(plan.widths),
+            plot=str(plot_path) if plot_path else None,
+            peer=b.vs,
+            versions=_versions(),
+            machine=f"{platform.system()} {platform.machine()}",
         )
         try:
             Path(b.json_path).write_text(json.dumps(data, indent=2))
@@ -194,5 +257,7 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
 
 def _say_choices(choices: Sequence[WidthChoice]) -> None:
     for c in choices:
-        ui.info(f"recommended width for {c.drafter}: {c.width} (median speedup {c.speedup:.2f}x over all prompts; "
-                f"narrowest within {benchmark.WIDTH_TIE:.0%} of the best) -> {c.flag} {c.width}")
+        ui.info(
+            f"recommended width for {c.drafter}: {c.width} (median speedup {c.speedup:.2f}x over all prompts; "
+            f"narrowest within {benchmark.WIDTH_TIE:.0%} of the best) -> {c.flag} {c.width}"
+        )

@@ -86,10 +86,22 @@ class BenchResult:
 def _record(i: int, item: WorkItem, config: str, width: int | None, gen) -> RunRecord:
     st = gen.stats
     return RunRecord(
-        prompt_index=i, kind=item.kind, source=item.source, config=config, width=width,
-        tokens=st.generated_tokens, decode_tps=st.decode_tps, decode_s=st.decode_s, prefill_s=st.prefill_s,
-        peak_memory_mib=st.peak_memory_bytes / 2**20, rounds=st.rounds, drafted_rounds=st.drafted_rounds,
-        proposed=st.proposed, accepted=st.accepted, draft_s=st.draft_s, verify_s=st.verify_s,
+        prompt_index=i,
+        kind=item.kind,
+        source=item.source,
+        config=config,
+        width=width,
+        tokens=st.generated_tokens,
+        decode_tps=st.decode_tps,
+        decode_s=st.decode_s,
+        prefill_s=st.prefill_s,
+        peak_memory_mib=st.peak_memory_bytes / 2**20,
+        rounds=st.rounds,
+        drafted_rounds=st.drafted_rounds,
+        proposed=st.proposed,
+        accepted=st.accepted,
+        draft_s=st.draft_s,
+        verify_s=st.verify_s,
     )
 
 
@@ -134,8 +146,9 @@ def run(
     sets = [(mode, *engines_for(m)) for mode, m in targets]  # (mode, plain engine, draft engines)
     labels = [registry.label(d) for d in drafts]
     if traces:
-        first = render_messages(tokenizer, [{"role": "user", "content": traces[0].turns[0]}],
-                                chat_template=chat_template)
+        first = render_messages(
+            tokenizer, [{"role": "user", "content": traces[0].turns[0]}], chat_template=chat_template
+        )
     else:
         prompts = [prompt_ids(tokenizer, it.prompt, chat_template=chat_template) for it in items]
         first = prompts[0]
@@ -180,11 +193,19 @@ def run(
                 for label, width in peer.configs():
                     on_step(f"{item.kind} #{i + 1} {label}{tag}")
                     out = peer.generate(ids, max_tokens, width)
-                    runs.setdefault(("", label), []).append(RunRecord(
-                        prompt_index=i, kind=item.kind, source=item.source, config=label, width=width,
-                        tokens=out.tokens, decode_tps=out.tps, decode_s=out.tokens / out.tps if out.tps else 0.0,
-                        peak_memory_mib=out.peak_mib,
-                    ))
+                    runs.setdefault(("", label), []).append(
+                        RunRecord(
+                            prompt_index=i,
+                            kind=item.kind,
+                            source=item.source,
+                            config=label,
+                            width=width,
+                            tokens=out.tokens,
+                            decode_tps=out.tps,
+                            decode_s=out.tokens / out.tps if out.tps else 0.0,
+                            peak_memory_mib=out.peak_mib,
+                        )
+                    )
         for mode, _, engines in sets:
             for eng in engines:
                 eng.remember(list(ids) + base_tokens[mode])
@@ -214,7 +235,7 @@ def run(
     else:
         for i, (item, ids) in enumerate(zip(items, prompts)):
             bench_one(i, item, ids)
-    for label in (peer.configs() if peer is not None else []):
+    for label in peer.configs() if peer is not None else []:
         result.configs.append(label[0])
     return result
 
@@ -269,36 +290,51 @@ def summarize(result: BenchResult) -> list[SummaryRow]:
             accepted = sum(r.accepted for r in sel)
             proposed = sum(r.proposed for r in sel)
             peer = {r.prompt_index: r for r in peer_all if kind in (ALL_KINDS, r.kind)}
-            vs_peer = [r.decode_tps / peer[r.prompt_index].decode_tps for r in sel
-                       if r.prompt_index in peer and peer[r.prompt_index].decode_tps > 0]
+            vs_peer = [
+                r.decode_tps / peer[r.prompt_index].decode_tps
+                for r in sel
+                if r.prompt_index in peer and peer[r.prompt_index].decode_tps > 0
+            ]
             plain_tokens = sum(b.tokens for b in base)
-            rows.append(SummaryRow(
-                config=config, width=sel[0].width, kind=kind, prompts=len(sel),
-                plain_tps=_median([b.decode_tps for b in base]),
-                spec_tps=_median([r.decode_tps for r in sel]),
-                speedup=_median([r.speedup or 0.0 for r in sel]),
-                mean_accepted_prefix=accepted / drafted if drafted else 0.0,
-                tokens_per_verify=(accepted + drafted) / drafted if drafted else 0.0,
-                acceptance_rate=accepted / proposed if proposed else 0.0,
-                draft_ms_per_round=1000 * sum(r.draft_s for r in sel) / drafted if drafted else 0.0,
-                verify_ms_per_round=1000 * sum(r.verify_s for r in sel) / drafted if drafted else 0.0,
-                plain_ms_per_token=1000 * sum(b.decode_s for b in base) / plain_tokens if plain_tokens else 0.0,
-                plain_peak_mib=max(b.peak_memory_mib for b in base),
-                spec_peak_mib=max(r.peak_memory_mib for r in sel),
-                identical=sum(bool(r.identical) for r in sel),
-                peer_tps=_median([r.decode_tps for r in peer.values()]) if peer else None,
-                vs_peer=_median(vs_peer) if vs_peer else None,
-                weights=mode, plain_vs_first=_median(vs_first) if mode and vs_first else None,
-            ))
+            rows.append(
+                SummaryRow(
+                    config=config,
+                    width=sel[0].width,
+                    kind=kind,
+                    prompts=len(sel),
+                    plain_tps=_median([b.decode_tps for b in base]),
+                    spec_tps=_median([r.decode_tps for r in sel]),
+                    speedup=_median([r.speedup or 0.0 for r in sel]),
+                    mean_accepted_prefix=accepted / drafted if drafted else 0.0,
+                    tokens_per_verify=(accepted + drafted) / drafted if drafted else 0.0,
+                    acceptance_rate=accepted / proposed if proposed else 0.0,
+                    draft_ms_per_round=1000 * sum(r.draft_s for r in sel) / drafted if drafted else 0.0,
+                    verify_ms_per_round=1000 * sum(r.verify_s for r in sel) / drafted if drafted else 0.0,
+                    plain_ms_per_token=1000 * sum(b.decode_s for b in base) / plain_tokens if plain_tokens else 0.0,
+                    plain_peak_mib=max(b.peak_memory_mib for b in base),
+                    spec_peak_mib=max(r.peak_memory_mib for r in sel),
+                    identical=sum(bool(r.identical) for r in sel),
+                    peer_tps=_median([r.decode_tps for r in peer.values()]) if peer else None,
+                    vs_peer=_median(vs_peer) if vs_peer else None,
+                    weights=mode,
+                    plain_vs_first=_median(vs_first) if mode and vs_first else None,
+                )
+            )
     return rows
 
 
 def plain_vs_peer(result: BenchResult) -> float | None:
     """Median over prompts of our plain decode tok/s over the peer's plain decode tok/s."""
-    peer = {r.prompt_index: r for r in result.records
-            if _is_peer(r.config) and r.config.endswith(" plain") and r.decode_tps > 0}
-    ratios = [r.decode_tps / peer[r.prompt_index].decode_tps for r in result.records
-              if r.config == "plain" and r.weights == result.weights[0] and r.prompt_index in peer]
+    peer = {
+        r.prompt_index: r
+        for r in result.records
+        if _is_peer(r.config) and r.config.endswith(" plain") and r.decode_tps > 0
+    }
+    ratios = [
+        r.decode_tps / peer[r.prompt_index].decode_tps
+        for r in result.records
+        if r.config == "plain" and r.weights == result.weights[0] and r.prompt_index in peer
+    ]
     return _median(ratios) if ratios else None
 
 
@@ -315,8 +351,12 @@ def recommend_widths(rows: Sequence[SummaryRow]) -> list[WidthChoice]:
     WIDTH_TIE of the best count as tied and the narrowest wins (less verify work and memory:
     the seed page's 'stop increasing width when verification grows faster than useful work')."""
     out = []
-    for drafter, flag in (("prompt-lookup", "--prompt-lookup-max-draft"), ("full-model", "--draft-block-size"),
-                          ("mtp", "--draft-block-size"), ("suffix", "--draft-block-size")):
+    for drafter, flag in (
+        ("prompt-lookup", "--prompt-lookup-max-draft"),
+        ("full-model", "--draft-block-size"),
+        ("mtp", "--draft-block-size"),
+        ("suffix", "--draft-block-size"),
+    ):
         cands = [r for r in rows if r.kind == ALL_KINDS and r.config.startswith(drafter) and r.width]
         if not cands:
             continue

@@ -46,10 +46,10 @@ def load(path: Path, *, flag: str = "--workload") -> list[WorkItem]:
     items = []
     for n, obj in _json_lines(path, flag, '{"kind", "prompt"}'):
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"].strip():
-            raise UsageError(f"{flag} {path}:{n}: each line needs a non-empty string \"prompt\"")
+            raise UsageError(f'{flag} {path}:{n}: each line needs a non-empty string "prompt"')
         kind = obj.get("kind", "default")
         if not isinstance(kind, str) or not kind:
-            raise UsageError(f"{flag} {path}:{n}: \"kind\" must be a non-empty string")
+            raise UsageError(f'{flag} {path}:{n}: "kind" must be a non-empty string')
         items.append(WorkItem(kind=kind, prompt=obj["prompt"], source=str(obj.get("source", ""))))
     if not items:
         raise UsageError(f"{flag} {path}: the file holds no prompts")
@@ -67,7 +67,7 @@ def load_traces(path: Path, *, flag: str = "--trace") -> list[Trace]:
     for n, obj in _json_lines(path, flag, '{"turns": [...]}'):
         turns = obj.get("turns") if isinstance(obj, dict) else None
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
-            raise UsageError(f"{flag} {path}:{n}: each line needs \"turns\": a non-empty list of non-empty strings")
+            raise UsageError(f'{flag} {path}:{n}: each line needs "turns": a non-empty list of non-empty strings')
         traces.append(Trace(tuple(turns), str(obj.get("source", ""))))
     if not traces:
         raise UsageError(f"{flag} {path}: the file holds no traces")

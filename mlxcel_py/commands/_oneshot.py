@@ -33,22 +33,24 @@ def run_oneshot(run: RunConfig, world: Any = None) -> None:
     opts = run.options
     g = opts.generation
     text = read_prompt(g.prompt or "")
-    session = open_session(run, say=ui.info if (g.verbose or g.profile) else _say_model_only, warn=ui.warn,
-                           world=world)
+    session = open_session(run, say=ui.info if (g.verbose or g.profile) else _say_model_only, warn=ui.warn, world=world)
     tok = session.tokenizer
     ids = prompt_ids(tok, text, system=g.system, chat_template=g.chat_template)
     eng = session.engine
     if len(ids) >= eng.context_length:
-        raise MlxcelError(f"the prompt has {len(ids)} tokens, which fills the model's context window "
-                          f"({eng.context_length}); shorten the prompt")
+        raise MlxcelError(
+            f"the prompt has {len(ids)} tokens, which fills the model's context window "
+            f"({eng.context_length}); shorten the prompt"
+        )
     draft = eng.draft  # as resolved at load (an MTP checkpoint's kind and width)
     warm = eng.warmup(ids, sampling=opts.sampling, calibrate=registry.calibrates(draft))
     if g.verbose or g.profile:
         if (resolved := resolved_drafter_line(draft)) is not None:
             ui.info(resolved)
         ui.info(describe_draft(draft) + f"; warmup {warm * 1000:.0f} ms")
-    gen = eng.generate(ids, max_tokens=g.max_tokens, sampling=opts.sampling, min_tokens=g.min_tokens,
-                       ignore_eos=g.ignore_eos)
+    gen = eng.generate(
+        ids, max_tokens=g.max_tokens, sampling=opts.sampling, min_tokens=g.min_tokens, ignore_eos=g.ignore_eos
+    )
     gen.stats.warmup_s = warm
     stream = TextStream(gen, tok, g.stop)
     start = time.perf_counter()
@@ -90,9 +92,14 @@ def _verify_exact(session: Session, ids: list[int], spec_tokens: list[int], run:
     from ..engine.exactness import first_divergence
 
     g = run.options.generation
-    plain = session.engine.generate(ids, max_tokens=len(spec_tokens) if spec_tokens else g.max_tokens,
-                                    sampling=run.options.sampling, min_tokens=g.min_tokens,
-                                    ignore_eos=g.ignore_eos, speculative=False)
+    plain = session.engine.generate(
+        ids,
+        max_tokens=len(spec_tokens) if spec_tokens else g.max_tokens,
+        sampling=run.options.sampling,
+        min_tokens=g.min_tokens,
+        ignore_eos=g.ignore_eos,
+        speculative=False,
+    )
     plain_tokens = [e.token for e in plain]
     report = first_divergence(session.engine.model, ids, spec_tokens, plain_tokens)
     if report is None:

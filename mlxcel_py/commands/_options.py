@@ -22,87 +22,571 @@ SERVER = "Server"
 DISTRIBUTED = "Distributed (one model across processes)"
 RUNTIME = "Runtime (Linux CPU fast path)"
 
-ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Model: an mlx-lm folder, a .gguf file, or an owner/name repo id. Default: the embedded SmolLM2-135M-Instruct.", rich_help_panel=MODEL)]
-ModelArg = Annotated[Optional[str], typer.Argument(metavar="[MODEL]", help="Model folder, .gguf file or owner/name (default: the embedded SmolLM2-135M-Instruct).", show_default=False)]
-RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hugging Face revision (repo ids only).", rich_help_panel=MODEL)]
-DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", "--model-draft", "-md", help="Smaller causal LM sharing the target's tokenizer, used as a full-model drafter.", rich_help_panel=MODEL)]
-NoBlasOpt = Annotated[bool, typer.Option("--no-blas", help="Keep MLX's bundled reference BLAS instead of loading OpenBLAS (Linux CPU).", rich_help_panel=RUNTIME)]
-NoDequantizeOpt = Annotated[bool, typer.Option("--no-dequantize", help="Keep quantized weights on the CPU instead of dequantizing to float32.", rich_help_panel=RUNTIME)]
-CpuWeightsOpt = Annotated[Optional[str], typer.Option("--cpu-weights", metavar="auto|q8|q4|f32", help="CPU weight form: the row-exact int8 kernel with 8- or 4-bit weights, or float32; auto: the kernel where it built (quantized files keep their bits, float layers 8-bit), else f32. bench: a comma list, each benchmarked.", rich_help_panel=RUNTIME)]
-NoFastKernelsOpt = Annotated[bool, typer.Option("--no-fast-kernels", help="Keep mlx-lm's attention and SwiGLU (MLX's scalar exp on the CPU) instead of the vectorized-exp kernels.", rich_help_panel=RUNTIME)]
+ModelOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--model",
+        "-m",
+        help="Model: an mlx-lm folder, a .gguf file, or an owner/name repo id. Default: the embedded SmolLM2-135M-Instruct.",
+        rich_help_panel=MODEL,
+    ),
+]
+ModelArg = Annotated[
+    Optional[str],
+    typer.Argument(
+        metavar="[MODEL]",
+        help="Model folder, .gguf file or owner/name (default: the embedded SmolLM2-135M-Instruct).",
+        show_default=False,
+    ),
+]
+RevisionOpt = Annotated[
+    Optional[str], typer.Option("--revision", help="Hugging Face revision (repo ids only).", rich_help_panel=MODEL)
+]
+DraftModelOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--draft-model",
+        "--model-draft",
+        "-md",
+        help="Smaller causal LM sharing the target's tokenizer, used as a full-model drafter.",
+        rich_help_panel=MODEL,
+    ),
+]
+NoBlasOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-blas",
+        help="Keep MLX's bundled reference BLAS instead of loading OpenBLAS (Linux CPU).",
+        rich_help_panel=RUNTIME,
+    ),
+]
+NoDequantizeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-dequantize",
+        help="Keep quantized weights on the CPU instead of dequantizing to float32.",
+        rich_help_panel=RUNTIME,
+    ),
+]
+CpuWeightsOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--cpu-weights",
+        metavar="auto|q8|q4|f32",
+        help="CPU weight form: the row-exact int8 kernel with 8- or 4-bit weights, or float32; auto: the kernel where it built (quantized files keep their bits, float layers 8-bit), else f32. bench: a comma list, each benchmarked.",
+        rich_help_panel=RUNTIME,
+    ),
+]
+NoFastKernelsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-fast-kernels",
+        help="Keep mlx-lm's attention and SwiGLU (MLX's scalar exp on the CPU) instead of the vectorized-exp kernels.",
+        rich_help_panel=RUNTIME,
+    ),
+]
 
-PromptOpt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text; '-' reads it from stdin. Without it: interactive chat.", rich_help_panel=GEN)]
-MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", metavar="N", help="Most tokens to generate; -1: until EOS or the context window.", rich_help_panel=GEN)]
-BenchMaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", metavar="N", help=f"Most tokens per prompt and configuration (at least 1; default {O.DEFAULT_BENCH_MAX_TOKENS}).", rich_help_panel=GEN)]
-MinTokensOpt = Annotated[int, typer.Option("--min-tokens", metavar="N", help="Suppress EOS until this many tokens were generated.", rich_help_panel=GEN)]
+PromptOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--prompt",
+        "-p",
+        help="Prompt text; '-' reads it from stdin. Without it: interactive chat.",
+        rich_help_panel=GEN,
+    ),
+]
+MaxTokensOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-tokens",
+        "-n",
+        metavar="N",
+        help="Most tokens to generate; -1: until EOS or the context window.",
+        rich_help_panel=GEN,
+    ),
+]
+BenchMaxTokensOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-tokens",
+        "-n",
+        metavar="N",
+        help=f"Most tokens per prompt and configuration (at least 1; default {O.DEFAULT_BENCH_MAX_TOKENS}).",
+        rich_help_panel=GEN,
+    ),
+]
+MinTokensOpt = Annotated[
+    int,
+    typer.Option(
+        "--min-tokens", metavar="N", help="Suppress EOS until this many tokens were generated.", rich_help_panel=GEN
+    ),
+]
 ProfileOpt = Annotated[bool, typer.Option("--profile", help="Print a timing breakdown on stderr.", rich_help_panel=GEN)]
-NoChatTemplateOpt = Annotated[bool, typer.Option("--no-chat-template", help="Feed the raw prompt (no chat template).", rich_help_panel=GEN)]
-SystemOpt = Annotated[Optional[str], typer.Option("--system", help="System message for the chat template.", rich_help_panel=GEN)]
-StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable); output ends before it.", rich_help_panel=GEN)]
-IgnoreEosOpt = Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence tokens.", rich_help_panel=GEN)]
-ImageOpt = Annotated[Optional[list[str]], typer.Option("--image", help="Image input (accepted to be refused: text models only).", rich_help_panel=GEN)]
-AudioOpt = Annotated[Optional[list[str]], typer.Option("--audio", help="Audio input (accepted to be refused).", rich_help_panel=GEN)]
-VideoOpt = Annotated[Optional[list[str]], typer.Option("--video", help="Video input (accepted to be refused).", rich_help_panel=GEN)]
-VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Say which model, BLAS and weight dtype are in use.", rich_help_panel=GEN)]
-VerifyExactOpt = Annotated[bool, typer.Option("--verify-exact", help="Rerun plainly and report the first token where speculative and plain output differ.", rich_help_panel=SPEC)]
+NoChatTemplateOpt = Annotated[
+    bool, typer.Option("--no-chat-template", help="Feed the raw prompt (no chat template).", rich_help_panel=GEN)
+]
+SystemOpt = Annotated[
+    Optional[str], typer.Option("--system", help="System message for the chat template.", rich_help_panel=GEN)
+]
+StopOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--stop", help="Stop string (repeatable); output ends before it.", rich_help_panel=GEN),
+]
+IgnoreEosOpt = Annotated[
+    bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence tokens.", rich_help_panel=GEN)
+]
+ImageOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--image", help="Image input (accepted to be refused: text models only).", rich_help_panel=GEN),
+]
+AudioOpt = Annotated[
+    Optional[list[str]], typer.Option("--audio", help="Audio input (accepted to be refused).", rich_help_panel=GEN)
+]
+VideoOpt = Annotated[
+    Optional[list[str]], typer.Option("--video", help="Video input (accepted to be refused).", rich_help_panel=GEN)
+]
+VerboseOpt = Annotated[
+    bool,
+    typer.Option("--verbose", "-v", help="Say which model, BLAS and weight dtype are in use.", rich_help_panel=GEN),
+]
+VerifyExactOpt = Annotated[
+    bool,
+    typer.Option(
+        "--verify-exact",
+        help="Rerun plainly and report the first token where speculative and plain output differ.",
+        rich_help_panel=SPEC,
+    ),
+]
 
-TempOpt = Annotated[float, typer.Option("--temp", "-t", "--temperature", metavar="FLOAT", help="Sampling temperature; 0 is greedy.", rich_help_panel=SAMPLING)]
-TopPOpt = Annotated[float, typer.Option("--top-p", metavar="FLOAT", help="Nucleus sampling mass; 1.0 is off.", rich_help_panel=SAMPLING)]
-TopKOpt = Annotated[int, typer.Option("--top-k", metavar="K", help="Sample from the K most likely tokens; 0 is off.", rich_help_panel=SAMPLING)]
-MinPOpt = Annotated[float, typer.Option("--min-p", metavar="FLOAT", help="Drop tokens below min-p times the top probability; 0 is off.", rich_help_panel=SAMPLING)]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", "-s", help="Random seed (-1: random); a seeded speculative run repeats the plain run's draws.", rich_help_panel=SAMPLING)]
-RepetitionPenaltyOpt = Annotated[float, typer.Option("--repetition-penalty", "--repeat-penalty", metavar="FLOAT", help="Penalty for repeated tokens; 1.0 is off.", rich_help_panel=SAMPLING)]
-RepeatLastNOpt = Annotated[int, typer.Option("--repeat-last-n", metavar="N", help="Tokens the repetition penalty looks back over; -1 whole context, 0 off.", rich_help_panel=SAMPLING)]
+TempOpt = Annotated[
+    float,
+    typer.Option(
+        "--temp",
+        "-t",
+        "--temperature",
+        metavar="FLOAT",
+        help="Sampling temperature; 0 is greedy.",
+        rich_help_panel=SAMPLING,
+    ),
+]
+TopPOpt = Annotated[
+    float, typer.Option("--top-p", metavar="FLOAT", help="Nucleus sampling mass; 1.0 is off.", rich_help_panel=SAMPLING)
+]
+TopKOpt = Annotated[
+    int,
+    typer.Option(
+        "--top-k", metavar="K", help="Sample from the K most likely tokens; 0 is off.", rich_help_panel=SAMPLING
+    ),
+]
+MinPOpt = Annotated[
+    float,
+    typer.Option(
+        "--min-p",
+        metavar="FLOAT",
+        help="Drop tokens below min-p times the top probability; 0 is off.",
+        rich_help_panel=SAMPLING,
+    ),
+]
+SeedOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--seed",
+        "-s",
+        help="Random seed (-1: random); a seeded speculative run repeats the plain run's draws.",
+        rich_help_panel=SAMPLING,
+    ),
+]
+RepetitionPenaltyOpt = Annotated[
+    float,
+    typer.Option(
+        "--repetition-penalty",
+        "--repeat-penalty",
+        metavar="FLOAT",
+        help="Penalty for repeated tokens; 1.0 is off.",
+        rich_help_panel=SAMPLING,
+    ),
+]
+RepeatLastNOpt = Annotated[
+    int,
+    typer.Option(
+        "--repeat-last-n",
+        metavar="N",
+        help="Tokens the repetition penalty looks back over; -1 whole context, 0 off.",
+        rich_help_panel=SAMPLING,
+    ),
+]
 
-DraftKindOpt = Annotated[Optional[str], typer.Option("--draft-kind", envvar="MLXCEL_DRAFT_KIND", metavar="KIND", help="Drafter: full-model | prompt-lookup (serve) | mtp (the checkpoint's own head: Qwen3.5, Qwen3-Next; a Gemma 4 assistant) | suffix (SuffixDecoding: the context and earlier sequences) | dflash (not yet).", rich_help_panel=SPEC)]
-DraftBlockSizeOpt = Annotated[Optional[int], typer.Option("--draft-block-size", "--draft-max", metavar="N", help="Proposal width (full-model default 4; mtp: the head checkpoint's width, else 4; suffix at most 16; serve prompt lookup default 7).", rich_help_panel=SPEC)]
-SpecTypeOpt = Annotated[Optional[str], typer.Option("--spec-type", metavar="TYPE", help="llama-server selector: none turns speculation off; draft-simple = full-model; draft-mtp = mtp.", rich_help_panel=SPEC)]
-SuffixCacheTokensOpt = Annotated[Optional[int], typer.Option("--suffix-cache-tokens", metavar="N", help=f"Suffix drafter: tokens of earlier sequences kept (default {O.DEFAULT_SUFFIX_CACHE_TOKENS}), least recently used first out.", rich_help_panel=SPEC)]
-SuffixStoreOpt = Annotated[Optional[str], typer.Option("--suffix-store", metavar="FILE", help="Suffix drafter: load the store from FILE at start (if it exists) and save it there at exit.", rich_help_panel=SPEC)]
-PpSizeOpt = Annotated[int, typer.Option("--pp-size", metavar="N", help="Pipeline-parallel stages: each rank runs a contiguous run of layers (start the ranks with `mlxcel launch`).", rich_help_panel=DISTRIBUTED)]
-TpSizeOpt = Annotated[int, typer.Option("--tp-size", metavar="N", help="Tensor-parallel ranks: each holds 1/N of every layer's heads and feed-forward width (start the ranks with `mlxcel launch`).", rich_help_panel=DISTRIBUTED)]
+DraftKindOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--draft-kind",
+        envvar="MLXCEL_DRAFT_KIND",
+        metavar="KIND",
+        help="Drafter: full-model | prompt-lookup (serve) | mtp (the checkpoint's own head: Qwen3.5, Qwen3-Next; a Gemma 4 assistant) | suffix (SuffixDecoding: the context and earlier sequences) | dflash (not yet).",
+        rich_help_panel=SPEC,
+    ),
+]
+DraftBlockSizeOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--draft-block-size",
+        "--draft-max",
+        metavar="N",
+        help="Proposal width (full-model default 4; mtp: the head checkpoint's width, else 4; suffix at most 16; serve prompt lookup default 7).",
+        rich_help_panel=SPEC,
+    ),
+]
+SpecTypeOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--spec-type",
+        metavar="TYPE",
+        help="llama-server selector: none turns speculation off; draft-simple = full-model; draft-mtp = mtp.",
+        rich_help_panel=SPEC,
+    ),
+]
+SuffixCacheTokensOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--suffix-cache-tokens",
+        metavar="N",
+        help=f"Suffix drafter: tokens of earlier sequences kept (default {O.DEFAULT_SUFFIX_CACHE_TOKENS}), least recently used first out.",
+        rich_help_panel=SPEC,
+    ),
+]
+SuffixStoreOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--suffix-store",
+        metavar="FILE",
+        help="Suffix drafter: load the store from FILE at start (if it exists) and save it there at exit.",
+        rich_help_panel=SPEC,
+    ),
+]
+PpSizeOpt = Annotated[
+    int,
+    typer.Option(
+        "--pp-size",
+        metavar="N",
+        help="Pipeline-parallel stages: each rank runs a contiguous run of layers (start the ranks with `mlxcel launch`).",
+        rich_help_panel=DISTRIBUTED,
+    ),
+]
+TpSizeOpt = Annotated[
+    int,
+    typer.Option(
+        "--tp-size",
+        metavar="N",
+        help="Tensor-parallel ranks: each holds 1/N of every layer's heads and feed-forward width (start the ranks with `mlxcel launch`).",
+        rich_help_panel=DISTRIBUTED,
+    ),
+]
 
-PromptLookupOpt = Annotated[bool, typer.Option("--prompt-lookup", help="Prompt-lookup speculation (n-gram drafts from the prompt and output).", rich_help_panel=LOOKUP)]
-NgramMaxOpt = Annotated[Optional[int], typer.Option("--prompt-lookup-ngram-max", metavar="N", help=f"Longest suffix n-gram matched (default {O.DEFAULT_NGRAM_MAX}, at most {O.NGRAM_MAX_LIMIT}).", rich_help_panel=LOOKUP)]
-NgramMinOpt = Annotated[Optional[int], typer.Option("--prompt-lookup-ngram-min", metavar="N", help=f"Shortest suffix n-gram matched (default {O.DEFAULT_NGRAM_MIN}).", rich_help_panel=LOOKUP)]
-MaxDraftOpt = Annotated[Optional[int], typer.Option("--prompt-lookup-max-draft", metavar="N", help=f"Most tokens proposed per round (default {O.DEFAULT_MAX_DRAFT}, at most {O.MAX_DRAFT_LIMIT}); the verify block is one wider.", rich_help_panel=LOOKUP)]
-NoAdaptiveOpt = Annotated[bool, typer.Option("--prompt-lookup-no-adaptive", help="Propose the maximum every round (for A/B measurement).", rich_help_panel=LOOKUP)]
-PolicyOpt = Annotated[Optional[str], typer.Option("--prompt-lookup-policy", metavar="auto|graded|gated|cost", help="Draft policy (default auto: gated on CUDA, graded elsewhere; cost: break-even governor from measured verify costs).", rich_help_panel=LOOKUP)]
+PromptLookupOpt = Annotated[
+    bool,
+    typer.Option(
+        "--prompt-lookup",
+        help="Prompt-lookup speculation (n-gram drafts from the prompt and output).",
+        rich_help_panel=LOOKUP,
+    ),
+]
+NgramMaxOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--prompt-lookup-ngram-max",
+        metavar="N",
+        help=f"Longest suffix n-gram matched (default {O.DEFAULT_NGRAM_MAX}, at most {O.NGRAM_MAX_LIMIT}).",
+        rich_help_panel=LOOKUP,
+    ),
+]
+NgramMinOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--prompt-lookup-ngram-min",
+        metavar="N",
+        help=f"Shortest suffix n-gram matched (default {O.DEFAULT_NGRAM_MIN}).",
+        rich_help_panel=LOOKUP,
+    ),
+]
+MaxDraftOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--prompt-lookup-max-draft",
+        metavar="N",
+        help=f"Most tokens proposed per round (default {O.DEFAULT_MAX_DRAFT}, at most {O.MAX_DRAFT_LIMIT}); the verify block is one wider.",
+        rich_help_panel=LOOKUP,
+    ),
+]
+NoAdaptiveOpt = Annotated[
+    bool,
+    typer.Option(
+        "--prompt-lookup-no-adaptive",
+        help="Propose the maximum every round (for A/B measurement).",
+        rich_help_panel=LOOKUP,
+    ),
+]
+PolicyOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--prompt-lookup-policy",
+        metavar="auto|graded|gated|cost",
+        help="Draft policy (default auto: gated on CUDA, graded elsewhere; cost: break-even governor from measured verify costs).",
+        rich_help_panel=LOOKUP,
+    ),
+]
 
 HostOpt = Annotated[str, typer.Option("--host", help="Address to bind.", rich_help_panel=SERVER)]
-PortOpt = Annotated[int, typer.Option("--port", help="Port; 0 picks a free one (printed at startup).", rich_help_panel=SERVER)]
-MaxBatchOpt = Annotated[int, typer.Option("--prompt-lookup-max-batch", metavar="N", help="Verify rounds (any drafter) run only while at most N requests are live; above it every request takes the batched plain step (default 2).", rich_help_panel=SERVER)]
-NoBatchOpt = Annotated[bool, typer.Option("--no-batch", help="Serve requests strictly one at a time, with no speculation.", rich_help_panel=SERVER)]
-KvUnifiedOpt = Annotated[bool, typer.Option("--kv-unified", "-kvu", help="Unified KV budget (accepted; turns verify rounds off, as in mlxcel).", rich_help_panel=SERVER)]
-WarmupOpt = Annotated[bool, typer.Option("--warmup/--no-warmup", help="Warm every verify width at startup.", rich_help_panel=SERVER)]
-ApiKeyOpt = Annotated[Optional[list[str]], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="Require this key ('Authorization: Bearer KEY' or 'X-Api-Key: KEY') on every route but /health and /models; repeat it or separate keys with commas.", rich_help_panel=SERVER)]
-ApiKeyFileOpt = Annotated[Optional[str], typer.Option("--api-key-file", metavar="FILE", help="Read API keys from FILE, one per line.", rich_help_panel=SERVER)]
-CorsOpt = Annotated[Optional[str], typer.Option("--cors-origins", metavar="ORIGINS", help="Comma-separated origins allowed to call the server from a browser (default: none).", rich_help_panel=SERVER)]
+PortOpt = Annotated[
+    int, typer.Option("--port", help="Port; 0 picks a free one (printed at startup).", rich_help_panel=SERVER)
+]
+MaxBatchOpt = Annotated[
+    int,
+    typer.Option(
+        "--prompt-lookup-max-batch",
+        metavar="N",
+        help="Verify rounds (any drafter) run only while at most N requests are live; above it every request takes the batched plain step (default 2).",
+        rich_help_panel=SERVER,
+    ),
+]
+NoBatchOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-batch", help="Serve requests strictly one at a time, with no speculation.", rich_help_panel=SERVER
+    ),
+]
+KvUnifiedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--kv-unified",
+        "-kvu",
+        help="Unified KV budget (accepted; turns verify rounds off, as in mlxcel).",
+        rich_help_panel=SERVER,
+    ),
+]
+WarmupOpt = Annotated[
+    bool, typer.Option("--warmup/--no-warmup", help="Warm every verify width at startup.", rich_help_panel=SERVER)
+]
+ApiKeyOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--api-key",
+        envvar="LLAMA_API_KEY",
+        help="Require this key ('Authorization: Bearer KEY' or 'X-Api-Key: KEY') on every route but /health and /models; repeat it or separate keys with commas.",
+        rich_help_panel=SERVER,
+    ),
+]
+ApiKeyFileOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--api-key-file", metavar="FILE", help="Read API keys from FILE, one per line.", rich_help_panel=SERVER
+    ),
+]
+CorsOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--cors-origins",
+        metavar="ORIGINS",
+        help="Comma-separated origins allowed to call the server from a browser (default: none).",
+        rich_help_panel=SERVER,
+    ),
+]
 BENCH = "Benchmark"
-TraceOpt = Annotated[Optional[str], typer.Option("--trace", metavar="FILE.jsonl", help="Multi-turn traces as JSON Lines of {\"turns\": [user messages]}: each turn's prompt is the conversation so far, replayed through one engine per configuration (drafters with memory measured as used).", rich_help_panel="Benchmark")]
-WorkloadOpt = Annotated[Optional[str], typer.Option("--workload", metavar="FILE.jsonl", help="Prompts as JSON Lines of {\"kind\", \"prompt\"} (the format of shared/workloads/public.jsonl). Default: a small built-in set.", rich_help_panel=BENCH)]
-SweepWidthsOpt = Annotated[Optional[str], typer.Option("--sweep-widths", metavar="W,W,...", help="Run each drafter at each proposal width (e.g. 1,2,4,7,12), plot the sweep and recommend a width.", rich_help_panel=BENCH)]
-PlotOpt = Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png", help="Where --sweep-widths writes its plot (default mlxcel-bench-widths.png).", rich_help_panel=BENCH)]
-VsOpt = Annotated[Optional[str], typer.Option("--vs", metavar="PEER", help="Also time a peer side by side: mlx-lm (stock plain decode, and its --draft-model path with a drafter) or llama.cpp (llama-cpp-python on the same GGUF: plain, and its prompt lookup at the same widths).", rich_help_panel=BENCH)]
-JsonOpt = Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="Write every run and the summary as JSON.", rich_help_panel=BENCH)]
-MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="Print the summary as a Markdown table on stdout (for READMEs).", rich_help_panel=BENCH)]
-RepeatsOpt = Annotated[int, typer.Option("--repeats", metavar="N", help="Time each prompt under each configuration N times (interleaved) and keep the median-speed run.", rich_help_panel=BENCH)]
-LimitOpt = Annotated[Optional[int], typer.Option("--limit", metavar="N", help="Use at most N prompts of each kind.", rich_help_panel=BENCH)]
+TraceOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--trace",
+        metavar="FILE.jsonl",
+        help='Multi-turn traces as JSON Lines of {"turns": [user messages]}: each turn\'s prompt is the conversation so far, replayed through one engine per configuration (drafters with memory measured as used).',
+        rich_help_panel="Benchmark",
+    ),
+]
+WorkloadOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--workload",
+        metavar="FILE.jsonl",
+        help='Prompts as JSON Lines of {"kind", "prompt"} (the format of shared/workloads/public.jsonl). Default: a small built-in set.',
+        rich_help_panel=BENCH,
+    ),
+]
+SweepWidthsOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--sweep-widths",
+        metavar="W,W,...",
+        help="Run each drafter at each proposal width (e.g. 1,2,4,7,12), plot the sweep and recommend a width.",
+        rich_help_panel=BENCH,
+    ),
+]
+PlotOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--plot",
+        metavar="FILE.png",
+        help="Where --sweep-widths writes its plot (default mlxcel-bench-widths.png).",
+        rich_help_panel=BENCH,
+    ),
+]
+VsOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--vs",
+        metavar="PEER",
+        help="Also time a peer side by side: mlx-lm (stock plain decode, and its --draft-model path with a drafter) or llama.cpp (llama-cpp-python on the same GGUF: plain, and its prompt lookup at the same widths).",
+        rich_help_panel=BENCH,
+    ),
+]
+JsonOpt = Annotated[
+    Optional[str],
+    typer.Option("--json", metavar="FILE", help="Write every run and the summary as JSON.", rich_help_panel=BENCH),
+]
+MarkdownOpt = Annotated[
+    bool,
+    typer.Option(
+        "--markdown", help="Print the summary as a Markdown table on stdout (for READMEs).", rich_help_panel=BENCH
+    ),
+]
+RepeatsOpt = Annotated[
+    int,
+    typer.Option(
+        "--repeats",
+        metavar="N",
+        help="Time each prompt under each configuration N times (interleaved) and keep the median-speed run.",
+        rich_help_panel=BENCH,
+    ),
+]
+LimitOpt = Annotated[
+    Optional[int],
+    typer.Option("--limit", metavar="N", help="Use at most N prompts of each kind.", rich_help_panel=BENCH),
+]
 # llama-server's spellings on serve: -t is threads there (temperature stays --temp), -n the server cap
-ServeTempOpt = Annotated[Optional[float], typer.Option("--temp", "--temperature", metavar="FLOAT", help="Default sampling temperature; 0 is greedy. Sampling flags left out come from the model's generation_config.json, else llama-server's defaults (temp 0.8, top-p 0.95, top-k 40, min-p 0.05).", rich_help_panel=SAMPLING)]
-ServeMaxTokensOpt = Annotated[int, typer.Option("--n-predict", "-n", "--predict", "--max-tokens", metavar="N", help="Cap on every request's tokens (a request asking for more gets this many); -1: no cap.", rich_help_panel=GEN)]
-ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", metavar="N", help="CPU threads for matrix products (OpenBLAS and the row-exact kernel); default: all cores.", rich_help_panel=SERVER)]
-CtxSizeOpt = Annotated[int, typer.Option("--ctx-size", "-c", metavar="N", help="Context window in tokens (0: the model's); prompt plus reply never exceed it.", rich_help_panel=SERVER)]
-CacheRamOpt = Annotated[int, typer.Option("--cache-ram", "-cram", metavar="MIB", help=f"Keep finished requests' KV caches up to this many MiB, so a later prompt sharing a prefix (a resent chat history, a common system prompt) skips it; -1 no limit, 0 off (default {O.DEFAULT_CACHE_RAM_MIB}).", rich_help_panel=SERVER)]
-ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", metavar="N", help=f"Requests decoded together (llama-server's slots; default {O.DEFAULT_PARALLEL}): their plain steps share one batched forward, the rest wait in the queue.", rich_help_panel=SERVER)]
-ShutdownGraceOpt = Annotated[int, typer.Option("--shutdown-grace", metavar="SECONDS", help="On SIGTERM/Ctrl-C, how long requests in flight may finish before they are cancelled.", rich_help_panel=SERVER)]
-LogDisableOpt = Annotated[bool, typer.Option("--log-disable", help="No per-request access line on stderr.", rich_help_panel=SERVER)]
-GpuLayersOpt = Annotated[Optional[str], typer.Option("--n-gpu-layers", "-ngl", "--gpu-layers", metavar="N", help="llama-server's GPU offload (accepted; MLX places the whole model on its device).", rich_help_panel=SERVER)]
-FlashAttnOpt = Annotated[Optional[str], typer.Option("--flash-attn", "-fa", metavar="on|off|auto", help="llama-server's flash attention switch (accepted; MLX picks its own attention kernel).", rich_help_panel=SERVER)]
-ContBatchingOpt = Annotated[bool, typer.Option("--cont-batching", "-cb", help="llama-server's continuous batching switch (accepted; batching is on whenever -np is above 1).", rich_help_panel=SERVER)]
-CacheTypeKOpt = Annotated[Optional[str], typer.Option("--cache-type-k", "-ctk", metavar="TYPE", help="llama-server's K cache type (accepted; the KV cache keeps the model's dtype).", rich_help_panel=SERVER)]
-CacheTypeVOpt = Annotated[Optional[str], typer.Option("--cache-type-v", "-ctv", metavar="TYPE", help="llama-server's V cache type (accepted; the KV cache keeps the model's dtype).", rich_help_panel=SERVER)]
-AliasOpt = Annotated[Optional[str], typer.Option("--alias", "-a", help="Model id reported by /v1/models.", rich_help_panel=SERVER)]
+ServeTempOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--temp",
+        "--temperature",
+        metavar="FLOAT",
+        help="Default sampling temperature; 0 is greedy. Sampling flags left out come from the model's generation_config.json, else llama-server's defaults (temp 0.8, top-p 0.95, top-k 40, min-p 0.05).",
+        rich_help_panel=SAMPLING,
+    ),
+]
+ServeMaxTokensOpt = Annotated[
+    int,
+    typer.Option(
+        "--n-predict",
+        "-n",
+        "--predict",
+        "--max-tokens",
+        metavar="N",
+        help="Cap on every request's tokens (a request asking for more gets this many); -1: no cap.",
+        rich_help_panel=GEN,
+    ),
+]
+ThreadsOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--threads",
+        "-t",
+        metavar="N",
+        help="CPU threads for matrix products (OpenBLAS and the row-exact kernel); default: all cores.",
+        rich_help_panel=SERVER,
+    ),
+]
+CtxSizeOpt = Annotated[
+    int,
+    typer.Option(
+        "--ctx-size",
+        "-c",
+        metavar="N",
+        help="Context window in tokens (0: the model's); prompt plus reply never exceed it.",
+        rich_help_panel=SERVER,
+    ),
+]
+CacheRamOpt = Annotated[
+    int,
+    typer.Option(
+        "--cache-ram",
+        "-cram",
+        metavar="MIB",
+        help=f"Keep finished requests' KV caches up to this many MiB, so a later prompt sharing a prefix (a resent chat history, a common system prompt) skips it; -1 no limit, 0 off (default {O.DEFAULT_CACHE_RAM_MIB}).",
+        rich_help_panel=SERVER,
+    ),
+]
+ParallelOpt = Annotated[
+    int,
+    typer.Option(
+        "--parallel",
+        "-np",
+        metavar="N",
+        help=f"Requests decoded together (llama-server's slots; default {O.DEFAULT_PARALLEL}): their plain steps share one batched forward, the rest wait in the queue.",
+        rich_help_panel=SERVER,
+    ),
+]
+ShutdownGraceOpt = Annotated[
+    int,
+    typer.Option(
+        "--shutdown-grace",
+        metavar="SECONDS",
+        help="On SIGTERM/Ctrl-C, how long requests in flight may finish before they are cancelled.",
+        rich_help_panel=SERVER,
+    ),
+]
+LogDisableOpt = Annotated[
+    bool, typer.Option("--log-disable", help="No per-request access line on stderr.", rich_help_panel=SERVER)
+]
+GpuLayersOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--n-gpu-layers",
+        "-ngl",
+        "--gpu-layers",
+        metavar="N",
+        help="llama-server's GPU offload (accepted; MLX places the whole model on its device).",
+        rich_help_panel=SERVER,
+    ),
+]
+FlashAttnOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--flash-attn",
+        "-fa",
+        metavar="on|off|auto",
+        help="llama-server's flash attention switch (accepted; MLX picks its own attention kernel).",
+        rich_help_panel=SERVER,
+    ),
+]
+ContBatchingOpt = Annotated[
+    bool,
+    typer.Option(
+        "--cont-batching",
+        "-cb",
+        help="llama-server's continuous batching switch (accepted; batching is on whenever -np is above 1).",
+        rich_help_panel=SERVER,
+    ),
+]
+CacheTypeKOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--cache-type-k",
+        "-ctk",
+        metavar="TYPE",
+        help="llama-server's K cache type (accepted; the KV cache keeps the model's dtype).",
+        rich_help_panel=SERVER,
+    ),
+]
+CacheTypeVOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--cache-type-v",
+        "-ctv",
+        metavar="TYPE",
+        help="llama-server's V cache type (accepted; the KV cache keeps the model's dtype).",
+        rich_help_panel=SERVER,
+    ),
+]
+AliasOpt = Annotated[
+    Optional[str], typer.Option("--alias", "-a", help="Model id reported by /v1/models.", rich_help_panel=SERVER)
+]
 
 
 def _given(value: Any, default: Any) -> Any:
@@ -115,46 +599,82 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
     return O.CommandOptions(
         command=command,
         model=O.ModelOptions(
-            model=g("model"), revision=g("revision"), draft_model=g("draft_model"),
-            blas=not g("no_blas", False), dequantize=not g("no_dequantize", False),
+            model=g("model"),
+            revision=g("revision"),
+            draft_model=g("draft_model"),
+            blas=not g("no_blas", False),
+            dequantize=not g("no_dequantize", False),
             fast_kernels=not g("no_fast_kernels", False),
             cpu_weights=_given(g("cpu_weights"), O.DEFAULT_CPU_WEIGHTS),
         ),
         generation=O.GenerationOptions(
-            prompt=g("prompt"), max_tokens=g("max_tokens", O.DEFAULT_MAX_TOKENS), min_tokens=g("min_tokens", 0),
-            stop=tuple(g("stop") or ()), ignore_eos=g("ignore_eos", False),
-            chat_template=not g("no_chat_template", False), system=g("system"),
-            images=tuple(g("image") or ()), audio=tuple(g("audio") or ()), video=tuple(g("video") or ()),
-            profile=g("profile", False), verbose=g("verbose", False), verify_exact=g("verify_exact", False),
+            prompt=g("prompt"),
+            max_tokens=g("max_tokens", O.DEFAULT_MAX_TOKENS),
+            min_tokens=g("min_tokens", 0),
+            stop=tuple(g("stop") or ()),
+            ignore_eos=g("ignore_eos", False),
+            chat_template=not g("no_chat_template", False),
+            system=g("system"),
+            images=tuple(g("image") or ()),
+            audio=tuple(g("audio") or ()),
+            video=tuple(g("video") or ()),
+            profile=g("profile", False),
+            verbose=g("verbose", False),
+            verify_exact=g("verify_exact", False),
         ),
         sampling=O.SamplingOptions(
-            temp=_given(g("temp"), O.DEFAULT_TEMP), top_p=_given(g("top_p"), O.DEFAULT_TOP_P),
-            top_k=_given(g("top_k"), O.DEFAULT_TOP_K), min_p=_given(g("min_p"), O.DEFAULT_MIN_P), seed=g("seed"),
+            temp=_given(g("temp"), O.DEFAULT_TEMP),
+            top_p=_given(g("top_p"), O.DEFAULT_TOP_P),
+            top_k=_given(g("top_k"), O.DEFAULT_TOP_K),
+            min_p=_given(g("min_p"), O.DEFAULT_MIN_P),
+            seed=g("seed"),
             repetition_penalty=g("repetition_penalty", O.DEFAULT_REPETITION_PENALTY),
             repeat_last_n=g("repeat_last_n", O.DEFAULT_REPEAT_LAST_N),
         ),
         spec=O.SpecOptions(
-            draft_kind=g("draft_kind"), draft_block_size=g("draft_block_size"), spec_type=g("spec_type"),
-            suffix_cache_tokens=g("suffix_cache_tokens"), suffix_store=g("suffix_store"),
+            draft_kind=g("draft_kind"),
+            draft_block_size=g("draft_block_size"),
+            spec_type=g("spec_type"),
+            suffix_cache_tokens=g("suffix_cache_tokens"),
+            suffix_store=g("suffix_store"),
             lookup=O.PromptLookupOptions(
-                enabled=g("prompt_lookup", False), ngram_max=g("prompt_lookup_ngram_max"),
-                ngram_min=g("prompt_lookup_ngram_min"), max_draft=g("prompt_lookup_max_draft"),
-                no_adaptive=g("prompt_lookup_no_adaptive", False), policy=g("prompt_lookup_policy"),
+                enabled=g("prompt_lookup", False),
+                ngram_max=g("prompt_lookup_ngram_max"),
+                ngram_min=g("prompt_lookup_ngram_min"),
+                max_draft=g("prompt_lookup_max_draft"),
+                no_adaptive=g("prompt_lookup_no_adaptive", False),
+                policy=g("prompt_lookup_policy"),
             ),
         ),
         server=O.ServerOptions(
-            host=g("host", O.DEFAULT_HOST), port=g("port", O.DEFAULT_PORT),
+            host=g("host", O.DEFAULT_HOST),
+            port=g("port", O.DEFAULT_PORT),
             prompt_lookup_max_batch=g("prompt_lookup_max_batch", O.DEFAULT_PROMPT_LOOKUP_MAX_BATCH),
-            no_batch=g("no_batch", False), kv_unified=g("kv_unified", False), warmup=g("warmup", True),
-            api_keys=tuple(g("api_key") or ()), api_key_file=g("api_key_file"), alias=g("alias"),
+            no_batch=g("no_batch", False),
+            kv_unified=g("kv_unified", False),
+            warmup=g("warmup", True),
+            api_keys=tuple(g("api_key") or ()),
+            api_key_file=g("api_key_file"),
+            alias=g("alias"),
             cors_origins=tuple(o.strip() for o in (g("cors_origins") or "").split(",") if o.strip()),
-            threads=g("threads"), ctx_size=g("ctx_size", 0), cache_ram=g("cache_ram", O.DEFAULT_CACHE_RAM_MIB), parallel=g("parallel", 1), log_disable=g("log_disable", False),
+            threads=g("threads"),
+            ctx_size=g("ctx_size", 0),
+            cache_ram=g("cache_ram", O.DEFAULT_CACHE_RAM_MIB),
+            parallel=g("parallel", 1),
+            log_disable=g("log_disable", False),
             shutdown_grace=g("shutdown_grace", 5),
             # serve: sampling flags left out take the model's generation_config.json, else llama-server's
             sampling_given=tuple(k for k in ("temp", "top_p", "top_k", "min_p") if g(k) is not None),
-            ignored=tuple(flag for flag, name in (("--n-gpu-layers", "n_gpu_layers"), ("--flash-attn", "flash_attn"),
-                                                  ("--cache-type-k", "cache_type_k"),
-                                                  ("--cache-type-v", "cache_type_v")) if g(name)),
+            ignored=tuple(
+                flag
+                for flag, name in (
+                    ("--n-gpu-layers", "n_gpu_layers"),
+                    ("--flash-attn", "flash_attn"),
+                    ("--cache-type-k", "cache_type_k"),
+                    ("--cache-type-v", "cache_type_v"),
+                )
+                if g(name)
+            ),
         ),
         parallel=O.ParallelOptions(tp_size=g("tp_size", 1), pp_size=g("pp_size", 1)),
     )
@@ -162,9 +682,17 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
 
 def build_bench_options(params: dict[str, Any]) -> O.BenchOptions:
     g = params.get
-    return O.BenchOptions(workload=g("workload"), sweep_widths=g("sweep_widths"), vs=g("vs"), json_path=g("json"),
-                          markdown=g("markdown", False), plot_path=g("plot"), limit=g("limit"),
-                          repeats=g("repeats", 1), trace=g("trace"))
+    return O.BenchOptions(
+        workload=g("workload"),
+        sweep_widths=g("sweep_widths"),
+        vs=g("vs"),
+        json_path=g("json"),
+        markdown=g("markdown", False),
+        plot_path=g("plot"),
+        limit=g("limit"),
+        repeats=g("repeats", 1),
+        trace=g("trace"),
+    )
 
 
 # ---- parameter groups: commands are assembled from these, so each flag is declared once ----
@@ -178,46 +706,81 @@ def _kw(name: str, annotation: Any, default: Any) -> inspect.Parameter:
 
 
 MODEL_PARAMS = [
-    _kw("model", ModelOpt, None), _kw("revision", RevisionOpt, None), _kw("draft_model", DraftModelOpt, None),
+    _kw("model", ModelOpt, None),
+    _kw("revision", RevisionOpt, None),
+    _kw("draft_model", DraftModelOpt, None),
 ]
-RUNTIME_PARAMS = [_kw("no_blas", NoBlasOpt, False), _kw("no_dequantize", NoDequantizeOpt, False),
-                  _kw("no_fast_kernels", NoFastKernelsOpt, False), _kw("cpu_weights", CpuWeightsOpt, None)]
+RUNTIME_PARAMS = [
+    _kw("no_blas", NoBlasOpt, False),
+    _kw("no_dequantize", NoDequantizeOpt, False),
+    _kw("no_fast_kernels", NoFastKernelsOpt, False),
+    _kw("cpu_weights", CpuWeightsOpt, None),
+]
 GENERATION_PARAMS = [
-    _kw("prompt", PromptOpt, None), _kw("max_tokens", MaxTokensOpt, O.DEFAULT_MAX_TOKENS),
-    _kw("min_tokens", MinTokensOpt, 0), _kw("profile", ProfileOpt, False),
-    _kw("no_chat_template", NoChatTemplateOpt, False), _kw("system", SystemOpt, None),
-    _kw("stop", StopOpt, None), _kw("ignore_eos", IgnoreEosOpt, False), _kw("image", ImageOpt, None),
-    _kw("audio", AudioOpt, None), _kw("video", VideoOpt, None), _kw("verbose", VerboseOpt, False),
+    _kw("prompt", PromptOpt, None),
+    _kw("max_tokens", MaxTokensOpt, O.DEFAULT_MAX_TOKENS),
+    _kw("min_tokens", MinTokensOpt, 0),
+    _kw("profile", ProfileOpt, False),
+    _kw("no_chat_template", NoChatTemplateOpt, False),
+    _kw("system", SystemOpt, None),
+    _kw("stop", StopOpt, None),
+    _kw("ignore_eos", IgnoreEosOpt, False),
+    _kw("image", ImageOpt, None),
+    _kw("audio", AudioOpt, None),
+    _kw("video", VideoOpt, None),
+    _kw("verbose", VerboseOpt, False),
 ]
 SAMPLING_PARAMS = [
-    _kw("temp", TempOpt, O.DEFAULT_TEMP), _kw("top_p", TopPOpt, O.DEFAULT_TOP_P),
-    _kw("top_k", TopKOpt, O.DEFAULT_TOP_K), _kw("min_p", MinPOpt, O.DEFAULT_MIN_P), _kw("seed", SeedOpt, None),
+    _kw("temp", TempOpt, O.DEFAULT_TEMP),
+    _kw("top_p", TopPOpt, O.DEFAULT_TOP_P),
+    _kw("top_k", TopKOpt, O.DEFAULT_TOP_K),
+    _kw("min_p", MinPOpt, O.DEFAULT_MIN_P),
+    _kw("seed", SeedOpt, None),
     _kw("repetition_penalty", RepetitionPenaltyOpt, O.DEFAULT_REPETITION_PENALTY),
     _kw("repeat_last_n", RepeatLastNOpt, O.DEFAULT_REPEAT_LAST_N),
 ]
 SPEC_PARAMS = [
-    _kw("draft_kind", DraftKindOpt, None), _kw("draft_block_size", DraftBlockSizeOpt, None),
-    _kw("spec_type", SpecTypeOpt, None), _kw("verify_exact", VerifyExactOpt, False),
-    _kw("suffix_cache_tokens", SuffixCacheTokensOpt, None), _kw("suffix_store", SuffixStoreOpt, None),
+    _kw("draft_kind", DraftKindOpt, None),
+    _kw("draft_block_size", DraftBlockSizeOpt, None),
+    _kw("spec_type", SpecTypeOpt, None),
+    _kw("verify_exact", VerifyExactOpt, False),
+    _kw("suffix_cache_tokens", SuffixCacheTokensOpt, None),
+    _kw("suffix_store", SuffixStoreOpt, None),
 ]
 LOOKUP_PARAMS = [
-    _kw("prompt_lookup", PromptLookupOpt, False), _kw("prompt_lookup_ngram_max", NgramMaxOpt, None),
-    _kw("prompt_lookup_ngram_min", NgramMinOpt, None), _kw("prompt_lookup_max_draft", MaxDraftOpt, None),
-    _kw("prompt_lookup_no_adaptive", NoAdaptiveOpt, False), _kw("prompt_lookup_policy", PolicyOpt, None),
+    _kw("prompt_lookup", PromptLookupOpt, False),
+    _kw("prompt_lookup_ngram_max", NgramMaxOpt, None),
+    _kw("prompt_lookup_ngram_min", NgramMinOpt, None),
+    _kw("prompt_lookup_max_draft", MaxDraftOpt, None),
+    _kw("prompt_lookup_no_adaptive", NoAdaptiveOpt, False),
+    _kw("prompt_lookup_policy", PolicyOpt, None),
 ]
 DISTRIBUTED_PARAMS = [_kw("tp_size", TpSizeOpt, 1), _kw("pp_size", PpSizeOpt, 1)]
 SERVER_PARAMS = [
-    _kw("host", HostOpt, O.DEFAULT_HOST), _kw("port", PortOpt, O.DEFAULT_PORT),
+    _kw("host", HostOpt, O.DEFAULT_HOST),
+    _kw("port", PortOpt, O.DEFAULT_PORT),
     _kw("prompt_lookup_max_batch", MaxBatchOpt, O.DEFAULT_PROMPT_LOOKUP_MAX_BATCH),
-    _kw("no_batch", NoBatchOpt, False), _kw("kv_unified", KvUnifiedOpt, False), _kw("warmup", WarmupOpt, True),
-    _kw("api_key", ApiKeyOpt, None), _kw("api_key_file", ApiKeyFileOpt, None), _kw("cors_origins", CorsOpt, None),
-    _kw("alias", AliasOpt, None), _kw("threads", ThreadsOpt, None), _kw("ctx_size", CtxSizeOpt, 0), _kw("cache_ram", CacheRamOpt, O.DEFAULT_CACHE_RAM_MIB),
-    _kw("parallel", ParallelOpt, O.DEFAULT_PARALLEL), _kw("log_disable", LogDisableOpt, False),
+    _kw("no_batch", NoBatchOpt, False),
+    _kw("kv_unified", KvUnifiedOpt, False),
+    _kw("warmup", WarmupOpt, True),
+    _kw("api_key", ApiKeyOpt, None),
+    _kw("api_key_file", ApiKeyFileOpt, None),
+    _kw("cors_origins", CorsOpt, None),
+    _kw("alias", AliasOpt, None),
+    _kw("threads", ThreadsOpt, None),
+    _kw("ctx_size", CtxSizeOpt, 0),
+    _kw("cache_ram", CacheRamOpt, O.DEFAULT_CACHE_RAM_MIB),
+    _kw("parallel", ParallelOpt, O.DEFAULT_PARALLEL),
+    _kw("log_disable", LogDisableOpt, False),
     _kw("shutdown_grace", ShutdownGraceOpt, 5),
-    _kw("n_gpu_layers", GpuLayersOpt, None), _kw("flash_attn", FlashAttnOpt, None),
-    _kw("cont_batching", ContBatchingOpt, False), _kw("cache_type_k", CacheTypeKOpt, None),
+    _kw("n_gpu_layers", GpuLayersOpt, None),
+    _kw("flash_attn", FlashAttnOpt, None),
+    _kw("cont_batching", ContBatchingOpt, False),
+    _kw("cache_type_k", CacheTypeKOpt, None),
     _kw("cache_type_v", CacheTypeVOpt, None),
 ]
+
+
 def hidden(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
     """The same options, parsed (so a refusal can name them) but left out of --help."""
     out = []
@@ -232,27 +795,57 @@ def hidden(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
 LOOKUP_PARAMS_HIDDEN = hidden(LOOKUP_PARAMS)
 BENCH_PARAMS = (
     MODEL_PARAMS
-    + [_kw("max_tokens", BenchMaxTokensOpt, O.DEFAULT_BENCH_MAX_TOKENS), _kw("no_chat_template", NoChatTemplateOpt, False),
-       _kw("verbose", VerboseOpt, False)]
+    + [
+        _kw("max_tokens", BenchMaxTokensOpt, O.DEFAULT_BENCH_MAX_TOKENS),
+        _kw("no_chat_template", NoChatTemplateOpt, False),
+        _kw("verbose", VerboseOpt, False),
+    ]
     + SAMPLING_PARAMS
-    + [_kw("draft_kind", DraftKindOpt, None), _kw("draft_block_size", DraftBlockSizeOpt, None),
-       _kw("suffix_cache_tokens", SuffixCacheTokensOpt, None)]
+    + [
+        _kw("draft_kind", DraftKindOpt, None),
+        _kw("draft_block_size", DraftBlockSizeOpt, None),
+        _kw("suffix_cache_tokens", SuffixCacheTokensOpt, None),
+    ]
     + LOOKUP_PARAMS
-    + [_kw("workload", WorkloadOpt, None), _kw("trace", TraceOpt, None), _kw("sweep_widths", SweepWidthsOpt, None), _kw("plot", PlotOpt, None),
-       _kw("vs", VsOpt, None), _kw("json", JsonOpt, None), _kw("markdown", MarkdownOpt, False),
-       _kw("limit", LimitOpt, None), _kw("repeats", RepeatsOpt, 1)]
+    + [
+        _kw("workload", WorkloadOpt, None),
+        _kw("trace", TraceOpt, None),
+        _kw("sweep_widths", SweepWidthsOpt, None),
+        _kw("plot", PlotOpt, None),
+        _kw("vs", VsOpt, None),
+        _kw("json", JsonOpt, None),
+        _kw("markdown", MarkdownOpt, False),
+        _kw("limit", LimitOpt, None),
+        _kw("repeats", RepeatsOpt, 1),
+    ]
     + RUNTIME_PARAMS
 )
 # serve: llama-server's -t (threads) and -n (cap), so the sampling temperature loses -t there
 SERVE_SAMPLING_PARAMS = [
-    _kw("temp", ServeTempOpt, None), _kw("top_p", TopPOpt, None), _kw("top_k", TopKOpt, None),
+    _kw("temp", ServeTempOpt, None),
+    _kw("top_p", TopPOpt, None),
+    _kw("top_k", TopKOpt, None),
     _kw("min_p", MinPOpt, None),
 ] + [p for p in SAMPLING_PARAMS if p.name not in ("temp", "top_p", "top_k", "min_p")]
-ALL_MODEL_SIDE = (MODEL_PARAMS + GENERATION_PARAMS + SAMPLING_PARAMS + SPEC_PARAMS + LOOKUP_PARAMS + RUNTIME_PARAMS
-                  + DISTRIBUTED_PARAMS)
+ALL_MODEL_SIDE = (
+    MODEL_PARAMS
+    + GENERATION_PARAMS
+    + SAMPLING_PARAMS
+    + SPEC_PARAMS
+    + LOOKUP_PARAMS
+    + RUNTIME_PARAMS
+    + DISTRIBUTED_PARAMS
+)
 # run and chat: generate's options without the prompt-lookup group in --help
-CHAT_SIDE = (MODEL_PARAMS + GENERATION_PARAMS + SAMPLING_PARAMS + SPEC_PARAMS + LOOKUP_PARAMS_HIDDEN + RUNTIME_PARAMS
-             + DISTRIBUTED_PARAMS)
+CHAT_SIDE = (
+    MODEL_PARAMS
+    + GENERATION_PARAMS
+    + SAMPLING_PARAMS
+    + SPEC_PARAMS
+    + LOOKUP_PARAMS_HIDDEN
+    + RUNTIME_PARAMS
+    + DISTRIBUTED_PARAMS
+)
 
 
 def with_params(params: list[inspect.Parameter]):

@@ -51,7 +51,6 @@ def ranks(run: RunConfig) -> Iterator[Any]:
             world.channel.close(code)
 
 
-
 def follow(run: RunConfig, world: Any) -> int:
     from ..parallel import distributed
     from ..session import open_follower

@@ -114,8 +114,14 @@ def _converse(session, run: RunConfig, pending: list, messages, interactive: boo
             continue
         history.append({"role": "user", "content": msg})
         ids = render_messages(tok, history, chat_template=g.chat_template)
-        gen = eng.generate(ids, max_tokens=g.max_tokens, sampling=opts.sampling, min_tokens=g.min_tokens,
-                           ignore_eos=g.ignore_eos, reuse_cache=True)
+        gen = eng.generate(
+            ids,
+            max_tokens=g.max_tokens,
+            sampling=opts.sampling,
+            min_tokens=g.min_tokens,
+            ignore_eos=g.ignore_eos,
+            reuse_cache=True,
+        )
         stream = TextStream(gen, tok, g.stop)
         try:
             for piece in stream:

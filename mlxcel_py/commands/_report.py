@@ -20,12 +20,14 @@ def summary_lines(st: GenerationStats, elapsed_s: float, *, profile: bool = Fals
 
 def print_profile(st: GenerationStats, session, *, finish_reason: str | None) -> None:
     """mlxcel's `[Profile Results]` block and `[TTFT]` line, then our table of the rest."""
-    for line in ("[Profile Results]",
-                 f"  Prompt tokens:    {st.prompt_tokens}",
-                 f"  Generated tokens: {st.generated_tokens}",
-                 f"  Prefill:          {st.prefill_s * 1000:.2f} ms ({st.prefill_tps:.2f} tok/s)",
-                 f"  Decode:           {st.decode_s * 1000:.2f} ms ({st.decode_tps:.2f} tok/s)",
-                 f"[TTFT] {st.ttft_s * 1000:.2f} ms"):
+    for line in (
+        "[Profile Results]",
+        f"  Prompt tokens:    {st.prompt_tokens}",
+        f"  Generated tokens: {st.generated_tokens}",
+        f"  Prefill:          {st.prefill_s * 1000:.2f} ms ({st.prefill_tps:.2f} tok/s)",
+        f"  Decode:           {st.decode_s * 1000:.2f} ms ({st.decode_tps:.2f} tok/s)",
+        f"[TTFT] {st.ttft_s * 1000:.2f} ms",
+    ):
         ui.info(line)
     ms = lambda s: f"{s * 1000:.2f} ms"  # noqa: E731
     rows = []  # prompt and generated tokens, prefill, decode and TTFT are in mlxcel's block above
@@ -57,6 +59,11 @@ def print_profile(st: GenerationStats, session, *, finish_reason: str | None) ->
     ]
     world = getattr(session, "world", None)
     if world is not None and world.channel is not None:
-        rows.append(("Distributed", f"{world.layout.describe()}, {world.size} ranks ({world.backend}); "
-                                    f"rank 0 sent+received {world.channel.describe_traffic()}"))
+        rows.append(
+            (
+                "Distributed",
+                f"{world.layout.describe()}, {world.size} ranks ({world.backend}); "
+                f"rank 0 sent+received {world.channel.describe_traffic()}",
+            )
+        )
     ui.profile_table(rows)

@@ -30,12 +30,17 @@ def bench(**params) -> None:
         if b.trace and b.workload:
             raise UsageError("--trace and --workload each name what to run; pass one")
         traces = workload.load_traces(Path(b.trace))[: b.limit] if b.trace else None
-        items = [] if traces else workload.limit_per_kind(
-            workload.load(Path(b.workload)) if b.workload else workload.builtin(), b.limit)
+        items = (
+            []
+            if traces
+            else workload.limit_per_kind(workload.load(Path(b.workload)) if b.workload else workload.builtin(), b.limit)
+        )
         for flag, path in (("--json", b.json_path), ("--plot", b.plot_path)):
             if path and not Path(path).resolve().parent.is_dir():  # found out now, not after the whole run
-                raise UsageError(f"{flag} {path}: the folder {Path(path).resolve().parent} does not exist; "
-                                 f"create it or pick another path")
+                raise UsageError(
+                    f"{flag} {path}: the folder {Path(path).resolve().parent} does not exist; "
+                    f"create it or pick another path"
+                )
         if plan.widths:
             from ..bench import plot as bench_plot
 

@@ -27,8 +27,16 @@ EPILOG = (
     "  mlxcel serve -m ./Llama-3.1-8B --draft-model ./Llama-3.2-1B --port 0"
 )
 
-SERVE_PARAMS = (MODEL_PARAMS + [_kw("max_tokens", ServeMaxTokensOpt, -1)] + SERVE_SAMPLING_PARAMS + SPEC_PARAMS
-                + LOOKUP_PARAMS_HIDDEN + SERVER_PARAMS + RUNTIME_PARAMS + DISTRIBUTED_PARAMS)
+SERVE_PARAMS = (
+    MODEL_PARAMS
+    + [_kw("max_tokens", ServeMaxTokensOpt, -1)]
+    + SERVE_SAMPLING_PARAMS
+    + SPEC_PARAMS
+    + LOOKUP_PARAMS_HIDDEN
+    + SERVER_PARAMS
+    + RUNTIME_PARAMS
+    + DISTRIBUTED_PARAMS
+)
 
 
 @with_params(SERVE_PARAMS)

@@ -51,8 +51,15 @@ _MLX_ATTENTION = _base.scaled_dot_product_attention
 _MLX_SWIGLU = _activations.swiglu
 
 # 2^f on [-1/2, 1/2], highest power first: the coefficients of MLX's CPU exp
-_EXP2_POLY = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3, 5.550332471162809e-2,
-              2.402264791363012e-1, 6.931472028550421e-1, 1.0)
+_EXP2_POLY = (
+    1.535336188319500e-4,
+    1.339887440266574e-3,
+    9.618437357674640e-3,
+    5.550332471162809e-2,
+    2.402264791363012e-1,
+    6.931472028550421e-1,
+    1.0,
+)
 # adding 1.5 * 2^23 rounds a float32 of magnitude below 2^22 to an integer held in the low
 # mantissa bits: one add instead of floor(x + 0.5), which made the fused kernel 1.5x slower here
 _ROUND = 12582912.0
@@ -149,8 +156,14 @@ def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sink
 def _ours(queries, cache, mask, sinks) -> bool:
     """Whether these kernels cover this call (inside `engaged`): float32 blocks of up to MAX_ROWS
     rows, no sinks, no quantized cache, no mask or the causal one."""
-    return (_engaged_now() and queries.shape[2] <= MAX_ROWS and sinks is None and not hasattr(cache, "bits")
-            and queries.dtype == mx.float32 and (mask is None or (isinstance(mask, str) and mask == "causal")))
+    return (
+        _engaged_now()
+        and queries.shape[2] <= MAX_ROWS
+        and sinks is None
+        and not hasattr(cache, "bits")
+        and queries.dtype == mx.float32
+        and (mask is None or (isinstance(mask, str) and mask == "causal"))
+    )
 
 
 def row_exact_now() -> bool:
@@ -162,8 +175,13 @@ def swiglu(gate, x):
     row = getattr(_local, "swiglu", None)
     if row is not None and _engaged_now() and gate.dtype == mx.float32 and x.dtype == mx.float32:
         return row(gate, x)  # the row-exact path's own (enable_row_exact)
-    if (_engaged_now() and getattr(_local, "fast", False) and gate.shape[-2] <= MAX_ROWS
-            and gate.dtype == mx.float32 and x.dtype == mx.float32):
+    if (
+        _engaged_now()
+        and getattr(_local, "fast", False)
+        and gate.shape[-2] <= MAX_ROWS
+        and gate.dtype == mx.float32
+        and x.dtype == mx.float32
+    ):
         return silu_times(gate, x)
     return _MLX_SWIGLU(gate, x)
 

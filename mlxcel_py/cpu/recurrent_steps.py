@@ -29,14 +29,18 @@ _ORIGINAL = _gd.gated_delta_update
 _local = threading.local()  # .records: list of (kind, value) in call order while recording
 
 
-def _recording_update(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, use_kernel=True,
-                      lower_bound=None, allow_neg_eigval=False):
+def _recording_update(
+    q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, use_kernel=True, lower_bound=None, allow_neg_eigval=False
+):
     """mlx-lm's gated_delta_update on its ops path, keeping the state after every step."""
     beta = mx.sigmoid(b)
     if allow_neg_eigval:
         beta = beta * 2.0
-    g = _gd.compute_g(A_log, a, dt_bias) if lower_bound is None else _gd.compute_lower_bound_g(
-        A_log, a, dt_bias, lower_bound)
+    g = (
+        _gd.compute_g(A_log, a, dt_bias)
+        if lower_bound is None
+        else _gd.compute_lower_bound_g(A_log, a, dt_bias, lower_bound)
+    )
     B, T, Hk, Dk = q.shape
     Hv, Dv = v.shape[-2:]
     if state is None:
@@ -45,8 +49,9 @@ def _recording_update(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, u
         q, k = mx.repeat(q, repeat, -2), mx.repeat(k, repeat, -2)
     ys, states = [], []
     for t in range(T):
-        y, state = _gd._gated_delta_step_ops(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state,
-                                             None if mask is None else mask[:, t])
+        y, state = _gd._gated_delta_step_ops(
+            q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state, None if mask is None else mask[:, t]
+        )
         ys.append(y)
         states.append(state)
     _local.records.append(("states", states))
@@ -67,6 +72,7 @@ def _recording_conv(conv: Any) -> None:
     if base in _CONV.values():  # enabled already (one per model, however many caches)
         return
     if base not in _CONV:
+
         def call(self, x, _base=base):
             if getattr(_local, "records", None) is not None:
                 _local.records.append(("conv", x))

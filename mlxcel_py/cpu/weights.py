@@ -143,8 +143,16 @@ def patch_rope(model: Any) -> int:
     return count
 
 
-def cache_attention(q: mx.array, k_new: mx.array, v_new: mx.array, k_bufs: list, v_bufs: list,
-                    seq: list[int], pos: list[int], scale: float) -> list[mx.array]:
+def cache_attention(
+    q: mx.array,
+    k_new: mx.array,
+    v_new: mx.array,
+    k_bufs: list,
+    v_bufs: list,
+    seq: list[int],
+    pos: list[int],
+    scale: float,
+) -> list[mx.array]:
     """One layer of a batched forward (batch.RowCaches): entry e's new keys and values written into
     sequence seq[e]'s buffers from position pos[e] on, and each query row attended over its own
     sequence up to its position, by the same one-row code as `attention`. Returns [attention,
@@ -207,9 +215,13 @@ class SharedInput:
     def output(self, member: RowExactLinear, x: mx.array) -> mx.array:
         if self._x is not x or self._left == 0:
             qmm, _ = kernel_status()
-            self._outs = qmm.row_exact_qmm_multi(x, [m["weight"] for m in self.members],
-                                                 [m["scales"] for m in self.members],
-                                                 [m["biases"] for m in self.members], member.bits)
+            self._outs = qmm.row_exact_qmm_multi(
+                x,
+                [m["weight"] for m in self.members],
+                [m["scales"] for m in self.members],
+                [m["biases"] for m in self.members],
+                member.bits,
+            )
             self._x, self._left = x, len(self.members)
         index = next(i for i, m in enumerate(self.members) if m is member)
         out = self._outs[index]
@@ -264,13 +276,22 @@ class WeightsReport:
             return f"{self.mode} ({self.note})" if self.mode == "f32" else self.mode
         bits = "/".join(f"{b}-bit" for b in self.bits)
         rest = f", {self.float_layers} float32" if self.float_layers else ""
-        return (f"{self.mode} ({self.kernel_layers} layers {bits} on the {self.note}{rest}; "
-                f"{self.weight_bytes / 2**20:.0f} MiB)")
+        return (
+            f"{self.mode} ({self.kernel_layers} layers {bits} on the {self.note}{rest}; "
+            f"{self.weight_bytes / 2**20:.0f} MiB)"
+        )
 
     def as_json(self) -> dict:
-        return {"mode": self.mode, "asked": self.asked, "kernel_layers": self.kernel_layers,
-                "float_layers": self.float_layers, "bits": list(self.bits), "kernel": self.note,
-                "weight_mib": round(self.weight_bytes / 2**20, 1), "rows_exact": self.kernel_layers > 0 and not self.inexact}
+        return {
+            "mode": self.mode,
+            "asked": self.asked,
+            "kernel_layers": self.kernel_layers,
+            "float_layers": self.float_layers,
+            "bits": list(self.bits),
+            "kernel": self.note,
+            "weight_mib": round(self.weight_bytes / 2**20, 1),
+            "rows_exact": self.kernel_layers > 0 and not self.inexact,
+        }
 
 
 def _in_features(module: Any) -> int:
@@ -313,8 +334,9 @@ def _convert(module: Any, bits: int, *, embedding: bool) -> RowExactLinear:
     wq, scales, biases, group = _affine(module, bits)
     # the kernel takes one float32 scale and bias per 32 values: a group of 64 or 128 repeats its own
     # (materialized: the kernel reads contiguous rows, and would copy a strided view every call)
-    per_block = lambda a: mx.contiguous(mx.repeat(a.astype(mx.float32), group // 32, axis=1) if group > 32
-                                        else a.astype(mx.float32))
+    per_block = lambda a: mx.contiguous(
+        mx.repeat(a.astype(mx.float32), group // 32, axis=1) if group > 32 else a.astype(mx.float32)
+    )
     scales, biases = qmm.interleave(per_block(scales)), qmm.interleave(per_block(biases))
     packed = qmm.repack(wq, bits)
     if embedding:
@@ -405,11 +427,19 @@ def apply(model: Any, asked: str) -> WeightsReport:
     if replaced:
         model.update_modules(tree_unflatten(replaced))
         _share_inputs(model)
-    float_layers = sum(1 for _, m in model.named_modules()
-                       if type(m) in (nn.Linear, nn.QuantizedLinear) or "SwitchLinear" in type(m).__name__)
+    float_layers = sum(
+        1
+        for _, m in model.named_modules()
+        if type(m) in (nn.Linear, nn.QuantizedLinear) or "SwitchLinear" in type(m).__name__
+    )
     dequantize_model(model)
     model.set_dtype(mx.float32)  # norms, float layers, biases; set_dtype leaves the packed uint8 weights
     mx.eval(model.parameters())
-    label = asked if asked != "auto" else ("q4" if used_bits == {4} else "q8" if used_bits == {8} else "mixed" if used_bits else "f32")
-    return WeightsReport(label, asked, len(replaced), float_layers, tuple(sorted(used_bits)), note,
-                         weight_bytes(model), inexact)
+    label = (
+        asked
+        if asked != "auto"
+        else ("q4" if used_bits == {4} else "q8" if used_bits == {8} else "mixed" if used_bits else "f32")
+    )
+    return WeightsReport(
+        label, asked, len(replaced), float_layers, tuple(sorted(used_bits)), note, weight_bytes(model), inexact
+    )

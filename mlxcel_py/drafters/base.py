@@ -112,8 +112,15 @@ class DrafterSource:
 
     shares_drafter = False  # one drafter (and its caches) across requests, unless `private`
 
-    def __init__(self, draft: DraftConfig, *, model: Any, eos_ids: Sequence[int] = (),
-                 vocab_size: int | None = None, assets: Any = None):
+    def __init__(
+        self,
+        draft: DraftConfig,
+        *,
+        model: Any,
+        eos_ids: Sequence[int] = (),
+        vocab_size: int | None = None,
+        assets: Any = None,
+    ):
         self.config = draft
         self.model = model  # the target mlx-lm model
         self.eos_ids = tuple(eos_ids)
@@ -147,14 +154,20 @@ class DrafterSource:
     def make_policy(self, verify_cost: Sequence[float] | None = None):
         d = self.config
         if registry.kind_of(d.kind).sizing == registry.ADAPTIVE:
-            return make_policy(d.lookup.policy, d.lookup.max_draft, adaptive=d.lookup.adaptive,
-                               on_cuda=on_cuda(), verify_cost=verify_cost)
+            return make_policy(
+                d.lookup.policy,
+                d.lookup.max_draft,
+                adaptive=d.lookup.adaptive,
+                on_cuda=on_cuda(),
+                verify_cost=verify_cost,
+            )
         return make_policy("fixed", d.block_size, adaptive=False)
 
     def retarget(self, draft: DraftConfig, loaded: Any) -> DrafterSource:
         """The same loaded assets for another configuration or target (bench: widths, weight modes)."""
-        return type(self)(draft, model=loaded.model, eos_ids=self.eos_ids, vocab_size=self.vocab_size,
-                          assets=self.assets)
+        return type(self)(
+            draft, model=loaded.model, eos_ids=self.eos_ids, vocab_size=self.vocab_size, assets=self.assets
+        )
 
     def warm(self, tokens: Sequence[int]) -> None:
         """Trace the drafter's own forward at its width (model drafters), on scratch state."""

@@ -103,9 +103,11 @@ def prepare(draft: DraftConfig, target: loading.ResolvedModel, model_options: An
     resolved = loading.resolve(draft.draft_model, what="--draft-model")
     if is_mtp_checkpoint(resolved.config):
         if draft.kind_explicit:
-            raise ModelError(f"--draft-model {draft.draft_model} is an MTP head "
-                             f"({resolved.config.get('model_type')}), not a standalone model; "
-                             f"use --draft-kind mtp")
+            raise ModelError(
+                f"--draft-model {draft.draft_model} is an MTP head "
+                f"({resolved.config.get('model_type')}), not a standalone model; "
+                f"use --draft-kind mtp"
+            )
         # as the seed page says: an MTP checkpoint given as the drafter means the mtp kind
         mtp = replace(draft, kind="mtp", block_size=draft.block_size if draft.block_explicit else DEFAULT_MTP_BLOCK)
         return kind_of("mtp").prepare(mtp, target, model_options)
@@ -117,7 +119,8 @@ def prepare(draft: DraftConfig, target: loading.ResolvedModel, model_options: An
         m = model_options
         dm = loading.load(resolved, dequantize=m.dequantize, fast_kernels=m.fast_kernels, cpu_weights=m.cpu_weights)
         say(f"draft model: {resolved.source} ({dm.dtype})")
-        return Source(draft, model=loaded.model, eos_ids=loaded.tokenizer.eos_token_ids,
-                      vocab_size=loaded.vocab_size, assets=dm)
+        return Source(
+            draft, model=loaded.model, eos_ids=loaded.tokenizer.eos_token_ids, vocab_size=loaded.vocab_size, assets=dm
+        )
 
     return Plan(draft, load)

@@ -107,8 +107,7 @@ class Gemma4Assistant(nn.Module):
         x = self.pre_projection(mx.concatenate([embedded, h_prev], axis=-1))
         offset = mx.array(position)
         for layer in self.model.layers:
-            x, _, _ = layer(x, mask=masks[layer.layer_type], cache=None, shared_kv=kv[layer.layer_type],
-                            offset=offset)
+            x, _, _ = layer(x, mask=masks[layer.layer_type], cache=None, shared_kv=kv[layer.layer_type], offset=offset)
         h = self.model.norm(x)
         return self.logits(h)[0].astype(mx.float32), self.post_projection(h)
 
@@ -119,19 +118,25 @@ class Gemma4Assistant(nn.Module):
 def check_target(target_cfg: dict, cfg: dict, where: str) -> None:
     """Config-level refusals, before any weight loads."""
     if target_cfg.get("model_type") not in TARGETS:
-        raise ModelError(f"{where} is a Gemma 4 assistant, which drafts only for Gemma 4 targets; the target is a "
-                         f"{target_cfg.get('model_type')} model")
+        raise ModelError(
+            f"{where} is a Gemma 4 assistant, which drafts only for Gemma 4 targets; the target is a "
+            f"{target_cfg.get('model_type')} model"
+        )
     tcfg = text_config(target_cfg)
     tc = cfg.get("text_config") or {}
-    checks = [("backbone_hidden_size", cfg.get("backbone_hidden_size"), tcfg.get("hidden_size"), "hidden size"),
-              ("text_config.vocab_size", tc.get("vocab_size"), tcfg.get("vocab_size"), "vocabulary")]
+    checks = [
+        ("backbone_hidden_size", cfg.get("backbone_hidden_size"), tcfg.get("hidden_size"), "hidden size"),
+        ("text_config.vocab_size", tc.get("vocab_size"), tcfg.get("vocab_size"), "vocabulary"),
+    ]
     for key in ("head_dim", "global_head_dim", "num_key_value_heads"):
         if key in tc and key in tcfg:
             checks.append((f"text_config.{key}", tc.get(key), tcfg.get(key), f"K/V {key}"))
     for key, mine, theirs, what in checks:
         if mine != theirs:
-            raise ModelError(f"{where}: the assistant's {key} ({mine}) does not match the target's {what} "
-                             f"({theirs}); use the assistant made for this target")
+            raise ModelError(
+                f"{where}: the assistant's {key} ({mine}) does not match the target's {what} "
+                f"({theirs}); use the assistant made for this target"
+            )
 
 
 def load(folder: Path, cfg: dict, target_model: Any) -> Gemma4Assistant:
@@ -145,11 +150,15 @@ def load(folder: Path, cfg: dict, target_model: Any) -> Gemma4Assistant:
     expected = {k for k, _ in tree_flatten(head.parameters())}
     missing = sorted(expected - set(weights))
     if missing:
-        raise ModelError(f"--draft-model {folder}: the Gemma 4 assistant checkpoint lacks {missing[0]}"
-                         + (f" and {len(missing) - 1} more tensors" if len(missing) > 1 else ""))
+        raise ModelError(
+            f"--draft-model {folder}: the Gemma 4 assistant checkpoint lacks {missing[0]}"
+            + (f" and {len(missing) - 1} more tensors" if len(missing) > 1 else "")
+        )
     dtype = lm_head_and_embed(target_model)[1].weight.dtype
-    head.load_weights([(k, v if k.endswith("token_ordering") else v.astype(dtype))
-                       for k, v in weights.items() if k in expected], strict=False)
+    head.load_weights(
+        [(k, v if k.endswith("token_ordering") else v.astype(dtype)) for k, v in weights.items() if k in expected],
+        strict=False,
+    )
     mx.eval(head.parameters())
     return head
 
@@ -196,8 +205,11 @@ class AssistantDrafter(Drafter):
             keys, values, n = time_ordered(target.layers[i])
             kv[kind] = (keys, values)
             # keys sit at positions position-n .. position-1; a sliding layer sees |q - k| < window
-            masks[kind] = (mx.arange(n, 0, -1) < self.window)[None, None, None, :] \
-                if kind == "sliding_attention" and n >= self.window else None
+            masks[kind] = (
+                (mx.arange(n, 0, -1) < self.window)[None, None, None, :]
+                if kind == "sliding_attention" and n >= self.window
+                else None
+            )
         h_prev = target.hidden_rows(L - 2, L - 1)[None]
         target.drop_hidden_before(L - 1)
         token = mx.array([[context[-1]]], dtype=mx.int32)

@@ -72,8 +72,9 @@ class HeadSource:
     family: str = "qwen"  # "qwen" (mtp.* tensors) | "gemma4_assistant"
 
 
-def find_head(target_cfg: dict, target_folder: Path, draft_cfg: dict | None = None,
-              draft_folder: Path | None = None) -> HeadSource:
+def find_head(
+    target_cfg: dict, target_folder: Path, draft_cfg: dict | None = None, draft_folder: Path | None = None
+) -> HeadSource:
     """Config- and header-level checks, before any weight loads; the refusals name the reason."""
     tcfg = text_config(target_cfg)
     if draft_cfg is not None and draft_cfg.get("model_type") == "gemma4_assistant":
@@ -85,16 +86,20 @@ def find_head(target_cfg: dict, target_folder: Path, draft_cfg: dict | None = No
         tensors = {n: (f, n) for n, (f, _) in tensor_shapes(draft_folder).items()}
         return HeadSource(draft_folder, draft_cfg, tensors, width, where, family="gemma4_assistant")
     if target_cfg.get("model_type") not in FAMILIES:
-        raise ModelError(f"--draft-kind mtp: the target is a {target_cfg.get('model_type')} model, which has no "
-                         f"multi-token-prediction head (MTP heads ship with {', '.join(FAMILIES)} checkpoints); "
-                         f"use --prompt-lookup or --draft-model instead")
+        raise ModelError(
+            f"--draft-kind mtp: the target is a {target_cfg.get('model_type')} model, which has no "
+            f"multi-token-prediction head (MTP heads ship with {', '.join(FAMILIES)} checkpoints); "
+            f"use --prompt-lookup or --draft-model instead"
+        )
     folder, cfg = (draft_folder, text_config(draft_cfg or {})) if draft_folder is not None else (target_folder, tcfg)
     where = f"--draft-model {draft_folder}" if draft_folder is not None else f"the target checkpoint {target_folder}"
     if draft_folder is not None:
         for key in ("hidden_size", "vocab_size"):
             if cfg.get(key) is not None and cfg.get(key) != tcfg.get(key):
-                raise ModelError(f"--draft-model {draft_folder}: the MTP head's {key} ({cfg.get(key)}) does not match "
-                                 f"the target's ({tcfg.get(key)}); use the head made for this target")
+                raise ModelError(
+                    f"--draft-model {draft_folder}: the MTP head's {key} ({cfg.get(key)}) does not match "
+                    f"the target's ({tcfg.get(key)}); use the head made for this target"
+                )
         cfg = {**tcfg, **{k: v for k, v in cfg.items() if k not in ("model_type", "architectures")}}
     elif not tcfg.get("mtp_num_hidden_layers", 1):
         raise ModelError(f"--draft-kind mtp: {where} declares mtp_num_hidden_layers = 0, so it has no MTP head")
@@ -103,17 +108,27 @@ def find_head(target_cfg: dict, target_folder: Path, draft_cfg: dict | None = No
     if draft_folder is not None and not tensors:  # a head-only checkpoint may store unprefixed names
         tensors = {name: (f, name) for name, (f, _) in shapes.items()}
     if "fc.weight" not in tensors:
-        raise ModelError(f"--draft-kind mtp: {where} has no MTP head (no mtp.fc tensor in its safetensors; "
-                         f"mlx-community conversions drop it); pass the original checkpoint, or the head as "
-                         f"--draft-model DIR")
+        raise ModelError(
+            f"--draft-kind mtp: {where} has no MTP head (no mtp.fc tensor in its safetensors; "
+            f"mlx-community conversions drop it); pass the original checkpoint, or the head as "
+            f"--draft-model DIR"
+        )
     hidden = tcfg.get("hidden_size")
     fc_shape = next(s for n, (_, s) in shapes.items() if n == tensors["fc.weight"][1])
     if fc_shape != [hidden, 2 * hidden]:
-        raise ModelError(f"--draft-kind mtp: the MTP head in {where} maps {fc_shape[1] if len(fc_shape) == 2 else '?'} "
-                         f"inputs to {fc_shape[0] if fc_shape else '?'}, but the target's hidden size is {hidden} "
-                         f"(expected {2 * hidden} -> {hidden}); use the head made for this target")
-    width = next((cfg[k] for k in ("block_size", "num_speculative_tokens", "num_nextn_predict_layers_width")
-                  if isinstance(cfg.get(k), int) and cfg[k] > 0), None)
+        raise ModelError(
+            f"--draft-kind mtp: the MTP head in {where} maps {fc_shape[1] if len(fc_shape) == 2 else '?'} "
+            f"inputs to {fc_shape[0] if fc_shape else '?'}, but the target's hidden size is {hidden} "
+            f"(expected {2 * hidden} -> {hidden}); use the head made for this target"
+        )
+    width = next(
+        (
+            cfg[k]
+            for k in ("block_size", "num_speculative_tokens", "num_nextn_predict_layers_width")
+            if isinstance(cfg.get(k), int) and cfg[k] > 0
+        ),
+        None,
+    )
     return HeadSource(folder, cfg, tensors, width, where)
 
 
@@ -204,8 +219,10 @@ def load_head(model: Any, source: HeadSource, target_folder: Path):
     try:
         head.load_weights(list(weights.items()), strict=True)
     except ValueError as exc:
-        raise ModelError(f"the MTP head in {source.where} does not fit a {source.config.get('model_type')} "
-                         f"decoder layer: {str(exc).splitlines()[0]}") from None
+        raise ModelError(
+            f"the MTP head in {source.where} does not fit a {source.config.get('model_type')} "
+            f"decoder layer: {str(exc).splitlines()[0]}"
+        ) from None
     mx.eval(head.parameters())
     return head
 
@@ -307,7 +324,8 @@ def prepare(draft: DraftConfig, target: loading.ResolvedModel, model_options: An
     def load(loaded: loading.LoadedModel, say) -> Source:
         head = load_head(loaded.model, source, target.path)
         say(f"MTP head: {len(source.tensors)} tensors from {source.where}")
-        return Source(draft, model=loaded.model, eos_ids=loaded.tokenizer.eos_token_ids,
-                      vocab_size=loaded.vocab_size, assets=head)
+        return Source(
+            draft, model=loaded.model, eos_ids=loaded.tokenizer.eos_token_ids, vocab_size=loaded.vocab_size, assets=head
+        )
 
     return Plan(draft, load)

@@ -60,8 +60,11 @@ class PromptLookupIndex:
             if start is not None:
                 begin = start + n
                 length = n
-                while length < MATCH_CAP and start - 1 - (length - n) >= 0 and \
-                        toks[start - 1 - (length - n)] == toks[size - 1 - length]:
+                while (
+                    length < MATCH_CAP
+                    and start - 1 - (length - n) >= 0
+                    and toks[start - 1 - (length - n)] == toks[size - 1 - length]
+                ):
                     length += 1
                 out = toks[begin : min(begin + limit, size)]
                 if periodic:
@@ -90,8 +93,7 @@ class PromptLookupDrafter(Drafter):
 
     kind = "prompt-lookup"
 
-    def __init__(self, ngram_min: int = 2, ngram_max: int = 3, eos_ids: Sequence[int] = (), *,
-                 periodic: bool = False):
+    def __init__(self, ngram_min: int = 2, ngram_max: int = 3, eos_ids: Sequence[int] = (), *, periodic: bool = False):
         self.index = PromptLookupIndex(ngram_min, ngram_max)
         self.eos_ids = frozenset(eos_ids)
         self.periodic = periodic  # see PromptLookupIndex.find_match
@@ -116,11 +118,16 @@ class Source(DrafterSource):
         lk = self.config.lookup
         # mlxcel's policies keep its drafter exactly (followers end at the context's end);
         # our cost policy also drafts through loops, since it sizes every proposal itself
-        return PromptLookupDrafter(lk.ngram_min, lk.ngram_max, self.eos_ids,
-                                   periodic=lk.adaptive and lk.policy == "cost")
+        return PromptLookupDrafter(
+            lk.ngram_min, lk.ngram_max, self.eos_ids, periodic=lk.adaptive and lk.policy == "cost"
+        )
 
 
 def prepare(draft, target, model_options) -> Plan:
     """Nothing to check or load: the drafter reads the context only."""
-    return Plan(draft, lambda loaded, say: Source(draft, model=loaded.model, eos_ids=loaded.tokenizer.eos_token_ids,
-                                                   vocab_size=loaded.vocab_size))
+    return Plan(
+        draft,
+        lambda loaded, say: Source(
+            draft, model=loaded.model, eos_ids=loaded.tokenizer.eos_token_ids, vocab_size=loaded.vocab_size
+        ),
+    )

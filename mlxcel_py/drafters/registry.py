@@ -58,23 +58,36 @@ class DrafterKind:
         """Config-level checks against the resolved target, before any weight loads: a base.Plan."""
         return self.runtime().prepare(draft, target, model_options)
 
-    def source(self, draft: DraftConfig, *, model: Any, eos_ids: Any, vocab_size: int | None,
-               assets: Any = None):
+    def source(self, draft: DraftConfig, *, model: Any, eos_ids: Any, vocab_size: int | None, assets: Any = None):
         """The engine's DrafterSource from what is loaded already (`assets`: a draft model, an
         MTP head, a suffix store)."""
         return self.runtime().Source(draft, model=model, eos_ids=eos_ids, vocab_size=vocab_size, assets=assets)
 
 
-KINDS: dict[str, DrafterKind] = {k.name: k for k in (
-    DrafterKind("full-model", "full_model", FIXED, DEFAULT_FULL_MODEL_BLOCK, REQUIRED, (), True,
-                spec_type="draft-simple", unsharded="drafter", flag="--draft-model"),
-    # the CLI's --prompt-lookup flags configure this kind too; --draft-kind prompt-lookup is serve's
-    DrafterKind("prompt-lookup", "prompt_lookup", ADAPTIVE, DEFAULT_SERVER_LOOKUP_BLOCK, NONE, ("tp",), False),
-    DrafterKind("mtp", "mtp", FIXED, DEFAULT_MTP_BLOCK, OPTIONAL, (), True, spec_type="draft-mtp",
-                unsharded="head"),
-    DrafterKind("dflash", None, FIXED, DEFAULT_FULL_MODEL_BLOCK, REQUIRED, (), True, spec_type="draft-dflash"),
-    DrafterKind("suffix", "suffix", ADAPTIVE, DEFAULT_SUFFIX_BLOCK, NONE, ("tp",), False, default_policy="cost"),
-)}
+KINDS: dict[str, DrafterKind] = {
+    k.name: k
+    for k in (
+        DrafterKind(
+            "full-model",
+            "full_model",
+            FIXED,
+            DEFAULT_FULL_MODEL_BLOCK,
+            REQUIRED,
+            (),
+            True,
+            spec_type="draft-simple",
+            unsharded="drafter",
+            flag="--draft-model",
+        ),
+        # the CLI's --prompt-lookup flags configure this kind too; --draft-kind prompt-lookup is serve's
+        DrafterKind("prompt-lookup", "prompt_lookup", ADAPTIVE, DEFAULT_SERVER_LOOKUP_BLOCK, NONE, ("tp",), False),
+        DrafterKind(
+            "mtp", "mtp", FIXED, DEFAULT_MTP_BLOCK, OPTIONAL, (), True, spec_type="draft-mtp", unsharded="head"
+        ),
+        DrafterKind("dflash", None, FIXED, DEFAULT_FULL_MODEL_BLOCK, REQUIRED, (), True, spec_type="draft-dflash"),
+        DrafterKind("suffix", "suffix", ADAPTIVE, DEFAULT_SUFFIX_BLOCK, NONE, ("tp",), False, default_policy="cost"),
+    )
+}
 DRAFT_KINDS = tuple(KINDS)
 
 
@@ -99,8 +112,12 @@ def width(draft: DraftConfig) -> int:
 
 def calibrates(draft: DraftConfig) -> bool:
     """The cost policy sizes this drafter's proposals, so warmup times every verify width."""
-    return (draft.enabled and kind_of(draft.kind).sizing == ADAPTIVE and draft.lookup.adaptive
-            and draft.lookup.policy == "cost")
+    return (
+        draft.enabled
+        and kind_of(draft.kind).sizing == ADAPTIVE
+        and draft.lookup.adaptive
+        and draft.lookup.policy == "cost"
+    )
 
 
 def with_width(draft: DraftConfig, w: int) -> DraftConfig:
@@ -108,8 +125,11 @@ def with_width(draft: DraftConfig, w: int) -> DraftConfig:
     from dataclasses import replace
 
     if kind_of(draft.kind).sizing == ADAPTIVE:  # the policy reads lookup.max_draft (suffix: block_size too)
-        return replace(draft, lookup=replace(draft.lookup, max_draft=w),
-                       block_size=w if draft.kind != "prompt-lookup" else draft.block_size)
+        return replace(
+            draft,
+            lookup=replace(draft.lookup, max_draft=w),
+            block_size=w if draft.kind != "prompt-lookup" else draft.block_size,
+        )
     return replace(draft, block_size=w)
 
 
@@ -133,24 +153,32 @@ def describe(draft: DraftConfig, *, on_cuda: bool = False, shadow: int = 0, max_
         pol = policy_name(draft, on_cuda=on_cuda)
         extra = f", shadow_confirm_tokens={shadow}" if pol == "gated" else ""
         extra += f", max_batch={max_batch}" if max_batch is not None else ""
-        return (f"speculative=prompt-lookup (max_draft={lk.max_draft}, ngram={lk.ngram_min}..{lk.ngram_max}, "
-                f"policy={pol}{extra})")
+        return (
+            f"speculative=prompt-lookup (max_draft={lk.max_draft}, ngram={lk.ngram_min}..{lk.ngram_max}, "
+            f"policy={pol}{extra})"
+        )
     if draft.kind == "full-model":
         return f"speculative=full-model (draft_model={draft.draft_model}, block_size={draft.block_size})"
     if draft.kind == "suffix":
-        return (f"speculative=suffix (max_draft={draft.block_size}, policy=cost, "
-                f"cache_tokens={draft.suffix_cache_tokens}, store={draft.suffix_store or 'none'})")
+        return (
+            f"speculative=suffix (max_draft={draft.block_size}, policy=cost, "
+            f"cache_tokens={draft.suffix_cache_tokens}, store={draft.suffix_store or 'none'})"
+        )
     head = f"draft_model={draft.draft_model}" if draft.draft_model else "head=target checkpoint"
-    return (f"speculative={draft.kind} ({head}, block_size={draft.block_size}, "
-            f"{'explicit' if draft.block_explicit else 'default'})")
+    return (
+        f"speculative={draft.kind} ({head}, block_size={draft.block_size}, "
+        f"{'explicit' if draft.block_explicit else 'default'})"
+    )
 
 
 def resolved_line(draft: DraftConfig) -> str | None:
     """mlxcel's line for model drafters: which kind runs, at which width, and where it came from."""
     if not draft.enabled or not kind_of(draft.kind).loads_weights:
         return None
-    return (f"Resolved drafter kind: {draft.kind} (block_size = {draft.block_size}, "
-            f"{'explicit' if draft.block_explicit else 'default'})")
+    return (
+        f"Resolved drafter kind: {draft.kind} (block_size = {draft.block_size}, "
+        f"{'explicit' if draft.block_explicit else 'default'})"
+    )
 
 
 def label(draft: DraftConfig) -> str:

@@ -62,8 +62,12 @@ def _match(context: Sequence[int], seqs, occ: list[tuple[int, int]], n: int) -> 
     for sid, end in occ:
         toks = seqs[sid]
         length = n
-        while length < MAX_MATCH and end - 1 - length >= 0 and length < len(context) and \
-                toks[end - 1 - length] == context[len(context) - 1 - length]:
+        while (
+            length < MAX_MATCH
+            and end - 1 - length >= 0
+            and length < len(context)
+            and toks[end - 1 - length] == context[len(context) - 1 - length]
+        ):
             length += 1
         best = max(best, length)
     return occ, best
@@ -90,8 +94,9 @@ def _grow(seqs, occ: list[tuple[int, int]], limit: int, min_prob: float) -> tupl
     return out, score
 
 
-def draft_from(context: Sequence[int], index: _Index, seqs, limit: int, *, factor: float,
-               min_prob: float) -> tuple[list[int], float, int, set[int]]:
+def draft_from(
+    context: Sequence[int], index: _Index, seqs, limit: int, *, factor: float, min_prob: float
+) -> tuple[list[int], float, int, set[int]]:
     """(draft, score, match length, the sequences that voted) for `context` against one source."""
     for n in range(min(NGRAM_MAX, len(context)), 0, -1):
         occ = [o for o in index.occurrences(tuple(context[len(context) - n :])) if o[0] in seqs]
@@ -167,8 +172,7 @@ class SuffixStore:
 
     def propose(self, context: Sequence[int], limit: int, *, factor: float, min_prob: float):
         """(draft, score, match length); the sequences that voted count as used (LRU)."""
-        toks, score, match, voters = draft_from(context, self.index, self.seqs, limit, factor=factor,
-                                                min_prob=min_prob)
+        toks, score, match, voters = draft_from(context, self.index, self.seqs, limit, factor=factor, min_prob=min_prob)
         for sid in voters:
             self._order.move_to_end(sid)
         return toks, score, match
@@ -176,8 +180,12 @@ class SuffixStore:
     # -- persistence -----------------------------------------------------------------------------
     def save(self, path: Path, fingerprint: str) -> None:
         """Write atomically (a temporary file renamed over the old one)."""
-        data = {"format": STORE_FORMAT, "version": STORE_VERSION, "tokenizer": fingerprint,
-                "sequences": [self.seqs[sid] for sid in self._order]}
+        data = {
+            "format": STORE_FORMAT,
+            "version": STORE_VERSION,
+            "tokenizer": fingerprint,
+            "sequences": [self.seqs[sid] for sid in self._order],
+        }
         path = Path(path)
         fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=str(path.parent or Path(".")))
         try:
@@ -203,7 +211,7 @@ class SuffixStore:
         except json.JSONDecodeError as exc:
             raise ValueError(f"not valid JSON ({exc.msg} at line {exc.lineno})") from None
         if not isinstance(data, dict) or data.get("format") != STORE_FORMAT:
-            raise ValueError(f"not an mlxcel suffix store (no \"format\": \"{STORE_FORMAT}\")")
+            raise ValueError(f'not an mlxcel suffix store (no "format": "{STORE_FORMAT}")')
         if data.get("version") != STORE_VERSION:
             raise ValueError(f"store version {data.get('version')!r}; this mlxcel-py reads version {STORE_VERSION}")
         if data.get("tokenizer") != fingerprint:
@@ -211,10 +219,13 @@ class SuffixStore:
         seqs = data.get("sequences")
         top = vocab_size if vocab_size else 1 << 62
         if not isinstance(seqs, list) or not all(
-                isinstance(s, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < top for t in s)
-                for s in seqs):
-            raise ValueError("\"sequences\" must be a list of lists of token ids"
-                             + (f" below the vocabulary size ({vocab_size})" if vocab_size else ""))
+            isinstance(s, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < top for t in s)
+            for s in seqs
+        ):
+            raise ValueError(
+                '"sequences" must be a list of lists of token ids'
+                + (f" below the vocabulary size ({vocab_size})" if vocab_size else "")
+            )
         store = cls(budget)
         for s in seqs:
             store.add(s)
@@ -236,8 +247,14 @@ class SuffixDrafter(Drafter):
 
     kind = "suffix"
 
-    def __init__(self, store: SuffixStore, *, factor: float = DEFAULT_MAX_SPEC_FACTOR,
-                 min_prob: float = DEFAULT_MIN_TOKEN_PROB, eos_ids: Iterable[int] = ()):
+    def __init__(
+        self,
+        store: SuffixStore,
+        *,
+        factor: float = DEFAULT_MAX_SPEC_FACTOR,
+        min_prob: float = DEFAULT_MIN_TOKEN_PROB,
+        eos_ids: Iterable[int] = (),
+    ):
         self.store = store
         self.factor = factor
         self.min_prob = min_prob
@@ -311,8 +328,13 @@ def prepare(draft, target, model_options) -> Plan:
     store = _load_store(draft, fp, target.config.get("vocab_size"))
 
     def load(loaded, say) -> Source:
-        src = Source(draft, model=loaded.model, eos_ids=loaded.tokenizer.eos_token_ids,
-                     vocab_size=loaded.vocab_size, assets=store)
+        src = Source(
+            draft,
+            model=loaded.model,
+            eos_ids=loaded.tokenizer.eos_token_ids,
+            vocab_size=loaded.vocab_size,
+            assets=store,
+        )
         src.fingerprint = fp
         if len(store):
             say(f"suffix store: {len(store)} sequences, {store.tokens} tokens from {draft.suffix_store}")
@@ -328,7 +350,8 @@ def _load_store(draft, fp: str, vocab_size: Any) -> SuffixStore:
     try:
         return SuffixStore.load(path, fp, draft.suffix_cache_tokens, vocab_size)
     except ValueError as exc:
-        raise ModelError(f"--suffix-store {draft.suffix_store}: {exc}",
-                         hint="delete the file or pass another --suffix-store path") from None
+        raise ModelError(
+            f"--suffix-store {draft.suffix_store}: {exc}", hint="delete the file or pass another --suffix-store path"
+        ) from None
     except OSError as exc:
         raise ModelError(f"--suffix-store {draft.suffix_store}: cannot read it ({exc.strerror})") from None

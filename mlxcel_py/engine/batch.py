@@ -87,8 +87,13 @@ class RowCaches:
             if held is None or not covered or not cpu_kernels.row_exact_now():
                 raise RuntimeError("a ragged batch needs the row-exact attention")
             return self._fused(queries, *held, scale)
-        return mx.concatenate([cpu_kernels.scaled_dot_product_attention(queries[b : b + 1], k, v, c, scale, mask, sinks)
-                               for b, (k, v, c) in enumerate(zip(keys, values, self.caches))], axis=0)
+        return mx.concatenate(
+            [
+                cpu_kernels.scaled_dot_product_attention(queries[b : b + 1], k, v, c, scale, mask, sinks)
+                for b, (k, v, c) in enumerate(zip(keys, values, self.caches))
+            ],
+            axis=0,
+        )
 
     def _fused(self, queries: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
         if keys.shape[2] != 1:
@@ -96,8 +101,16 @@ class RowCaches:
         plan = self.plan
         for c, e in zip(self.caches, plan.ends):
             _reserve(c, e - c.offset, keys.shape[1], keys.shape[3])
-        got = cpu_weights.cache_attention(queries, keys, values, [c.keys for c in self.caches],
-                                          [c.values for c in self.caches], plan.seq, plan.pos, float(scale))
+        got = cpu_weights.cache_attention(
+            queries,
+            keys,
+            values,
+            [c.keys for c in self.caches],
+            [c.values for c in self.caches],
+            plan.seq,
+            plan.pos,
+            float(scale),
+        )
         count = len(self.caches)
         for s, (c, e) in enumerate(zip(self.caches, plan.ends)):
             c.keys, c.values = got[1 + s], got[1 + count + s]
@@ -144,8 +157,11 @@ def _reserve(c: KVCache, n: int, heads: int, dim: int) -> None:
 def _fusable(model: Any, seqs: Sequence[SequenceCache]) -> bool:
     """Whether a forward of these sequences can use the fused cache attention (and so the ragged
     layout): the row-exact kernel path and plain KV caches."""
-    return (cpu_kernels.row_exact(model) and cpu_weights.kernel_status()[0] is not None
-            and all(type(c) is KVCache for s in seqs for c in s.layers))
+    return (
+        cpu_kernels.row_exact(model)
+        and cpu_weights.kernel_status()[0] is not None
+        and all(type(c) is KVCache for s in seqs for c in s.layers)
+    )
 
 
 def ragged(model: Any) -> bool:
@@ -153,8 +169,9 @@ def ragged(model: Any) -> bool:
     return _fusable(model, [SequenceCache(model)])
 
 
-def batched_forward(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]],
-                    wants: Sequence[bool] | None = None) -> list[mx.array | None]:
+def batched_forward(
+    model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]], wants: Sequence[bool] | None = None
+) -> list[mx.array | None]:
     """Feed blocks[b] to seqs[b]; returns each block's logits rows (len_b, V), or None for a block
     whose logits are not wanted (wants[b] False: a prompt chunk), where the model lets the output
     layer skip its rows.
@@ -184,8 +201,9 @@ def batched_forward(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[
     return out + forward(start, len(seqs))
 
 
-def _forward_ragged(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]],
-                    wants: Sequence[bool]) -> list[mx.array | None]:
+def _forward_ragged(
+    model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]], wants: Sequence[bool]
+) -> list[mx.array | None]:
     """One forward of all blocks' rows, one batch entry per row (nothing padded): row i of
     sequence b is an entry of length 1 at position offset_b + i, so rope and the fused attention
     see every row at its own position, and a verify block's row sees the rows before it. Rows of
@@ -295,8 +313,11 @@ def probe(model: Any, vocab: int) -> Probe:
             diff = max(diff, mx.max(mx.abs(w.astype(mx.float32) - g.astype(mx.float32))).item())
     if diff == 0.0:
         return Probe("exact", "batched rows equal solo decode steps bit for bit")
-    return Probe("inexact", f"batched rows differ from solo steps by up to {diff:.2g} (float rounding); "
-                            f"greedy output can differ where two logits are that close")
+    return Probe(
+        "inexact",
+        f"batched rows differ from solo steps by up to {diff:.2g} (float rounding); "
+        f"greedy output can differ where two logits are that close",
+    )
 
 
 class Gate:

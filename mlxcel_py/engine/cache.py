@@ -48,6 +48,7 @@ def _arrays(x: Any) -> list:
 # server client that left, Ctrl-C) is noticed; on this CPU 512 tokens take about a second.
 PREFILL_CHUNK = 512
 
+
 class SequenceCache:
     """A model's layer caches plus the token ids they stand for, in order.
 
@@ -106,11 +107,11 @@ class SequenceCache:
                 logits = self.model(x[None], cache=self.layers)[0]
                 self._step_records = None
             if self._tap is not None:
-                rows = self._tap.last[0, len(self._pending):]  # replayed rows are kept already
+                rows = self._tap.last[0, len(self._pending) :]  # replayed rows are kept already
                 self.hidden = rows if self.hidden is None else mx.concatenate([self.hidden, rows])
         self._last_write = x.shape[0]
         if self._pending:
-            logits = logits[len(self._pending):]
+            logits = logits[len(self._pending) :]
             self._pending = []
         return logits
 
@@ -137,8 +138,9 @@ class SequenceCache:
                 return False
         return True
 
-    def prefill_steps(self, tokens: Sequence[int], chunk: int | None = None,
-                      stop: Callable[[], bool] | None = None) -> Iterator[bool]:
+    def prefill_steps(
+        self, tokens: Sequence[int], chunk: int | None = None, stop: Callable[[], bool] | None = None
+    ) -> Iterator[bool]:
         """`prefill` one chunk per step (a server interleaves other sequences' decode steps):
         yields True after each chunk, False (and ends) when `stop` says so."""
         chunk = chunk or cpu_kernels.prefill_chunk(self.model, PREFILL_CHUNK)
@@ -216,8 +218,9 @@ class SequenceCache:
             self._cut_hidden(n)
             return True
         k = fed - n  # positions to remove from the layers
-        if all(self._picks_state(i, k) or kind_of(c).can_rewind(c, k, self._last_write)
-               for i, c in enumerate(self.layers)):
+        if all(
+            self._picks_state(i, k) or kind_of(c).can_rewind(c, k, self._last_write) for i, c in enumerate(self.layers)
+        ):
             for i, c in enumerate(self.layers):
                 if self._picks_state(i, k):
                     recurrent_steps.pick(c, self._step_records[i], self._last_write - k, self._steps[i])

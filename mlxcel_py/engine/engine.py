@@ -24,8 +24,16 @@ from .sampling import Decider
 class Engine:
     """A loaded target (and optional draft) model plus the speculative configuration."""
 
-    def __init__(self, model: Any, *, eos_ids: Sequence[int], vocab_size: int | None = None,
-                 context_length: int = 4096, drafters: Any = None, channel: Any = None):
+    def __init__(
+        self,
+        model: Any,
+        *,
+        eos_ids: Sequence[int],
+        vocab_size: int | None = None,
+        context_length: int = 4096,
+        drafters: Any = None,
+        channel: Any = None,
+    ):
         self.model = model
         # distributed.Leader on rank 0 of a distributed run: forwards are announced to the other ranks
         self.channel = channel
@@ -72,17 +80,40 @@ class Engine:
         room = max(self.context_length - prompt_len, 0)
         return room if max_tokens < 0 else min(max_tokens, room)
 
-    def generate(self, prompt: Sequence[int], *, max_tokens: int, sampling: SamplingOptions | None = None,
-                 min_tokens: int = 0, ignore_eos: bool = False, speculative: bool = True,
-                 reuse_cache: bool = False, remember: bool = True,
-                 cancelled: Callable[[], bool] | None = None, logprobs: int | None = None,
-                 gate: Any = None, drafter: Any = None, policy: Any = None) -> Generation:
+    def generate(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_tokens: int,
+        sampling: SamplingOptions | None = None,
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
+        speculative: bool = True,
+        reuse_cache: bool = False,
+        remember: bool = True,
+        cancelled: Callable[[], bool] | None = None,
+        logprobs: int | None = None,
+        gate: Any = None,
+        drafter: Any = None,
+        policy: Any = None,
+    ) -> Generation:
         """A request's Generation (`drafter`, `policy`: the caller's instead of the engine's)."""
-        return Generation(self, prompt, max_tokens=self.resolve_max_tokens(max_tokens, len(prompt)),
-                          sampling=sampling or SamplingOptions(), min_tokens=min_tokens, cancelled=cancelled,
-                          logprobs=logprobs, gate=gate, drafter=drafter, policy=policy,
-                          ignore_eos=ignore_eos, speculative=speculative, reuse_cache=reuse_cache,
-                          remember=remember)
+        return Generation(
+            self,
+            prompt,
+            max_tokens=self.resolve_max_tokens(max_tokens, len(prompt)),
+            sampling=sampling or SamplingOptions(),
+            min_tokens=min_tokens,
+            cancelled=cancelled,
+            logprobs=logprobs,
+            gate=gate,
+            drafter=drafter,
+            policy=policy,
+            ignore_eos=ignore_eos,
+            speculative=speculative,
+            reuse_cache=reuse_cache,
+            remember=remember,
+        )
 
     def remember(self, tokens: Sequence[int]) -> None:
         """Give a finished sequence to the drafter source (a suffix store keeps it)."""
@@ -90,8 +121,14 @@ class Engine:
             self.drafters.remember(tokens)
 
     # -- warmup and calibration ----------------------------------------------------------------
-    def warmup(self, prompt: Sequence[int] | None = None, *, sampling: SamplingOptions | None = None,
-               calibrate: bool = False, width: int | None = None) -> float:
+    def warmup(
+        self,
+        prompt: Sequence[int] | None = None,
+        *,
+        sampling: SamplingOptions | None = None,
+        calibrate: bool = False,
+        width: int | None = None,
+    ) -> float:
         """One forward at every verify width 1..max_draft+1 (and the sampler), then discard.
 
         With calibrate=True the widths are timed a second time and `verify_cost[w]` (relative
@@ -102,8 +139,9 @@ class Engine:
                 return self._warmup(prompt, sampling, calibrate, width)
         return self._warmup(prompt, sampling, calibrate, width)
 
-    def _warmup(self, prompt: Sequence[int] | None, sampling: SamplingOptions | None, calibrate: bool,
-                width: int | None) -> float:
+    def _warmup(
+        self, prompt: Sequence[int] | None, sampling: SamplingOptions | None, calibrate: bool, width: int | None
+    ) -> float:
         start = time.perf_counter()
         if width is None:  # the widest proposal the engine's drafter can make
             width = self.drafters.width if self.drafters is not None else 0
@@ -111,8 +149,9 @@ class Engine:
         tokens = list(prompt[:32]) if prompt else [0, 1, 2, 3]
         cache = SequenceCache(self.model, self.channel)
         cache.prefill(tokens)
-        decider = Decider(sampling or SamplingOptions(), eos_ids=self.eos_ids, prompt_len=len(tokens),
-                          vocab_size=self.vocab_size)
+        decider = Decider(
+            sampling or SamplingOptions(), eos_ids=self.eos_ids, prompt_len=len(tokens), vocab_size=self.vocab_size
+        )
         times = {}
         for rep in range(2 if calibrate else 1):
             for w in widths:

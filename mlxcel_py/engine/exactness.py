@@ -30,9 +30,11 @@ class Divergence:
         def show(t):
             return "end of output" if t is None else repr(tokenizer.decode([t]))
 
-        return (f"[verify-exact] first difference at generated token {self.index}: speculative {show(self.speculative_token)}, "
-                f"plain {show(self.plain_token)}; logit margin plain-vs-speculative: single-token step {self.step_margin:+.5f}, "
-                f"verify block {self.block_margin:+.5f} (a near-tie, not a rollback bug, when both are small)")
+        return (
+            f"[verify-exact] first difference at generated token {self.index}: speculative {show(self.speculative_token)}, "
+            f"plain {show(self.plain_token)}; logit margin plain-vs-speculative: single-token step {self.step_margin:+.5f}, "
+            f"verify block {self.block_margin:+.5f} (a near-tie, not a rollback bug, when both are small)"
+        )
 
 
 def _margin(logits: mx.array, a: int | None, b: int | None) -> float:

@@ -77,10 +77,24 @@ def token_logprobs(rows: mx.array, tokens: Sequence[int], top: int) -> list[Toke
 class Generation:
     """One request's token stream. Iterate it once; read `stats` and `finish_reason` after."""
 
-    def __init__(self, engine: Engine, prompt: Sequence[int], *, max_tokens: int, sampling: SamplingOptions,
-                 min_tokens: int = 0, ignore_eos: bool = False, speculative: bool = True,
-                 reuse_cache: bool = False, remember: bool = True, cancelled: Callable[[], bool] | None = None,
-                 logprobs: int | None = None, gate: Any = None, drafter: Any = None, policy: Any = None):
+    def __init__(
+        self,
+        engine: Engine,
+        prompt: Sequence[int],
+        *,
+        max_tokens: int,
+        sampling: SamplingOptions,
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
+        speculative: bool = True,
+        reuse_cache: bool = False,
+        remember: bool = True,
+        cancelled: Callable[[], bool] | None = None,
+        logprobs: int | None = None,
+        gate: Any = None,
+        drafter: Any = None,
+        policy: Any = None,
+    ):
         self.engine = engine
         # batch.Gate when a scheduler drives this generation (serve -np N): it then yields Ticks too,
         # drafts only while the gate is open, and leaves its plain steps to the batched forward
@@ -160,8 +174,14 @@ class Generation:
         st = self.stats
         if not self.prompt:
             raise ValueError("empty prompt")
-        decider = Decider(self.sampling, eos_ids=eng.eos_ids, prompt_len=len(self.prompt),
-                          min_tokens=self.min_tokens, ignore_eos=self.ignore_eos, vocab_size=eng.vocab_size)
+        decider = Decider(
+            self.sampling,
+            eos_ids=eng.eos_ids,
+            prompt_len=len(self.prompt),
+            min_tokens=self.min_tokens,
+            ignore_eos=self.ignore_eos,
+            vocab_size=eng.vocab_size,
+        )
         mx.reset_peak_memory()
         t0 = time.perf_counter()
         cache = self._take_cache()

@@ -276,8 +276,14 @@ def on_cuda() -> bool:
         return False
 
 
-def make_policy(name: str, max_draft: int, *, adaptive: bool = True, on_cuda: bool = False,
-                verify_cost: Sequence[float] | None = None) -> Policy:
+def make_policy(
+    name: str,
+    max_draft: int,
+    *,
+    adaptive: bool = True,
+    on_cuda: bool = False,
+    verify_cost: Sequence[float] | None = None,
+) -> Policy:
     if not adaptive:
         return FixedPolicy(max_draft)
     if name == "auto":

@@ -48,8 +48,14 @@ def verify_round(
     return judge(cache, history, draft, decider, q, cache.feed(inputs))
 
 
-def judge(cache: SequenceCache, history: Sequence[int], draft: Sequence[int], decider: Decider,
-          q: mx.array | None, logits: mx.array) -> Verdict:
+def judge(
+    cache: SequenceCache,
+    history: Sequence[int],
+    draft: Sequence[int],
+    decider: Decider,
+    q: mx.array | None,
+    logits: mx.array,
+) -> Verdict:
     """The second half of a round: `logits` are the rows of `[last, *draft]` just fed to `cache`
     (by `verify_round`, or by a scheduler's batched forward); decide, accept, roll back."""
     inputs = [history[-1], *draft]

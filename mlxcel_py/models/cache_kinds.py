@@ -69,7 +69,7 @@ class Window:
     @staticmethod
     def snapshot(c: Any) -> Any:
         # single-token writes assign into the buffer in place; a new array object keeps the old rows
-        copy = (lambda a: None if a is None else mx.array(a))
+        copy = lambda a: None if a is None else mx.array(a)
         return (copy(c.keys), copy(c.values), c.offset, c._idx)
 
     @staticmethod

@@ -83,8 +83,9 @@ def resolve(spec: str | None, *, revision: str | None = None, what: str = "--mod
             if magic != b"GGUF":
                 raise ModelError(f"{what} {spec}: a file that is not GGUF; pass a model folder or a .gguf file")
             folder = gguf.ensure_converted(p.resolve(), cache_root)
-            return ResolvedModel(folder, f"GGUF file {p} (converted in {folder})", read_config(folder, what=what),
-                                 gguf=p.resolve())
+            return ResolvedModel(
+                folder, f"GGUF file {p} (converted in {folder})", read_config(folder, what=what), gguf=p.resolve()
+            )
         return ResolvedModel(p, f"local folder {p}", read_config(p, what=what))
     if REPO_ID.match(spec) and not spec.startswith("."):
         folder = _hub_snapshot(spec, revision, what)
@@ -154,7 +155,9 @@ def load_tokenizer_only(resolved: ResolvedModel):
     try:
         return load_tokenizer(resolved.path, eos_token_ids=resolved.config.get("eos_token_id"))
     except Exception as exc:
-        raise ModelError(f"cannot load the tokenizer in {resolved.path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        raise ModelError(
+            f"cannot load the tokenizer in {resolved.path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
 
 
 def _cpu_weights(model: Any, dequantize: bool, mode: str):
@@ -188,13 +191,20 @@ def _sharded_weights(model: Any, dequantize: bool, world: Any):
     part = f"{world.layout.describe()}, rank {world.rank} of {world.size}"
     if not on_cpu:
         return f"as stored ({part})", None
-    report = cpu_weights.WeightsReport("f32", "auto", 0, 0, (), f"{part}: MLX's sharded layers",
-                                       cpu_weights.weight_bytes(model))
+    report = cpu_weights.WeightsReport(
+        "f32", "auto", 0, 0, (), f"{part}: MLX's sharded layers", cpu_weights.weight_bytes(model)
+    )
     return report.describe(), report
 
 
-def load(resolved: ResolvedModel, *, dequantize: bool = True, fast_kernels: bool = True,
-         cpu_weights: str = "auto", world: Any = None) -> LoadedModel:
+def load(
+    resolved: ResolvedModel,
+    *,
+    dequantize: bool = True,
+    fast_kernels: bool = True,
+    cpu_weights: str = "auto",
+    world: Any = None,
+) -> LoadedModel:
     """Read weights and tokenizer of a resolved model (`world`: only this rank's part of them)."""
     import mlx.core as mx
     import mlx_lm

@@ -18,22 +18,29 @@ def is_dflash_config(cfg: dict) -> bool:
 
 def check_target(target: ResolvedModel) -> None:
     if is_dflash_config(target.config):
-        raise ModelError(f"--model {target.path} is a DFlash speculative drafter, not a standalone model; "
-                         f"pass the target model as -m (mlxcel-py has no DFlash round loop)")
+        raise ModelError(
+            f"--model {target.path} is a DFlash speculative drafter, not a standalone model; "
+            f"pass the target model as -m (mlxcel-py has no DFlash round loop)"
+        )
 
 
 def check_drafter(target: ResolvedModel, draft: ResolvedModel) -> None:
     """A full-model drafter against its target, from their configs."""
     cfg = draft.config
     if is_dflash_config(cfg):
-        raise ModelError(f"--draft-model {draft.path} is a DFlash speculative drafter, not a standalone model; "
-                         f"mlxcel-py has no DFlash round loop (pass a small causal LM as --draft-model)")
+        raise ModelError(
+            f"--draft-model {draft.path} is a DFlash speculative drafter, not a standalone model; "
+            f"mlxcel-py has no DFlash round loop (pass a small causal LM as --draft-model)"
+        )
     tv, dv = target.config.get("vocab_size"), cfg.get("vocab_size")
     if not isinstance(tv, int):
-        raise ModelError("the target model's config.json declares no vocab_size, so a drafter cannot be checked "
-                         "against it")
+        raise ModelError(
+            "the target model's config.json declares no vocab_size, so a drafter cannot be checked against it"
+        )
     if not isinstance(dv, int):
         raise ModelError(f"--draft-model {draft.path}: config.json declares no vocab_size")
     if dv > tv:
-        raise ModelError(f"--draft-model {draft.path}: vocabulary ({dv}) is larger than the target's ({tv}); "
-                         f"the drafter must share the target's tokenizer")
+        raise ModelError(
+            f"--draft-model {draft.path}: vocabulary ({dv}) is larger than the target's ({tv}); "
+            f"the drafter must share the target's tokenizer"
+        )

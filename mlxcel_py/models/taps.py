@@ -58,6 +58,7 @@ def hidden_tap(model: Any) -> HiddenTap:
     if tap is None:
         base = type(norm)
         if base not in _RECORDING:
+
             def call(self, x, _base=base):
                 out = _base.__call__(self, x)
                 self._mlxcel_tap.last = out

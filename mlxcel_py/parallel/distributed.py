@@ -87,8 +87,10 @@ class DistributedError(MlxcelError):
 def lost(exc: BaseException, rank: int | None = None) -> DistributedError:
     first = (str(exc).splitlines() or [type(exc).__name__])[0]
     who = f"rank {rank}" if rank is not None else "this rank"
-    return DistributedError(f"distributed run stopped: {who} lost contact with another rank ({first})",
-                            hint="a rank exited or was killed; see its own error above, then start every rank again")
+    return DistributedError(
+        f"distributed run stopped: {who} lost contact with another rank ({first})",
+        hint="a rank exited or was killed; see its own error above, then start every rank again",
+    )
 
 
 def _sockets() -> dict[int, int]:
@@ -124,7 +126,10 @@ def links_down(world: World | None) -> bool:
         except OSError:
             return True
         try:
-            if s.type == socket.SOCK_STREAM and s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] != _TCP_ESTABLISHED:
+            if (
+                s.type == socket.SOCK_STREAM
+                and s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] != _TCP_ESTABLISHED
+            ):
                 return True
         except OSError:
             pass
@@ -163,21 +168,30 @@ def join(layout: Layout) -> World | None:
 
     start = f"mlxcel launch -n {layout.size} -- mlxcel ... {layout.flag}"
     if not mx.distributed.is_available():
-        raise DistributedError(f"{layout.flag}: this MLX build has no distributed backend",
-                               hint="install an mlx wheel with the ring backend (the pinned mlx[cpu] has it)")
+        raise DistributedError(
+            f"{layout.flag}: this MLX build has no distributed backend",
+            hint="install an mlx wheel with the ring backend (the pinned mlx[cpu] has it)",
+        )
     if not launched():
-        raise DistributedError(f"{layout.flag} needs {layout.size} processes started together, one per rank",
-                               exit_code=EXIT_USAGE, hint=f"start it with `{start}` (or mlx.launch -n {layout.size})")
+        raise DistributedError(
+            f"{layout.flag} needs {layout.size} processes started together, one per rank",
+            exit_code=EXIT_USAGE,
+            hint=f"start it with `{start}` (or mlx.launch -n {layout.size})",
+        )
     before = _sockets()
     try:
         group = mx.distributed.init(strict=True)
     except RuntimeError as exc:
-        raise DistributedError(f"{layout.flag}: cannot join the distributed group ({str(exc).splitlines()[0]})",
-                               hint=f"start it with `{start}`") from None
+        raise DistributedError(
+            f"{layout.flag}: cannot join the distributed group ({str(exc).splitlines()[0]})",
+            hint=f"start it with `{start}`",
+        ) from None
     if group.size() != layout.size:
-        raise DistributedError(f"{layout.flag} needs a world of {layout.size} ranks, but this launch started "
-                               f"{group.size()}", exit_code=EXIT_USAGE,
-                               hint=f"launch {layout.size} ranks, or set the size to {group.size()}")
+        raise DistributedError(
+            f"{layout.flag} needs a world of {layout.size} ranks, but this launch started {group.size()}",
+            exit_code=EXIT_USAGE,
+            hint=f"launch {layout.size} ranks, or set the size to {group.size()}",
+        )
     backend = "ring" if "MLX_HOSTFILE" in os.environ or "MLX_RING_HOSTS" in os.environ else "mpi"
     links = {fd: ino for fd, ino in _sockets().items() if before.get(fd) != ino}
     return World(group, group.rank(), group.size(), layout, backend, links=links)
@@ -210,15 +224,19 @@ def why_not_model(config: dict, layout: Layout) -> str | None:
     if layout.pp_size > 1:
         inner = getattr(model, "model", None)
         if not (hasattr(inner, "pipeline") or pipeline_stages.supports(model)):
-            return (f"model_type {kind} has no pipeline stages (mlx-lm's pipeline models, e.g. qwen2, qwen3_moe, "
-                    f"qwen3_5, deepseek, and llama-style models have them)")
+            return (
+                f"model_type {kind} has no pipeline stages (mlx-lm's pipeline models, e.g. qwen2, qwen3_moe, "
+                f"qwen3_5, deepseek, and llama-style models have them)"
+            )
         layers = len(getattr(inner, "layers", []))
         if layers < layout.pp_size:
             return f"it has {layers} layers, fewer than --pp-size {layout.pp_size} stages"
     kinds = {type(c).__name__ for c in leaves(make_prompt_cache(model)) if kind_of(c) is not Trim}
     if kinds:
-        return (f"its {', '.join(sorted(kinds))} caches cannot be rolled back by a trim on every rank "
-                f"(distributed runs need plain KV caches)")
+        return (
+            f"its {', '.join(sorted(kinds))} caches cannot be rolled back by a trim on every rank "
+            f"(distributed runs need plain KV caches)"
+        )
     return None
 
 
@@ -456,8 +474,10 @@ def follow(model: Any, world: World, tap: Any) -> int:
                 for c in layers:
                     c.trim(offset - position)
             elif offset < position:
-                raise DistributedError(f"rank {world.rank}: rank 0 continues sequence {seq} at position {position} "
-                                       f"but this rank holds {offset}")
+                raise DistributedError(
+                    f"rank {world.rank}: rank 0 continues sequence {seq} at position {position} "
+                    f"but this rank holds {offset}"
+                )
             with cpu_kernels.engaged(model):
                 tap.last = None
                 model(mx.array(ids, dtype=mx.int32)[None], cache=layers)

@@ -67,16 +67,20 @@ def read_hostfile(path: str) -> tuple[list[Host], list[str]]:
         envs = [str(e) for e in data.get("envs", [])]
         data = data.get("hosts")
     if not isinstance(data, list) or not data:
-        raise UsageError(f"--hostfile {path}: expected a list of hosts like "
-                         '[{"ssh": "host1", "ips": ["10.0.0.1"]}, {"ssh": "host2", "ips": ["10.0.0.2"]}]')
+        raise UsageError(
+            f"--hostfile {path}: expected a list of hosts like "
+            '[{"ssh": "host1", "ips": ["10.0.0.1"]}, {"ssh": "host2", "ips": ["10.0.0.2"]}]'
+        )
     hosts = []
     for i, h in enumerate(data):
         if not isinstance(h, dict) or not isinstance(h.get("ssh"), str):
-            raise UsageError(f"--hostfile {path}: host {i} has no \"ssh\" name")
+            raise UsageError(f'--hostfile {path}: host {i} has no "ssh" name')
         ips = h.get("ips") or []
         if not ips or not all(isinstance(ip, str) for ip in ips):
-            raise UsageError(f"--hostfile {path}: host {i} ({h['ssh']}) lists no \"ips\"; the ring connects to "
-                             f"IP addresses (its Ethernet or Thunderbolt address)")
+            raise UsageError(
+                f'--hostfile {path}: host {i} ({h["ssh"]}) lists no "ips"; the ring connects to '
+                f"IP addresses (its Ethernet or Thunderbolt address)"
+            )
         hosts.append(Host(h["ssh"], tuple(ips)))
     return hosts, envs
 
@@ -95,7 +99,11 @@ def layout_size(args: Sequence[str]) -> int | None:
     sizes = []
     for i, a in enumerate(args):
         for flag in ("--tp-size", "--pp-size"):
-            value = a[len(flag) + 1 :] if a.startswith(flag + "=") else (args[i + 1] if a == flag and i + 1 < len(args) else None)
+            value = (
+                a[len(flag) + 1 :]
+                if a.startswith(flag + "=")
+                else (args[i + 1] if a == flag and i + 1 < len(args) else None)
+            )
             if value is not None:
                 try:
                     sizes.append(int(value))
@@ -110,8 +118,10 @@ def _command(args: Sequence[str]) -> list[str]:
     if rest and Path(rest[0]).name in ("mlxcel", "mlxcel-server"):
         rest = rest[1:] if Path(rest[0]).name == "mlxcel" else ["serve"] + rest[1:]
     if not rest:
-        raise UsageError("mlxcel launch: give the command to run after --, e.g. "
-                         "mlxcel launch -n 2 -- mlxcel generate -p 'Hello' --tp-size 2")
+        raise UsageError(
+            "mlxcel launch: give the command to run after --, e.g. "
+            "mlxcel launch -n 2 -- mlxcel generate -p 'Hello' --tp-size 2"
+        )
     return rest
 
 
@@ -141,12 +151,16 @@ def launch(args: Sequence[str], *, n: int | None, hostfile: str | None, port: in
             raise UsageError("mlxcel launch needs -n N (at least 2 local ranks) or --hostfile FILE")
         hosts = [Host("127.0.0.1", ("127.0.0.1",))] * n
     if not 1024 <= port <= 65535 - (len(hosts) - 1):
-        raise UsageError(f"--starting-port {port}: rank r listens on PORT + r, so it must be between 1024 and "
-                         f"{65535 - (len(hosts) - 1)}")
+        raise UsageError(
+            f"--starting-port {port}: rank r listens on PORT + r, so it must be between 1024 and "
+            f"{65535 - (len(hosts) - 1)}"
+        )
     size = layout_size(command)
     if size is None:
-        raise UsageError(f"mlxcel launch: the command gives neither --tp-size {len(hosts)} nor --pp-size "
-                         f"{len(hosts)}, so every rank would run the whole model alone; add one")
+        raise UsageError(
+            f"mlxcel launch: the command gives neither --tp-size {len(hosts)} nor --pp-size "
+            f"{len(hosts)}, so every rank would run the whole model alone; add one"
+        )
     if size != len(hosts):
         raise UsageError(f"the command asks for {size} ranks but the launch starts {len(hosts)}; make them equal")
     ring = ring_hostfile(hosts, port)
@@ -172,17 +186,27 @@ def launch(args: Sequence[str], *, n: int | None, hostfile: str | None, port: in
                     env.setdefault(var, threads)
                 argv = [sys.executable, "-m", "mlxcel_py", *command]
             else:
-                remote = (f"cd {shlex.quote(os.getcwd())} 2>/dev/null; f=$(mktemp); printf %s {shlex.quote(ring)} > $f; "
-                          + " ".join(f"export {shlex.quote(e)};" for e in envs if "=" in e)
-                          + f" MLX_RANK={rank} MLX_HOSTFILE=$f exec mlxcel {shlex.join(command)}")
+                remote = (
+                    f"cd {shlex.quote(os.getcwd())} 2>/dev/null; f=$(mktemp); printf %s {shlex.quote(ring)} > $f; "
+                    + " ".join(f"export {shlex.quote(e)};" for e in envs if "=" in e)
+                    + f" MLX_RANK={rank} MLX_HOSTFILE=$f exec mlxcel {shlex.join(command)}"
+                )
                 argv = ["ssh", "-o", "BatchMode=yes", host.ssh, remote]
             if verbose:
-                sys.stderr.write(f"[launch] rank {rank} on {host.ssh} ({host.ips[0]}:{port + rank}): {shlex.join(argv)}\n")
+                sys.stderr.write(
+                    f"[launch] rank {rank} on {host.ssh} ({host.ips[0]}:{port + rank}): {shlex.join(argv)}\n"
+                )
             if rank == 0:  # SIGINT back to the default, so its Python turns Ctrl-C into KeyboardInterrupt
                 procs.append(subprocess.Popen(argv, env=env, preexec_fn=_default_sigint))
             else:
-                p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, start_new_session=True)
+                p = subprocess.Popen(
+                    argv,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
                 procs.append(p)
                 t = threading.Thread(target=_pump, args=(rank, p.stderr, sys.stderr), daemon=True)
                 t.start()

@@ -23,14 +23,28 @@ from .security import AccessPolicy
 from .worker import Worker
 
 
-def create_app(session: Any = None, worker: Worker | None = None, *, defaults: SamplingOptions = SamplingOptions(),
-               max_tokens: int = -1, model_id: str = "", access: AccessPolicy = AccessPolicy(),
-               cors_origins: tuple[str, ...] = (), body_limit: int = BODY_LIMIT, access_log: bool = False) -> FastAPI:
+def create_app(
+    session: Any = None,
+    worker: Worker | None = None,
+    *,
+    defaults: SamplingOptions = SamplingOptions(),
+    max_tokens: int = -1,
+    model_id: str = "",
+    access: AccessPolicy = AccessPolicy(),
+    cors_origins: tuple[str, ...] = (),
+    body_limit: int = BODY_LIMIT,
+    access_log: bool = False,
+) -> FastAPI:
     """Without a session the app is loading: every route answers 503 until `app.state.ctx` is set."""
     app = FastAPI(title="mlxcel-py", docs_url=None, redoc_url=None)
     app.state.body_limit = body_limit
-    app.state.ctx = None if session is None else ServerContext(
-        session.tokenizer, session.engine, worker, defaults, max_tokens, model_id, body_limit=body_limit)
+    app.state.ctx = (
+        None
+        if session is None
+        else ServerContext(
+            session.tokenizer, session.engine, worker, defaults, max_tokens, model_id, body_limit=body_limit
+        )
+    )
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError):
@@ -47,6 +61,10 @@ def create_app(session: Any = None, worker: Worker | None = None, *, defaults: S
     if cors_origins:  # added last, so it is outermost: preflight OPTIONS never reach the key check
         from fastapi.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type", "X-Api-Key"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "X-Api-Key"],
+        )
     return app

@@ -43,8 +43,9 @@ class ServerContext:
     def __post_init__(self) -> None:
         # the embedding's rows: a config may declare more than the tokenizer has (padding), never fewer
         self.vocab = self.engine.vocab_size or len(self.tokenizer.get_vocab())
-        self.requests = RequestReader(self.tokenizer, self.vocab, self.engine.context_length, self.defaults,
-                                      self.max_tokens, self.body_limit)
+        self.requests = RequestReader(
+            self.tokenizer, self.vocab, self.engine.context_length, self.defaults, self.max_tokens, self.body_limit
+        )
         self.responses = ResponseShapes(self.tokenizer)
         self.fingerprint = "fp_" + hashlib.sha256(f"mlxcel-py {__version__} {self.model_id}".encode()).hexdigest()[:12]
         from .metrics import Metrics
@@ -61,8 +62,12 @@ class ServerContext:
         try:
             self.worker.admit(job)
         except Busy as exc:
-            raise ApiError(f"the server is busy ({exc}); retry later", status=503, type="unavailable_error",
-                           headers={"Retry-After": "1"}) from None
+            raise ApiError(
+                f"the server is busy ({exc}); retry later",
+                status=503,
+                type="unavailable_error",
+                headers={"Retry-After": "1"},
+            ) from None
 
     @staticmethod
     def failed(payload: Any) -> str:
@@ -96,9 +101,16 @@ class ServerContext:
         request.state.tokens = result.stats.generated_tokens  # for the access line
         return result
 
-    def stream(self, job: Job, request: Request, on_text: Callable[[TextPiece, list], dict],
-               on_done: Callable[[Result], dict], *, head: dict | None = None,
-               done_sentinel: bool = True) -> StreamingResponse:
+    def stream(
+        self,
+        job: Job,
+        request: Request,
+        on_text: Callable[[TextPiece, list], dict],
+        on_done: Callable[[Result], dict],
+        *,
+        head: dict | None = None,
+        done_sentinel: bool = True,
+    ) -> StreamingResponse:
         """SSE for one job: an optional head frame, one frame per text piece, the final frame."""
         self.admit(job)
 

@@ -25,8 +25,15 @@ BODY_LIMIT = 8 * 2**20  # bytes; a chat history of this size is far past any con
 
 
 class ApiError(Exception):
-    def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error", code: str | None = None,
-                 headers: dict | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(message)
         self.message, self.status, self.type, self.code, self.headers = message, status, type, code, headers
 
@@ -106,34 +113,45 @@ class Guard:
             # (the request ends here; its worker job is cancelled by the route's own cleanup)
             log(f"mlxcel serve: request {rid} {method} {path} cancelled at shutdown")
             if state["status"] is None:  # the client gets an answer, not a dropped connection
-                await JSONResponse(error_body("the server is shutting down", "unavailable_error"),
-                                   status_code=503)(scope, receive, send)
+                await JSONResponse(error_body("the server is shutting down", "unavailable_error"), status_code=503)(
+                    scope, receive, send
+                )
             return
         except Exception as exc:  # a bug or a library failure: never echo its text to the client
             log(f"mlxcel serve: request {rid} {method} {path} failed: {type(exc).__name__}: {exc}")
             if state["status"] is None:
                 state["status"] = 500
-                await JSONResponse(error_body(f"internal server error (request id {rid})", "server_error"),
-                                   status_code=500)(scope, receive, send)
+                await JSONResponse(
+                    error_body(f"internal server error (request id {rid})", "server_error"), status_code=500
+                )(scope, receive, send)
         if self.access_log:  # time to the end of the response (a stream's whole body)
             client = scope.get("client")
             tokens = scope.get("state", {}).get("tokens")  # set by generation routes (request.state)
-            log(f"{client[0] if client else '-'} {method} {path} {state['status']}"
-                f"{f' {tokens} tokens' if tokens is not None else ''} {(time.perf_counter() - start) * 1000:.0f} ms")
+            log(
+                f"{client[0] if client else '-'} {method} {path} {state['status']}"
+                f"{f' {tokens} tokens' if tokens is not None else ''} {(time.perf_counter() - start) * 1000:.0f} ms"
+            )
 
     def check(self, method: str, path: str, headers) -> JSONResponse | None:
         if not self.access.host_allowed(headers.get("host")):
-            return JSONResponse(error_body("the Host header must name this machine (loopback)", "invalid_request_error"),
-                                status_code=403)
+            return JSONResponse(
+                error_body("the Host header must name this machine (loopback)", "invalid_request_error"),
+                status_code=403,
+            )
         if not self.access.authorized(path, headers):
-            return JSONResponse({"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}},
-                                status_code=401)
+            return JSONResponse(
+                {"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}}, status_code=401
+            )
         if method == "POST":
             if not is_json_content_type(headers.get("content-type")):
-                return JSONResponse(error_body("send the body as JSON with 'Content-Type: application/json'",
-                                               "invalid_request_error"), status_code=415)
+                return JSONResponse(
+                    error_body("send the body as JSON with 'Content-Type: application/json'", "invalid_request_error"),
+                    status_code=415,
+                )
             length = headers.get("content-length")
             if length is not None and (not length.isdigit() or int(length) > self.body_limit):
-                return JSONResponse(error_body(f"the request body is larger than {self.body_limit} bytes",
-                                               "invalid_request_error"), status_code=413)
+                return JSONResponse(
+                    error_body(f"the request body is larger than {self.body_limit} bytes", "invalid_request_error"),
+                    status_code=413,
+                )
         return None

@@ -35,14 +35,14 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
 
     srv = run.options.server
     # the key file is read and the port bound before the model loads, so either fails in a second
-    access = AccessPolicy(api_keys=parse_keys(srv.api_keys, srv.api_key_file),
-                          loopback_only_hosts=is_loopback(srv.host))
+    access = AccessPolicy(
+        api_keys=parse_keys(srv.api_keys, srv.api_key_file), loopback_only_hosts=is_loopback(srv.host)
+    )
     sock = _bind(srv.host, srv.port)
     app = create_app(access=access, cors_origins=srv.cors_origins, access_log=not srv.log_disable)
     # on SIGTERM/SIGINT uvicorn stops accepting, waits this long for requests in flight, then
     # cancels them (their streams end, the finally below stops the worker's job)
-    config = uvicorn.Config(app, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=srv.shutdown_grace)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=srv.shutdown_grace)
     server = uvicorn.Server(config)
     loaded: dict = {}
 
@@ -119,8 +119,11 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         line += " [verify rounds off: " + ("--no-batch" if srv.no_batch else "--kv-unified") + "]"
     if srv.cache_ram != 0 and world is None:
         session.engine.keep_prompts(None if srv.cache_ram < 0 else srv.cache_ram * 2**20)
-        say("prompt cache: finished requests' caches kept for prompts that share a prefix, "
-            + ("no size limit" if srv.cache_ram < 0 else f"up to {srv.cache_ram} MiB") + " (--cache-ram)")
+        say(
+            "prompt cache: finished requests' caches kept for prompts that share a prefix, "
+            + ("no size limit" if srv.cache_ram < 0 else f"up to {srv.cache_ram} MiB")
+            + " (--cache-ram)"
+        )
     elif srv.cache_ram != 0:  # each follower rank keeps caches for a few sequences only
         say("prompt cache: off under --tp-size/--pp-size")
     # a distributed run mirrors one sequence's forwards at a time (its followers keep few caches)
@@ -128,29 +131,46 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
     if world is not None and srv.parallel > 1:
         say(f"slots: 1 under {opts.parallel.flag} (-np {srv.parallel} applies to one-process servers)")
     session.engine.private_drafters = parallel > 1
-    worker = Worker(session.engine, session.tokenizer, speculative_allowed=speculative, parallel=parallel,
-                    max_batch=srv.prompt_lookup_max_batch)
+    worker = Worker(
+        session.engine,
+        session.tokenizer,
+        speculative_allowed=speculative,
+        parallel=parallel,
+        max_batch=srv.prompt_lookup_max_batch,
+    )
     worker.start(warmup=srv.warmup)
     if worker.warmup_error:
         warn(f"warmup failed: {worker.warmup_error}")
     if parallel > 1:
         probe = worker.probe
-        how = (f"batched forward: {probe.detail}" if probe is not None and probe.batches else
-               "one forward per sequence" + (f" ({probe.detail})" if probe is not None else ""))
-        say(f"slots: {parallel} requests decoded together (-np); {how}"
-            + (f"; verify rounds while at most {srv.prompt_lookup_max_batch} are live" if speculative else ""))
+        how = (
+            f"batched forward: {probe.detail}"
+            if probe is not None and probe.batches
+            else "one forward per sequence" + (f" ({probe.detail})" if probe is not None else "")
+        )
+        say(
+            f"slots: {parallel} requests decoded together (-np); {how}"
+            + (f"; verify rounds while at most {srv.prompt_lookup_max_batch} are live" if speculative else "")
+        )
     model_id = srv.alias or (DEFAULT_MODEL_NAME if opts.model.model is None else session.target.resolved.path.name)
     defaults = server_sampling(opts.sampling, srv.sampling_given, session.target.resolved.path)
-    say(f"default sampling: temp {defaults.temp:g}, top-p {defaults.top_p:g}, top-k {defaults.top_k}, "
-        f"min-p {defaults.min_p:g} (requests may override)")
-    app.state.ctx = ServerContext(session.tokenizer, session.engine, worker, defaults, opts.generation.max_tokens,
-                                  model_id, body_limit=app.state.body_limit)
+    say(
+        f"default sampling: temp {defaults.temp:g}, top-p {defaults.top_p:g}, top-k {defaults.top_k}, "
+        f"min-p {defaults.min_p:g} (requests may override)"
+    )
+    app.state.ctx = ServerContext(
+        session.tokenizer,
+        session.engine,
+        worker,
+        defaults,
+        opts.generation.max_tokens,
+        model_id,
+        body_limit=app.state.body_limit,
+    )
     say(line)
     say(f"mlxcel serve: model {model_id} listening on http://{srv.host}:{sock.getsockname()[1]}")
     sys.stderr.flush()
     return session, worker
-
-
 
 
 def server_sampling(flags: SamplingOptions, given: tuple[str, ...], model_dir: Path) -> SamplingOptions:
@@ -171,5 +191,7 @@ def server_sampling(flags: SamplingOptions, given: tuple[str, ...], model_dir: P
             continue
         v = gen.get(key)
         ok = isinstance(v, (int, float)) and not isinstance(v, bool)
-        values[field_name] = type(SERVER_SAMPLING_DEFAULTS[field_name])(v) if ok else SERVER_SAMPLING_DEFAULTS[field_name]
+        values[field_name] = (
+            type(SERVER_SAMPLING_DEFAULTS[field_name])(v) if ok else SERVER_SAMPLING_DEFAULTS[field_name]
+        )
     return replace(flags, **values)

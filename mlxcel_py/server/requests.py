@@ -26,8 +26,15 @@ from .http import BODY_LIMIT, ApiError, read_json
 from .worker import Job
 
 Body = TypeVar("Body", bound=BaseModel)
-HTTP_SAMPLING_NAMES = {"temp": "'temperature'", "top_p": "'top_p'", "top_k": "'top_k'", "min_p": "'min_p'",
-                       "repetition_penalty": "'repeat_penalty'", "repeat_last_n": "'repeat_last_n'", "seed": "'seed'"}
+HTTP_SAMPLING_NAMES = {
+    "temp": "'temperature'",
+    "top_p": "'top_p'",
+    "top_k": "'top_k'",
+    "min_p": "'min_p'",
+    "repetition_penalty": "'repeat_penalty'",
+    "repeat_last_n": "'repeat_last_n'",
+    "seed": "'seed'",
+}
 ROLE_FOR_TEMPLATE = {"developer": "system"}  # OpenAI's newer name for the system turn
 
 
@@ -59,8 +66,9 @@ class RequestReader:
             top_k=d.top_k if req.top_k is None else req.top_k,
             min_p=d.min_p if req.min_p is None else req.min_p,
             seed=d.seed if req.seed is None else req.seed,
-            repetition_penalty=next((v for v in (req.repeat_penalty, req.repetition_penalty) if v is not None),
-                                    d.repetition_penalty),
+            repetition_penalty=next(
+                (v for v in (req.repeat_penalty, req.repetition_penalty) if v is not None), d.repetition_penalty
+            ),
         )
         try:
             check_sampling(s, HTTP_SAMPLING_NAMES)
@@ -73,8 +81,10 @@ class RequestReader:
         if n is not None and n < -1:
             raise ApiError(f"'max_tokens' must be -1 or >= 0, got {n}")
         if len(prompt) >= self.context_length:
-            raise ApiError(f"the prompt has {len(prompt)} tokens, which exceeds the context window "
-                           f"({self.context_length})", type="exceed_context_size_error")
+            raise ApiError(
+                f"the prompt has {len(prompt)} tokens, which exceeds the context window ({self.context_length})",
+                type="exceed_context_size_error",
+            )
         # the server's -n/--n-predict caps every request, as llama-server clamps n_predict
         if n is None or n == -1:
             return self.max_tokens
@@ -99,5 +109,11 @@ class RequestReader:
         return render_messages(self.tokenizer, turns)
 
     def job(self, req: schemas.Sampling, prompt: list[int], logprobs: int | None = None) -> Job:
-        return Job(prompt=prompt, max_tokens=self.budget(req, prompt), sampling=self.sampling(req),
-                   stop=req.stops(), ignore_eos=req.ignore_eos, logprobs=logprobs)
+        return Job(
+            prompt=prompt,
+            max_tokens=self.budget(req, prompt),
+            sampling=self.sampling(req),
+            stop=req.stops(),
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+        )

@@ -40,11 +40,13 @@ class ResponseShapes:
 
     def chat_logprobs(self, entries: list) -> dict:
         """OpenAI chat's `logprobs.content`: each token with its bytes and the top alternatives."""
+
         def one(t: int, lp: float) -> dict:
             return {"token": self.tokenizer.decode([t]), "logprob": lp, "bytes": self.token_bytes(t)}
 
-        return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, v) for t, v in e.top]}
-                            for e in entries]}
+        return {
+            "content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, v) for t, v in e.top]} for e in entries]
+        }
 
     def legacy_logprobs(self, entries: list, offset: int = 0) -> dict:
         """OpenAI completions' `logprobs`: parallel lists, text offsets into the completion."""
@@ -53,12 +55,16 @@ class ResponseShapes:
         for t in texts:
             offsets.append(offset)
             offset += len(t)
-        return {"tokens": texts, "token_logprobs": [e.logprob for e in entries],
-                "top_logprobs": [{self.tokenizer.decode([t]): v for t, v in e.top} for e in entries],
-                "text_offset": offsets}
+        return {
+            "tokens": texts,
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{self.tokenizer.decode([t]): v for t, v in e.top} for e in entries],
+            "text_offset": offsets,
+        }
 
     def native_probs(self, entries: list) -> list:
         """llama-server's `completion_probabilities` (its logprob format)."""
+
         def one(t: int, lp: float) -> dict:
             return {"id": t, "token": self.tokenizer.decode([t]), "bytes": self.token_bytes(t), "logprob": lp}
 
@@ -71,8 +77,12 @@ def sse(obj: Any) -> str:
 
 def usage(r: Result) -> dict:
     p = r.stats.prompt_tokens
-    return {"prompt_tokens": p, "completion_tokens": r.stats.generated_tokens, "total_tokens": p + r.stats.generated_tokens,
-            "prompt_tokens_details": {"cached_tokens": r.stats.cached_tokens}}
+    return {
+        "prompt_tokens": p,
+        "completion_tokens": r.stats.generated_tokens,
+        "total_tokens": p + r.stats.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": r.stats.cached_tokens},
+    }
 
 
 def timings(stats: Any) -> dict:
@@ -93,6 +103,10 @@ def timings(stats: Any) -> dict:
         "predicted_per_second": (pred_n - 1) / (pred_ms / 1000) if pred_n > 1 and pred_ms else 0.0,
     }
     if stats.drafted_rounds > 0:
-        t.update(draft_n=stats.proposed, draft_n_accepted=stats.accepted, draft_rounds=stats.drafted_rounds,
-                 draft_kind=stats.draft_kind)
+        t.update(
+            draft_n=stats.proposed,
+            draft_n_accepted=stats.accepted,
+            draft_rounds=stats.drafted_rounds,
+            draft_kind=stats.draft_kind,
+        )
     return t

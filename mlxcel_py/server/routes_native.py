@@ -31,10 +31,19 @@ async def health(request: Request):
     if not w.alive:
         why = f"warmup failed: {w.warmup_error}" if w.warmup_error else "the model worker stopped"
         return JSONResponse({"error": {"code": 503, "message": why, "type": "unavailable_error"}}, status_code=503)
-    return {"status": "ok", "model": ctx.model_id, "slots_idle": w.parallel - w.active, "slots_processing": w.active,
-            "batch": {"active_sequences": w.active, "queue_depth": w.queue_depth, "max_batch_size": w.parallel,
-                      "speculating": w.gate.open},
-            "context_size": ctx.engine.context_length}
+    return {
+        "status": "ok",
+        "model": ctx.model_id,
+        "slots_idle": w.parallel - w.active,
+        "slots_processing": w.active,
+        "batch": {
+            "active_sequences": w.active,
+            "queue_depth": w.queue_depth,
+            "max_batch_size": w.parallel,
+            "speculating": w.gate.open,
+        },
+        "context_size": ctx.engine.context_length,
+    }
 
 
 @router.get("/slots")
@@ -46,16 +55,24 @@ async def slots(request: Request):
     for i, slot in enumerate(list(w.slots)):
         gen = slot.gen if slot is not None else None
         job = slot.job if slot is not None else None
-        out.append({
-            "id": i, "n_ctx": ctx.engine.context_length, "is_processing": slot is not None,
-            "speculative": bool(w.speculative_allowed and ctx.engine.draft.enabled),
-            "speculating_now": bool(slot is not None and w.speculative_allowed and ctx.engine.draft.enabled
-                                    and w.gate.open),
-            "n_prompt_tokens": len(job.prompt) if job is not None else 0,
-            "n_cached_tokens": gen.stats.cached_tokens if gen is not None else 0,
-            "next_token": {"has_next_token": slot is not None, "n_decoded": len(gen.tokens) if gen is not None else 0,
-                           "n_remain": (job.max_tokens - len(gen.tokens)) if gen is not None else -1},
-        })
+        out.append(
+            {
+                "id": i,
+                "n_ctx": ctx.engine.context_length,
+                "is_processing": slot is not None,
+                "speculative": bool(w.speculative_allowed and ctx.engine.draft.enabled),
+                "speculating_now": bool(
+                    slot is not None and w.speculative_allowed and ctx.engine.draft.enabled and w.gate.open
+                ),
+                "n_prompt_tokens": len(job.prompt) if job is not None else 0,
+                "n_cached_tokens": gen.stats.cached_tokens if gen is not None else 0,
+                "next_token": {
+                    "has_next_token": slot is not None,
+                    "n_decoded": len(gen.tokens) if gen is not None else 0,
+                    "n_remain": (job.max_tokens - len(gen.tokens)) if gen is not None else -1,
+                },
+            }
+        )
     return out
 
 
@@ -87,11 +104,25 @@ async def detokenize(request: Request):
 def _native(ctx: ServerContext, r: Result, prompt: str, n_eval: int, *, return_tokens: bool, probs: bool) -> dict:
     stop_type = {"length": "limit"}.get(r.finish_reason, "word" if r.stop_word else "eos")
     extra = {"completion_probabilities": ctx.responses.native_probs(r.logprobs)} if probs else {}
-    return {**extra, "index": 0, "content": r.text, "tokens": list(r.tokens) if return_tokens else [], "id_slot": 0,
-            "stop": True, "model": ctx.model_id, "tokens_predicted": r.stats.generated_tokens,
-            "tokens_evaluated": n_eval, "generation_settings": {}, "prompt": prompt, "has_new_line": "\n" in r.text,
-            "truncated": False, "stop_type": stop_type, "stopping_word": r.stop_word or "",
-            "tokens_cached": r.stats.cached_tokens, "timings": timings(r.stats)}
+    return {
+        **extra,
+        "index": 0,
+        "content": r.text,
+        "tokens": list(r.tokens) if return_tokens else [],
+        "id_slot": 0,
+        "stop": True,
+        "model": ctx.model_id,
+        "tokens_predicted": r.stats.generated_tokens,
+        "tokens_evaluated": n_eval,
+        "generation_settings": {},
+        "prompt": prompt,
+        "has_new_line": "\n" in r.text,
+        "truncated": False,
+        "stop_type": stop_type,
+        "stopping_word": r.stop_word or "",
+        "tokens_cached": r.stats.cached_tokens,
+        "timings": timings(r.stats),
+    }
 
 
 @router.post("/completion")
@@ -107,11 +138,22 @@ async def completion(request: Request):
     if req.stream:
         # the native stream ends with the full object and has no [DONE] sentinel
         return ctx.stream(
-            job, request,
-            lambda piece, lps: {"index": 0, "content": piece.text, "tokens": [], "stop": False, "id_slot": 0,
-                                "tokens_predicted": piece.tokens, "tokens_evaluated": len(prompt),
-                                **({"completion_probabilities": ctx.responses.native_probs(lps)} if probs else {})},
-            lambda r: {**_native(ctx, r, ptext, len(prompt), return_tokens=req.return_tokens, probs=False), "content": ""},
+            job,
+            request,
+            lambda piece, lps: {
+                "index": 0,
+                "content": piece.text,
+                "tokens": [],
+                "stop": False,
+                "id_slot": 0,
+                "tokens_predicted": piece.tokens,
+                "tokens_evaluated": len(prompt),
+                **({"completion_probabilities": ctx.responses.native_probs(lps)} if probs else {}),
+            },
+            lambda r: {
+                **_native(ctx, r, ptext, len(prompt), return_tokens=req.return_tokens, probs=False),
+                "content": "",
+            },
             done_sentinel=False,
         )
     r = await ctx.collect(job, request)

@@ -27,8 +27,10 @@ router = APIRouter()
 @router.get("/models")
 async def models(request: Request):
     ctx = ctx_of(request)
-    return {"object": "list", "data": [{"id": ctx.model_id, "object": "model", "created": ctx.created,
-                                        "owned_by": "mlxcel-py"}]}
+    return {
+        "object": "list",
+        "data": [{"id": ctx.model_id, "object": "model", "created": ctx.created, "owned_by": "mlxcel-py"}],
+    }
 
 
 @router.post("/v1/chat/completions")
@@ -39,26 +41,57 @@ async def chat_completions(request: Request):
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError("'top_logprobs' needs 'logprobs': true")
     lp = (req.top_logprobs or 0) if req.logprobs else None
-    job = ctx.requests.job(req, await asyncio.to_thread(ctx.requests.chat_prompt, req.messages), lp)  # templating off the loop
-    base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": ctx.model_id,
-            "system_fingerprint": ctx.fingerprint}
+    job = ctx.requests.job(
+        req, await asyncio.to_thread(ctx.requests.chat_prompt, req.messages), lp
+    )  # templating off the loop
+    base = {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        "created": int(time.time()),
+        "model": ctx.model_id,
+        "system_fingerprint": ctx.fingerprint,
+    }
     if req.stream:
         chunk = {**base, "object": "chat.completion.chunk"}
         return ctx.stream(
-            job, request,
-            lambda piece, lps: {**chunk, "choices": [{"index": 0, "delta": {"content": piece.text}, "finish_reason": None,
-                                                      "logprobs": ctx.responses.chat_logprobs(lps) if lp is not None else None}]},
-            lambda r: {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": r.finish_reason}],
-                       "usage": usage(r), "timings": timings(r.stats)},
-            head={**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                        "finish_reason": None}]},
+            job,
+            request,
+            lambda piece, lps: {
+                **chunk,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"content": piece.text},
+                        "finish_reason": None,
+                        "logprobs": ctx.responses.chat_logprobs(lps) if lp is not None else None,
+                    }
+                ],
+            },
+            lambda r: {
+                **chunk,
+                "choices": [{"index": 0, "delta": {}, "finish_reason": r.finish_reason}],
+                "usage": usage(r),
+                "timings": timings(r.stats),
+            },
+            head={
+                **chunk,
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+            },
         )
     r = await ctx.collect(job, request)
-    return {**base, "object": "chat.completion",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text},
-                         "finish_reason": r.finish_reason,
-                         "logprobs": ctx.responses.chat_logprobs(r.logprobs) if lp is not None else None}],
-            "usage": usage(r), "timings": timings(r.stats)}
+    return {
+        **base,
+        "object": "chat.completion",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": r.text},
+                "finish_reason": r.finish_reason,
+                "logprobs": ctx.responses.chat_logprobs(r.logprobs) if lp is not None else None,
+            }
+        ],
+        "usage": usage(r),
+        "timings": timings(r.stats),
+    }
 
 
 @router.post("/v1/completions")
@@ -67,8 +100,13 @@ async def completions(request: Request):
     req = await ctx.requests.parse(request, CompletionRequest)
     lp = req.logprobs
     job = ctx.requests.job(req, await asyncio.to_thread(ctx.requests.text_prompt, req.prompt), lp)
-    base = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
-            "model": ctx.model_id, "system_fingerprint": ctx.fingerprint}
+    base = {
+        "id": f"cmpl-{uuid.uuid4().hex[:24]}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": ctx.model_id,
+        "system_fingerprint": ctx.fingerprint,
+    }
     if req.stream:
         sent = [0]  # characters streamed so far: text_offset continues across chunks
 
@@ -78,11 +116,27 @@ async def completions(request: Request):
             return {**base, "choices": [{"index": 0, "text": piece.text, "finish_reason": None, "logprobs": out}]}
 
         return ctx.stream(
-            job, request, chunk,
-            lambda r: {**base, "choices": [{"index": 0, "text": "", "finish_reason": r.finish_reason, "logprobs": None}],
-                       "usage": usage(r), "timings": timings(r.stats)},
+            job,
+            request,
+            chunk,
+            lambda r: {
+                **base,
+                "choices": [{"index": 0, "text": "", "finish_reason": r.finish_reason, "logprobs": None}],
+                "usage": usage(r),
+                "timings": timings(r.stats),
+            },
         )
     r = await ctx.collect(job, request)
-    return {**base, "choices": [{"index": 0, "text": r.text, "finish_reason": r.finish_reason,
-                                 "logprobs": ctx.responses.legacy_logprobs(r.logprobs) if lp is not None else None}],
-            "usage": usage(r), "timings": timings(r.stats)}
+    return {
+        **base,
+        "choices": [
+            {
+                "index": 0,
+                "text": r.text,
+                "finish_reason": r.finish_reason,
+                "logprobs": ctx.responses.legacy_logprobs(r.logprobs) if lp is not None else None,
+            }
+        ],
+        "usage": usage(r),
+        "timings": timings(r.stats),
+    }

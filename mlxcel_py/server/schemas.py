@@ -152,7 +152,7 @@ def refuse_unsupported(body: dict[str, Any]) -> str | None:
         return "'n' must be 1 (one choice per request)"
     fmt = body.get("response_format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        return "'response_format' (structured output) is not supported; omit it or use {\"type\": \"text\"}"
+        return '\'response_format\' (structured output) is not supported; omit it or use {"type": "text"}'
     for key in UNSUPPORTED:
         if body.get(key):
             return f"'{key}' is not supported by this server"

@@ -91,8 +91,16 @@ class Slot:
 
 
 class Worker:
-    def __init__(self, engine: Any, tokenizer: Any, *, speculative_allowed: bool = True, max_queue: int = MAX_QUEUE,
-                 parallel: int = 1, max_batch: int = 2):
+    def __init__(
+        self,
+        engine: Any,
+        tokenizer: Any,
+        *,
+        speculative_allowed: bool = True,
+        max_queue: int = MAX_QUEUE,
+        parallel: int = 1,
+        max_batch: int = 2,
+    ):
         from ..engine.batch import Gate
 
         self.engine = engine
@@ -191,9 +199,16 @@ class Worker:
 
     def _start(self, i: int, job: Job) -> None:
         spec = self.speculative_allowed
-        gen = self.engine.generate(job.prompt, max_tokens=job.max_tokens, sampling=job.sampling, speculative=spec,
-                                   ignore_eos=job.ignore_eos, cancelled=job.cancelled.is_set, logprobs=job.logprobs,
-                                   gate=self.gate)
+        gen = self.engine.generate(
+            job.prompt,
+            max_tokens=job.max_tokens,
+            sampling=job.sampling,
+            speculative=spec,
+            ignore_eos=job.ignore_eos,
+            cancelled=job.cancelled.is_set,
+            logprobs=job.logprobs,
+            gate=self.gate,
+        )
         job.generation = gen
         stream = TextStream(gen, self.tokenizer, job.stop)
         self.slots[i] = Slot(i, job, gen, stream, iter(stream))
@@ -265,8 +280,19 @@ class Worker:
         finish = stream.finish_reason or ("cancelled" if job.cancelled.is_set() else "stop")
         if self.metrics is not None:
             self.metrics.record(gen.stats, "cancelled" if job.cancelled.is_set() else finish)
-        self._emit(job, "done", Result(stream.text, list(gen.tokens), finish, stream.stop_word, gen.stats,
-                                       self.speculative_allowed, list(gen.logprobs_out)))
+        self._emit(
+            job,
+            "done",
+            Result(
+                stream.text,
+                list(gen.tokens),
+                finish,
+                stream.stop_word,
+                gen.stats,
+                self.speculative_allowed,
+                list(gen.logprobs_out),
+            ),
+        )
         self._free(slot)
 
     def _fail(self, slot: Slot, exc: Exception) -> None:

@@ -49,8 +49,11 @@ def reply_cancelled() -> None:
 
 def turn_stats(st: Any) -> None:
     """`--profile` in chat: one line per reply."""
-    spec = (f", {st.draft_kind}: {st.drafted_rounds} drafted rounds, {st.accepted}/{st.proposed} accepted"
-            if st.draft_kind else "")
+    spec = (
+        f", {st.draft_kind}: {st.drafted_rounds} drafted rounds, {st.accepted}/{st.proposed} accepted"
+        if st.draft_kind
+        else ""
+    )
     info(f"[{st.generated_tokens} tokens, {st.decode_tps:.1f} tok/s, {st.cached_tokens} prompt tokens reused{spec}]")
 
 

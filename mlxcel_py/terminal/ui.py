@@ -81,8 +81,14 @@ def progress(total: int, description: str) -> Iterator:
     """A progress bar on stderr; yields `step(label)`, called as each unit of work starts."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=err(), transient=False)
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err(),
+        transient=False,
+    )
     task = bar.add_task(description, total=total)
     started = 0
 

@@ -69,7 +69,9 @@ class Meta:
         if key in self.md:
             return self.md[key]
         if default is _REQUIRED:
-            raise ModelError(f"{self.path}: GGUF metadata has no '{key}', so the file is not a complete {self.arch} model")
+            raise ModelError(
+                f"{self.path}: GGUF metadata has no '{key}', so the file is not a complete {self.arch} model"
+            )
         return default
 
     def get(self, key: str, default: Any = _REQUIRED) -> Any:
@@ -138,7 +140,9 @@ def _llama3_rope_scaling(m: Meta, cfg: dict, shape: dict) -> dict | None:
     for factor in (8.0, 16.0, 32.0, 4.0, 2.0):
         for original in (8192, 4096, 2048):
             expected = _llama3_factors(base, dim, factor, 1.0, 4.0, original)
-            if len(expected) == len(factors) and all(math.isclose(a, b, rel_tol=1e-3) for a, b in zip(expected, factors)):
+            if len(expected) == len(factors) and all(
+                math.isclose(a, b, rel_tol=1e-3) for a, b in zip(expected, factors)
+            ):
                 return {
                     "rope_type": "llama3",
                     "factor": factor,
@@ -241,9 +245,15 @@ ARCHITECTURES: dict[str, Arch] = {
         {**{k: v for k, v in _LLAMA_LAYER.items() if not k.startswith("ffn_") or k == "ffn_norm"}, **_QK_NORM, **_MOE},
         _qwen3_moe,
     ),
-    "gemma2": Arch("gemma2", {**_LLAMA_LAYER, **_GEMMA_NORMS}, _gemma2, norm_shift=1.0, ignored=frozenset({"output.weight"})),
+    "gemma2": Arch(
+        "gemma2", {**_LLAMA_LAYER, **_GEMMA_NORMS}, _gemma2, norm_shift=1.0, ignored=frozenset({"output.weight"})
+    ),
     "gemma3": Arch(
-        "gemma3_text", {**_LLAMA_LAYER, **_GEMMA_NORMS, **_QK_NORM}, _gemma3, norm_shift=1.0, ignored=frozenset({"output.weight"})
+        "gemma3_text",
+        {**_LLAMA_LAYER, **_GEMMA_NORMS, **_QK_NORM},
+        _gemma3,
+        norm_shift=1.0,
+        ignored=frozenset({"output.weight"}),
     ),
     "phi3": Arch(
         "phi3", _PHI3_LAYER, _phi3, ignored=frozenset({"rope_factors_long.weight", "rope_factors_short.weight"})

@@ -114,7 +114,9 @@ def convert(gguf_path: Path, out_dir: Path, *, for_cpu: bool | None = None) -> P
             hint="convert the original Hugging Face model with mlx_lm.convert instead",
         )
     vectors = {
-        n: [float(x) for x in _decode(t).reshape(-1)] for n, t in by_name.items() if n in arch.ignored and len(t.shape) == 1
+        n: [float(x) for x in _decode(t).reshape(-1)]
+        for n, t in by_name.items()
+        if n in arch.ignored and len(t.shape) == 1
     }
     shapes = {n: _shape(t) for n, t in by_name.items()}
     config = {"model_type": arch.model_type, **arch.config(gguf_arch.Meta(md, arch_name, gguf_path, vectors), shapes)}
@@ -166,7 +168,11 @@ def convert(gguf_path: Path, out_dir: Path, *, for_cpu: bool | None = None) -> P
         bits = [v["bits"] for v in quant.values()]
         common = max(set(bits), key=bits.count)
         per_module = {k: v for k, v in quant.items() if v["bits"] != common}
-        config["quantization"] = config["quantization_config"] = {"group_size": GROUP_SIZE, "bits": common, **per_module}
+        config["quantization"] = config["quantization_config"] = {
+            "group_size": GROUP_SIZE,
+            "bits": common,
+            **per_module,
+        }
     _write(gguf_path, out_dir, out, config, md, arch_name)
     return out_dir
 

@@ -38,7 +38,9 @@ def tokenizer_json(md: dict, arch: str, path: Any) -> str:
         backend, _ = convert_gguf_tokenizer(arch, tdict)
     except (ValueError, KeyError, TypeError) as exc:
         kind = md.get("tokenizer.ggml.model", "?")
-        raise ModelError(f"{path}: GGUF tokenizer model '{kind}' cannot be rebuilt ({str(exc).splitlines()[0]})") from None
+        raise ModelError(
+            f"{path}: GGUF tokenizer model '{kind}' cannot be rebuilt ({str(exc).splitlines()[0]})"
+        ) from None
     if md.get("tokenizer.ggml.model") == "gpt2" and md.get("tokenizer.ggml.pre") in _DIGITS_FIRST:
         backend.pre_tokenizer = pre_tokenizers.Sequence(
             [
