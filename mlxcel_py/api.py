@@ -31,7 +31,7 @@ from .drafters.base import Drafter
 from .engine.policy import make_policy, on_cuda
 from .engine.prompting import prompt_ids
 from .engine.text import TextStream
-from .errors import UsageError
+from .errors import MlxcelError, UsageError
 from .options import (
     DEFAULT_MAX_DRAFT,
     POLICIES,
@@ -317,21 +317,32 @@ def speculative_generate(
         raise UsageError("the prompt is empty; pass at least one token id")
     if not all(isinstance(t, int) and 0 <= t < (eng.vocab_size or 1 << 62) for t in prompt):
         raise UsageError(f"prompt token ids must be integers in 0..{(eng.vocab_size or 1 << 62) - 1}")
+    _check_room(eng, prompt)
     if drafter is None and eng.drafters is not None:
         drafter = eng.drafters.make()  # shared across calls, as across the CLI's requests
         if policy is None:
-            return _wrap(model, run, prompt, drafter, eng.drafters.make_policy(eng.verify_cost))
+            return Generation(_start(model, run, prompt, drafter, eng.drafters.make_policy(eng.verify_cost)))
     pol = (
         (policy or DraftPolicy.auto())._make(getattr(drafter, "kind", "custom"), eng.verify_cost)
         if drafter is not None
         else None
     )
-    return _wrap(model, run, prompt, drafter, pol)
+    return Generation(_start(model, run, prompt, drafter, pol))
 
 
-def _wrap(model: Model, run: RunConfig, prompt: list[int], drafter: Any, policy: Any) -> Generation:
+def _check_room(eng: Any, ids: Sequence[int]) -> None:
+    """The CLI's refusal of a prompt that leaves no room for a reply (a runtime error there too)."""
+    if len(ids) >= eng.context_length:
+        raise MlxcelError(
+            f"the prompt has {len(ids)} tokens, which fills the model's context window "
+            f"({eng.context_length}); shorten the prompt"
+        )
+
+
+def _start(model: Model, run: RunConfig, prompt: list[int], drafter: Any, policy: Any):
+    """The engine's generation of one validated call (drafter None: plain decoding)."""
     g = run.options.generation
-    inner = model.engine.generate(
+    return model.engine.generate(
         prompt,
         max_tokens=g.max_tokens,
         sampling=run.options.sampling,
@@ -341,7 +352,6 @@ def _wrap(model: Model, run: RunConfig, prompt: list[int], drafter: Any, policy:
         drafter=drafter,
         policy=policy,
     )
-    return Generation(inner)
 
 
 def stream(
@@ -384,11 +394,7 @@ def stream(
         raise UsageError("the prompt is empty; pass the prompt text")
     ids = model.encode(prompt, chat_template=chat_template, system=system)
     eng = model.engine
-    if len(ids) >= eng.context_length:
-        raise UsageError(
-            f"the prompt has {len(ids)} tokens, which fills the model's context window "
-            f"({eng.context_length}); shorten the prompt"
-        )
+    _check_room(eng, ids)
     drafter = policy = None
     if prompt_lookup:  # this call's drafter, as --prompt-lookup configures it
         src = registry.kind_of(run.draft.kind).source(
@@ -397,18 +403,8 @@ def stream(
         drafter, policy = src.make(), src.make_policy(eng.verify_cost)
     elif speculative and eng.drafters is not None:
         drafter, policy = eng.drafters.make(), eng.drafters.make_policy(eng.verify_cost)
-    g = run.options.generation
-    gen = eng.generate(
-        ids,
-        max_tokens=g.max_tokens,
-        sampling=run.options.sampling,
-        min_tokens=g.min_tokens,
-        ignore_eos=g.ignore_eos,
-        speculative=drafter is not None,
-        drafter=drafter,
-        policy=policy,
-    )
-    return _pieces(TextStream(gen, model.tokenizer, g.stop))
+    gen = _start(model, run, ids, drafter, policy)
+    return _pieces(TextStream(gen, model.tokenizer, run.options.generation.stop))
 
 
 def _pieces(text: TextStream) -> Iterator[str]:

@@ -16,8 +16,6 @@ import tomli
 
 from .errors import UsageError
 
-COMMANDS = ("generate", "run", "chat", "serve", "bench")
-
 
 def load_toml(path: Path) -> dict:
     try:

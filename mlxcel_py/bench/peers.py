@@ -121,11 +121,3 @@ class LlamaCppPeer(WorkerPeer):
         sampling: SamplingOptions = SamplingOptions(),
     ):
         super().__init__([str(gguf_path), str(ngram_max)], draft_widths=lookup_widths, sampling=sampling)
-
-
-def peer_label(config: str) -> str | None:
-    """The peer a configuration label belongs to ("mlx-lm plain" -> "mlx-lm"), None for ours."""
-    for peer in (MlxLmPeer, LlamaCppPeer):
-        if config.startswith(peer.name + " "):
-            return peer.name
-    return None

@@ -9,8 +9,8 @@ runs ours only where we asked for it, so stock mlx-lm in the same process is unc
   exp kernels (MLX's CPU exp is scalar), and the row-exact attention and SwiGLU of the extension
   (`_qmm`, csrc/) on the kernel weights; only inside `kernels.engaged(model)`.
 - weights.apply / weights.patch_rope: linear layers -> RowExactLinear (the int8 kernel, rows
-  bit-identical whatever the block), tied embeddings' `as_linear`, rope modules -> the
-  extension's rope.
+  bit-identical whatever the block; layers reading one input, q/k/v and gate/up, quantize it
+  once), tied embeddings' `as_linear`, plain nn.RoPE modules -> the extension's rope.
 - recurrent_steps.enable: a Gated DeltaNet module's `gated_delta_update` name and each layer's
   conv1d class, so a verify block records the state after every step (rollback by picking).
 - models.taps.hidden_tap (not here: it changes no arithmetic): a final norm's class records its

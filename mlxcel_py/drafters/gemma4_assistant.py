@@ -35,7 +35,6 @@ from ..models.safetensors import load_tensors, tensor_shapes
 from ..models.taps import hidden_tap, lm_head_and_embed, text_model
 from .base import Drafter, Proposal, chain_proposal, draw
 
-MODEL_TYPE = "gemma4_assistant"
 TARGETS = ("gemma4", "gemma4_text")
 
 

@@ -46,7 +46,6 @@ from .base import (  # one sampling rule for every model drafter
 
 FAMILIES = with_mtp_heads()
 MTP_CHECKPOINT_TYPES = ("qwen3_5_mtp", "qwen3_next_mtp", "gemma4_assistant")
-DEFAULT_WIDTH = 4
 _NORMS = ("norm.weight", "layernorm.weight")  # every RMSNorm weight of the head ends so
 
 

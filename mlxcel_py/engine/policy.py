@@ -204,10 +204,6 @@ class CostPolicy:
     def paused(self) -> bool:
         return self._paused
 
-    def alpha(self, match_len: int | None) -> float:
-        """Estimated per-position acceptance for a match of this length."""
-        return self._alpha(self._bucket_of(match_len))
-
     def _alpha(self, b: int) -> float:
         return self.hits[b] / (self.hits[b] + self.misses[b])
 

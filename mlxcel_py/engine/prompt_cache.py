@@ -21,8 +21,6 @@ import mlx.core as mx
 
 from .cache import SequenceCache, _arrays
 
-MIB = 2**20
-
 
 def cache_bytes(cache: SequenceCache) -> int:
     """Memory the layers hold (allocated buffers, not just the filled part)."""

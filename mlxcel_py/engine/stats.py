@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 
 @dataclass
@@ -61,18 +61,6 @@ class GenerationStats:
     @property
     def decode_tps(self) -> float:
         return self.generated_tokens / self.decode_s if self.decode_s > 0 else 0.0
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d.update(
-            acceptance_rate=self.acceptance_rate,
-            mean_accepted_prefix=self.mean_accepted_prefix,
-            tokens_per_forward=self.tokens_per_forward,
-            per_position_acceptance=self.per_position_acceptance,
-            prefill_tps=self.prefill_tps,
-            decode_tps=self.decode_tps,
-        )
-        return d
 
     def lookup_summary_line(self) -> str:
         """mlxcel's `[Prompt lookup] ...` line (rounds and tokens_per_forward over decode forwards)."""
