@@ -36,7 +36,7 @@ DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 2
 
 POLICIES = ("auto", "graded", "gated", "cost")
 
-# --cpu-weights: how linear layers hold their weights when MLX runs on the CPU (cpu_weights.py)
+# --cpu-weights: how linear layers hold their weights when MLX runs on the CPU (cpu/weights.py)
 CPU_WEIGHTS = ("auto", "q8", "q4", "f32")
 DEFAULT_CPU_WEIGHTS = "auto"
 

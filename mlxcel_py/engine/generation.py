@@ -187,7 +187,7 @@ class Generation:
         cache = self._take_cache()
         drafter = (self._drafter if self._drafter is not None else eng.make_drafter()) if self.speculative else None
         # a drafter that reads the target's hidden states (an MTP head) has the target keep them
-        cache.keep_hidden(getattr(drafter, "hidden_tap", None) if drafter is not None else None)
+        cache.keep_hidden(getattr(drafter, "hidden_tap", None))
         st.cached_tokens = cache.reuse_prefix(self.prompt)
         todo = self.prompt[st.cached_tokens : -1]
         if self.gate is not None and self.gate.prefill_chunk:

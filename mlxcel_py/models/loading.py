@@ -124,7 +124,7 @@ def _hub_snapshot(repo_id: str, revision: str | None, what: str = "--model", ask
 
 def check_rollback(model: Any, *, what: str = "the target model") -> None:
     """Speculation rolls rejected drafts back (trim, window slice or checkpoint replay, see
-    `cache`); refuse only a model whose caches none of them can restore."""
+    engine/cache.py); refuse only a model whose caches none of them can restore."""
     from mlx_lm.models.cache import make_prompt_cache
 
     from .cache_kinds import why_not_rollback
