@@ -10,7 +10,14 @@ which does) stays free of MLX until a model is needed; see docs/api.md.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
+
+# mlx-lm imports transformers for its tokenizers, and transformers advises on stderr that PyTorch is
+# missing and warns of prompts past a model's length (refused here in our own words): stderr keeps
+# our lines alone. Set before anything in the package imports mlx-lm; a user's own settings win.
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 __version__ = "0.1.0"
 

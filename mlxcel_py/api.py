@@ -95,9 +95,13 @@ def _number(kind: type):
 
 
 def _strings(name: str, values: Any) -> tuple[str, ...]:
-    values = (values,) if isinstance(values, str) else tuple(values or ())
-    if not all(isinstance(v, str) for v in values):
-        raise UsageError(f"{name} must be a string or a list of strings, got {values!r}")
+    given = values
+    if isinstance(values, str):
+        values = (values,)
+    elif values is None or isinstance(values, (list, tuple)):
+        values = tuple(values or ())
+    if not isinstance(values, tuple) or not all(isinstance(v, str) for v in values):
+        raise UsageError(f"{name} must be a string or a list of strings, got {given!r}")
     return values
 
 
@@ -315,7 +319,7 @@ def speculative_generate(
     prompt = list(prompt)
     if not prompt:
         raise UsageError("the prompt is empty; pass at least one token id")
-    if not all(isinstance(t, int) and 0 <= t < (eng.vocab_size or 1 << 62) for t in prompt):
+    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < (eng.vocab_size or 1 << 62) for t in prompt):
         raise UsageError(f"prompt token ids must be integers in 0..{(eng.vocab_size or 1 << 62) - 1}")
     _check_room(eng, prompt)
     if drafter is None and eng.drafters is not None:
@@ -387,7 +391,7 @@ def stream(
         repetition_penalty=repetition_penalty,
         min_tokens=min_tokens,
         ignore_eos=ignore_eos,
-        stop=tuple(stop),
+        stop=stop,  # checked (a string or strings) with the rest in _request
     )
     run = _request(model, options, prompt_lookup=prompt_lookup)
     if not isinstance(prompt, str) or not prompt.strip():

@@ -211,6 +211,17 @@ def test_bad_arguments_raise_the_clis_errors(tiny_api, tiny_dir, cli_env):
         assert info.value.message == cli_error(cli_env, *argv), argv
     with pytest.raises(mc.UsageError, match="token ids must be integers"):
         mc.speculative_generate(tiny_api, [1, 10**9])
+    with pytest.raises(mc.UsageError, match="token ids must be integers"):
+        mc.speculative_generate(tiny_api, [True, 5])  # a bool is no token id
+    for kwargs, message in [
+        ({"temperature": float("nan")}, "temperature must be a number, got nan"),
+        ({"temperature": "hot"}, "temperature must be a number, got 'hot'"),
+        ({"max_tokens": 2.5}, "max_tokens must be an integer, got 2.5"),
+        ({"stop": 5}, "stop must be a string or a list of strings, got 5"),
+    ]:
+        with pytest.raises(mc.UsageError) as info:
+            mc.generate(tiny_api, "hi", **kwargs)
+        assert info.value.message == message
     with pytest.raises(mc.UsageError, match="DraftPolicy max_draft must be between 1 and 64"):
         list(
             mc.speculative_generate(tiny_api, [1, 2], drafter=mc.PromptLookupDrafter(), policy=mc.DraftPolicy.fixed(0))
