@@ -22,571 +22,90 @@ SERVER = "Server"
 DISTRIBUTED = "Distributed (one model across processes)"
 RUNTIME = "Runtime (Linux CPU fast path)"
 
-ModelOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--model",
-        "-m",
-        help="Model: an mlx-lm folder, a .gguf file, or an owner/name repo id. Default: the embedded SmolLM2-135M-Instruct.",
-        rich_help_panel=MODEL,
-    ),
-]
-ModelArg = Annotated[
-    Optional[str],
-    typer.Argument(
-        metavar="[MODEL]",
-        help="Model folder, .gguf file or owner/name (default: the embedded SmolLM2-135M-Instruct).",
-        show_default=False,
-    ),
-]
-RevisionOpt = Annotated[
-    Optional[str], typer.Option("--revision", help="Hugging Face revision (repo ids only).", rich_help_panel=MODEL)
-]
-DraftModelOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--draft-model",
-        "--model-draft",
-        "-md",
-        help="Smaller causal LM sharing the target's tokenizer, used as a full-model drafter.",
-        rich_help_panel=MODEL,
-    ),
-]
-NoBlasOpt = Annotated[
-    bool,
-    typer.Option(
-        "--no-blas",
-        help="Keep MLX's bundled reference BLAS instead of loading OpenBLAS (Linux CPU).",
-        rich_help_panel=RUNTIME,
-    ),
-]
-NoDequantizeOpt = Annotated[
-    bool,
-    typer.Option(
-        "--no-dequantize",
-        help="Keep quantized weights on the CPU instead of dequantizing to float32.",
-        rich_help_panel=RUNTIME,
-    ),
-]
-CpuWeightsOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--cpu-weights",
-        metavar="auto|q8|q4|f32",
-        help="CPU weight form: the row-exact int8 kernel with 8- or 4-bit weights, or float32; auto: the kernel where it built (quantized files keep their bits, float layers 8-bit), else f32. bench: a comma list, each benchmarked.",
-        rich_help_panel=RUNTIME,
-    ),
-]
-NoFastKernelsOpt = Annotated[
-    bool,
-    typer.Option(
-        "--no-fast-kernels",
-        help="Keep mlx-lm's attention and SwiGLU (MLX's scalar exp on the CPU) instead of the vectorized-exp kernels.",
-        rich_help_panel=RUNTIME,
-    ),
-]
+# one option a line: the table reads as the --help it makes
+# fmt: off
+ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Model: an mlx-lm folder, a .gguf file, or an owner/name repo id. Default: the embedded SmolLM2-135M-Instruct.", rich_help_panel=MODEL)]
+ModelArg = Annotated[Optional[str], typer.Argument(metavar="[MODEL]", help="Model folder, .gguf file or owner/name (default: the embedded SmolLM2-135M-Instruct).", show_default=False)]
+RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hugging Face revision (repo ids only).", rich_help_panel=MODEL)]
+DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", "--model-draft", "-md", help="Smaller causal LM sharing the target's tokenizer, used as a full-model drafter.", rich_help_panel=MODEL)]
+NoBlasOpt = Annotated[bool, typer.Option("--no-blas", help="Keep MLX's bundled reference BLAS instead of loading OpenBLAS (Linux CPU).", rich_help_panel=RUNTIME)]
+NoDequantizeOpt = Annotated[bool, typer.Option("--no-dequantize", help="Keep quantized weights on the CPU instead of dequantizing to float32.", rich_help_panel=RUNTIME)]
+CpuWeightsOpt = Annotated[Optional[str], typer.Option("--cpu-weights", metavar="auto|q8|q4|f32", help="CPU weight form: the row-exact int8 kernel with 8- or 4-bit weights, or float32; auto: the kernel where it built (quantized files keep their bits, float layers 8-bit), else f32. bench: a comma list, each benchmarked.", rich_help_panel=RUNTIME)]
+NoFastKernelsOpt = Annotated[bool, typer.Option("--no-fast-kernels", help="Keep mlx-lm's attention and SwiGLU (MLX's scalar exp on the CPU) instead of the vectorized-exp kernels.", rich_help_panel=RUNTIME)]
 
-PromptOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--prompt",
-        "-p",
-        help="Prompt text; '-' reads it from stdin. Without it: interactive chat.",
-        rich_help_panel=GEN,
-    ),
-]
-MaxTokensOpt = Annotated[
-    int,
-    typer.Option(
-        "--max-tokens",
-        "-n",
-        metavar="N",
-        help="Most tokens to generate; -1: until EOS or the context window.",
-        rich_help_panel=GEN,
-    ),
-]
-BenchMaxTokensOpt = Annotated[
-    int,
-    typer.Option(
-        "--max-tokens",
-        "-n",
-        metavar="N",
-        help=f"Most tokens per prompt and configuration (at least 1; default {O.DEFAULT_BENCH_MAX_TOKENS}).",
-        rich_help_panel=GEN,
-    ),
-]
-MinTokensOpt = Annotated[
-    int,
-    typer.Option(
-        "--min-tokens", metavar="N", help="Suppress EOS until this many tokens were generated.", rich_help_panel=GEN
-    ),
-]
+PromptOpt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text; '-' reads it from stdin. Without it: interactive chat.", rich_help_panel=GEN)]
+MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", metavar="N", help="Most tokens to generate; -1: until EOS or the context window.", rich_help_panel=GEN)]
+BenchMaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", metavar="N", help=f"Most tokens per prompt and configuration (at least 1; default {O.DEFAULT_BENCH_MAX_TOKENS}).", rich_help_panel=GEN)]
+MinTokensOpt = Annotated[int, typer.Option("--min-tokens", metavar="N", help="Suppress EOS until this many tokens were generated.", rich_help_panel=GEN)]
 ProfileOpt = Annotated[bool, typer.Option("--profile", help="Print a timing breakdown on stderr.", rich_help_panel=GEN)]
-NoChatTemplateOpt = Annotated[
-    bool, typer.Option("--no-chat-template", help="Feed the raw prompt (no chat template).", rich_help_panel=GEN)
-]
-SystemOpt = Annotated[
-    Optional[str], typer.Option("--system", help="System message for the chat template.", rich_help_panel=GEN)
-]
-StopOpt = Annotated[
-    Optional[list[str]],
-    typer.Option("--stop", help="Stop string (repeatable); output ends before it.", rich_help_panel=GEN),
-]
-IgnoreEosOpt = Annotated[
-    bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence tokens.", rich_help_panel=GEN)
-]
-ImageOpt = Annotated[
-    Optional[list[str]],
-    typer.Option("--image", help="Image input (accepted to be refused: text models only).", rich_help_panel=GEN),
-]
-AudioOpt = Annotated[
-    Optional[list[str]], typer.Option("--audio", help="Audio input (accepted to be refused).", rich_help_panel=GEN)
-]
-VideoOpt = Annotated[
-    Optional[list[str]], typer.Option("--video", help="Video input (accepted to be refused).", rich_help_panel=GEN)
-]
-VerboseOpt = Annotated[
-    bool,
-    typer.Option("--verbose", "-v", help="Say which model, BLAS and weight dtype are in use.", rich_help_panel=GEN),
-]
-VerifyExactOpt = Annotated[
-    bool,
-    typer.Option(
-        "--verify-exact",
-        help="Rerun plainly and report the first token where speculative and plain output differ.",
-        rich_help_panel=SPEC,
-    ),
-]
+NoChatTemplateOpt = Annotated[bool, typer.Option("--no-chat-template", help="Feed the raw prompt (no chat template).", rich_help_panel=GEN)]
+SystemOpt = Annotated[Optional[str], typer.Option("--system", help="System message for the chat template.", rich_help_panel=GEN)]
+StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable); output ends before it.", rich_help_panel=GEN)]
+IgnoreEosOpt = Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence tokens.", rich_help_panel=GEN)]
+ImageOpt = Annotated[Optional[list[str]], typer.Option("--image", help="Image input (accepted to be refused: text models only).", rich_help_panel=GEN)]
+AudioOpt = Annotated[Optional[list[str]], typer.Option("--audio", help="Audio input (accepted to be refused).", rich_help_panel=GEN)]
+VideoOpt = Annotated[Optional[list[str]], typer.Option("--video", help="Video input (accepted to be refused).", rich_help_panel=GEN)]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Say which model, BLAS and weight dtype are in use.", rich_help_panel=GEN)]
+VerifyExactOpt = Annotated[bool, typer.Option("--verify-exact", help="Rerun plainly and report the first token where speculative and plain output differ.", rich_help_panel=SPEC)]
 
-TempOpt = Annotated[
-    float,
-    typer.Option(
-        "--temp",
-        "-t",
-        "--temperature",
-        metavar="FLOAT",
-        help="Sampling temperature; 0 is greedy.",
-        rich_help_panel=SAMPLING,
-    ),
-]
-TopPOpt = Annotated[
-    float, typer.Option("--top-p", metavar="FLOAT", help="Nucleus sampling mass; 1.0 is off.", rich_help_panel=SAMPLING)
-]
-TopKOpt = Annotated[
-    int,
-    typer.Option(
-        "--top-k", metavar="K", help="Sample from the K most likely tokens; 0 is off.", rich_help_panel=SAMPLING
-    ),
-]
-MinPOpt = Annotated[
-    float,
-    typer.Option(
-        "--min-p",
-        metavar="FLOAT",
-        help="Drop tokens below min-p times the top probability; 0 is off.",
-        rich_help_panel=SAMPLING,
-    ),
-]
-SeedOpt = Annotated[
-    Optional[int],
-    typer.Option(
-        "--seed",
-        "-s",
-        help="Random seed (-1: random); a seeded speculative run repeats the plain run's draws.",
-        rich_help_panel=SAMPLING,
-    ),
-]
-RepetitionPenaltyOpt = Annotated[
-    float,
-    typer.Option(
-        "--repetition-penalty",
-        "--repeat-penalty",
-        metavar="FLOAT",
-        help="Penalty for repeated tokens; 1.0 is off.",
-        rich_help_panel=SAMPLING,
-    ),
-]
-RepeatLastNOpt = Annotated[
-    int,
-    typer.Option(
-        "--repeat-last-n",
-        metavar="N",
-        help="Tokens the repetition penalty looks back over; -1 whole context, 0 off.",
-        rich_help_panel=SAMPLING,
-    ),
-]
+TempOpt = Annotated[float, typer.Option("--temp", "-t", "--temperature", metavar="FLOAT", help="Sampling temperature; 0 is greedy.", rich_help_panel=SAMPLING)]
+TopPOpt = Annotated[float, typer.Option("--top-p", metavar="FLOAT", help="Nucleus sampling mass; 1.0 is off.", rich_help_panel=SAMPLING)]
+TopKOpt = Annotated[int, typer.Option("--top-k", metavar="K", help="Sample from the K most likely tokens; 0 is off.", rich_help_panel=SAMPLING)]
+MinPOpt = Annotated[float, typer.Option("--min-p", metavar="FLOAT", help="Drop tokens below min-p times the top probability; 0 is off.", rich_help_panel=SAMPLING)]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", "-s", help="Random seed (-1: random); a seeded speculative run repeats the plain run's draws.", rich_help_panel=SAMPLING)]
+RepetitionPenaltyOpt = Annotated[float, typer.Option("--repetition-penalty", "--repeat-penalty", metavar="FLOAT", help="Penalty for repeated tokens; 1.0 is off.", rich_help_panel=SAMPLING)]
+RepeatLastNOpt = Annotated[int, typer.Option("--repeat-last-n", metavar="N", help="Tokens the repetition penalty looks back over; -1 whole context, 0 off.", rich_help_panel=SAMPLING)]
 
-DraftKindOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--draft-kind",
-        envvar="MLXCEL_DRAFT_KIND",
-        metavar="KIND",
-        help="Drafter: full-model | prompt-lookup (serve) | mtp (the checkpoint's own head: Qwen3.5, Qwen3-Next; a Gemma 4 assistant) | suffix (SuffixDecoding: the context and earlier sequences) | dflash (not yet).",
-        rich_help_panel=SPEC,
-    ),
-]
-DraftBlockSizeOpt = Annotated[
-    Optional[int],
-    typer.Option(
-        "--draft-block-size",
-        "--draft-max",
-        metavar="N",
-        help="Proposal width (full-model default 4; mtp: the head checkpoint's width, else 4; suffix at most 16; serve prompt lookup default 7).",
-        rich_help_panel=SPEC,
-    ),
-]
-SpecTypeOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--spec-type",
-        metavar="TYPE",
-        help="llama-server selector: none turns speculation off; draft-simple = full-model; draft-mtp = mtp.",
-        rich_help_panel=SPEC,
-    ),
-]
-SuffixCacheTokensOpt = Annotated[
-    Optional[int],
-    typer.Option(
-        "--suffix-cache-tokens",
-        metavar="N",
-        help=f"Suffix drafter: tokens of earlier sequences kept (default {O.DEFAULT_SUFFIX_CACHE_TOKENS}), least recently used first out.",
-        rich_help_panel=SPEC,
-    ),
-]
-SuffixStoreOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--suffix-store",
-        metavar="FILE",
-        help="Suffix drafter: load the store from FILE at start (if it exists) and save it there at exit.",
-        rich_help_panel=SPEC,
-    ),
-]
-PpSizeOpt = Annotated[
-    int,
-    typer.Option(
-        "--pp-size",
-        metavar="N",
-        help="Pipeline-parallel stages: each rank runs a contiguous run of layers (start the ranks with `mlxcel launch`).",
-        rich_help_panel=DISTRIBUTED,
-    ),
-]
-TpSizeOpt = Annotated[
-    int,
-    typer.Option(
-        "--tp-size",
-        metavar="N",
-        help="Tensor-parallel ranks: each holds 1/N of every layer's heads and feed-forward width (start the ranks with `mlxcel launch`).",
-        rich_help_panel=DISTRIBUTED,
-    ),
-]
+DraftKindOpt = Annotated[Optional[str], typer.Option("--draft-kind", envvar="MLXCEL_DRAFT_KIND", metavar="KIND", help="Drafter: full-model | prompt-lookup (serve) | mtp (the checkpoint's own head: Qwen3.5, Qwen3-Next; a Gemma 4 assistant) | suffix (SuffixDecoding: the context and earlier sequences) | dflash (not yet).", rich_help_panel=SPEC)]
+DraftBlockSizeOpt = Annotated[Optional[int], typer.Option("--draft-block-size", "--draft-max", metavar="N", help="Proposal width (full-model default 4; mtp: the head checkpoint's width, else 4; suffix at most 16; serve prompt lookup default 7).", rich_help_panel=SPEC)]
+SpecTypeOpt = Annotated[Optional[str], typer.Option("--spec-type", metavar="TYPE", help="llama-server selector: none turns speculation off; draft-simple = full-model; draft-mtp = mtp.", rich_help_panel=SPEC)]
+SuffixCacheTokensOpt = Annotated[Optional[int], typer.Option("--suffix-cache-tokens", metavar="N", help=f"Suffix drafter: tokens of earlier sequences kept (default {O.DEFAULT_SUFFIX_CACHE_TOKENS}), least recently used first out.", rich_help_panel=SPEC)]
+SuffixStoreOpt = Annotated[Optional[str], typer.Option("--suffix-store", metavar="FILE", help="Suffix drafter: load the store from FILE at start (if it exists) and save it there at exit.", rich_help_panel=SPEC)]
+PpSizeOpt = Annotated[int, typer.Option("--pp-size", metavar="N", help="Pipeline-parallel stages: each rank runs a contiguous run of layers (start the ranks with `mlxcel launch`).", rich_help_panel=DISTRIBUTED)]
+TpSizeOpt = Annotated[int, typer.Option("--tp-size", metavar="N", help="Tensor-parallel ranks: each holds 1/N of every layer's heads and feed-forward width (start the ranks with `mlxcel launch`).", rich_help_panel=DISTRIBUTED)]
 
-PromptLookupOpt = Annotated[
-    bool,
-    typer.Option(
-        "--prompt-lookup",
-        help="Prompt-lookup speculation (n-gram drafts from the prompt and output).",
-        rich_help_panel=LOOKUP,
-    ),
-]
-NgramMaxOpt = Annotated[
-    Optional[int],
-    typer.Option(
-        "--prompt-lookup-ngram-max",
-        metavar="N",
-        help=f"Longest suffix n-gram matched (default {O.DEFAULT_NGRAM_MAX}, at most {O.NGRAM_MAX_LIMIT}).",
-        rich_help_panel=LOOKUP,
-    ),
-]
-NgramMinOpt = Annotated[
-    Optional[int],
-    typer.Option(
-        "--prompt-lookup-ngram-min",
-        metavar="N",
-        help=f"Shortest suffix n-gram matched (default {O.DEFAULT_NGRAM_MIN}).",
-        rich_help_panel=LOOKUP,
-    ),
-]
-MaxDraftOpt = Annotated[
-    Optional[int],
-    typer.Option(
-        "--prompt-lookup-max-draft",
-        metavar="N",
-        help=f"Most tokens proposed per round (default {O.DEFAULT_MAX_DRAFT}, at most {O.MAX_DRAFT_LIMIT}); the verify block is one wider.",
-        rich_help_panel=LOOKUP,
-    ),
-]
-NoAdaptiveOpt = Annotated[
-    bool,
-    typer.Option(
-        "--prompt-lookup-no-adaptive",
-        help="Propose the maximum every round (for A/B measurement).",
-        rich_help_panel=LOOKUP,
-    ),
-]
-PolicyOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--prompt-lookup-policy",
-        metavar="auto|graded|gated|cost",
-        help="Draft policy (default auto: gated on CUDA, graded elsewhere; cost: break-even governor from measured verify costs).",
-        rich_help_panel=LOOKUP,
-    ),
-]
+PromptLookupOpt = Annotated[bool, typer.Option("--prompt-lookup", help="Prompt-lookup speculation (n-gram drafts from the prompt and output).", rich_help_panel=LOOKUP)]
+NgramMaxOpt = Annotated[Optional[int], typer.Option("--prompt-lookup-ngram-max", metavar="N", help=f"Longest suffix n-gram matched (default {O.DEFAULT_NGRAM_MAX}, at most {O.NGRAM_MAX_LIMIT}).", rich_help_panel=LOOKUP)]
+NgramMinOpt = Annotated[Optional[int], typer.Option("--prompt-lookup-ngram-min", metavar="N", help=f"Shortest suffix n-gram matched (default {O.DEFAULT_NGRAM_MIN}).", rich_help_panel=LOOKUP)]
+MaxDraftOpt = Annotated[Optional[int], typer.Option("--prompt-lookup-max-draft", metavar="N", help=f"Most tokens proposed per round (default {O.DEFAULT_MAX_DRAFT}, at most {O.MAX_DRAFT_LIMIT}); the verify block is one wider.", rich_help_panel=LOOKUP)]
+NoAdaptiveOpt = Annotated[bool, typer.Option("--prompt-lookup-no-adaptive", help="Propose the maximum every round (for A/B measurement).", rich_help_panel=LOOKUP)]
+PolicyOpt = Annotated[Optional[str], typer.Option("--prompt-lookup-policy", metavar="auto|graded|gated|cost", help="Draft policy (default auto: gated on CUDA, graded elsewhere; cost: break-even governor from measured verify costs).", rich_help_panel=LOOKUP)]
 
 HostOpt = Annotated[str, typer.Option("--host", help="Address to bind.", rich_help_panel=SERVER)]
-PortOpt = Annotated[
-    int, typer.Option("--port", help="Port; 0 picks a free one (printed at startup).", rich_help_panel=SERVER)
-]
-MaxBatchOpt = Annotated[
-    int,
-    typer.Option(
-        "--prompt-lookup-max-batch",
-        metavar="N",
-        help="Verify rounds (any drafter) run only while at most N requests are live; above it every request takes the batched plain step (default 2).",
-        rich_help_panel=SERVER,
-    ),
-]
-NoBatchOpt = Annotated[
-    bool,
-    typer.Option(
-        "--no-batch", help="Serve requests strictly one at a time, with no speculation.", rich_help_panel=SERVER
-    ),
-]
-KvUnifiedOpt = Annotated[
-    bool,
-    typer.Option(
-        "--kv-unified",
-        "-kvu",
-        help="Unified KV budget (accepted; turns verify rounds off, as in mlxcel).",
-        rich_help_panel=SERVER,
-    ),
-]
-WarmupOpt = Annotated[
-    bool, typer.Option("--warmup/--no-warmup", help="Warm every verify width at startup.", rich_help_panel=SERVER)
-]
-ApiKeyOpt = Annotated[
-    Optional[list[str]],
-    typer.Option(
-        "--api-key",
-        envvar="LLAMA_API_KEY",
-        help="Require this key ('Authorization: Bearer KEY' or 'X-Api-Key: KEY') on every route but /health and /models; repeat it or separate keys with commas.",
-        rich_help_panel=SERVER,
-    ),
-]
-ApiKeyFileOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--api-key-file", metavar="FILE", help="Read API keys from FILE, one per line.", rich_help_panel=SERVER
-    ),
-]
-CorsOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--cors-origins",
-        metavar="ORIGINS",
-        help="Comma-separated origins allowed to call the server from a browser (default: none).",
-        rich_help_panel=SERVER,
-    ),
-]
+PortOpt = Annotated[int, typer.Option("--port", help="Port; 0 picks a free one (printed at startup).", rich_help_panel=SERVER)]
+MaxBatchOpt = Annotated[int, typer.Option("--prompt-lookup-max-batch", metavar="N", help="Verify rounds (any drafter) run only while at most N requests are live; above it every request takes the batched plain step (default 2).", rich_help_panel=SERVER)]
+NoBatchOpt = Annotated[bool, typer.Option("--no-batch", help="Serve requests strictly one at a time, with no speculation.", rich_help_panel=SERVER)]
+KvUnifiedOpt = Annotated[bool, typer.Option("--kv-unified", "-kvu", help="Unified KV budget (accepted; turns verify rounds off, as in mlxcel).", rich_help_panel=SERVER)]
+WarmupOpt = Annotated[bool, typer.Option("--warmup/--no-warmup", help="Warm every verify width at startup.", rich_help_panel=SERVER)]
+ApiKeyOpt = Annotated[Optional[list[str]], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="Require this key ('Authorization: Bearer KEY' or 'X-Api-Key: KEY') on every route but /health and /models; repeat it or separate keys with commas.", rich_help_panel=SERVER)]
+ApiKeyFileOpt = Annotated[Optional[str], typer.Option("--api-key-file", metavar="FILE", help="Read API keys from FILE, one per line.", rich_help_panel=SERVER)]
+CorsOpt = Annotated[Optional[str], typer.Option("--cors-origins", metavar="ORIGINS", help="Comma-separated origins allowed to call the server from a browser (default: none).", rich_help_panel=SERVER)]
 BENCH = "Benchmark"
-TraceOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--trace",
-        metavar="FILE.jsonl",
-        help='Multi-turn traces as JSON Lines of {"turns": [user messages]}: each turn\'s prompt is the conversation so far, replayed through one engine per configuration (drafters with memory measured as used).',
-        rich_help_panel="Benchmark",
-    ),
-]
-WorkloadOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--workload",
-        metavar="FILE.jsonl",
-        help='Prompts as JSON Lines of {"kind", "prompt"} (the format of shared/workloads/public.jsonl). Default: a small built-in set.',
-        rich_help_panel=BENCH,
-    ),
-]
-SweepWidthsOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--sweep-widths",
-        metavar="W,W,...",
-        help="Run each drafter at each proposal width (e.g. 1,2,4,7,12), plot the sweep and recommend a width.",
-        rich_help_panel=BENCH,
-    ),
-]
-PlotOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--plot",
-        metavar="FILE.png",
-        help="Where --sweep-widths writes its plot (default mlxcel-bench-widths.png).",
-        rich_help_panel=BENCH,
-    ),
-]
-VsOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--vs",
-        metavar="PEER",
-        help="Also time a peer side by side: mlx-lm (stock plain decode, and its --draft-model path with a drafter) or llama.cpp (llama-cpp-python on the same GGUF: plain, and its prompt lookup at the same widths).",
-        rich_help_panel=BENCH,
-    ),
-]
-JsonOpt = Annotated[
-    Optional[str],
-    typer.Option("--json", metavar="FILE", help="Write every run and the summary as JSON.", rich_help_panel=BENCH),
-]
-MarkdownOpt = Annotated[
-    bool,
-    typer.Option(
-        "--markdown", help="Print the summary as a Markdown table on stdout (for READMEs).", rich_help_panel=BENCH
-    ),
-]
-RepeatsOpt = Annotated[
-    int,
-    typer.Option(
-        "--repeats",
-        metavar="N",
-        help="Time each prompt under each configuration N times (interleaved) and keep the median-speed run.",
-        rich_help_panel=BENCH,
-    ),
-]
-LimitOpt = Annotated[
-    Optional[int],
-    typer.Option("--limit", metavar="N", help="Use at most N prompts of each kind.", rich_help_panel=BENCH),
-]
+TraceOpt = Annotated[Optional[str], typer.Option("--trace", metavar="FILE.jsonl", help="Multi-turn traces as JSON Lines of {\"turns\": [user messages]}: each turn's prompt is the conversation so far, replayed through one engine per configuration (drafters with memory measured as used).", rich_help_panel="Benchmark")]
+WorkloadOpt = Annotated[Optional[str], typer.Option("--workload", metavar="FILE.jsonl", help="Prompts as JSON Lines of {\"kind\", \"prompt\"} (the format of shared/workloads/public.jsonl). Default: a small built-in set.", rich_help_panel=BENCH)]
+SweepWidthsOpt = Annotated[Optional[str], typer.Option("--sweep-widths", metavar="W,W,...", help="Run each drafter at each proposal width (e.g. 1,2,4,7,12), plot the sweep and recommend a width.", rich_help_panel=BENCH)]
+PlotOpt = Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png", help="Where --sweep-widths writes its plot (default mlxcel-bench-widths.png).", rich_help_panel=BENCH)]
+VsOpt = Annotated[Optional[str], typer.Option("--vs", metavar="PEER", help="Also time a peer side by side: mlx-lm (stock plain decode, and its --draft-model path with a drafter) or llama.cpp (llama-cpp-python on the same GGUF: plain, and its prompt lookup at the same widths).", rich_help_panel=BENCH)]
+JsonOpt = Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="Write every run and the summary as JSON.", rich_help_panel=BENCH)]
+MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="Print the summary as a Markdown table on stdout (for READMEs).", rich_help_panel=BENCH)]
+RepeatsOpt = Annotated[int, typer.Option("--repeats", metavar="N", help="Time each prompt under each configuration N times (interleaved) and keep the median-speed run.", rich_help_panel=BENCH)]
+LimitOpt = Annotated[Optional[int], typer.Option("--limit", metavar="N", help="Use at most N prompts of each kind.", rich_help_panel=BENCH)]
 # llama-server's spellings on serve: -t is threads there (temperature stays --temp), -n the server cap
-ServeTempOpt = Annotated[
-    Optional[float],
-    typer.Option(
-        "--temp",
-        "--temperature",
-        metavar="FLOAT",
-        help="Default sampling temperature; 0 is greedy. Sampling flags left out come from the model's generation_config.json, else llama-server's defaults (temp 0.8, top-p 0.95, top-k 40, min-p 0.05).",
-        rich_help_panel=SAMPLING,
-    ),
-]
-ServeMaxTokensOpt = Annotated[
-    int,
-    typer.Option(
-        "--n-predict",
-        "-n",
-        "--predict",
-        "--max-tokens",
-        metavar="N",
-        help="Cap on every request's tokens (a request asking for more gets this many); -1: no cap.",
-        rich_help_panel=GEN,
-    ),
-]
-ThreadsOpt = Annotated[
-    Optional[int],
-    typer.Option(
-        "--threads",
-        "-t",
-        metavar="N",
-        help="CPU threads for matrix products (OpenBLAS and the row-exact kernel); default: all cores.",
-        rich_help_panel=SERVER,
-    ),
-]
-CtxSizeOpt = Annotated[
-    int,
-    typer.Option(
-        "--ctx-size",
-        "-c",
-        metavar="N",
-        help="Context window in tokens (0: the model's); prompt plus reply never exceed it.",
-        rich_help_panel=SERVER,
-    ),
-]
-CacheRamOpt = Annotated[
-    int,
-    typer.Option(
-        "--cache-ram",
-        "-cram",
-        metavar="MIB",
-        help=f"Keep finished requests' KV caches up to this many MiB, so a later prompt sharing a prefix (a resent chat history, a common system prompt) skips it; -1 no limit, 0 off (default {O.DEFAULT_CACHE_RAM_MIB}).",
-        rich_help_panel=SERVER,
-    ),
-]
-ParallelOpt = Annotated[
-    int,
-    typer.Option(
-        "--parallel",
-        "-np",
-        metavar="N",
-        help=f"Requests decoded together (llama-server's slots; default {O.DEFAULT_PARALLEL}): their plain steps share one batched forward, the rest wait in the queue.",
-        rich_help_panel=SERVER,
-    ),
-]
-ShutdownGraceOpt = Annotated[
-    int,
-    typer.Option(
-        "--shutdown-grace",
-        metavar="SECONDS",
-        help="On SIGTERM/Ctrl-C, how long requests in flight may finish before they are cancelled.",
-        rich_help_panel=SERVER,
-    ),
-]
-LogDisableOpt = Annotated[
-    bool, typer.Option("--log-disable", help="No per-request access line on stderr.", rich_help_panel=SERVER)
-]
-GpuLayersOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--n-gpu-layers",
-        "-ngl",
-        "--gpu-layers",
-        metavar="N",
-        help="llama-server's GPU offload (accepted; MLX places the whole model on its device).",
-        rich_help_panel=SERVER,
-    ),
-]
-FlashAttnOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--flash-attn",
-        "-fa",
-        metavar="on|off|auto",
-        help="llama-server's flash attention switch (accepted; MLX picks its own attention kernel).",
-        rich_help_panel=SERVER,
-    ),
-]
-ContBatchingOpt = Annotated[
-    bool,
-    typer.Option(
-        "--cont-batching",
-        "-cb",
-        help="llama-server's continuous batching switch (accepted; batching is on whenever -np is above 1).",
-        rich_help_panel=SERVER,
-    ),
-]
-CacheTypeKOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--cache-type-k",
-        "-ctk",
-        metavar="TYPE",
-        help="llama-server's K cache type (accepted; the KV cache keeps the model's dtype).",
-        rich_help_panel=SERVER,
-    ),
-]
-CacheTypeVOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--cache-type-v",
-        "-ctv",
-        metavar="TYPE",
-        help="llama-server's V cache type (accepted; the KV cache keeps the model's dtype).",
-        rich_help_panel=SERVER,
-    ),
-]
-AliasOpt = Annotated[
-    Optional[str], typer.Option("--alias", "-a", help="Model id reported by /v1/models.", rich_help_panel=SERVER)
-]
+ServeTempOpt = Annotated[Optional[float], typer.Option("--temp", "--temperature", metavar="FLOAT", help="Default sampling temperature; 0 is greedy. Sampling flags left out come from the model's generation_config.json, else llama-server's defaults (temp 0.8, top-p 0.95, top-k 40, min-p 0.05).", rich_help_panel=SAMPLING)]
+ServeMaxTokensOpt = Annotated[int, typer.Option("--n-predict", "-n", "--predict", "--max-tokens", metavar="N", help="Cap on every request's tokens (a request asking for more gets this many); -1: no cap.", rich_help_panel=GEN)]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", metavar="N", help="CPU threads for matrix products (OpenBLAS and the row-exact kernel); default: all cores.", rich_help_panel=SERVER)]
+CtxSizeOpt = Annotated[int, typer.Option("--ctx-size", "-c", metavar="N", help="Context window in tokens (0: the model's); prompt plus reply never exceed it.", rich_help_panel=SERVER)]
+CacheRamOpt = Annotated[int, typer.Option("--cache-ram", "-cram", metavar="MIB", help=f"Keep finished requests' KV caches up to this many MiB, so a later prompt sharing a prefix (a resent chat history, a common system prompt) skips it; -1 no limit, 0 off (default {O.DEFAULT_CACHE_RAM_MIB}).", rich_help_panel=SERVER)]
+ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", metavar="N", help=f"Requests decoded together (llama-server's slots; default {O.DEFAULT_PARALLEL}): their plain steps share one batched forward, the rest wait in the queue.", rich_help_panel=SERVER)]
+ShutdownGraceOpt = Annotated[int, typer.Option("--shutdown-grace", metavar="SECONDS", help="On SIGTERM/Ctrl-C, how long requests in flight may finish before they are cancelled.", rich_help_panel=SERVER)]
+LogDisableOpt = Annotated[bool, typer.Option("--log-disable", help="No per-request access line on stderr.", rich_help_panel=SERVER)]
+GpuLayersOpt = Annotated[Optional[str], typer.Option("--n-gpu-layers", "-ngl", "--gpu-layers", metavar="N", help="llama-server's GPU offload (accepted; MLX places the whole model on its device).", rich_help_panel=SERVER)]
+FlashAttnOpt = Annotated[Optional[str], typer.Option("--flash-attn", "-fa", metavar="on|off|auto", help="llama-server's flash attention switch (accepted; MLX picks its own attention kernel).", rich_help_panel=SERVER)]
+ContBatchingOpt = Annotated[bool, typer.Option("--cont-batching", "-cb", help="llama-server's continuous batching switch (accepted; batching is on whenever -np is above 1).", rich_help_panel=SERVER)]
+CacheTypeKOpt = Annotated[Optional[str], typer.Option("--cache-type-k", "-ctk", metavar="TYPE", help="llama-server's K cache type (accepted; the KV cache keeps the model's dtype).", rich_help_panel=SERVER)]
+CacheTypeVOpt = Annotated[Optional[str], typer.Option("--cache-type-v", "-ctv", metavar="TYPE", help="llama-server's V cache type (accepted; the KV cache keeps the model's dtype).", rich_help_panel=SERVER)]
+AliasOpt = Annotated[Optional[str], typer.Option("--alias", "-a", help="Model id reported by /v1/models.", rich_help_panel=SERVER)]
+# fmt: on
 
 
 def _given(value: Any, default: Any) -> Any:
