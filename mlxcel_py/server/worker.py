@@ -280,6 +280,9 @@ class Worker:
         finish = stream.finish_reason or ("cancelled" if job.cancelled.is_set() else "stop")
         if self.metrics is not None:
             self.metrics.record(gen.stats, "cancelled" if job.cancelled.is_set() else finish)
+        # the slot is free before the client holds its result: what it reads next (/metrics,
+        # /slots) no longer counts this request as processing
+        self._free(slot)
         self._emit(
             job,
             "done",
@@ -293,17 +296,16 @@ class Worker:
                 list(gen.logprobs_out),
             ),
         )
-        self._free(slot)
 
     def _fail(self, slot: Slot, exc: Exception) -> None:
-        self._emit(slot.job, "error", f"{type(exc).__name__}: {exc}")
         if self.metrics is not None:
             self.metrics.record(None, "error")
         try:
             slot.gen.close()
         except Exception:
             pass
-        self._free(slot)
+        self._free(slot)  # before the client hears of it, as in _finish
+        self._emit(slot.job, "error", f"{type(exc).__name__}: {exc}")
         world = getattr(self.engine.channel, "world", None)
         if distributed.is_lost_contact(exc, world):  # the model is gone with that rank: stop serving
             sys.stderr.write(distributed.lost(exc, 0).format() + "\n")
