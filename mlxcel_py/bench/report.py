@@ -155,9 +155,7 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
         own = session.drafters
         if own is not None and own.kind == d.kind and registry.kind_of(d.kind).loads_weights:
             return own.retarget(d, loaded)
-        return registry.kind_of(d.kind).source(
-            d, model=model, eos_ids=loaded.tokenizer.eos_token_ids, vocab_size=loaded.vocab_size
-        )
+        return registry.kind_of(d.kind).runtime().Source.of(d, loaded)
 
     per_prompt = (len(weights) or 1) * (1 + len(drafts)) * b.repeats + (len(peer.configs()) if peer else 0) * b.repeats
     n_prompts = sum(len(t.turns) for t in traces) if traces else len(items)

@@ -163,6 +163,18 @@ class DrafterSource:
             )
         return make_policy("fixed", d.block_size, adaptive=False)
 
+    @classmethod
+    def of(cls, draft: DraftConfig, loaded: Any, assets: Any = None) -> DrafterSource:
+        """The source for a loaded target (a models.loading.LoadedModel): its model, EOS ids and
+        vocabulary."""
+        return cls(
+            draft,
+            model=loaded.model,
+            eos_ids=loaded.tokenizer.eos_token_ids,
+            vocab_size=loaded.vocab_size,
+            assets=assets,
+        )
+
     def retarget(self, draft: DraftConfig, loaded: Any) -> DrafterSource:
         """The same loaded assets for another configuration or target (bench: widths, weight modes)."""
         return type(self)(

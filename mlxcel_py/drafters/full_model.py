@@ -119,8 +119,6 @@ def prepare(draft: DraftConfig, target: loading.ResolvedModel, model_options: An
         m = model_options
         dm = loading.load(resolved, dequantize=m.dequantize, fast_kernels=m.fast_kernels, cpu_weights=m.cpu_weights)
         say(f"draft model: {resolved.source} ({dm.dtype})")
-        return Source(
-            draft, model=loaded.model, eos_ids=loaded.tokenizer.eos_token_ids, vocab_size=loaded.vocab_size, assets=dm
-        )
+        return Source.of(draft, loaded, dm)
 
     return Plan(draft, load)

@@ -323,8 +323,6 @@ def prepare(draft: DraftConfig, target: loading.ResolvedModel, model_options: An
     def load(loaded: loading.LoadedModel, say) -> Source:
         head = load_head(loaded.model, source, target.path)
         say(f"MTP head: {len(source.tensors)} tensors from {source.where}")
-        return Source(
-            draft, model=loaded.model, eos_ids=loaded.tokenizer.eos_token_ids, vocab_size=loaded.vocab_size, assets=head
-        )
+        return Source.of(draft, loaded, head)
 
     return Plan(draft, load)

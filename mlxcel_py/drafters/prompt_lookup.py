@@ -127,7 +127,5 @@ def prepare(draft, target, model_options) -> Plan:
     """Nothing to check or load: the drafter reads the context only."""
     return Plan(
         draft,
-        lambda loaded, say: Source(
-            draft, model=loaded.model, eos_ids=loaded.tokenizer.eos_token_ids, vocab_size=loaded.vocab_size
-        ),
+        lambda loaded, say: Source.of(draft, loaded),
     )

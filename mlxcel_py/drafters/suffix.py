@@ -328,13 +328,7 @@ def prepare(draft, target, model_options) -> Plan:
     store = _load_store(draft, fp, target.config.get("vocab_size"))
 
     def load(loaded, say) -> Source:
-        src = Source(
-            draft,
-            model=loaded.model,
-            eos_ids=loaded.tokenizer.eos_token_ids,
-            vocab_size=loaded.vocab_size,
-            assets=store,
-        )
+        src = Source.of(draft, loaded, store)
         src.fingerprint = fp
         if len(store):
             say(f"suffix store: {len(store)} sequences, {store.tokens} tokens from {draft.suffix_store}")
