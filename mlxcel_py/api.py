@@ -322,16 +322,20 @@ def speculative_generate(
     if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < (eng.vocab_size or 1 << 62) for t in prompt):
         raise UsageError(f"prompt token ids must be integers in 0..{(eng.vocab_size or 1 << 62) - 1}")
     _check_room(eng, prompt)
-    if drafter is None and eng.drafters is not None:
-        drafter = eng.drafters.make()  # shared across calls, as across the CLI's requests
-        if policy is None:
-            return Generation(_start(model, run, prompt, drafter, eng.drafters.make_policy(eng.verify_cost)))
-    pol = (
-        (policy or DraftPolicy.auto())._make(getattr(drafter, "kind", "custom"), eng.verify_cost)
-        if drafter is not None
-        else None
-    )
+    if drafter is not None:  # the caller's
+        pol = (policy or DraftPolicy.auto())._make(getattr(drafter, "kind", "custom"), eng.verify_cost)
+    elif eng.drafters is not None:  # the model's own
+        drafter, pol = _own_drafting(eng)
+        if policy is not None:
+            pol = policy._make(drafter.kind, eng.verify_cost)
+    else:
+        pol = None  # plain decoding
     return Generation(_start(model, run, prompt, drafter, pol))
+
+
+def _own_drafting(eng: Any) -> tuple[Drafter, Any]:
+    """The model's drafter (shared across calls, as across the CLI's requests) and its policy."""
+    return eng.drafters.make(), eng.drafters.make_policy(eng.verify_cost)
 
 
 def _check_room(eng: Any, ids: Sequence[int]) -> None:
@@ -406,7 +410,7 @@ def stream(
         )
         drafter, policy = src.make(), src.make_policy(eng.verify_cost)
     elif speculative and eng.drafters is not None:
-        drafter, policy = eng.drafters.make(), eng.drafters.make_policy(eng.verify_cost)
+        drafter, policy = _own_drafting(eng)
     gen = _start(model, run, ids, drafter, policy)
     return _pieces(TextStream(gen, model.tokenizer, run.options.generation.stop))
 
