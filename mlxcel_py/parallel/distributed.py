@@ -93,13 +93,13 @@ def lost(exc: BaseException, rank: int | None = None) -> DistributedError:
     )
 
 
-def _sockets() -> dict[int, int]:
-    """fd -> inode of this process's sockets (Linux /proc; empty elsewhere)."""
+def _sockets() -> dict[int, int] | None:
+    """fd -> inode of this process's sockets (Linux /proc; None where there is none)."""
     out = {}
     try:
         fds = os.listdir("/proc/self/fd")
     except OSError:
-        return out
+        return None
     for fd in fds:
         try:
             st = os.stat(f"/proc/self/fd/{fd}")
@@ -110,6 +110,23 @@ def _sockets() -> dict[int, int]:
     return out
 
 
+def _tcp_info(fd: int, size: int) -> bytes | None:
+    """TCP_INFO of a TCP socket (read through a duplicate, so `fd` stays as it is); None for any
+    other socket, or when it cannot be read."""
+    try:
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return None
+    try:
+        if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
+            return None
+        return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, size)
+    except OSError:
+        return None
+    finally:
+        s.close()
+
+
 _TCP_ESTABLISHED = 1  # tcp_info.tcpi_state (linux/tcp_states.h)
 
 
@@ -117,24 +134,13 @@ def links_down(world: World | None) -> bool:
     """Whether one of the group's own connections was closed (a rank went away)."""
     if world is None:
         return False
-    now = _sockets()
+    now = _sockets() or {}
     for fd, inode in world.links.items():
         if now.get(fd) != inode:
             return True  # closed (and maybe reused) since the group was joined
-        try:
-            s = socket.socket(fileno=os.dup(fd))
-        except OSError:
+        info = _tcp_info(fd, 8)
+        if info is None or info[0] != _TCP_ESTABLISHED:
             return True
-        try:
-            if (
-                s.type == socket.SOCK_STREAM
-                and s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] != _TCP_ESTABLISHED
-            ):
-                return True
-        except OSError:
-            pass
-        finally:
-            s.close()
     return False
 
 
@@ -178,7 +184,7 @@ def join(layout: Layout) -> World | None:
             exit_code=EXIT_USAGE,
             hint=f"start it with `{start}` (or mlx.launch -n {layout.size})",
         )
-    before = _sockets()
+    before = _sockets() or {}
     try:
         group = mx.distributed.init(strict=True)
     except RuntimeError as exc:
@@ -193,7 +199,8 @@ def join(layout: Layout) -> World | None:
             hint=f"launch {layout.size} ranks, or set the size to {group.size()}",
         )
     backend = "ring" if "MLX_HOSTFILE" in os.environ or "MLX_RING_HOSTS" in os.environ else "mpi"
-    links = {fd: ino for fd, ino in _sockets().items() if before.get(fd) != ino}
+    # the group's own TCP connections (links_down reads their state)
+    links = {fd: ino for fd, ino in (_sockets() or {}).items() if before.get(fd) != ino and _tcp_info(fd, 8)}
     return World(group, group.rank(), group.size(), layout, backend, links=links)
 
 
@@ -261,29 +268,15 @@ def barrier(world: World) -> None:
 
 def socket_bytes() -> int | None:
     """Bytes sent plus received on this process's TCP sockets (the ring's), from TCP_INFO."""
-    total = 0
-    try:
-        fds = os.listdir("/proc/self/fd")
-    except OSError:
+    fds = _sockets()
+    if fds is None:
         return None
+    total = 0
     for fd in fds:
-        try:
-            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                continue
-            s = socket.socket(fileno=os.dup(int(fd)))
-        except OSError:
-            continue
-        try:
-            if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
-                continue
-            info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
-            if len(info) >= 136:  # tcpi_bytes_acked, tcpi_bytes_received (Linux 4.1+)
-                acked, received = struct.unpack_from("QQ", info, 120)
-                total += acked + received
-        except OSError:
-            pass
-        finally:
-            s.close()
+        info = _tcp_info(fd, 256)
+        if info is not None and len(info) >= 136:  # tcpi_bytes_acked, tcpi_bytes_received (Linux 4.1+)
+            acked, received = struct.unpack_from("QQ", info, 120)
+            total += acked + received
     return total
 
 
