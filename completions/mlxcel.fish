@@ -31,6 +31,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l json -d 'Write ever
 complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l markdown -d 'Print the summary as a Markdown table on stdout (for READMEs)'
 complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l limit -d 'Use at most N prompts of each kind'
 complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l repeats -d 'Time each prompt under each configuration N times (interleaved) and keep the median-speed run'
+complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l busy -d 'Run N busy loops (nice 19) in the background during the benchmark, as other programs load a users machine'
 complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l no-blas -d 'Keep MLXs bundled reference BLAS instead of loading OpenBLAS (Linux CPU)'
 complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l no-dequantize -d 'Keep quantized weights on the CPU instead of dequantizing to float32'
 complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l no-fast-kernels -d 'Keep mlx-lms attention and SwiGLU (MLXs scalar exp on the CPU) instead of the vectorized-exp kernels'

@@ -314,15 +314,18 @@ void run_items(const AttentionArgs& a, std::vector<Item>& items, double work, in
     run(0, count);
     return;
   }
-  std::vector<int> bounds(threads + 1, count);
+  // a few ranges of equal work a thread: the threads take them in turn (thread_pool.h), so a
+  // thread the scheduler runs late leaves its ranges to the others
+  const int parts = std::min(count, 4 * threads);
+  std::vector<int> bounds(parts + 1, count);
   bounds[0] = 0;
   double acc = 0;
   int t = 1;
-  for (int i = 0; i < count && t < threads; ++i) {
+  for (int i = 0; i < count && t < parts; ++i) {
     acc += item_work[i];
-    if (acc * threads >= total * t) bounds[t++] = i + 1;
+    while (t < parts && acc * parts >= total * t) bounds[t++] = i + 1;
   }
-  ThreadPool::instance().run(threads, [&](int th) { run(bounds[th], bounds[th + 1]); });
+  ThreadPool::instance().run(parts, threads, [&](int p) { run(bounds[p], bounds[p + 1]); });
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "cache_attention_primitive.h"
 #include "cpu_features.h"
 #include "dequantize_primitive.h"
+#include "layer_primitive.h"
 #include "layout.h"
 #include "qmm_kernel.h"
 #include "qmm_primitive.h"
@@ -64,6 +65,21 @@ NB_MODULE(_qmm, m) {
   m.def("threads", []() { return mlxcel::kernel_threads.load(); });
   m.def("kernel_time", []() { return std::make_pair(mlxcel::qmm_ns.load() * 1e-9, mlxcel::qmm_calls.load()); },
         "(seconds spent in the row kernel, calls) since the process started");
+  m.def("layer_time", []() { return std::make_pair(mlxcel::layer_ns.load() * 1e-9, mlxcel::layer_calls.load()); },
+        "(seconds spent in the fused decoder layers, calls) since the process started");
+  nb::class_<mlxcel::DecoderLayer>(m, "DecoderLayer",
+                                   "one llama-family decoder layer (RMSNorm, q/k/v, rope, cache write, attention, "
+                                   "o, residual, RMSNorm, gate/up, SwiGLU, down, residual) as one op")
+      .def(nb::init<const std::vector<mlx::core::array>&, const std::vector<mlx::core::array>&, const std::vector<mlx::core::array>&,
+                    const std::vector<int>&, const std::vector<std::optional<mlx::core::array>>&, const mlx::core::array&,
+                    const mlx::core::array&, std::optional<mlx::core::array>, std::optional<mlx::core::array>, float, float, int, int, int,
+                    int, bool, float, float, float>(),
+           "ws"_a, "scales"_a, "biases"_a, "bits"_a, "bias"_a, "attn_norm"_a, "mlp_norm"_a, "q_norm"_a.none(),
+           "k_norm"_a.none(), "eps"_a, "qk_eps"_a, "heads"_a, "kv_heads"_a, "head_dim"_a, "rope_dims"_a,
+           "rope_traditional"_a, "rope_base"_a, "rope_scale"_a, "attn_scale"_a,
+           "linears in the order q, k, v, o, gate, up, down (the kernel's layout, as RowExactLinear holds them)")
+      .def("__call__", &mlxcel::DecoderLayer::operator(), "h"_a, "k_bufs"_a, "v_bufs"_a, "seq"_a, "pos"_a,
+           "[h out, key buffers..., value buffers...]: row t of sequence seq[t] at position pos[t]");
   m.def("attention_time", []() { return mlxcel::attention_ns.load() * 1e-9; },
         "seconds spent in the row-exact attention kernels since the process started");
 }

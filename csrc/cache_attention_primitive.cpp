@@ -34,17 +34,6 @@ namespace {
 // buffers and value buffers. A buffer nobody else holds is updated in place (donated), as MLX's
 // own slice update does; one still referenced elsewhere is copied first.
 
-// MLX's is_donatable() asks for a descriptor referenced once, but every output of a multi-output
-// primitive keeps its own copy of the inputs (array::make_arrays), so an input that only this
-// op's outputs hold shows one reference per output. The descriptor's count is read through
-// array's one member, a std::shared_ptr<ArrayDesc> (mlx/array.h); the rest is is_donatable's test.
-bool donatable_by(const mx::array& in, size_t outputs) {
-  static_assert(sizeof(mx::array) == sizeof(std::shared_ptr<void>), "mlx::core::array is one shared_ptr");
-  const long refs = reinterpret_cast<const std::shared_ptr<void>&>(in).use_count();
-  return refs == static_cast<long>(outputs) && in.data_shared_ptr().use_count() == 1 &&
-         in.data_shared_ptr()->is_owned() && in.flags().row_contiguous;
-}
-
 class RowExactCacheAttention : public mx::Primitive {
  public:
   RowExactCacheAttention(mx::Stream s, std::vector<int> seq, std::vector<int> pos, float scale)

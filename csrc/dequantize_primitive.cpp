@@ -44,14 +44,16 @@ class DequantizeRows : public mx::UnaryPrimitive {
     enc.dispatch([w, sc, bi, ids, op = out.data<float>(), R, K, N, bits = bits_]() {
       std::vector<uint8_t> wc;
       std::vector<float> sc_c, bi_c;
+      std::vector<uint16_t> hsc_c, hbi_c;
       std::vector<uint32_t> ic;
       const uint8_t* wp = contiguous_rows(w, wc);
-      const float* sp = contiguous_rows(sc, sc_c);
-      const float* bp = contiguous_rows(bi, bi_c);
+      const bool half = sc.dtype() == mx::float16;
+      const void* sp = half ? static_cast<const void*>(contiguous_rows(sc, hsc_c)) : contiguous_rows(sc, sc_c);
+      const void* bp = half ? static_cast<const void*>(contiguous_rows(bi, hbi_c)) : contiguous_rows(bi, bi_c);
       const uint32_t* ip = contiguous_rows(ids, ic);
       for (int r = 0; r < R; ++r)
         if (ip[r] >= static_cast<uint32_t>(N)) throw std::out_of_range("dequantize_rows: row id out of range");
-      dequantize_rows(wp, sp, bp, ip, R, N, K, bits, op);
+      dequantize_rows(wp, sp, bp, half, ip, R, N, K, bits, op);
     });
   }
 
@@ -74,8 +76,8 @@ class DequantizeRows : public mx::UnaryPrimitive {
 mx::array dequantize_weight_rows(const mx::array& w, const mx::array& scales, const mx::array& biases, int bits,
                           std::optional<mx::array> ids) {
   check_bits(bits);
-  if (w.ndim() != 2 || w.dtype() != mx::uint8 || scales.dtype() != mx::float32 || biases.dtype() != mx::float32)
-    throw std::invalid_argument("dequantize_rows: w uint8 [N, K*bits/8] from repack, float32 scales/biases");
+  if (w.ndim() != 2 || w.dtype() != mx::uint8 || !scale_dtype_ok(scales, biases))
+    throw std::invalid_argument("dequantize_rows: w uint8 [N, K*bits/8] from repack, float32 (or float16) scales/biases");
   const int N = w.shape(0);
   const int K = w.shape(1) * 8 / bits;
   auto s = mx::default_stream(mx::Device::cpu);

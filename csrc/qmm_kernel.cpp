@@ -41,6 +41,7 @@ namespace {
 
 constexpr int kBlock = 32;
 constexpr int kGroup = 16;
+constexpr int kPrefetch = 8;  // blocks ahead
 
 inline int group_rows(int N, int g) { return std::min(kGroup, N - g * kGroup); }
 inline size_t block_bytes(int r, int bits) { return static_cast<size_t>(r) * (bits == 8 ? 32 : 16); }
@@ -120,6 +121,12 @@ inline __m512 block_term(__m512i dot, __m512 sv, __m512 bv, float d, float ds) {
   return _mm512_fmadd_ps(bv, _mm512_set1_ps(ds), t);
 }
 
+// 16 (or r < 16) per-row scales or biases of one block, as float32: stored as float32, or as
+// float16 where every value of the weight is one exactly (a GGUF's own d and m), which reads 2
+// fewer bytes a block and row and gives the same float32 values
+inline __m512 load_scales(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load_scales(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+
 inline int32_t load4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -129,8 +136,8 @@ inline int32_t load4(const int8_t* p) {
 // activation rows m0..m0+NR-1 against one group of r weight rows; CH independent integer chains
 // per row (integer sums: their order cannot change a bit) keep the vpdpbusd latency hidden when
 // few rows share the weights
-template <int BITS, int NR, int CH>
-inline void tile(const Act& a, int m0, int K, const uint8_t* wg, const float* sg, const float* bg, int r,
+template <int BITS, int NR, int CH, typename S>
+inline void tile(const Act& a, int m0, int K, const uint8_t* wg, const S* sg, const S* bg, int r,
                  float* out, int ldo) {
   const int nb = K / kBlock;
   const __mmask64 bm = r == kGroup ? ~0ULL : ((1ULL << (4 * r)) - 1);
@@ -142,6 +149,9 @@ inline void tile(const Act& a, int m0, int K, const uint8_t* wg, const float* sg
   for (int i = 0; i < NR; ++i) acc[i] = _mm512_setzero_ps();
   for (int b = 0; b < nb; ++b) {
     const uint8_t* wb = wg + b * bb;
+    // the weight stream runs ahead of the hardware prefetcher on small matrices (a layer's
+    // q/k/v, o, MLP are 0.1-0.7 MB each): ask for the lines kPrefetch blocks on
+    for (size_t off = 0; off < bb; off += 64) _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetch * bb + off), _MM_HINT_T0);
     __m512i w[8];
     if (BITS == 8) {
 #pragma GCC unroll 8
@@ -154,8 +164,8 @@ inline void tile(const Act& a, int m0, int K, const uint8_t* wg, const float* sg
         w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
       }
     }
-    const __m512 sv = _mm512_maskz_loadu_ps(fm, sg + static_cast<size_t>(b) * r);
-    const __m512 bv = _mm512_maskz_loadu_ps(fm, bg + static_cast<size_t>(b) * r);
+    const __m512 sv = load_scales(sg + static_cast<size_t>(b) * r, fm);
+    const __m512 bv = load_scales(bg + static_cast<size_t>(b) * r, fm);
 #pragma GCC unroll 8
     for (int i = 0; i < NR; ++i) {
       const int m = m0 + i;
@@ -176,19 +186,19 @@ inline void tile(const Act& a, int m0, int K, const uint8_t* wg, const float* sg
   for (int i = 0; i < NR; ++i) _mm512_mask_storeu_ps(out + static_cast<size_t>(m0 + i) * ldo, fm, acc[i]);
 }
 
-template <int BITS>
-void group(const Act& a, int M, int K, const uint8_t* wg, const float* sg, const float* bg, int r, float* out,
+template <int BITS, typename S>
+void group(const Act& a, int M, int K, const uint8_t* wg, const S* sg, const S* bg, int r, float* out,
            int ldo) {
   int m0 = 0;
-  for (; m0 + 8 <= M; m0 += 8) tile<BITS, 8, 1>(a, m0, K, wg, sg, bg, r, out, ldo);
+  for (; m0 + 8 <= M; m0 += 8) tile<BITS, 8, 1, S>(a, m0, K, wg, sg, bg, r, out, ldo);
   switch (M - m0) {
-    case 7: tile<BITS, 7, 1>(a, m0, K, wg, sg, bg, r, out, ldo); break;
-    case 6: tile<BITS, 6, 1>(a, m0, K, wg, sg, bg, r, out, ldo); break;
-    case 5: tile<BITS, 5, 1>(a, m0, K, wg, sg, bg, r, out, ldo); break;
-    case 4: tile<BITS, 4, 1>(a, m0, K, wg, sg, bg, r, out, ldo); break;
-    case 3: tile<BITS, 3, 2>(a, m0, K, wg, sg, bg, r, out, ldo); break;
-    case 2: tile<BITS, 2, 2>(a, m0, K, wg, sg, bg, r, out, ldo); break;
-    case 1: tile<BITS, 1, 4>(a, m0, K, wg, sg, bg, r, out, ldo); break;
+    case 7: tile<BITS, 7, 1, S>(a, m0, K, wg, sg, bg, r, out, ldo); break;
+    case 6: tile<BITS, 6, 1, S>(a, m0, K, wg, sg, bg, r, out, ldo); break;
+    case 5: tile<BITS, 5, 1, S>(a, m0, K, wg, sg, bg, r, out, ldo); break;
+    case 4: tile<BITS, 4, 1, S>(a, m0, K, wg, sg, bg, r, out, ldo); break;
+    case 3: tile<BITS, 3, 2, S>(a, m0, K, wg, sg, bg, r, out, ldo); break;
+    case 2: tile<BITS, 2, 2, S>(a, m0, K, wg, sg, bg, r, out, ldo); break;
+    case 1: tile<BITS, 1, 4, S>(a, m0, K, wg, sg, bg, r, out, ldo); break;
     default: break;
   }
 }
@@ -258,11 +268,12 @@ const uint8_t* weight_tiles(const uint8_t* wg, int K, int r, uint8_t* buf) {
   } while (0)
 
 // the block's 16 x 16 dot products (in cbuf) into the rows' accumulators
-inline void block_floats(const Act& a, int m0, int rows, int nb, int b, const int32_t* cbuf, const float* sg,
-                         const float* bg, int r, __m512* acc) {
+template <typename S>
+inline void block_floats(const Act& a, int m0, int rows, int nb, int b, const int32_t* cbuf, const S* sg,
+                         const S* bg, int r, __m512* acc) {
   const __mmask16 fm = static_cast<__mmask16>((1u << r) - 1);
-  const __m512 sv = _mm512_maskz_loadu_ps(fm, sg + static_cast<size_t>(b) * r);
-  const __m512 bv = _mm512_maskz_loadu_ps(fm, bg + static_cast<size_t>(b) * r);
+  const __m512 sv = load_scales(sg + static_cast<size_t>(b) * r, fm);
+  const __m512 bv = load_scales(bg + static_cast<size_t>(b) * r, fm);
 #pragma GCC unroll 16
   for (int i = 0; i < kGroup; ++i) {
     if (i < rows) {
@@ -274,7 +285,8 @@ inline void block_floats(const Act& a, int m0, int rows, int nb, int b, const in
 
 // activation rows m0..m0+rows-1 (rows <= 16; a.q has zero rows up to m0+16) against one group's
 // weight tiles
-void amx_tile_rows(const Act& a, int m0, int rows, int K, const uint8_t* bt, const float* sg, const float* bg,
+template <typename S>
+void amx_tile_rows(const Act& a, int m0, int rows, int K, const uint8_t* bt, const S* sg, const S* bg,
                    int r, float* out, int ldo, int32_t* cbuf) {
   const int nb = K / kBlock;
   __m512 acc[kGroup];
@@ -302,8 +314,8 @@ void amx_tile_rows(const Act& a, int m0, int rows, int K, const uint8_t* bt, con
 }
 #undef MLXCEL_DOTS
 
-template <int BITS>
-void amx_group(const Act& a, int M, int K, const uint8_t* wg, const float* sg, const float* bg, int r, float* out,
+template <int BITS, typename S>
+void amx_group(const Act& a, int M, int K, const uint8_t* wg, const S* sg, const S* bg, int r, float* out,
                int ldo, uint8_t* buf, int32_t* cbuf) {
   const uint8_t* bt = weight_tiles<BITS>(wg, K, r, buf);
   for (int m0 = 0; m0 < M; m0 += kGroup) amx_tile_rows(a, m0, std::min(kGroup, M - m0), K, bt, sg, bg, r, out, ldo, cbuf);
@@ -349,7 +361,14 @@ void interleave(const float* rows, float* out, int N, int nb) {
   }
 }
 
-void dequantize_rows(const uint8_t* w, const float* scales, const float* biases, const uint32_t* ids, int R,
+namespace {
+inline float scale_at(const void* p, size_t i, bool half) {
+  if (!half) return static_cast<const float*>(p)[i];
+  return _mm512_cvtss_f32(_mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(static_cast<const uint16_t*>(p)[i]))));
+}
+}  // namespace
+
+void dequantize_rows(const uint8_t* w, const void* scales, const void* biases, bool half, const uint32_t* ids, int R,
                      int N, int K, int bits, float* out) {
   const size_t rb = row_bytes(K, bits);
   const int nb = K / kBlock;
@@ -364,7 +383,7 @@ void dequantize_rows(const uint8_t* w, const float* scales, const float* biases,
       const uint8_t byte = base[value_offset(i, k, r, bits, &high)];
       const uint8_t q = bits == 8 ? byte : (high ? byte >> 4 : byte & 0x0F);
       const size_t f = fbase + static_cast<size_t>(k / kBlock) * r + i;
-      o[k] = scales[f] * static_cast<float>(q) + biases[f];
+      o[k] = scale_at(scales, f, half) * static_cast<float>(q) + scale_at(biases, f, half);
     }
   }
 }
@@ -401,13 +420,31 @@ void qmm_multi(const float* x, const WeightRef* weights, int count, int M, int K
         float* out = wr.out + static_cast<size_t>(g) * kGroup;
 #if MLXCEL_AMX
         if (amx) {
-          if (bits == 8) amx_group<8>(a, M, K, wg, wr.scales + fo, wr.biases + fo, r, out, wr.N, buf.data(), cbuf.data());
-          else amx_group<4>(a, M, K, wg, wr.scales + fo, wr.biases + fo, r, out, wr.N, buf.data(), cbuf.data());
+          if (wr.half) {
+            const auto* sg = static_cast<const uint16_t*>(wr.scales) + fo;
+            const auto* bg = static_cast<const uint16_t*>(wr.biases) + fo;
+            if (bits == 8) amx_group<8>(a, M, K, wg, sg, bg, r, out, wr.N, buf.data(), cbuf.data());
+            else amx_group<4>(a, M, K, wg, sg, bg, r, out, wr.N, buf.data(), cbuf.data());
+          } else {
+            const auto* sg = static_cast<const float*>(wr.scales) + fo;
+            const auto* bg = static_cast<const float*>(wr.biases) + fo;
+            if (bits == 8) amx_group<8>(a, M, K, wg, sg, bg, r, out, wr.N, buf.data(), cbuf.data());
+            else amx_group<4>(a, M, K, wg, sg, bg, r, out, wr.N, buf.data(), cbuf.data());
+          }
           continue;
         }
 #endif
-        if (bits == 8) group<8>(a, M, K, wg, wr.scales + fo, wr.biases + fo, r, out, wr.N);
-        else group<4>(a, M, K, wg, wr.scales + fo, wr.biases + fo, r, out, wr.N);
+        if (wr.half) {
+          const auto* sg = static_cast<const uint16_t*>(wr.scales) + fo;
+          const auto* bg = static_cast<const uint16_t*>(wr.biases) + fo;
+          if (bits == 8) group<8>(a, M, K, wg, sg, bg, r, out, wr.N);
+          else group<4>(a, M, K, wg, sg, bg, r, out, wr.N);
+        } else {
+          const auto* sg = static_cast<const float*>(wr.scales) + fo;
+          const auto* bg = static_cast<const float*>(wr.biases) + fo;
+          if (bits == 8) group<8>(a, M, K, wg, sg, bg, r, out, wr.N);
+          else group<4>(a, M, K, wg, sg, bg, r, out, wr.N);
+        }
       }
     }
 #if MLXCEL_AMX

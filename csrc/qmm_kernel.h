@@ -27,7 +27,8 @@ void interleave(const float* rows, float* out, int N, int nb);
 
 // out[r, k] = scales[row, k/32] * q[row, k] + biases[row, k/32] for row = ids[r] (r < R), with
 // the packed weight and the interleaved scales and biases.
-void dequantize_rows(const uint8_t* w, const float* scales, const float* biases, const uint32_t* ids, int R,
+// Scales and biases are float32, or float16 (half) where the weight's values all are exactly.
+void dequantize_rows(const uint8_t* w, const void* scales, const void* biases, bool half, const uint32_t* ids, int R,
                      int N, int K, int bits, float* out);
 
 // out[M, N] = x[M, K] @ W^T with W[n, k] = scales[n, k/32] * q[n, k] + biases[n, k/32] (packed
@@ -40,10 +41,11 @@ void qmm(const float* x, const uint8_t* w, const float* scales, const float* bia
 // what qmm would give for weight i alone.
 struct WeightRef {
   const uint8_t* w;
-  const float* scales;
-  const float* biases;
+  const void* scales;  // float32, or float16 when half
+  const void* biases;
   float* out;
   int N;
+  bool half = false;
 };
 void qmm_multi(const float* x, const WeightRef* weights, int count, int M, int K, int bits, int threads);
 

@@ -100,6 +100,11 @@ class RowRope : public mx::UnaryPrimitive {
 
 }  // namespace
 
+std::shared_ptr<const std::vector<float>> rope_table_for(const std::vector<int32_t>& pos, int dims, float base,
+                                                         float scale) {
+  return g_rope_tables.get(pos, dims, base, scale);
+}
+
 mx::array row_rope(const mx::array& x, int dims, bool traditional, float base, float scale, int offset,
                    std::optional<mx::array> offsets) {
   if (x.ndim() != 4 || x.dtype() != mx::float32)

@@ -3,6 +3,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "mlx/mlx.h"
@@ -11,8 +12,27 @@ namespace mlxcel {
 
 extern std::atomic<int> kernel_threads;  // set_threads(): the thread count every kernel runs with
 extern std::atomic<long long> qmm_ns, qmm_calls;  // time in the matmul kernel (kernel_time())
-extern std::atomic<long long> attention_ns;    // time in the attention kernels (attention_time())
+extern std::atomic<long long> attention_ns;
+extern std::atomic<long long> layer_ns, layer_calls;  // time in the fused decoder layers (layer_time())    // time in the attention kernels (attention_time())
 extern std::atomic<long long> buffers_donated, buffers_copied;  // by the cache attention (buffer_updates())
+
+// Whether a multi-output op may write into input `in` in place (a cache buffer nobody else holds).
+// MLX's is_donatable() asks for a descriptor referenced once, but every output of a multi-output
+// primitive keeps its own copy of the inputs (array::make_arrays), so an input that only this
+// op's outputs hold shows one reference per output. The descriptor's count is read through
+// array's one member, a std::shared_ptr<ArrayDesc> (mlx/array.h); the rest is is_donatable's test.
+inline bool donatable_by(const mlx::core::array& in, size_t outputs) {
+  static_assert(sizeof(mlx::core::array) == sizeof(std::shared_ptr<void>), "mlx::core::array is one shared_ptr");
+  const long refs = reinterpret_cast<const std::shared_ptr<void>&>(in).use_count();
+  return refs == static_cast<long>(outputs) && in.data_shared_ptr().use_count() == 1 &&
+         in.data_shared_ptr()->is_owned() && in.flags().row_contiguous;
+}
+
+// A kernel weight's scales and biases: both float32, or both float16 (exact GGUF values)
+inline bool scale_dtype_ok(const mlx::core::array& scales, const mlx::core::array& biases) {
+  return scales.dtype() == biases.dtype() &&
+         (scales.dtype() == mlx::core::float32 || scales.dtype() == mlx::core::float16);
+}
 
 // 4 or 8, else std::invalid_argument
 void check_bits(int bits);

@@ -14,8 +14,9 @@
 namespace mlxcel {
 
 namespace {
-constexpr int kSpin = 2000;    // pause-spins (~50 us) before yielding
-constexpr int kYield = 200;    // then yields before sleeping
+constexpr int kSpin = 2000;        // pause-spins (~50 us) before yielding
+constexpr int kYield = 200;        // then yields before sleeping
+constexpr int kTasksPerThread = 4;  // run_ranges: ranges a thread, so a late thread's share is taken by others
 }  // namespace
 
 ThreadPool& ThreadPool::instance() {
@@ -35,17 +36,23 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::ensure(int workers) {
   while (static_cast<int>(threads_.size()) < workers) {
-    const int index = static_cast<int>(threads_.size()) + 1;
-    // the generation it has seen is fixed here, before run() announces the job: a thread that
-    // started late and read the new generation itself would skip the job and hang the caller
     const uint64_t seen = generation_.load();
-    threads_.emplace_back([this, index, seen] { worker_loop(index, seen); });
+    threads_.emplace_back([this, seen] { worker_loop(seen); });
   }
 }
 
-void ThreadPool::worker_loop(int index, uint64_t seen) {
+// Take and run tasks until none is left. Only called while open_ (see worker_loop).
+void ThreadPool::drain() {
+  const int n = tasks_.load(std::memory_order_acquire);
+  for (int i = next_.fetch_add(1, std::memory_order_acq_rel); i < n; i = next_.fetch_add(1, std::memory_order_acq_rel)) {
+    (*job_)(i);
+    done_.fetch_add(1, std::memory_order_acq_rel);
+  }
+}
+
+void ThreadPool::worker_loop(uint64_t seen) {
   for (;;) {
-    // wait for a new generation: spin, then yield, then sleep
+    // wait for a new call: spin, then yield, then sleep
     int tries = 0;
     while (generation_.load(std::memory_order_acquire) == seen) {
       if (tries < kSpin) {
@@ -62,34 +69,41 @@ void ThreadPool::worker_loop(int index, uint64_t seen) {
     }
     seen = generation_.load(std::memory_order_acquire);
     if (stop_) return;
-    if (index < active_.load(std::memory_order_acquire)) {
-      (*job_)(index);
-      pending_.fetch_sub(1, std::memory_order_acq_rel);
-    }
+    // Dekker with run(): the caller clears open_ and then waits for inside_ to reach 0, a worker
+    // counts itself in and then reads open_ (both sequentially consistent), so a worker that
+    // woke late either sees the job closed or is waited for; it never reads a finished call's job
+    inside_.fetch_add(1);
+    if (open_.load()) drain();
+    inside_.fetch_sub(1);
   }
 }
 
-void ThreadPool::run(int n, const std::function<void(int)>& f) {
-  if (n <= 1) {
-    f(0);
+void ThreadPool::run(int tasks, int threads, const std::function<void(int)>& f) {
+  if (tasks <= 0) return;
+  if (threads <= 1 || tasks == 1) {
+    for (int i = 0; i < tasks; ++i) f(i);
     return;
   }
   std::lock_guard<std::mutex> call(call_mutex_);
-  ensure(n - 1);
+  ensure(threads - 1);
   job_ = &f;
-  active_.store(n, std::memory_order_release);
-  pending_.store(n - 1, std::memory_order_release);
+  tasks_.store(tasks);
+  next_.store(0);
+  done_.store(0);
+  open_.store(true);
   {
     std::lock_guard<std::mutex> lock(m_);
     generation_.fetch_add(1, std::memory_order_acq_rel);
   }
   if (sleepers_.load() > 0) cv_.notify_all();
-  f(0);
+  drain();
   int tries = 0;
-  while (pending_.load(std::memory_order_acquire) > 0) {
+  while (done_.load(std::memory_order_acquire) < tasks) {  // tasks a worker took and is still running
     if (++tries < kSpin) MLXCEL_PAUSE();
     else sched_yield();
   }
+  open_.store(false);
+  while (inside_.load() > 0) MLXCEL_PAUSE();
   job_ = nullptr;
 }
 
@@ -98,8 +112,10 @@ void run_ranges(int64_t n, int threads, const std::function<void(int64_t, int64_
     run(0, n);
     return;
   }
-  const int64_t chunk = (n + threads - 1) / threads;
-  ThreadPool::instance().run(threads, [&](int t) { run(std::min(n, t * chunk), std::min(n, (t + 1) * chunk)); });
+  const int64_t parts = std::min<int64_t>(n, static_cast<int64_t>(threads) * kTasksPerThread);
+  const int64_t chunk = (n + parts - 1) / parts;
+  const int tasks = static_cast<int>((n + chunk - 1) / chunk);
+  ThreadPool::instance().run(tasks, threads, [&](int t) { run(t * chunk, std::min(n, (t + 1) * chunk)); });
 }
 
 }  // namespace mlxcel

@@ -217,6 +217,7 @@ class RunConfig:
 
 DEFAULT_BENCH_MAX_TOKENS = 128
 PEERS = ("mlx-lm", "llama.cpp")
+MAX_BUSY = 64  # bench --busy
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,7 @@ class BenchOptions:
     plot_path: str | None = None
     limit: int | None = None  # prompts per kind
     repeats: int = 1
+    busy: int = 0  # background busy loops (nice 19) during the run
     trace: str | None = (
         None  # multi-turn traces (JSON Lines of {"turns": [...]}) instead of a workload  # timed runs per prompt and configuration (the median-speed one is kept)
     )

@@ -25,6 +25,7 @@ from .options import (
     DEFAULT_NGRAM_MIN,
     DEFAULT_POLICY,
     DEFAULT_SUFFIX_CACHE_TOKENS,
+    MAX_BUSY,
     MAX_DRAFT_LIMIT,
     MAX_PARALLEL,
     NGRAM_MAX_LIMIT,
@@ -425,6 +426,8 @@ def validate_bench(opts: CommandOptions, bench: BenchOptions) -> BenchPlan:
         raise UsageError(f"--limit must be at least 1, got {bench.limit}")
     if not 1 <= bench.repeats <= 100:
         raise UsageError(f"--repeats must be between 1 and 100, got {bench.repeats}")
+    if not 0 <= bench.busy <= MAX_BUSY:
+        raise UsageError(f"--busy must be between 0 and {MAX_BUSY}, got {bench.busy}")
     if opts.generation.max_tokens < 1:
         raise UsageError(f"--max-tokens must be at least 1 for a benchmark, got {opts.generation.max_tokens}")
     widths = _parse_widths(bench.sweep_widths) if bench.sweep_widths is not None else ()

@@ -436,3 +436,55 @@ def test_nn_layers_survive_a_mode_that_leaves_them_alone():
     lin = nn.Linear(32, 16)
     assert cpu_weights._target_bits(lin, "q8") is None
     assert cpu_weights._target_bits(nn.Linear(64, 16), "q4") == 4
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [4, 8])
+def test_float16_scales_give_the_float32_rows_bit_for_bit(bits):
+    """Scales and biases that are exactly float16 values (a GGUF's) may be held as float16: the
+    kernel, the embedding lookup and the wide-block dequantization read the same float32 values."""
+    mx.random.seed(5)
+    w = (mx.random.normal((96, 256)) * 0.05).astype(mx.float16)
+    wq, s, b = mx.quantize(w, group_size=32, bits=bits)
+    assert s.dtype == mx.float16
+    packed = QMM.repack(wq, bits)
+    s32, b32 = QMM.interleave(s.astype(mx.float32)), QMM.interleave(b.astype(mx.float32))
+    s16, b16 = s32.astype(mx.float16), b32.astype(mx.float16)
+    x = mx.random.normal((5, 256))
+    full = QMM.row_exact_qmm(x, packed, s32, b32, bits)
+    half = QMM.row_exact_qmm(x, packed, s16, b16, bits)
+    assert mx.array_equal(full, half).item()
+    ids = mx.array([0, 17, 95, 3])
+    assert mx.array_equal(
+        QMM.dequantize_rows(packed, s32, b32, bits, ids), QMM.dequantize_rows(packed, s16, b16, bits, ids)
+    ).item()
+    with pytest.raises(ValueError, match="float16"):
+        QMM.row_exact_qmm(x, packed, s16, b32, bits)  # one of each: refused
+
+
+@needs_kernel
+def test_half_scales_only_where_every_value_is_exact(tiny_dir, monkeypatch):
+    from mlxcel_py.models import loading
+
+    loaded = loading.load(loading.resolve(str(tiny_dir)))  # float32 weights quantized here: float32 scales
+    kinds = {m.scales.dtype for _, m in loaded.model.named_modules() if isinstance(m, cpu_weights.RowExactLinear)}
+    assert kinds == {mx.float32}
+    layer = next(m for n, m in loaded.model.named_modules() if n.endswith("o_proj"))  # no shared-input siblings
+    x = mx.random.normal((3, layer.input_dims))
+    before = layer(x)
+    layer.scales = layer.scales.astype(mx.float16).astype(mx.float32)  # now exactly float16 values
+    layer.biases = layer.biases.astype(mx.float16).astype(mx.float32)
+    rounded = layer(x)
+    assert cpu_weights.half_scales(loaded.model) == 1
+    assert layer.scales.dtype == mx.float16 and mx.array_equal(layer(x), rounded).item()
+    assert not mx.array_equal(before, rounded).item()  # the rounding was real, and kept as is
+    monkeypatch.setenv("MLXCEL_F32_SCALES", "1")
+    layer.scales = layer.scales.astype(mx.float32)
+    assert cpu_weights.half_scales(loaded.model) == 0
+
+
+@needs_kernel
+@pytest.mark.real
+def test_default_model_holds_its_gguf_scales_as_float16(real):
+    layers = [m for _, m in real.model.named_modules() if isinstance(m, cpu_weights.RowExactLinear)]
+    assert layers and all(m.scales.dtype == mx.float16 and m.biases.dtype == mx.float16 for m in layers)

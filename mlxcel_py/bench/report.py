@@ -20,6 +20,7 @@ from ..options import BenchPlan, DraftConfig
 from ..session import open_session
 from ..terminal import ui
 from . import runner as benchmark
+from .busy import busy_loops
 from .runner import ALL_KINDS, SummaryRow, WidthChoice
 from .workload import Trace, WorkItem
 
@@ -162,9 +163,10 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
     ui.info(
         f"benchmark: {n_prompts} prompts{f' in {len(traces)} traces' if traces else ''} x {per_prompt} runs, max {g.max_tokens} tokens, "
         f"{'greedy' if opts.sampling.greedy else f'temp {opts.sampling.temp}'}; interleaved after warmup"
+        + (f"; {b.busy} busy loop(s) at nice 19 beside it" if b.busy else "")
     )
     try:
-        with ui.progress(1 + n_prompts * per_prompt, "bench") as step:
+        with busy_loops(b.busy), ui.progress(1 + n_prompts * per_prompt, "bench") as step:
             result = benchmark.run(
                 target.model,
                 target.tokenizer,
@@ -238,6 +240,7 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
             workload=b.trace or b.workload or "built-in",
             trace=bool(b.trace),
             repeats=b.repeats,
+            busy=b.busy,
             widths=list(plan.widths),
             plot=str(plot_path) if plot_path else None,
             peer=b.vs,

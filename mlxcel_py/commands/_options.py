@@ -89,6 +89,7 @@ VsOpt = Annotated[Optional[str], typer.Option("--vs", metavar="PEER", help="Also
 JsonOpt = Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="Write every run and the summary as JSON.", rich_help_panel=BENCH)]
 MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="Print the summary as a Markdown table on stdout (for READMEs).", rich_help_panel=BENCH)]
 RepeatsOpt = Annotated[int, typer.Option("--repeats", metavar="N", help="Time each prompt under each configuration N times (interleaved) and keep the median-speed run.", rich_help_panel=BENCH)]
+BusyOpt = Annotated[int, typer.Option("--busy", metavar="N", help="Run N busy loops (nice 19) in the background during the benchmark, as other programs load a user's machine.", rich_help_panel=BENCH)]
 LimitOpt = Annotated[Optional[int], typer.Option("--limit", metavar="N", help="Use at most N prompts of each kind.", rich_help_panel=BENCH)]
 # llama-server's spellings on serve: -t is threads there (temperature stays --temp), -n the server cap
 ServeTempOpt = Annotated[Optional[float], typer.Option("--temp", "--temperature", metavar="FLOAT", help="Default sampling temperature; 0 is greedy. Sampling flags left out come from the model's generation_config.json, else llama-server's defaults (temp 0.8, top-p 0.95, top-k 40, min-p 0.05).", rich_help_panel=SAMPLING)]
@@ -210,6 +211,7 @@ def build_bench_options(params: dict[str, Any]) -> O.BenchOptions:
         plot_path=g("plot"),
         limit=g("limit"),
         repeats=g("repeats", 1),
+        busy=g("busy", 0),
         trace=g("trace"),
     )
 
@@ -336,6 +338,7 @@ BENCH_PARAMS = (
         _kw("markdown", MarkdownOpt, False),
         _kw("limit", LimitOpt, None),
         _kw("repeats", RepeatsOpt, 1),
+        _kw("busy", BusyOpt, 0),
     ]
     + RUNTIME_PARAMS
 )

@@ -163,8 +163,8 @@ def cache_attention(
 
 class RowExactLinear(nn.Module):
     """y = x @ W^T (+ bias) with W held in the kernel's layout: `weight` uint8 [N, K*bits/8] from
-    `_qmm.repack`, `scales`/`biases` float32 [N, K/32] in its order (`_qmm.interleave`). Built by
-    `apply`."""
+    `_qmm.repack`, `scales`/`biases` [N, K/32] in its order (`_qmm.interleave`), float32 or, where
+    exact, float16 (`half_scales`). Built by `apply`."""
 
     def __init__(self, weight: mx.array, scales: mx.array, biases: mx.array, bits: int, bias: mx.array | None = None):
         super().__init__()
@@ -292,6 +292,28 @@ class WeightsReport:
             "weight_mib": round(self.weight_bytes / 2**20, 1),
             "rows_exact": self.kernel_layers > 0 and not self.inexact,
         }
+
+
+def half_scales(model: Any) -> int:
+    """Kernel layers whose scales and biases are all exactly float16 values (a GGUF's own d and m,
+    a float16 MLX checkpoint's) keep them as float16: the kernel reads 2 bytes instead of 4 of each
+    (a 4-bit layer's bytes drop by a sixth) and converts them back to the same float32 values, so
+    no output changes by a bit. Others stay float32. Returns how many layers changed;
+    MLXCEL_F32_SCALES=1 keeps every layer float32 (A/B runs)."""
+    if os.environ.get("MLXCEL_F32_SCALES"):
+        return 0
+    changed = 0
+    for _, m in model.named_modules():
+        if not isinstance(m, RowExactLinear) or m.scales.dtype != mx.float32:
+            continue
+        s16, b16 = m.scales.astype(mx.float16), m.biases.astype(mx.float16)
+        if (
+            mx.array_equal(s16.astype(mx.float32), m.scales).item()
+            and mx.array_equal(b16.astype(mx.float32), m.biases).item()
+        ):
+            m.scales, m.biases = s16, b16
+            changed += 1
+    return changed
 
 
 def _in_features(module: Any) -> int:
@@ -434,6 +456,7 @@ def apply(model: Any, asked: str) -> WeightsReport:
     )
     dequantize_model(model)
     model.set_dtype(mx.float32)  # norms, float layers, biases; set_dtype leaves the packed uint8 weights
+    half_scales(model)
     mx.eval(model.parameters())
     label = (
         asked

@@ -41,6 +41,7 @@ from mlx_lm.models.cache import KVCache
 
 from ..cpu import kernels as cpu_kernels
 from ..cpu import weights as cpu_weights
+from ..models import cache_kinds
 from ..models.taps import trunk_and_head
 from .cache import SequenceCache
 
@@ -100,7 +101,7 @@ class RowCaches:
             raise RuntimeError("a ragged batch has one row per entry")
         plan = self.plan
         for c, e in zip(self.caches, plan.ends):
-            _reserve(c, e - c.offset, keys.shape[1], keys.shape[3])
+            cache_kinds.reserve(c, e - c.offset, keys.shape[1], keys.shape[3])
         got = cpu_weights.cache_attention(
             queries,
             keys,
@@ -134,24 +135,6 @@ class RaggedPlan:
         for seq, pos in entries:
             ends[seq] = max(ends[seq], pos + 1)
         return RaggedPlan([e[0] for e in entries], [e[1] for e in entries], ends)
-
-
-def _reserve(c: KVCache, n: int, heads: int, dim: int) -> None:
-    """Room for n more positions in c's buffers, grown as mlx-lm's KVCache.update_and_fetch grows
-    them (whole steps of c.step positions), so later solo steps find the layout they expect."""
-    prev = c.offset
-    if c.keys is not None and prev + n <= c.keys.shape[2]:
-        return
-    steps = (c.step + n - 1) // c.step
-    new_k = mx.zeros((1, heads, steps * c.step, dim), mx.float32)
-    new_v = mx.zeros((1, heads, steps * c.step, dim), mx.float32)
-    if c.keys is None:
-        c.keys, c.values = new_k, new_v
-        return
-    if prev % c.step != 0:
-        c.keys, c.values = c.keys[..., :prev, :], c.values[..., :prev, :]
-    c.keys = mx.concatenate([c.keys, new_k], axis=2)
-    c.values = mx.concatenate([c.values, new_v], axis=2)
 
 
 def _fusable(model: Any, seqs: Sequence[SequenceCache]) -> bool:

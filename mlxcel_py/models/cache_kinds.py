@@ -141,6 +141,25 @@ class List:
 _TRIM_TYPES = (KVCache, QuantizedKVCache, ConcatenateKVCache, ChunkedKVCache)
 
 
+def reserve(c: KVCache, n: int, heads: int, dim: int) -> None:
+    """Room for n more positions in a KVCache's buffers, grown as mlx-lm's update_and_fetch grows
+    them (whole steps of c.step positions), for ops that write the buffers themselves (the batched
+    cache attention, the fused decoder layers); later mlx-lm writes find the layout they expect."""
+    prev = c.offset
+    if c.keys is not None and prev + n <= c.keys.shape[2]:
+        return
+    steps = (c.step + n - 1) // c.step
+    new_k = mx.zeros((1, heads, steps * c.step, dim), mx.float32)
+    new_v = mx.zeros((1, heads, steps * c.step, dim), mx.float32)
+    if c.keys is None:
+        c.keys, c.values = new_k, new_v
+        return
+    if prev % c.step != 0:
+        c.keys, c.values = c.keys[..., :prev, :], c.values[..., :prev, :]
+    c.keys = mx.concatenate([c.keys, new_k], axis=2)
+    c.values = mx.concatenate([c.values, new_v], axis=2)
+
+
 def kind_of(c: Any):
     """The adapter for one cache object."""
     if isinstance(c, RotatingKVCache):

@@ -228,4 +228,8 @@ def load(
 
         cpu_kernels.enable_row_exact(model, cw.attention, cw.swiglu)  # why_rows_not_exact checked that it routes
         kernels += "; row-exact attention, SwiGLU" + ("; rope" if cw.patch_rope(model) else "")
+        from . import decoder_layers
+
+        if fused := decoder_layers.install(model):
+            kernels += f"; {fused} fused decoder layers"
     return LoadedModel(model, tokenizer, resolved, dtype, time.perf_counter() - start, kernels, weights)

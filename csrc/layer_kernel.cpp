@@ -1,0 +1,170 @@
+// The llama-family decoder layer in one call (layer_kernel.h). Compiled with -mavx512f/bw/vl
+// (CMakeLists.txt); only called after cpu_supported().
+//
+// Why: through mlx-lm's model code a decode step of the default model is ~1,200 MLX ops (about
+// 40 a layer) whose Python graph building and per-op dispatch cost as much as the matmuls. Here a
+// layer is one op: the matmuls are the same row-exact kernel calls (each its own parallel
+// region, work taken by whichever thread is free: thread_pool.h), and everything between them
+// (norms, rope, cache writes, residuals) is a few microseconds of row-wise work on the calling
+// thread.
+#include "layer_kernel.h"
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "attention_kernel.h"
+#include "qmm_kernel.h"
+#include "rowwise_kernel.h"
+
+namespace mlxcel {
+
+void rms_norm_rows(const float* x, const float* w, float eps, int R, int n, float* out) {
+  // MLX's own arithmetic (mx.fast.rms_norm on the CPU falls back to x * rsqrt(mean(x^2) + eps) * w:
+  // a sum in order, times 1/n, 1/sqrt), so a fused layer gives the bits mlx-lm's layer gives
+  const float inv_n = static_cast<float>(1.0 / n);
+  for (int r = 0; r < R; ++r) {
+    const float* xr = x + static_cast<int64_t>(r) * n;
+    float* o = out + static_cast<int64_t>(r) * n;
+    float sum = 0.0f;
+    for (int j = 0; j < n; ++j) sum += xr[j] * xr[j];
+    const __m512 inv = _mm512_set1_ps(1.0f / std::sqrt(sum * inv_n + eps));
+    for (int j = 0; j < n; j += 16) {
+      const __mmask16 m = n - j >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
+      const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + j), inv);
+      _mm512_mask_storeu_ps(o + j, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + j)));
+    }
+  }
+}
+
+namespace {
+
+void add_rows(const float* a, const float* b, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(out + i, _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+  for (; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void add_bias(float* y, const float* bias, int T, int N) {
+  if (bias == nullptr) return;
+  for (int t = 0; t < T; ++t) add_rows(y + static_cast<int64_t>(t) * N, bias, y + static_cast<int64_t>(t) * N, N);
+}
+
+// y_i = x @ W_i^T (+ bias_i) for linears sharing the input x [T, K]: one kernel call (x quantized
+// once) when their bits agree, else one call each; the outputs are the same either way
+void project(const float* x, int T, const LinearView* const* lin, float* const* out, int count, int threads) {
+  bool same = true;
+  for (int i = 1; i < count; ++i) same = same && lin[i]->bits == lin[0]->bits;
+  std::vector<WeightRef> refs;
+  for (int i = 0; i < count; ++i)
+    refs.push_back({lin[i]->w, lin[i]->scales, lin[i]->biases, out[i], lin[i]->N, lin[i]->half});
+  if (same) {
+    qmm_multi(x, refs.data(), count, T, lin[0]->K, lin[0]->bits, threads);
+  } else {
+    for (int i = 0; i < count; ++i) qmm_multi(x, &refs[i], 1, T, lin[i]->K, lin[i]->bits, threads);
+  }
+  for (int i = 0; i < count; ++i) add_bias(out[i], lin[i]->bias, T, lin[i]->N);
+}
+
+struct Scratch {
+  std::vector<float> xn, q, k, v, qr, kr, att, h1, dn, g, u;
+  void size(int T, int hidden, int qd, int kvd, int inter) {
+    const auto at = [](std::vector<float>& b, int64_t n) {
+      if (static_cast<int64_t>(b.size()) < n) b.resize(n);
+    };
+    at(xn, static_cast<int64_t>(T) * hidden);
+    at(h1, static_cast<int64_t>(T) * hidden);
+    at(dn, static_cast<int64_t>(T) * hidden);
+    at(q, static_cast<int64_t>(T) * qd);
+    at(qr, static_cast<int64_t>(T) * qd);
+    at(att, static_cast<int64_t>(T) * qd);
+    at(k, static_cast<int64_t>(T) * kvd);
+    at(kr, static_cast<int64_t>(T) * kvd);
+    at(v, static_cast<int64_t>(T) * kvd);
+    at(g, static_cast<int64_t>(T) * inter);
+    at(u, static_cast<int64_t>(T) * inter);
+  }
+};
+
+}  // namespace
+
+void decoder_layer(const DecoderLayerView& L, const LayerRows& R, int threads) {
+  const int T = R.T, hidden = L.q.K, D = L.D, Hq = L.Hq, Hkv = L.Hkv, inter = L.gate.N;
+  const int qd = Hq * D, kvd = Hkv * D;
+  thread_local Scratch s;  // the MLX stream's thread; buffers grow once and are kept
+  s.size(T, hidden, qd, kvd, inter);
+
+  // attention
+  rms_norm_rows(R.h, L.attn_norm, L.eps, T, hidden, s.xn.data());
+  {
+    const LinearView* lin[3] = {&L.q, &L.k, &L.v};
+    float* out[3] = {s.q.data(), s.k.data(), s.v.data()};
+    project(s.xn.data(), T, lin, out, 3, threads);
+  }
+  if (L.q_norm != nullptr) rms_norm_rows(s.q.data(), L.q_norm, L.qk_eps, T * Hq, D, s.q.data());
+  if (L.k_norm != nullptr) rms_norm_rows(s.k.data(), L.k_norm, L.qk_eps, T * Hkv, D, s.k.data());
+  const int64_t qst[3] = {qd, D, D}, kst[3] = {kvd, D, D};
+  rope(s.q.data(), qst, s.qr.data(), T, Hq, 1, D, L.rope_dims, L.rope_traditional, R.cos_sin, 1);
+  rope(s.k.data(), kst, s.kr.data(), T, Hkv, 1, D, L.rope_dims, L.rope_traditional, R.cos_sin, 1);
+  // every row's key and value first: a row of a verify block attends the rows before it
+  for (int t = 0; t < T; ++t) {
+    const int b = R.seq[t];
+    for (int h = 0; h < Hkv; ++h) {
+      const int64_t at = h * R.head_stride[b] + static_cast<int64_t>(R.pos[t]) * D;
+      std::memcpy(R.k_bufs[b] + at, s.kr.data() + (static_cast<int64_t>(t) * Hkv + h) * D, sizeof(float) * D);
+      std::memcpy(R.v_bufs[b] + at, s.v.data() + (static_cast<int64_t>(t) * Hkv + h) * D, sizeof(float) * D);
+    }
+  }
+  {
+    std::vector<const float*> kp(T), vp(T);
+    std::vector<int64_t> stride(T);
+    for (int t = 0; t < T; ++t) {
+      kp[t] = R.k_bufs[R.seq[t]];
+      vp[t] = R.v_bufs[R.seq[t]];
+      stride[t] = R.head_stride[R.seq[t]];
+    }
+    RowsAttentionArgs a{};
+    a.q = s.qr.data();
+    a.q_strides[0] = qd;
+    a.q_strides[1] = D;
+    a.q_strides[2] = D;
+    a.k = kp.data();
+    a.v = vp.data();
+    a.head_stride = stride.data();
+    a.offset = R.pos;
+    a.out = s.att.data();
+    a.B = T;
+    a.Hq = Hq;
+    a.Hkv = Hkv;
+    a.L = 1;
+    a.D = D;
+    a.scale = L.attn_scale;
+    attention_rows(a, threads);
+  }
+  {
+    const LinearView* lin[1] = {&L.o};
+    float* out[1] = {s.dn.data()};
+    project(s.att.data(), T, lin, out, 1, threads);
+  }
+  add_rows(R.h, s.dn.data(), s.h1.data(), static_cast<int64_t>(T) * hidden);
+
+  // MLP
+  rms_norm_rows(s.h1.data(), L.mlp_norm, L.eps, T, hidden, s.xn.data());
+  {
+    const LinearView* lin[2] = {&L.gate, &L.up};
+    float* out[2] = {s.g.data(), s.u.data()};
+    project(s.xn.data(), T, lin, out, 2, threads);
+  }
+  swiglu(s.g.data(), s.u.data(), s.g.data(), static_cast<int64_t>(T) * inter);
+  {
+    const LinearView* lin[1] = {&L.down};
+    float* out[1] = {s.dn.data()};
+    project(s.g.data(), T, lin, out, 1, threads);
+  }
+  add_rows(s.h1.data(), s.dn.data(), R.out, static_cast<int64_t>(T) * hidden);
+}
+
+}  // namespace mlxcel

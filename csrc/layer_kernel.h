@@ -1,0 +1,55 @@
+// One decoder layer of the llama family (llama, mistral, qwen2, qwen3) on the row-exact kernels,
+// in one call: plain pointers, no MLX types (layer_primitive.cpp wraps it).
+#pragma once
+#include <cstdint>
+
+namespace mlxcel {
+
+// A linear layer in the kernel's layout (qmm_kernel.h): y = x @ W^T (+ bias), W [N, K].
+struct LinearView {
+  const uint8_t* w;
+  const void* scales;  // float32, or float16 when half (WeightRef)
+  const void* biases;
+  const float* bias;  // [N] or null
+  int N, K, bits;
+  bool half;
+};
+
+struct DecoderLayerView {
+  const float* attn_norm;  // [hidden]: RMSNorm before attention
+  const float* mlp_norm;   // [hidden]: RMSNorm before the MLP
+  const float* q_norm;     // [head_dim] per-head RMSNorm of queries and keys (qwen3), or null
+  const float* k_norm;
+  float eps, qk_eps;
+  LinearView q, k, v, o, gate, up, down;
+  int Hq, Hkv, D;
+  int rope_dims;
+  bool rope_traditional;
+  float attn_scale;
+};
+
+// T rows of one forward. Row t belongs to sequence seq[t] and stands at position pos[t]; its key
+// and value go into that sequence's buffers ([Hkv, capacity, D], head_stride = capacity * D) at
+// pos[t], and it attends keys 0..pos[t] of its sequence. A sequence's rows in one call must be
+// at consecutive positions in order (a verify block, a prompt chunk).
+struct LayerRows {
+  const float* h;  // [T, hidden] in
+  float* out;      // [T, hidden] out (h + attention + MLP)
+  int T;
+  const int* seq;
+  const int* pos;
+  const float* cos_sin;  // rope_table of pos: [T][rope_dims/2] cos, then [T][rope_dims/2] sin
+  float* const* k_bufs;  // per sequence
+  float* const* v_bufs;
+  const int64_t* head_stride;  // per sequence
+};
+
+// Every step works on each row alone (RMSNorm, the row-exact matmuls, rope, the one-row
+// attention, SwiGLU, the residual adds), so row t's output depends only on its own input, its
+// position and its sequence's keys: any block, batch or thread count gives it the same bits.
+void decoder_layer(const DecoderLayerView& layer, const LayerRows& rows, int threads);
+
+// out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for R rows of n values (the sum in a fixed order)
+void rms_norm_rows(const float* x, const float* w, float eps, int R, int n, float* out);
+
+}  // namespace mlxcel

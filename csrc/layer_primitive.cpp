@@ -1,0 +1,220 @@
+// RowExactDecoderLayer: a llama-family decoder layer (layer_kernel.h) as one op on MLX's CPU
+// stream: the layer's input rows and its sequences' KV buffers in, its output rows and the
+// written buffers out. The rows of one op may be one sequence's (a decode step, a verify block, a
+// prompt chunk) or several sequences' (a batched server step): every row goes through the same
+// row-wise code, so both give it the same bits.
+#include "layer_primitive.h"
+
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/primitives.h"
+#include "layer_kernel.h"
+#include "qmm_kernel.h"
+#include "rope_primitive.h"
+#include "runtime.h"
+
+namespace mlxcel {
+
+struct DecoderLayerState {
+  std::vector<mx::array> held;  // every array the view points into
+  DecoderLayerView view{};
+  int hidden = 0;
+  float rope_base = 0, rope_scale = 1;
+};
+
+namespace {
+
+class RowExactDecoderLayer : public mx::Primitive {
+ public:
+  RowExactDecoderLayer(mx::Stream s, std::shared_ptr<const DecoderLayerState> st, std::vector<int> seq,
+                       std::vector<int> pos)
+      : mx::Primitive(s), st_(std::move(st)), seq_(std::move(seq)), pos_(std::move(pos)) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const int S = static_cast<int>(inputs.size() - 1) / 2;
+    auto& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    std::vector<mx::array> copy_from;  // buffers that could not be donated
+    std::vector<float*> copy_dst;
+    for (int j = 0; j < 2 * S; ++j) {
+      const auto& in = inputs[1 + j];
+      auto& o = outputs[1 + j];
+      if (donatable_by(in, outputs.size())) {
+        o.copy_shared_buffer(in);
+        buffers_donated += 1;
+      } else {
+        o.set_data(mx::allocator::malloc(o.nbytes()));
+        copy_from.push_back(in);
+        copy_dst.push_back(o.data<float>());
+        buffers_copied += 1;
+      }
+    }
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) enc.set_input_array(a);
+    for (auto& o : outputs) enc.set_output_array(o);
+    std::vector<float*> bufs(2 * S);
+    std::vector<int64_t> head_stride(S);
+    for (int j = 0; j < 2 * S; ++j) bufs[j] = outputs[1 + j].data<float>();
+    for (int b = 0; b < S; ++b) head_stride[b] = static_cast<int64_t>(outputs[1 + b].shape(2)) * st_->view.D;
+    enc.dispatch([h = inputs[0], copy_from = std::move(copy_from), copy_dst = std::move(copy_dst),
+                  bufs = std::move(bufs), head_stride = std::move(head_stride), st = st_, seq = seq_, pos = pos_,
+                  op = out.data<float>(), S, threads = kernel_threads.load()]() {
+      for (size_t c = 0; c < copy_from.size(); ++c) {
+        std::vector<float> scratch;
+        std::memcpy(copy_dst[c], contiguous_rows(copy_from[c], scratch), copy_from[c].nbytes());
+      }
+      std::vector<float> scratch;
+      const float* hp = contiguous_rows(h, scratch);
+      const std::vector<int32_t> p32(pos.begin(), pos.end());
+      const auto table = rope_table_for(p32, st->view.rope_dims, st->rope_base, st->rope_scale);
+      LayerRows rows{};
+      rows.h = hp;
+      rows.out = op;
+      rows.T = static_cast<int>(seq.size());
+      rows.seq = seq.data();
+      rows.pos = pos.data();
+      rows.cos_sin = table->data();
+      rows.k_bufs = bufs.data();
+      rows.v_bufs = bufs.data() + S;
+      rows.head_stride = head_stride.data();
+      auto t0 = std::chrono::steady_clock::now();
+      decoder_layer(st->view, rows, threads);
+      layer_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+      layer_calls += 1;
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("the row-exact decoder layer runs on the CPU only");
+  }
+
+  const char* name() const override { return "RowExactDecoderLayer"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const RowExactDecoderLayer&>(other);
+    return st_ == o.st_ && seq_ == o.seq_ && pos_ == o.pos_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    std::vector<mx::Shape> shapes;
+    for (const auto& a : inputs) shapes.push_back(a.shape());
+    return shapes;
+  }
+
+ private:
+  std::shared_ptr<const DecoderLayerState> st_;
+  std::vector<int> seq_, pos_;
+};
+
+const float* floats(const mx::array& a, int n, const char* what) {
+  if (a.dtype() != mx::float32 || a.size() != static_cast<size_t>(n) || !a.flags().row_contiguous)
+    throw std::invalid_argument(std::string("decoder_layer: ") + what + " must be float32 [" + std::to_string(n) + "]");
+  return a.data<float>();
+}
+
+}  // namespace
+
+DecoderLayer::DecoderLayer(const std::vector<mx::array>& ws, const std::vector<mx::array>& scales,
+                           const std::vector<mx::array>& biases, const std::vector<int>& bits,
+                           const std::vector<std::optional<mx::array>>& bias, const mx::array& attn_norm,
+                           const mx::array& mlp_norm, std::optional<mx::array> q_norm,
+                           std::optional<mx::array> k_norm, float eps, float qk_eps, int heads, int kv_heads,
+                           int head_dim, int rope_dims, bool rope_traditional, float rope_base, float rope_scale,
+                           float attn_scale) {
+  const char* what = "decoder_layer: ";
+  if (ws.size() != 7 || scales.size() != 7 || biases.size() != 7 || bits.size() != 7 || bias.size() != 7)
+    throw std::invalid_argument(std::string(what) + "seven linears: q, k, v, o, gate, up, down");
+  auto st = std::make_shared<DecoderLayerState>();
+  std::vector<mx::array> all(ws);
+  all.insert(all.end(), scales.begin(), scales.end());
+  all.insert(all.end(), biases.begin(), biases.end());
+  all.push_back(attn_norm);
+  all.push_back(mlp_norm);
+  for (const auto& b : bias)
+    if (b) all.push_back(*b);
+  if (q_norm) all.push_back(*q_norm);
+  if (k_norm) all.push_back(*k_norm);
+  mx::eval(all);
+  st->held = all;
+  const int hidden = attn_norm.size();
+  LinearView* views[7] = {&st->view.q, &st->view.k, &st->view.v, &st->view.o,
+                          &st->view.gate, &st->view.up, &st->view.down};
+  for (int i = 0; i < 7; ++i) {
+    check_bits(bits[i]);
+    const auto &w = ws[i], &sc = scales[i], &bi = biases[i];
+    if (w.ndim() != 2 || w.dtype() != mx::uint8 || !w.flags().row_contiguous)
+      throw std::invalid_argument(std::string(what) + "weights must be uint8 [N, K*bits/8] from repack()");
+    const int N = w.shape(0), K = static_cast<int>(w.shape(1) * 8 / bits[i]);
+    if (K % 64 != 0 || !scale_dtype_ok(sc, bi) || sc.ndim() != 2 ||
+        sc.shape(0) != N || sc.shape(1) != K / 32 || bi.shape() != sc.shape() || !sc.flags().row_contiguous ||
+        !bi.flags().row_contiguous)
+      throw std::invalid_argument(std::string(what) + "linear " + std::to_string(i) +
+                                  ": scales/biases must be float32 (or both float16) [N, K/32], K a multiple of 64");
+    *views[i] = LinearView{w.data<uint8_t>(), sc.data<void>(), bi.data<void>(),
+                           bias[i] ? floats(*bias[i], N, "a bias") : nullptr, N, K, bits[i],
+                           sc.dtype() == mx::float16};
+  }
+  auto& v = st->view;
+  const int qd = heads * head_dim, kvd = kv_heads * head_dim;
+  if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || head_dim <= 0 || rope_dims <= 0 ||
+      rope_dims > head_dim || rope_dims % 2 != 0)
+    throw std::invalid_argument(std::string(what) + "heads must be a multiple of kv_heads; 0 < rope_dims <= head_dim, even");
+  if (v.q.K != hidden || v.k.K != hidden || v.v.K != hidden || v.q.N != qd || v.k.N != kvd || v.v.N != kvd ||
+      v.o.K != qd || v.o.N != hidden || v.gate.K != hidden || v.up.K != hidden || v.up.N != v.gate.N ||
+      v.down.K != v.gate.N || v.down.N != hidden)
+    throw std::invalid_argument(std::string(what) + "the linears' shapes do not make a decoder layer");
+  v.attn_norm = floats(attn_norm, hidden, "attn_norm");
+  v.mlp_norm = floats(mlp_norm, hidden, "mlp_norm");
+  v.q_norm = q_norm ? floats(*q_norm, head_dim, "q_norm") : nullptr;
+  v.k_norm = k_norm ? floats(*k_norm, head_dim, "k_norm") : nullptr;
+  v.eps = eps;
+  v.qk_eps = qk_eps;
+  v.Hq = heads;
+  v.Hkv = kv_heads;
+  v.D = head_dim;
+  v.rope_dims = rope_dims;
+  v.rope_traditional = rope_traditional;
+  v.attn_scale = attn_scale;
+  st->hidden = hidden;
+  st->rope_base = rope_base;
+  st->rope_scale = rope_scale;
+  state_ = st;
+}
+
+std::vector<mx::array> DecoderLayer::operator()(const mx::array& h, const std::vector<mx::array>& k_bufs,
+                                                const std::vector<mx::array>& v_bufs, const std::vector<int>& seq,
+                                                const std::vector<int>& pos) const {
+  const char* what = "decoder_layer: ";
+  const auto& v = state_->view;
+  if (h.dtype() != mx::float32 || h.ndim() < 1 || h.shape(-1) != state_->hidden)
+    throw std::invalid_argument(std::string(what) + "h must be float32 [..., " + std::to_string(state_->hidden) + "]");
+  const int T = static_cast<int>(h.size() / state_->hidden);
+  const int S = static_cast<int>(k_bufs.size());
+  if (static_cast<int>(seq.size()) != T || static_cast<int>(pos.size()) != T || v_bufs.size() != k_bufs.size() || S == 0)
+    throw std::invalid_argument(std::string(what) + "one sequence and position per row, one value buffer per key buffer");
+  for (int b = 0; b < S; ++b)
+    for (const auto* buf : {&k_bufs[b], &v_bufs[b]})
+      if (buf->dtype() != mx::float32 || buf->ndim() != 4 || buf->shape(0) != 1 || buf->shape(1) != v.Hkv ||
+          buf->shape(3) != v.D || k_bufs[b].shape(2) != v_bufs[b].shape(2))
+        throw std::invalid_argument(std::string(what) + "buffer " + std::to_string(b) +
+                                    " must be float32 [1, kv_heads, capacity, head_dim]");
+  for (int t = 0; t < T; ++t)
+    if (seq[t] < 0 || seq[t] >= S || pos[t] < 0 || pos[t] >= k_bufs[seq[t]].shape(2))
+      throw std::invalid_argument(std::string(what) + "row " + std::to_string(t) +
+                                  ": no such sequence, or its buffer has no room at its position");
+  auto s = mx::default_stream(mx::Device::cpu);
+  std::vector<mx::array> inputs{mx::astype(h, mx::float32, s)};
+  for (const auto* bufs : {&k_bufs, &v_bufs})
+    for (const auto& buf : *bufs) inputs.push_back(buf);
+  std::vector<mx::Shape> shapes;
+  for (const auto& a : inputs) shapes.push_back(a.shape());
+  std::vector<mx::Dtype> dtypes(shapes.size(), mx::float32);
+  return mx::array::make_arrays(std::move(shapes), dtypes,
+                                std::make_shared<RowExactDecoderLayer>(s, state_, seq, pos), inputs);
+}
+
+}  // namespace mlxcel

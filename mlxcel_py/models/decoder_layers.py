@@ -1,0 +1,215 @@
+"""The llama family's decoder layers as one op each, on the row-exact CPU kernel path.
+
+Why: a decode step through mlx-lm's model code is about 40 MLX ops a layer (1,200 on the default
+model): norms, three projections, reshapes and transposes, rope, the cache's slice update, the
+attention, the MLP. On this CPU their Python graph building and per-op dispatch took as long as
+the matmuls. `_qmm.DecoderLayer` (csrc/layer_kernel.cpp) does a whole layer in one op (RMSNorm,
+q/k/v, rope, the cache write, attention, o, residual, RMSNorm, gate/up, SwiGLU, down, residual),
+so a step is the embedding, one op a layer, the final norm and the output layer.
+
+Which models: llama, mistral, qwen2 (q/k/v biases) and qwen3 (per-head q/k norms), when every
+layer's linears are on the kernel (RowExactLinear), its norms are plain RMSNorms, its rope is
+the extension's (RowExactRoPE) and no layer slides a window. Anything else keeps mlx-lm's code.
+
+When: inside `cpu.kernels.engaged` with the row-exact attention on, a forward of token ids over
+plain KV caches (one sequence: a decode step, a verify block, a prompt chunk) or over a batched
+step's `RowCaches` in the ragged layout (several sequences, one row per entry). Both go through
+the same op and the same per-row code, so a row's logits are the same bits whether it is a
+decode step, a row of a verify block or a row of a batch: the row-exact contract holds. Other
+calls (input embeddings, other caches, blocks wider than KERNEL_ROWS) take mlx-lm's forward.
+
+How: the text model's class is swapped, on this one object, for a subclass whose __call__ tries
+the fused forward first (stock mlx-lm models in the same process are untouched). The KV buffers
+stay mlx-lm's KVCache objects (keys, values, offset), grown as mlx-lm grows them, so trims,
+rollbacks, prompt caches and later mlx-lm calls see what they expect.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
+
+from ..cpu import kernels as cpu_kernels
+from ..cpu import weights as cpu_weights
+from . import cache_kinds
+from .families import model_type
+from .taps import text_model
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+LINEARS = (
+    ("self_attn", "q_proj"),
+    ("self_attn", "k_proj"),
+    ("self_attn", "v_proj"),
+    ("self_attn", "o_proj"),
+    ("mlp", "gate_proj"),
+    ("mlp", "up_proj"),
+    ("mlp", "down_proj"),
+)
+
+_FUSED: dict[int, list] = {}  # id(text model) -> its layers' ops
+_CLASSES: dict[type, type] = {}
+
+
+def why_not(model: Any) -> str | None:
+    """Why `model`'s layers cannot be fused, or None."""
+    qmm, _ = cpu_weights.kernel_status()
+    if qmm is None or not hasattr(qmm, "DecoderLayer"):
+        return "the row-exact kernel is not in use"
+    if not cpu_kernels.row_exact(model):
+        return "its attention is not the row-exact one"
+    kind = model_type(model)
+    if kind not in FAMILIES:
+        return f"{kind} is not one of {', '.join(FAMILIES)}"
+    _, inner = text_model(model)
+    for i, layer in enumerate(getattr(inner, "layers", None) or []):
+        if getattr(layer, "use_sliding", False):
+            return f"layer {i} attends a sliding window"
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        for part, name in LINEARS:
+            if type(getattr({"self_attn": attn, "mlp": mlp}[part], name, None)) is not cpu_weights.RowExactLinear:
+                return f"layer {i} {part}.{name} is not on the kernel"
+        norms = [layer.get("input_layernorm"), layer.get("post_attention_layernorm")]
+        if kind == "qwen3":
+            norms += [attn.get("q_norm"), attn.get("k_norm")]
+        if any(type(n) is not nn.RMSNorm for n in norms):
+            return f"layer {i} has a norm other than RMSNorm"
+        if type(getattr(attn, "rope", None)) is not cpu_weights.RowExactRoPE:
+            return f"layer {i} has a rope other than plain RoPE"
+    if not getattr(inner, "layers", None):
+        return "no decoder layers found"
+    # a block of another class may do more than the op does (extra norms, scaled residuals)
+    if {type(layer).__name__ for layer in inner.layers} != {"TransformerBlock"}:
+        return "its decoder blocks are not the family's own TransformerBlock"
+    return None
+
+
+@dataclass(frozen=True)
+class _Layer:
+    op: Any  # _qmm.DecoderLayer
+    kv_heads: int
+    head_dim: int
+
+
+def _layer_op(qmm: Any, layer: Any, qwen3: bool) -> _Layer:
+    attn = layer.self_attn
+    mods = [getattr(getattr(layer, part), name) for part, name in LINEARS]
+    rope = attn.rope
+    n_heads = attn.n_heads
+    n_kv = attn.n_kv_heads
+    head_dim = mods[0].weight.shape[0] // n_heads
+    op = qmm.DecoderLayer(
+        [m["weight"] for m in mods],
+        [m["scales"] for m in mods],
+        [m["biases"] for m in mods],
+        [m.bits for m in mods],
+        [m["bias"] if "bias" in m else None for m in mods],
+        layer.input_layernorm.weight.astype(mx.float32),
+        layer.post_attention_layernorm.weight.astype(mx.float32),
+        attn.q_norm.weight.astype(mx.float32) if qwen3 else None,
+        attn.k_norm.weight.astype(mx.float32) if qwen3 else None,
+        float(layer.input_layernorm.eps),
+        float(attn.q_norm.eps) if qwen3 else 0.0,
+        n_heads,
+        n_kv,
+        head_dim,
+        int(rope.dims),
+        bool(rope.traditional),
+        float(rope.base),
+        float(rope.scale),
+        float(attn.scale),
+    )
+    return _Layer(op, n_kv, head_dim)
+
+
+def install(model: Any) -> int:
+    """Fuse `model`'s decoder layers where `why_not` allows; returns how many (0: none).
+    MLXCEL_NO_FUSED_LAYERS=1 keeps mlx-lm's layer code (for A/B runs)."""
+    if os.environ.get("MLXCEL_NO_FUSED_LAYERS") or why_not(model) is not None:
+        return 0
+    qmm, _ = cpu_weights.kernel_status()
+    _, inner = text_model(model)
+    qwen3 = model_type(model) == "qwen3"
+    ops = [_layer_op(qmm, layer, qwen3) for layer in inner.layers]
+    key = id(inner)
+    if key not in _FUSED:
+        weakref.finalize(inner, _FUSED.pop, key, None)
+    _FUSED[key] = ops
+    base = type(inner)
+    if base not in _CLASSES:
+        _CLASSES[base] = type(f"Fused{base.__name__}", (base,), {"__call__": _call, "_mlxcel_base": base})
+    if type(inner) is base:
+        inner.__class__ = _CLASSES[base]
+    return len(ops)
+
+
+@contextmanager
+def unfused(model: Any) -> Iterator[None]:
+    """Forwards inside take mlx-lm's layer code (the reference the fused layers are checked against)."""
+    _, inner = text_model(model)
+    ops = _FUSED.pop(id(inner), None)
+    try:
+        yield
+    finally:
+        if ops is not None:
+            _FUSED[id(inner)] = ops
+
+
+def fused(model: Any) -> bool:
+    """Whether `model`'s forwards go through the fused layers (where a call allows it)."""
+    _, inner = text_model(model)
+    return id(inner) in _FUSED
+
+
+def _call(self, inputs, cache=None, input_embeddings=None, **kwargs):
+    ops = _FUSED.get(id(self))
+    plan = _plan(inputs, cache, input_embeddings, kwargs, len(ops)) if ops is not None else None
+    if plan is None:
+        return self._mlxcel_base.__call__(self, inputs, cache=cache, input_embeddings=input_embeddings, **kwargs)
+    seq, pos = plan
+    h = self.embed_tokens(inputs)
+    for layer, c in zip(ops, cache):
+        groups, ends = _sequences(c, len(seq))
+        for kv, end in zip(groups, ends):
+            cache_kinds.reserve(kv, end - kv.offset, layer.kv_heads, layer.head_dim)
+        out = layer.op(h, [kv.keys for kv in groups], [kv.values for kv in groups], seq, pos)
+        h = out[0]
+        n = len(groups)
+        for s, (kv, end) in enumerate(zip(groups, ends)):
+            kv.keys, kv.values, kv.offset = out[1 + s], out[1 + n + s], end
+    return self.norm(h)
+
+
+def _plan(inputs, cache, input_embeddings, kwargs, n_layers: int) -> tuple[list[int], list[int]] | None:
+    """(sequence, position) of every row of this forward, or None when it is not one for the fused
+    layers."""
+    if kwargs or input_embeddings is not None or cache is None or len(cache) != n_layers:
+        return None
+    if not cpu_kernels.row_exact_now() or inputs.ndim != 2 or inputs.size > cpu_weights.KERNEL_ROWS:
+        return None
+    first = cache[0]
+    if type(first) is KVCache:
+        if inputs.shape[0] != 1 or not all(type(c) is KVCache for c in cache):
+            return None
+        start = first.offset
+        return [0] * inputs.shape[1], list(range(start, start + inputs.shape[1]))
+    plan = getattr(first, "plan", None)  # engine.batch.RowCaches in the ragged layout
+    if plan is None or inputs.shape[1] != 1 or len(plan.seq) != inputs.shape[0]:
+        return None
+    if not all(type(kv) is KVCache for c in cache for kv in c.caches):
+        return None
+    return list(plan.seq), list(plan.pos)
+
+
+def _sequences(c: Any, rows: int) -> tuple[list[KVCache], list[int]]:
+    """A layer's caches and where each ends after this forward."""
+    if type(c) is KVCache:
+        return [c], [c.offset + rows]
+    return list(c.caches), list(c.plan.ends)

@@ -1,0 +1,196 @@
+"""The fused decoder layers (models/decoder_layers.py, csrc/layer_kernel.cpp): one op a layer for
+the llama family on the row-exact kernel path.
+
+The reference is mlx-lm's own layer code on the same kernel weights: the fused op must give the
+same logits bit for bit (its RMSNorm is MLX's arithmetic, the rest the same kernels), in decode
+steps, verify blocks and batched steps alike.
+"""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import KVCache
+from tiny_models import build
+
+from mlxcel_py.cpu import weights as cpu_weights
+from mlxcel_py.engine import batch
+from mlxcel_py.engine.cache import SequenceCache
+from mlxcel_py.models import decoder_layers, loading
+
+QMM, WHY = cpu_weights.kernel_status()
+needs_kernel = pytest.mark.skipif(QMM is None, reason=f"row-exact kernel: {WHY}")
+
+BASE = dict(
+    hidden_size=128,
+    num_hidden_layers=2,
+    intermediate_size=256,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-5,
+    vocab_size=260,
+    max_position_embeddings=2048,
+    rope_theta=10000.0,
+    tie_word_embeddings=True,
+)
+CONFIGS = {
+    "llama": dict(BASE, model_type="llama"),
+    "mistral": dict(BASE, model_type="llama", tie_word_embeddings=False),  # config says mistral: see family()
+    "qwen2": dict(BASE, model_type="qwen2"),  # q/k/v biases
+    "qwen3": dict(BASE, model_type="qwen3", head_dim=32),  # per-head q/k norms
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def family(request, tmp_path_factory):
+    folder = build(tmp_path_factory.mktemp(request.param) / "model", CONFIGS[request.param], seed=3, scale=1.0)
+    if request.param == "mistral":  # mlx-lm runs mistral checkpoints with its llama module
+        cfg = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(dict(cfg, model_type="mistral")))
+    loaded = loading.load(loading.resolve(str(folder)))
+    return request.param, loaded
+
+
+def _greedy_logits(model, prompt: list[int], n: int) -> tuple[list[int], mx.array]:
+    cache = SequenceCache(model)
+    logits = cache.feed(prompt)
+    rows, tokens = [logits[-1]], []
+    for _ in range(n):
+        tokens.append(int(mx.argmax(logits[-1]).item()))
+        logits = cache.feed([tokens[-1]])
+        rows.append(logits[-1])
+    return tokens, mx.stack(rows)
+
+
+@needs_kernel
+def test_every_family_fuses_and_equals_mlx_lm_layers_bit_for_bit(family):
+    name, loaded = family
+    assert decoder_layers.why_not(loaded.model) is None
+    assert decoder_layers.fused(loaded.model), name
+    assert "2 fused decoder layers" in loaded.kernels
+    prompt = list(range(40, 90))  # prefill in chunks, then steps
+    tokens, fused = _greedy_logits(loaded.model, prompt, 24)
+    with decoder_layers.unfused(loaded.model):
+        ref_tokens, ref = _greedy_logits(loaded.model, prompt, 24)
+    assert tokens == ref_tokens
+    assert mx.array_equal(fused, ref).item(), f"{name}: max diff {mx.abs(fused - ref).max().item()}"
+
+
+@needs_kernel
+def test_a_verify_block_equals_its_decode_steps_bit_for_bit(family):
+    _, loaded = family
+    prompt, block = list(range(60, 100)), [7, 99, 120, 3, 250, 18, 64, 65]
+    steps = SequenceCache(loaded.model)
+    steps.feed(prompt)
+    one_by_one = mx.stack([steps.feed([t])[0] for t in block])
+    whole = SequenceCache(loaded.model)
+    whole.feed(prompt)
+    assert mx.array_equal(whole.feed(block), one_by_one).item()
+
+
+@needs_kernel
+def test_batched_rows_through_the_fused_layers_equal_solo_steps(family):
+    _, loaded = family
+    model = loaded.model
+    assert batch.ragged(model)
+    prompts = [list(range(30, 30 + n)) for n in (5, 17, 40)]
+    blocks = [[11], [12, 13, 14], [15]]  # a verify block beside plain steps
+    solo = []
+    for p, b in zip(prompts, blocks):
+        c = SequenceCache(model)
+        c.feed(p)
+        solo.append(c.feed(b))
+    seqs = []
+    for p in prompts:
+        c = SequenceCache(model)
+        c.feed(p)
+        seqs.append(c)
+    got = batch.batched_forward(model, seqs, blocks)
+    for g, s in zip(got, solo):
+        assert mx.array_equal(g, s).item()
+    # and the caches hold what solo feeding would: the next step agrees too
+    nxt = [c.feed([21])[0] for c in seqs]
+    for p, b, n in zip(prompts, blocks, nxt):
+        c = SequenceCache(model)
+        c.feed(p + b)
+        assert mx.array_equal(c.feed([21])[0], n).item()
+
+
+@needs_kernel
+def test_a_rollback_then_continue_matches_a_fresh_sequence(family):
+    _, loaded = family
+    model = loaded.model
+    c = SequenceCache(model)
+    c.feed(list(range(40, 80)))
+    c.mark()
+    c.feed([5, 6, 7, 8, 9])
+    assert c.truncate(42)  # keep 2 of the 5: a trim of the fused layers' buffers
+    c.release()
+    after = c.feed([100])
+    fresh = SequenceCache(model)
+    fresh.feed(list(range(40, 80)) + [5, 6])
+    assert mx.array_equal(after, fresh.feed([100])).item()
+
+
+@needs_kernel
+def test_the_op_refuses_bad_shapes_and_positions_with_a_message(family):
+    _, loaded = family
+    model = loaded.model
+    op = decoder_layers._FUSED[id(model.model)][0].op
+    k = mx.zeros((1, 2, 256, 32))
+    h = mx.zeros((1, 3, 128))
+    with pytest.raises(ValueError, match="one sequence and position per row"):
+        op(h, [k], [k], [0, 0], [0, 1])
+    with pytest.raises(ValueError, match="no room at its position"):
+        op(h, [k], [k], [0, 0, 0], [254, 255, 256])
+    with pytest.raises(ValueError, match="must be float32"):
+        op(h, [mx.zeros((1, 2, 256, 16))], [k], [0, 0, 0], [0, 1, 2])
+    with pytest.raises(ValueError, match="h must be float32"):
+        op(mx.zeros((1, 3, 64)), [k], [k], [0, 0, 0], [0, 1, 2])
+
+
+@needs_kernel
+def test_other_caches_and_input_embeddings_take_mlx_lm_code(family):
+    _, loaded = family
+    model = loaded.model
+    from mlxcel_py.cpu import kernels as cpu_kernels
+
+    ids = mx.array([list(range(40, 50))])
+    with cpu_kernels.engaged(model):
+        a = model(ids, cache=[KVCache() for _ in model.layers])
+        with decoder_layers.unfused(model):
+            b = model(ids, cache=[KVCache() for _ in model.layers])
+        c = model(ids)  # no cache: mlx-lm's forward (a causal mask over the block)
+    assert mx.array_equal(a, b).item()
+    assert mx.allclose(a, c, atol=1e-3).item()
+
+
+@needs_kernel
+def test_families_outside_the_list_say_why_and_are_not_fused(tmp_path):
+    from tiny_models import FAMILIES
+
+    folder = build(tmp_path / "g", FAMILIES["gemma3_text"], seed=1)
+    loaded = loading.load(loading.resolve(str(folder)))
+    assert not decoder_layers.fused(loaded.model)
+    assert decoder_layers.why_not(loaded.model)
+
+
+def test_turned_off_by_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLXCEL_NO_FUSED_LAYERS", "1")
+    folder = build(tmp_path / "m", CONFIGS["llama"], seed=3, scale=1.0)
+    loaded = loading.load(loading.resolve(str(folder)))
+    assert not decoder_layers.fused(loaded.model)
+    assert "fused" not in loaded.kernels
+
+
+@needs_kernel
+@pytest.mark.real
+def test_default_model_fused_equals_mlx_lm_layers_bit_for_bit(real):
+    assert decoder_layers.fused(real.model)
+    prompt = real.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 4)
+    tokens, fused = _greedy_logits(real.model, prompt, 16)
+    with decoder_layers.unfused(real.model):
+        ref_tokens, ref = _greedy_logits(real.model, prompt, 16)
+    assert tokens == ref_tokens and mx.array_equal(fused, ref).item()
