@@ -49,8 +49,11 @@ bench: model
 	$(MLXCEL) bench --workload benchmarks/repeated.jsonl --draft-kind suffix --prompt-lookup $(COST12) --max-tokens 256 \
 		--json docs/bench/suffix-repeated.json --markdown > docs/bench/suffix-repeated.md
 	@if $(PY) -c 'import llama_cpp' 2>/dev/null; then \
-		$(MLXCEL) bench $(BENCH_PUBLIC) --limit 2 --prompt-lookup --vs llama.cpp --json docs/bench/vs-llama-cpp.json \
-			--markdown > docs/bench/vs-llama-cpp.md; \
+		$(MLXCEL) bench --workload benchmarks/workloads.jsonl --max-tokens 128 --prompt-lookup --vs llama.cpp \
+			--json docs/bench/vs-llama-cpp.json --markdown > docs/bench/vs-llama-cpp.md && \
+		$(MLXCEL) bench --workload benchmarks/workloads.jsonl --max-tokens 128 --prompt-lookup --vs llama.cpp --busy 1 \
+			--json docs/bench/vs-llama-cpp-busy.json --markdown > docs/bench/vs-llama-cpp-busy.md && \
+		$(PY) scripts/decode_step.py --rounds 5 --busy 1 --json docs/bench/decode-step.json > docs/bench/decode-step.md; \
 	else echo "skipping --vs llama.cpp: pip install -e '.[llama]' first (it builds llama.cpp)"; fi
 	@# the CPU weight forms side by side (and llama.cpp where it is installed), and their quality against float32
 	@if $(PY) -c 'import llama_cpp' 2>/dev/null; then VS="--vs llama.cpp"; else VS=""; fi; \

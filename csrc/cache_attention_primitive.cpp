@@ -46,21 +46,7 @@ class RowExactCacheAttention : public mx::Primitive {
     const int S = static_cast<int>(inputs.size() - 3) / 2;
     auto& out = outputs[0];
     out.set_data(mx::allocator::malloc(out.nbytes()));
-    std::vector<mx::array> copy_from;  // buffers that could not be donated
-    std::vector<int> copy_to;
-    for (int j = 0; j < 2 * S; ++j) {
-      const auto& in = inputs[3 + j];
-      auto& o = outputs[1 + j];
-      if (donatable_by(in, outputs.size())) {
-        o.copy_shared_buffer(in);
-        buffers_donated += 1;
-      } else {
-        o.set_data(mx::allocator::malloc(o.nbytes()));
-        copy_from.push_back(in);
-        copy_to.push_back(1 + j);
-        buffers_copied += 1;
-      }
-    }
+    const BufferWrites writes = take_buffers(inputs, 3, outputs, 1, 2 * S);
     auto& enc = mx::cpu::get_command_encoder(stream());
     for (const auto& a : inputs) enc.set_input_array(a);
     for (auto& o : outputs) enc.set_output_array(o);
@@ -68,17 +54,10 @@ class RowExactCacheAttention : public mx::Primitive {
     for (int j = 0; j < 2 * S; ++j) bufs[j] = outputs[1 + j].data<float>();
     std::vector<int64_t> head_stride(S);
     for (int b = 0; b < S; ++b) head_stride[b] = static_cast<int64_t>(outputs[1 + b].shape(2)) * D;
-    std::vector<float*> copy_dst;
-    for (int j : copy_to) copy_dst.push_back(outputs[j].data<float>());
-    enc.dispatch([q, kn = inputs[1], vn = inputs[2], copy_from = std::move(copy_from),
-                  copy_dst = std::move(copy_dst), bufs = std::move(bufs), head_stride = std::move(head_stride),
-                  seq = seq_, pos = pos_, scale = scale_, op = out.data<float>(), E, S, Hq, Hkv, L, D,
-                  threads = kernel_threads.load()]() {
-      for (size_t c = 0; c < copy_from.size(); ++c) {
-        std::vector<float> scratch;
-        const float* src = contiguous_rows(copy_from[c], scratch);
-        std::memcpy(copy_dst[c], src, copy_from[c].nbytes());
-      }
+    enc.dispatch([q, kn = inputs[1], vn = inputs[2], writes, bufs = std::move(bufs),
+                  head_stride = std::move(head_stride), seq = seq_, pos = pos_, scale = scale_,
+                  op = out.data<float>(), E, S, Hq, Hkv, L, D, threads = kernel_threads.load()]() {
+      writes.copy();
       // every row's key and value into its sequence's buffers: [h, pos_e + i, :] = new[e, h, i, :]
       for (int which = 0; which < 2; ++which) {
         const auto& src = which == 0 ? kn : vn;

@@ -38,21 +38,7 @@ class RowExactDecoderLayer : public mx::Primitive {
     const int S = static_cast<int>(inputs.size() - 1) / 2;
     auto& out = outputs[0];
     out.set_data(mx::allocator::malloc(out.nbytes()));
-    std::vector<mx::array> copy_from;  // buffers that could not be donated
-    std::vector<float*> copy_dst;
-    for (int j = 0; j < 2 * S; ++j) {
-      const auto& in = inputs[1 + j];
-      auto& o = outputs[1 + j];
-      if (donatable_by(in, outputs.size())) {
-        o.copy_shared_buffer(in);
-        buffers_donated += 1;
-      } else {
-        o.set_data(mx::allocator::malloc(o.nbytes()));
-        copy_from.push_back(in);
-        copy_dst.push_back(o.data<float>());
-        buffers_copied += 1;
-      }
-    }
+    const BufferWrites writes = take_buffers(inputs, 1, outputs, 1, 2 * S);
     auto& enc = mx::cpu::get_command_encoder(stream());
     for (const auto& a : inputs) enc.set_input_array(a);
     for (auto& o : outputs) enc.set_output_array(o);
@@ -60,13 +46,9 @@ class RowExactDecoderLayer : public mx::Primitive {
     std::vector<int64_t> head_stride(S);
     for (int j = 0; j < 2 * S; ++j) bufs[j] = outputs[1 + j].data<float>();
     for (int b = 0; b < S; ++b) head_stride[b] = static_cast<int64_t>(outputs[1 + b].shape(2)) * st_->view.D;
-    enc.dispatch([h = inputs[0], copy_from = std::move(copy_from), copy_dst = std::move(copy_dst),
-                  bufs = std::move(bufs), head_stride = std::move(head_stride), st = st_, seq = seq_, pos = pos_,
-                  op = out.data<float>(), S, threads = kernel_threads.load()]() {
-      for (size_t c = 0; c < copy_from.size(); ++c) {
-        std::vector<float> scratch;
-        std::memcpy(copy_dst[c], contiguous_rows(copy_from[c], scratch), copy_from[c].nbytes());
-      }
+    enc.dispatch([h = inputs[0], writes, bufs = std::move(bufs), head_stride = std::move(head_stride), st = st_,
+                  seq = seq_, pos = pos_, op = out.data<float>(), S, threads = kernel_threads.load()]() {
+      writes.copy();
       std::vector<float> scratch;
       const float* hp = contiguous_rows(h, scratch);
       const std::vector<int32_t> p32(pos.begin(), pos.end());

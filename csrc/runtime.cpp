@@ -1,6 +1,7 @@
 // The state the primitives share (runtime.h).
 #include "runtime.h"
 
+#include <cstring>
 #include <stdexcept>
 
 namespace mlxcel {
@@ -10,6 +11,32 @@ std::atomic<long long> qmm_ns{0}, qmm_calls{0};
 std::atomic<long long> attention_ns{0};
 std::atomic<long long> layer_ns{0}, layer_calls{0};
 std::atomic<long long> buffers_donated{0}, buffers_copied{0};
+
+BufferWrites take_buffers(const std::vector<mlx::core::array>& inputs, size_t first_in,
+                          std::vector<mlx::core::array>& outputs, size_t first_out, size_t n) {
+  BufferWrites w;
+  for (size_t j = 0; j < n; ++j) {
+    const auto& in = inputs[first_in + j];
+    auto& o = outputs[first_out + j];
+    if (donatable_by(in, outputs.size())) {
+      o.copy_shared_buffer(in);
+      buffers_donated += 1;
+    } else {
+      o.set_data(mlx::core::allocator::malloc(o.nbytes()));
+      w.from.push_back(in);
+      w.to.push_back(o.data<float>());
+      buffers_copied += 1;
+    }
+  }
+  return w;
+}
+
+void BufferWrites::copy() const {
+  for (size_t c = 0; c < from.size(); ++c) {
+    std::vector<float> scratch;
+    std::memcpy(to[c], contiguous_rows(from[c], scratch), from[c].nbytes());
+  }
+}
 
 void check_bits(int bits) {
   if (bits != 4 && bits != 8) throw std::invalid_argument("bits must be 4 or 8");

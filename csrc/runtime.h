@@ -28,6 +28,18 @@ inline bool donatable_by(const mlx::core::array& in, size_t outputs) {
          in.data_shared_ptr()->is_owned() && in.flags().row_contiguous;
 }
 
+// The KV buffers an op writes (the cache attention, the decoder layer): outputs first_out..+n
+// take inputs first_in..+n's memory in place where only this op holds it (donatable_by), as
+// MLX's own slice update does, else fresh memory that copy() fills from the input (call it in
+// the dispatched task, before any write). Counts both in buffers_donated / buffers_copied.
+struct BufferWrites {
+  std::vector<mlx::core::array> from;
+  std::vector<float*> to;
+  void copy() const;
+};
+BufferWrites take_buffers(const std::vector<mlx::core::array>& inputs, size_t first_in,
+                          std::vector<mlx::core::array>& outputs, size_t first_out, size_t n);
+
 // A kernel weight's scales and biases: both float32, or both float16 (exact GGUF values)
 inline bool scale_dtype_ok(const mlx::core::array& scales, const mlx::core::array& biases) {
   return scales.dtype() == biases.dtype() &&

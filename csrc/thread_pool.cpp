@@ -14,8 +14,7 @@
 namespace mlxcel {
 
 namespace {
-constexpr int kSpin = 2000;        // pause-spins (~50 us) before yielding
-constexpr int kYield = 200;        // then yields before sleeping
+constexpr int kSpin = 10000;        // pause-spins (~200 us) before sleeping
 constexpr int kTasksPerThread = 4;  // run_ranges: ranges a thread, so a late thread's share is taken by others
 }  // namespace
 
@@ -57,8 +56,6 @@ void ThreadPool::worker_loop(uint64_t seen) {
     while (generation_.load(std::memory_order_acquire) == seen) {
       if (tries < kSpin) {
         MLXCEL_PAUSE();
-      } else if (tries < kSpin + kYield) {
-        sched_yield();
       } else {
         std::unique_lock<std::mutex> lock(m_);
         sleepers_.fetch_add(1);
@@ -98,7 +95,9 @@ void ThreadPool::run(int tasks, int threads, const std::function<void(int)>& f) 
   if (sleepers_.load() > 0) cv_.notify_all();
   drain();
   int tries = 0;
-  while (done_.load(std::memory_order_acquire) < tasks) {  // tasks a worker took and is still running
+  // tasks a worker took and is still running: spin, then yield (a worker pinned to this core
+  // finishes only when this thread lets it run)
+  while (done_.load(std::memory_order_acquire) < tasks) {
     if (++tries < kSpin) MLXCEL_PAUSE();
     else sched_yield();
   }

@@ -3,9 +3,10 @@
 // Why not OpenMP: libgomp's idle workers spin without yielding. With two processes on two cores
 // (a test suite and a CLI, two servers, a busy host) spinning workers hold the cores the other
 // process needs and a fork-join waits a scheduler slice for a descheduled thread: a decode step
-// ran about 10x slower. Here a waiting thread spins briefly with `pause`, then yields its core on
-// each try, then sleeps on a condition variable; between the kernel calls of one decode step
-// (tens of microseconds apart) the worker is still spinning and starts at once.
+// ran about 10x slower. Here an idle worker spins with `pause` for about 200 us, then sleeps on a
+// condition variable; between the kernel calls of one decode step (microseconds apart) it is
+// still spinning and starts at once. It never calls sched_yield: beside a busy process a yield
+// hands the core over for a whole time slice.
 //
 // Why tasks are taken, not handed out: a call is cut into more tasks than threads and every
 // thread, the caller included, takes the next untaken task until none is left. A worker the

@@ -80,13 +80,15 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--busy", type=int, default=1, help="busy loops for the loaded half (0: quiet only)")
+    ap.add_argument("--ours-only", action="store_true", help="skip llama.cpp (A/B runs of our own builds)")
     ap.add_argument("--json")
     a = ap.parse_args()
     from mlxcel_py.bench.busy import busy_loops
 
     runners = {"mlxcel-py": ours(a.tokens)}
     try:
-        runners["llama.cpp"] = llama(a.tokens)
+        if not a.ours_only:
+            runners["llama.cpp"] = llama(a.tokens)
     except ImportError:
         print("llama-cpp-python is not installed: ours only (pip install -e '.[llama]')", file=sys.stderr)
     for run in runners.values():  # warm both (first calls pay for allocations and the thread pool)

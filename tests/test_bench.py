@@ -324,3 +324,38 @@ def test_bench_side_by_side_with_llama_cpp_on_the_same_gguf(tiny_workload, cli_e
     assert all(a["logits_all"] == (a["width"] is not None) for a in asked)  # drafts need every position's logits
     assert "| llama.cpp tok/s | vs llama.cpp |" in r.stdout
     assert data["plain_vs_peer"] > 0 and "plain decode vs llama.cpp plain decode" in r.stderr
+    assert all(x["prefill_s"] > 0 for x in peer_runs)  # the peer's time to its first token
+    assert data["prefill_vs_peer"] > 0 and "prefill: " in r.stderr
+
+
+def test_bench_busy_says_so_records_it_and_refuses_too_many(tiny_dir, tiny_workload, cli_env, tmp_path):
+    out_json = tmp_path / "b.json"
+    args = ["-m", str(tiny_dir), "--workload", str(tiny_workload), "--limit", "1", "--max-tokens", "8"]
+    r = _bench([*args, "--busy", "2", "--json", str(out_json)], cli_env)
+    assert r.returncode == 0, r.stderr
+    assert "2 busy loop(s) at nice 19 beside it" in r.stderr
+    assert json.loads(out_json.read_text())["busy"] == 2
+    bad = _bench([*args, "--busy", "65"], cli_env)
+    assert bad.returncode == 2 and "--busy must be between 0 and 64" in bad.stderr
+
+
+def test_busy_loops_spin_at_nice_19_and_none_outlives_the_block():
+    import os
+    import time
+
+    from mlxcel_py.bench.busy import busy_loops
+
+    def stat(pid):  # (utime + stime ticks, nice) from /proc/PID/stat
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12]), int(fields[16])
+
+    with busy_loops(2) as pids:
+        assert len(pids) == 2
+        time.sleep(0.2)
+        first = [stat(p) for p in pids]
+        assert all(n == 19 for _, n in first)
+        deadline = time.monotonic() + 20  # nice 19 beside other work: CPU time comes slowly
+        while time.monotonic() < deadline and not all(stat(p)[0] > a[0] for p, a in zip(pids, first)):
+            time.sleep(0.2)
+        assert all(stat(p)[0] > a[0] for p, a in zip(pids, first))  # they spin
+    assert not any(os.path.exists(f"/proc/{p}") for p in pids)

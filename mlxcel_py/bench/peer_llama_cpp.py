@@ -63,6 +63,7 @@ def main() -> None:
         llm.reset()  # no prefix reuse across requests: every run pays its own prefill, as ours do
         eos = llm.token_eos()
         n, first, last = 0, 0.0, 0.0
+        start = time.perf_counter()
         for tok in llm.generate(
             req["ids"],
             temp=req.get("temp", 0.0),
@@ -81,7 +82,9 @@ def main() -> None:
             if n >= req["max_tokens"]:
                 break
         tps = (n - 1) / (last - first) if n > 1 and last > first else 0.0
-        proto.write(json.dumps({"tokens": n, "tps": tps, "peak_mib": 0.0}) + "\n")
+        # prefill: the call's start to the first token (its prompt pass and one sampling step)
+        prefill = first - start if first else 0.0
+        proto.write(json.dumps({"tokens": n, "tps": tps, "peak_mib": 0.0, "prefill_s": prefill}) + "\n")
         proto.flush()
 
 

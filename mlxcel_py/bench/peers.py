@@ -26,6 +26,7 @@ class PeerOutput:
     tokens: int
     tps: float
     peak_mib: float
+    prefill_s: float = 0.0  # llama.cpp: its call's start to the first token; 0 where not measured
 
 
 class WorkerPeer:
@@ -73,7 +74,7 @@ class WorkerPeer:
         self._proc.stdin.write(json.dumps(req) + "\n")
         self._proc.stdin.flush()
         out = self._expect("generate")
-        return PeerOutput(out["tokens"], out["tps"], out["peak_mib"])
+        return PeerOutput(out["tokens"], out["tps"], out["peak_mib"], out.get("prefill_s", 0.0))
 
     def warmup(self, ids: Sequence[int], max_tokens: int) -> None:
         for _, width in self.configs():

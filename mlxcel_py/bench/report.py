@@ -202,6 +202,9 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
     ratio = benchmark.plain_vs_peer(result)
     if ratio is not None:
         ui.info(f"plain decode vs {b.vs} plain decode: {ratio:.2f}x (median over prompts)")
+    prefill = benchmark.prefill_vs_peer(result)
+    if prefill is not None:
+        ui.info(f"prefill: {prefill:.2f}x {b.vs}'s speed (its time to the first token over ours, median over prompts)")
     for r in (r for r in overall if r.identical < r.prompts):
         ui.warn(
             f"{r.config}: {r.prompts - r.identical} prompt(s) produced output different from plain decoding"

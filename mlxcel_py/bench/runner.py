@@ -203,6 +203,7 @@ def run(
                             tokens=out.tokens,
                             decode_tps=out.tps,
                             decode_s=out.tokens / out.tps if out.tps else 0.0,
+                            prefill_s=out.prefill_s,
                             peak_memory_mib=out.peak_mib,
                         )
                     )
@@ -325,17 +326,26 @@ def summarize(result: BenchResult) -> list[SummaryRow]:
 
 def plain_vs_peer(result: BenchResult) -> float | None:
     """Median over prompts of our plain decode tok/s over the peer's plain decode tok/s."""
-    peer = {
-        r.prompt_index: r
-        for r in result.records
-        if _is_peer(r.config) and r.config.endswith(" plain") and r.decode_tps > 0
-    }
-    ratios = [
-        r.decode_tps / peer[r.prompt_index].decode_tps
+    return _vs_peer(result, lambda ours, peer: ours.decode_tps / peer.decode_tps if peer.decode_tps > 0 else None)
+
+
+def prefill_vs_peer(result: BenchResult) -> float | None:
+    """Median over prompts of the peer's prefill time over ours (above 1: ours is faster), where
+    the peer measures it (llama.cpp: its call's start to the first token)."""
+    return _vs_peer(
+        result, lambda ours, peer: peer.prefill_s / ours.prefill_s if min(peer.prefill_s, ours.prefill_s) > 0 else None
+    )
+
+
+def _vs_peer(result: BenchResult, ratio) -> float | None:
+    peer = {r.prompt_index: r for r in result.records if _is_peer(r.config) and r.config.endswith(" plain")}
+    got = [
+        ratio(r, peer[r.prompt_index])
         for r in result.records
         if r.config == "plain" and r.weights == result.weights[0] and r.prompt_index in peer
     ]
-    return _median(ratios) if ratios else None
+    got = [g for g in got if g is not None]
+    return _median(got) if got else None
 
 
 @dataclass(frozen=True)
@@ -370,6 +380,7 @@ def to_json(result: BenchResult, rows: Sequence[SummaryRow], choices: Sequence[W
     return {
         **meta,
         "plain_vs_peer": plain_vs_peer(result),
+        "prefill_vs_peer": prefill_vs_peer(result),
         "configs": list(result.configs),
         "cpu_weights": list(result.weights) if result.weights != [""] else None,
         "summary": [asdict(r) for r in rows],

@@ -13,6 +13,9 @@ runs ours only where we asked for it, so stock mlx-lm in the same process is unc
   once), tied embeddings' `as_linear`, plain nn.RoPE modules -> the extension's rope.
 - recurrent_steps.enable: a Gated DeltaNet module's `gated_delta_update` name and each layer's
   conv1d class, so a verify block records the state after every step (rollback by picking).
+- models.decoder_layers.install (not here: it needs the model families): the text model's class,
+  on that one object, -> a subclass whose forward runs each llama-family layer as one extension
+  op, bit-identical to mlx-lm's layer code on these weights.
 - models.taps.hidden_tap (not here: it changes no arithmetic): a final norm's class records its
   output for MTP drafters and distributed followers.
 """
