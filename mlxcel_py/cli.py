@@ -9,7 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from . import __version__
-from .commands import bench, chat, generate, launch, run, serve
+from .commands import bench, cache, chat, generate, launch, run, serve
+from .commands._stdio import std_streams
 from .errors import EXIT_INTERRUPTED, MlxcelError
 
 app = typer.Typer(
@@ -99,9 +100,11 @@ app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     **_plain,
 )(launch.launch)
+app.add_typer(cache.app, name="cache")
 
 
 def main() -> None:
+    std_streams()
     try:
         app()
     except KeyboardInterrupt:

@@ -23,6 +23,10 @@ def load_toml(path: Path) -> dict:
             return tomli.load(fh)
     except FileNotFoundError:
         raise UsageError(f"--config {path}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"--config {path}: is a folder; name the TOML file (for example {path}/config.toml)") from None
+    except OSError as exc:
+        raise UsageError(f"--config {path}: cannot read it ({exc.strerror or exc})") from None
     except tomli.TOMLDecodeError as exc:
         raise UsageError(f"config file {path}: invalid TOML ({exc})") from None
 

@@ -50,6 +50,10 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 
 
+MIN_TEMP = 1e-5  # temperatures below it decode greedily (SamplingOptions.greedy)
+REPETITION_PENALTY_RANGE = (0.01, 100.0)  # beyond it logits overflow or vanish: refused
+
+
 @dataclass(frozen=True)
 class ModelOptions:
     model: str | None = None  # None: the embedded default model
@@ -73,7 +77,9 @@ class SamplingOptions:
 
     @property
     def greedy(self) -> bool:
-        return self.temp == 0.0
+        # below MIN_TEMP sampling is argmax in all but exact ties, and 1/temp would overflow
+        # float32 logits into NaN (a temperature of 1e-300 sampled token 0 every step)
+        return self.temp < MIN_TEMP
 
 
 @dataclass(frozen=True)
@@ -156,6 +162,7 @@ class ServerOptions:
     cache_ram: int = DEFAULT_CACHE_RAM_MIB  # finished requests' caches kept, MiB; -1 no limit, 0 off
     parallel: int = DEFAULT_PARALLEL
     log_disable: bool = False
+    webui: bool = True  # the chat page at / (--no-webui: / answers as /health)
     shutdown_grace: int = 5  # seconds requests in flight get after SIGTERM before they are cancelled
     sampling_given: tuple[str, ...] = ()  # sampling flags given on the command line (the rest: model/server defaults)
     ignored: tuple[str, ...] = ()  # llama-server flags given that do not apply here (GPU offload...)

@@ -11,6 +11,7 @@ and `loading.check_rollback_config` (caches, on a weightless instance).
 from __future__ import annotations
 
 import importlib.util
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from .options import (
     NGRAM_MAX_LIMIT,
     PEERS,
     POLICIES,
+    REPETITION_PENALTY_RANGE,
     BenchOptions,
     BenchPlan,
     CommandOptions,
@@ -106,8 +108,13 @@ def check_sampling(s, names: dict[str, str] = CLI_SAMPLING_NAMES) -> None:
         raise UsageError(f"{n['top_k']} must be >= 0 (0 turns it off), got {s.top_k}")
     if not 0.0 <= s.min_p <= 1.0:
         raise UsageError(f"{n['min_p']} must be in [0, 1], got {s.min_p}")
-    if s.repetition_penalty <= 0:
-        raise UsageError(f"{n['repetition_penalty']} must be > 0 (1.0 turns it off), got {s.repetition_penalty}")
+    lo, hi = REPETITION_PENALTY_RANGE
+    if not lo <= s.repetition_penalty <= hi:
+        raise UsageError(
+            f"{n['repetition_penalty']} must be between {lo:g} and {hi:g} (1.0 turns it off), got {s.repetition_penalty}"
+        )
+    if not math.isfinite(s.temp):
+        raise UsageError(f"{n['temp']} must be a finite number >= 0 (0 is greedy), got {s.temp}")
     if s.repeat_last_n < -1:
         raise UsageError(f"{n['repeat_last_n']} must be -1 (whole context), 0 (off) or positive, got {s.repeat_last_n}")
     if s.seed is not None and s.seed < -1:

@@ -237,8 +237,11 @@ def _spm_vocab():
     return tokens, types, scores
 
 
-def write(path: Path, family: str, kinds: list, *, seed: int = 0) -> tuple[dict, dict[str, np.ndarray], dict]:
-    """Write `family`'s tiny model as a GGUF, cycling the 2-D tensors through `kinds`.
+def write(
+    path: Path, family: str, kinds: list, *, seed: int = 0, metadata: dict | None = None
+) -> tuple[dict, dict[str, np.ndarray], dict]:
+    """Write `family`'s tiny model as a GGUF, cycling the 2-D tensors through `kinds`; `metadata`
+    overrides what llama.cpp's keys say (a file whose metadata disagrees with its tensors).
 
     Returns (config, the model's own float32 weights by mlx-lm name, gguf name -> mlx-lm name)."""
     arch, cfg = CONFIGS[family]
@@ -250,7 +253,8 @@ def write(path: Path, family: str, kinds: list, *, seed: int = 0) -> tuple[dict,
     w = gguf.GGUFWriter(str(path), arch)
     p = f"{arch}."
     for key, name in METADATA.items():  # llama.cpp's key names, from the model's config
-        (w.add_float32 if isinstance(cfg[name], float) else w.add_uint32)(p + key, cfg[name])
+        value = (metadata or {}).get(key, cfg[name])
+        (w.add_float32 if isinstance(cfg[name], float) else w.add_uint32)(p + key, value)
     if "num_experts" in cfg or "num_local_experts" in cfg:
         w.add_uint32(p + "expert_count", cfg.get("num_experts", cfg.get("num_local_experts")))
         w.add_uint32(p + "expert_used_count", cfg["num_experts_per_tok"])

@@ -98,3 +98,19 @@ def test_piped_stdin_one_message_per_line_clean_stdout(cli_env):
     assert "non-interactive stdin detected" in r.stderr
     assert ">>>" not in r.stdout and "Conversation cleared." not in r.stdout
     assert len([ln for ln in r.stdout.splitlines() if ln.strip()]) >= 2
+
+
+def test_invalid_utf8_on_a_chat_line_is_replaced_and_the_session_goes_on(cli_env):
+    """One line of bad bytes used to end the session (a TypeError from the chat template)."""
+    env = {**cli_env, "TERM": "dumb", "COLUMNS": "120"}
+    t = Pty(mlxcel_cmd() + ["chat", "-n", "40", "--temp", "0"], env)
+    t.read_until(">>> ", timeout=180)
+    os.write(t.fd, b"Say hello \xff\xfe in French. One word.\r")
+    turn = t.read_until(">>> ")
+    assert "invalid UTF-8 replaced" in turn and "Traceback" not in turn
+    t.send("What is the capital of France? Answer in one word.\r")
+    second = t.read_until(">>> ")  # the session and its history survived: a second reply
+    reply = second.split("one word.\r\n", 1)[1].replace(">>> ", "").strip()
+    assert reply and "Traceback" not in second and "error" not in second
+    t.send("/bye\r")
+    assert t.wait() == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -279,3 +280,58 @@ def test_run_resolves_a_bare_name_in_the_default_org(tmp_path, tiny_dir, cli_env
         "another organisation): not in the local Hugging Face cache"
     ) in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("with_prompt", [True, False])
+def test_a_closed_stdin_still_works(tiny_dir, cli_env, with_prompt):
+    """`cmd <&-` (daemons, subprocess callers): the weights used to open as fd 0 and fail to load,
+    and without -p sys.stdin was None (an AttributeError traceback)."""
+    import shlex
+
+    args = mlxcel_cmd() + ["generate", "-m", str(tiny_dir), "-n", "4"] + (["-p", "hi"] if with_prompt else [])
+    r = subprocess.run(
+        ["bash", "-c", shlex.join(args) + " <&-"], capture_output=True, text=True, env=cli_env, timeout=300
+    )
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "Failed to open" not in r.stderr
+    if with_prompt:
+        assert r.stdout.strip()  # four generated tokens
+
+
+def test_invalid_utf8_in_the_prompt_is_replaced_with_a_warning(tiny_dir, cli_env):
+    bad = b"Fix: teh \xff\xfe cat"
+    for args, stdin in ((["-p", os.fsdecode(bad)], None), (["-p", "-"], bad)):
+        r = subprocess.run(
+            mlxcel_cmd() + ["generate", "-m", str(tiny_dir), "-n", "4", *args],
+            input=stdin,
+            capture_output=True,
+            env=cli_env,
+            timeout=300,
+        )
+        err = r.stderr.decode()
+        assert r.returncode == 0, err
+        assert "invalid UTF-8 replaced" in err and "Traceback" not in err
+
+
+def test_an_unusable_cache_folder_or_a_config_folder_is_one_line(cli_env, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for cache in (str(blocker / "cache"), "/proc/no-such-cache"):  # under a file; unwritable
+        r = subprocess.run(
+            mlxcel_cmd() + ["generate", "-p", "hi", "-n", "2"],
+            capture_output=True,
+            text=True,
+            env={**cli_env, "MLXCEL_CACHE_DIR": cache},
+            timeout=300,
+        )
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert f"cache folder {cache}: cannot write" in r.stderr and "MLXCEL_CACHE_DIR" in r.stderr
+        assert len(r.stderr.strip().splitlines()) <= 2
+    r = subprocess.run(
+        mlxcel_cmd() + ["--config", str(tmp_path), "generate", "-p", "hi"],
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=300,
+    )
+    assert r.returncode == 2 and f"--config {tmp_path}: is a folder" in r.stderr and "Traceback" not in r.stderr

@@ -252,3 +252,38 @@ def test_a_cancelled_generation_stops_in_prefill_and_between_rounds(tiny):
     assert g.finish_reason == "cancelled" and len(toks) == 2
     toks, g = run(eng, list(range(1, 200)) * 6, max_tokens=5, cancelled=lambda: True)  # 1194 tokens: 3 chunks
     assert toks == [] and g.finish_reason == "cancelled" and g.stats.prefill_s == 0.0
+
+
+@pytest.mark.parametrize("temp", [1e-300, 1e-30, 1e-6])
+def test_tiny_temperatures_decode_greedily(temp):
+    mx.random.seed(0)
+    logits = mx.random.normal((4, 300)) * 5
+    d = Decider(SamplingOptions(temp=temp, seed=1), prompt_len=0)
+    assert d.greedy
+    assert d.decide(logits, [], [0, 1, 2, 3]) == mx.argmax(logits, axis=-1).tolist()
+
+
+@pytest.mark.parametrize("temp", [1e30, 1e308])
+def test_huge_temperatures_are_uniform_over_the_filtered_set(temp):
+    mx.random.seed(0)
+    logits = mx.random.normal((1, 300)) * 5
+    top5 = set(mx.argsort(-logits[0])[:5].tolist())
+    d = Decider(SamplingOptions(temp=temp, top_k=5, top_p=1.0, min_p=0.0, seed=3), prompt_len=0)
+    p = d.probs(logits)[0]
+    assert not mx.isnan(p).any().item()
+    assert sorted(i for i, v in enumerate(p.tolist()) if v > 0) == sorted(top5)
+    assert mx.allclose(p[mx.array(sorted(top5))], mx.full((5,), 0.2)).item()
+    picks = [d.decide(logits, list(range(i)), [0])[0] for i in range(60)]  # one draw per position
+    assert set(picks) == top5
+
+
+@pytest.mark.parametrize("top_p,min_p", [(1e-300, 0.0), (1.0, 1.0), (1.0, 1e-300), (1e-300, 1e-300)])
+def test_extreme_filters_still_sample_a_real_token(top_p, min_p):
+    mx.random.seed(0)
+    logits = mx.random.normal((3, 300)) * 5
+    d = Decider(SamplingOptions(temp=0.8, top_p=top_p, min_p=min_p, top_k=0, seed=4), prompt_len=0)
+    assert not mx.isnan(d.probs(logits)).any().item()
+    picks = d.decide(logits, [], [0, 1, 2])
+    if top_p < 1e-6 or min_p == 1.0:  # only the top token survives the filter
+        assert picks == mx.argmax(logits, axis=-1).tolist()
+    assert all(0 <= t < 300 for t in picks)

@@ -10,6 +10,7 @@ folder built with the test's own config; the tokenizer maps every vocabulary ent
 from __future__ import annotations
 
 import shutil
+import time
 
 import gguf_files
 import mlx.core as mx
@@ -185,3 +186,60 @@ def test_block_scales_are_float32_for_the_cpu_and_half_elsewhere(tmp_path):
             v for k, v in mx.load(str(folder / "model.safetensors")).items() if k.endswith((".scales", ".biases"))
         ]
         assert scales and all(v.dtype == dtype for v in scales)
+
+
+def test_a_gguf_whose_metadata_disagrees_is_refused_then_its_repair_is_converted_anew(tmp_path):
+    """It used to be converted, marked complete and fail at every load, and after the file was
+    repaired in place (same name, size and mtime) the broken conversion was still used."""
+    import os
+
+    from mlxcel_py.models import loading
+
+    path = tmp_path / "m.gguf"
+    cfg, _, _ = gguf_files.write(path, "llama", [Q.Q8_0], metadata={"feed_forward_length": 999})
+    cache = tmp_path / "cache"
+    with pytest.raises(ModelError, match=r"m.gguf: its metadata does not match its tensors"):
+        importer.ensure_converted(path, cache)
+    assert list((cache / "gguf").iterdir()) == []  # nothing half-made is kept
+    broken = path.stat()
+    gguf_files.write(path, "llama", [Q.Q8_0])  # repaired: same name and size...
+    os.utime(path, ns=(broken.st_atime_ns, broken.st_mtime_ns))  # ...and mtime
+    assert path.stat().st_size == broken.st_size and path.stat().st_mtime_ns == broken.st_mtime_ns
+    out = importer.ensure_converted(path, cache)
+    assert (out / importer.COMPLETE).is_file()
+    assert loading.load(loading.resolve(str(out))).config["intermediate_size"] == cfg["intermediate_size"]
+
+
+def test_cache_ls_rm_and_the_size_limit(tmp_path, cli_env, monkeypatch):
+    import os
+    import subprocess
+
+    from conftest import mlxcel_cmd
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MLXCEL_CACHE_DIR", str(cache))
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    gguf_files.write(a, "llama", [Q.Q8_0])
+    gguf_files.write(b, "qwen2", [Q.Q8_0], seed=1)
+    first = importer.ensure_converted(a, cache)
+    env = {**cli_env, "MLXCEL_CACHE_DIR": str(cache)}
+    ls = subprocess.run(mlxcel_cmd() + ["cache", "ls"], capture_output=True, text=True, env=env, timeout=120)
+    assert ls.returncode == 0 and ls.stdout.split("\t")[0] == first.name and str(a) in ls.stdout
+    assert "1 conversion(s)" in ls.stderr
+    # over the limit, the least recently used conversion goes (not the new one)
+    old = time.time() - 3600
+    os.utime(first / importer.COMPLETE, (old, old))
+    from mlxcel_py.models.gguf import cache as conversions
+
+    size = conversions.entries()[0].bytes
+    monkeypatch.setenv("MLXCEL_CACHE_MAX_GB", str(1.5 * size / 2**30))  # room for one of the two
+    second = importer.ensure_converted(b, cache)
+    assert not first.exists() and (second / importer.COMPLETE).is_file()
+    bad = subprocess.run(
+        mlxcel_cmd() + ["cache", "rm", "no-such"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert bad.returncode == 2 and "no cache entry named no-such" in bad.stderr
+    rm = subprocess.run(
+        mlxcel_cmd() + ["cache", "rm", second.name], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert rm.returncode == 0 and not second.exists() and "removed 1 conversion(s)" in rm.stderr

@@ -525,3 +525,175 @@ def test_slots_show_the_request_being_decoded(server):
     assert len(busy) == 1 and busy[0]["next_token"]["n_decoded"] > 0 and busy[0]["n_ctx"] > 0
     assert busy[0]["speculating_now"] is True  # alone: under the gate
     assert health["slots_processing"] == 1 and health["slots_idle"] == 3
+
+
+def test_props_root_and_a_plain_request_beside_the_drafter(server):
+    """/props (llama-server's shape plus `speculative`); `/` is JSON health for clients and the
+    chat page for browsers; `speculative.n_max: 0` decodes one request plainly, same text."""
+    url, _, _ = server
+    p = get(url + "/props")
+    assert p["speculative"] == {"enabled": True, "kind": "prompt-lookup", "plain_request_field": "speculative.n_max"}
+    assert p["total_slots"] == 4 and p["default_generation_settings"]["n_ctx"] > 0
+    assert get(url + "/")["status"] == "ok"
+    req = urllib.request.Request(url + "/", headers={"Accept": "text/html,application/xhtml+xml"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/html")
+        assert "default-src 'none'" in r.headers["content-security-policy"]
+        assert b"<title>mlxcel-py chat</title>" in r.read()
+    body = {"messages": [{"role": "user", "content": COPY_PROMPT}], "max_tokens": 40, "temperature": 0}
+    _, spec = post(url + "/v1/chat/completions", body)
+    _, plain = post(url + "/v1/chat/completions", {**body, "speculative.n_max": 0})
+    assert spec["timings"].get("draft_rounds", 0) > 0 and "draft_rounds" not in plain["timings"]
+    assert plain["choices"][0]["message"]["content"] == spec["choices"][0]["message"]["content"]
+    status, err = post(url + "/v1/chat/completions", {**body, "speculative.n_max": 4})
+    assert status == 400 and "'speculative.n_max'" in err["error"]["message"] and "only 0" in err["error"]["message"]
+
+
+def test_extreme_temperatures_sample_real_tokens(server):
+    """A temperature of 1e-300 decodes greedily; 1e308 draws uniformly among the filtered tokens
+    (both once sampled token 0, `<|endoftext|>`, every step: 1/temp overflowed the logits)."""
+    url, _, _ = server
+    body = {"messages": [{"role": "user", "content": COPY_PROMPT}], "max_tokens": 24, "seed": 5}
+    _, greedy = post(url + "/v1/chat/completions", {**body, "temperature": 0})
+    _, tiny = post(url + "/v1/chat/completions", {**body, "temperature": 1e-300})
+    assert tiny["choices"][0]["message"]["content"] == greedy["choices"][0]["message"]["content"]
+    _, huge = post(url + "/v1/chat/completions", {**body, "temperature": 1e308, "top_k": 40, "min_p": 0})
+    text = huge["choices"][0]["message"]["content"]
+    assert huge["usage"]["completion_tokens"] == 24 and "<|endoftext|>" not in text and text.strip()
+
+
+def test_a_client_that_hangs_up_mid_upload_is_a_499_not_a_500(tiny_dir, tmp_path):
+    import os
+    import socket
+    import threading
+    from urllib.parse import urlparse
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path / "cfg"))
+    proc, url, _ = start_server(env, "-m", str(tiny_dir))
+    log: list[str] = []
+    reader = threading.Thread(target=lambda: log.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        u = urlparse(url)
+        s = socket.create_connection((u.hostname, u.port))
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 5000\r\n\r\n" + b'{"messages": [{"role"'
+        )
+        time.sleep(0.3)
+        s.close()  # mid-body
+        deadline = time.time() + 20
+        while time.time() < deadline and not any("499" in ln for ln in log):
+            time.sleep(0.1)
+        assert any("client closed the connection (499)" in ln for ln in log), "".join(log)
+        assert not any(" 500" in ln or "failed: ClientDisconnect" in ln for ln in log), "".join(log)
+        assert get(url + "/health")["status"] == "ok"
+        assert "mlxcel_requests_total{" not in urllib.request.urlopen(url + "/metrics").read().decode()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_sigterm_mid_stream_sends_a_final_error_chunk_and_done(tmp_path):
+    """After the grace, a stream used to just stop (no error event, no [DONE])."""
+    import os
+    import signal
+    import threading
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path))
+    proc, url, _ = start_server(env, "--no-warmup", "--shutdown-grace", "2")
+    try:
+        frames: list[str] = []
+        started = threading.Event()
+
+        def client():
+            body = {"prompt": "Count to 10000:", "max_tokens": 5000, "ignore_eos": True, "stream": True}
+            req = urllib.request.Request(
+                url + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(req, timeout=60) as r:
+                for line in r:
+                    if line.startswith(b"data: "):
+                        frames.append(line[6:].decode().strip())
+                        started.set()
+
+        t = threading.Thread(target=client, daemon=True)
+        t.start()
+        assert started.wait(60)
+        proc.send_signal(signal.SIGTERM)
+        t.join(timeout=30)
+        assert not t.is_alive()
+        assert frames[-1] == "[DONE]", frames[-3:]
+        final = json.loads(frames[-2])
+        assert final["error"]["type"] == "unavailable_error" and "shutting down" in final["error"]["message"]
+        assert all("error" not in json.loads(f) for f in frames[:-2])  # text frames until then
+        assert proc.wait(timeout=20) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing(server):
+    """7 MB under the body limit: refused at once, not after 7-10 s of tokenizing (and +336 MB)."""
+    url, _, _ = server
+    text = "word " * 1_400_000  # 7 MB of text
+    start = time.perf_counter()
+    status, err = post(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": text}], "max_tokens": 1})
+    took = time.perf_counter() - start
+    assert status == 400 and err["error"]["type"] == "exceed_context_size_error"
+    assert "characters" in err["error"]["message"] and took < 5, took
+    status, err = post(url + "/v1/completions", {"prompt": text, "max_tokens": 1})
+    assert status == 400 and err["error"]["type"] == "exceed_context_size_error"
+    assert get(url + "/health")["status"] == "ok"
+
+
+def test_slowloris_connections_are_closed_and_real_clients_still_served(tiny_dir, tmp_path):
+    """Headers sent a byte at a time, and a body that never finishes, no longer hold connections."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        XDG_CONFIG_HOME=str(tmp_path / "cfg"),
+        MLXCEL_HEADER_TIMEOUT="2",
+        MLXCEL_BODY_TIMEOUT="2",
+    )
+    proc, url, _ = start_server(env, "-m", str(tiny_dir))
+    try:
+        u = urlparse(url)
+        fds = lambda: len(os.listdir(f"/proc/{proc.pid}/fd"))  # noqa: E731
+        before = fds()
+        slow = []
+        for _ in range(60):
+            s = socket.create_connection((u.hostname, u.port))
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # and never the rest
+            slow.append(s)
+        body = socket.create_connection((u.hostname, u.port))
+        body.sendall(
+            b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n{"
+        )
+        assert get(url + "/health")["status"] == "ok"  # served beside them
+        time.sleep(0.5)
+        assert fds() >= before + 50
+        for s in slow:
+            s.settimeout(10)
+            assert s.recv(100) == b""  # closed by the server, within the header deadline
+        body.settimeout(10)
+        reply = b""
+        while b"}}" not in reply:  # the status line and headers, then the JSON error
+            more = body.recv(4096)
+            if not more:
+                break
+            reply += more
+        assert b" 408 " in reply.split(b"\r\n")[0] and b"did not arrive within 2 s" in reply
+        deadline = time.time() + 10
+        while fds() > before + 5 and time.time() < deadline:
+            time.sleep(0.2)
+        assert fds() <= before + 5
+        assert get(url + "/health")["status"] == "ok"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -113,7 +113,9 @@ def _assert_error(r, status, fragment):
 @pytest.mark.parametrize(
     "body,fragment",
     [
-        ({"messages": HI, "n": 2}, "'n' must be 1"),
+        ({"messages": HI, "n": 2}, "'n' must be the integer 1"),
+        ({"messages": HI, "n": 1.0}, "'n' must be the integer 1"),
+        ({"messages": HI, "n": True}, "'n' must be the integer 1"),
         ({"messages": HI, "response_format": {"type": "json_object"}}, "'response_format' (structured output)"),
         ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, "'tools' is not supported"),
         ({"messages": HI, "logit_bias": {"5": 10}}, "'logit_bias' is not supported"),
@@ -147,6 +149,8 @@ def _assert_error(r, status, fragment):
         ({"messages": HI, "stop": ["s"] * 33}, "'stop': at most 32 strings"),
         ({"messages": HI, "stop": "x" * 1001}, "'stop': at most 32 strings of at most 1000 characters"),
         ({"messages": HI, "temperature": -1}, "'temperature' must be >= 0 (0 is greedy)"),
+        ({"messages": HI, "repeat_penalty": 1e-300}, "'repeat_penalty' must be between 0.01 and 100"),
+        ({"messages": HI, "repeat_penalty": 1e308}, "'repeat_penalty' must be between 0.01 and 100"),
         ({"messages": HI, "max_tokens": -5}, "'max_tokens' must be -1 or >= 0"),
         ({"messages": HI, "top_p": 0}, "'top_p' must be in (0, 1]"),
     ],
@@ -227,9 +231,12 @@ def test_api_keys_bearer_any_case_x_api_key_and_public_routes():
         {"Authorization": "bearer k2"},
         {"authorization": "BEARER k1"},
         {"X-Api-Key": "k2"},
+        {"X-Api-Key": "", "Authorization": "Bearer k1"},  # an empty key header does not hide the token
+        {"X-Api-Key": "wrong", "Authorization": "Bearer k1"},
     ):
         assert client.post("/tokenize", json={"content": "a"}, headers=headers).status_code == 200, headers
     assert client.post("/tokenize", json={"content": "a"}, headers={"Authorization": "Basic k1"}).status_code == 401
+    assert client.post("/tokenize", json={"content": "a"}, headers={"X-Api-Key": " "}).status_code == 401
     for path in ("/health", "/v1/models", "/models"):
         assert client.get(path).status_code == 200, path
 

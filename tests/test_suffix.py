@@ -148,7 +148,9 @@ def test_suffix_equals_plain_and_learns_across_requests(tiny):
     first, g1 = run(spec, p, max_tokens=40, ignore_eos=True)
     again, g2 = run(spec, p, max_tokens=40, ignore_eos=True)
     assert first == again
-    assert g2.stats.accepted > g1.stats.accepted and g2.stats.accepted >= 0.7 * len(again)
+    # how much a round may propose is the calibrated policy's (timing-dependent) choice; what the
+    # store changes is whether the proposals are right
+    assert g2.stats.accepted > g1.stats.accepted and g2.stats.accepted >= 0.7 * g2.stats.proposed
 
 
 # ---- the commands ------------------------------------------------------------------------------------

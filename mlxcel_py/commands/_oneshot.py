@@ -13,6 +13,7 @@ from ..errors import MlxcelError, UsageError
 from ..options import RunConfig
 from ..session import Session, describe_draft, open_session, resolved_drafter_line
 from ..terminal import ui
+from ._input import clean
 from ._report import print_profile, summary_lines
 
 
@@ -23,10 +24,10 @@ def read_prompt(prompt: str) -> str:
         text = sys.stdin.read()
         if not text.strip():
             raise UsageError("-p -: standard input was empty; pipe the prompt in (cat file | mlxcel generate -p -)")
-        return text
+        return clean(text, "-p - (standard input)", ui.warn)
     if not prompt.strip():
         raise UsageError("-p/--prompt is empty; pass the prompt text, or '-' to read it from stdin")
-    return prompt
+    return clean(prompt, "-p", ui.warn)
 
 
 def run_oneshot(run: RunConfig, world: Any = None) -> None:

@@ -99,6 +99,7 @@ CtxSizeOpt = Annotated[int, typer.Option("--ctx-size", "-c", metavar="N", help="
 CacheRamOpt = Annotated[int, typer.Option("--cache-ram", "-cram", metavar="MIB", help=f"Keep finished requests' KV caches up to this many MiB, so a later prompt sharing a prefix (a resent chat history, a common system prompt) skips it; -1 no limit, 0 off (default {O.DEFAULT_CACHE_RAM_MIB}).", rich_help_panel=SERVER)]
 ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", metavar="N", help=f"Requests decoded together (llama-server's slots; default {O.DEFAULT_PARALLEL}): their plain steps share one batched forward, the rest wait in the queue.", rich_help_panel=SERVER)]
 ShutdownGraceOpt = Annotated[int, typer.Option("--shutdown-grace", metavar="SECONDS", help="On SIGTERM/Ctrl-C, how long requests in flight may finish before they are cancelled.", rich_help_panel=SERVER)]
+WebuiOpt = Annotated[bool, typer.Option("--webui/--no-webui", help="Serve the chat page at / (--no-webui: / answers as /health does).", rich_help_panel=SERVER)]
 LogDisableOpt = Annotated[bool, typer.Option("--log-disable", help="No per-request access line on stderr.", rich_help_panel=SERVER)]
 GpuLayersOpt = Annotated[Optional[str], typer.Option("--n-gpu-layers", "-ngl", "--gpu-layers", metavar="N", help="llama-server's GPU offload (accepted; MLX places the whole model on its device).", rich_help_panel=SERVER)]
 FlashAttnOpt = Annotated[Optional[str], typer.Option("--flash-attn", "-fa", metavar="on|off|auto", help="llama-server's flash attention switch (accepted; MLX picks its own attention kernel).", rich_help_panel=SERVER)]
@@ -182,6 +183,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             cache_ram=g("cache_ram", O.DEFAULT_CACHE_RAM_MIB),
             parallel=g("parallel", 1),
             log_disable=g("log_disable", False),
+            webui=g("webui", True),
             shutdown_grace=g("shutdown_grace", 5),
             # serve: sampling flags left out take the model's generation_config.json, else llama-server's
             sampling_given=tuple(k for k in ("temp", "top_p", "top_k", "min_p") if g(k) is not None),
@@ -293,6 +295,7 @@ SERVER_PARAMS = [
     _kw("cache_ram", CacheRamOpt, O.DEFAULT_CACHE_RAM_MIB),
     _kw("parallel", ParallelOpt, O.DEFAULT_PARALLEL),
     _kw("log_disable", LogDisableOpt, False),
+    _kw("webui", WebuiOpt, True),
     _kw("shutdown_grace", ShutdownGraceOpt, 5),
     _kw("n_gpu_layers", GpuLayersOpt, None),
     _kw("flash_attn", FlashAttnOpt, None),

@@ -17,6 +17,7 @@ from ..engine.text import TextStream
 from ..options import RunConfig
 from ..session import describe_draft, open_session
 from ..terminal import chat_view, ui
+from ._input import clean
 
 
 def _lines(interactive: bool) -> Iterator[str]:
@@ -96,6 +97,7 @@ def _converse(session, run: RunConfig, pending: list, messages, interactive: boo
                 msg = next(messages)
             except StopIteration:
                 break
+        msg = clean(msg, "this message", ui.warn)
         text = msg.strip()
         if not text:
             continue

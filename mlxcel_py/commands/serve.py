@@ -59,6 +59,10 @@ def server_main() -> None:
     """The `mlxcel-server` console script: the serve flags, no subcommand."""
     import typer
 
+    from ._stdio import std_streams
+
+    std_streams()
+
     from ._help import GroupedHelpCommand
 
     app = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help", "--usage"]})

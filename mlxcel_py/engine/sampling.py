@@ -20,6 +20,7 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_repe
 from ..options import SamplingOptions
 
 _WHOLE_CONTEXT = 1 << 30
+TINY_TOP_P = 1e-6  # below it top-p keeps only the most likely token (unless p_max < 1e-6)
 
 
 class Decider:
@@ -36,7 +37,7 @@ class Decider:
         vocab_size: int | None = None,
     ):
         self.sampling = sampling
-        self.greedy = sampling.temp == 0.0
+        self.greedy = sampling.greedy
         self.prompt_len = prompt_len
         self.min_tokens = min_tokens
         self.ignore_eos = ignore_eos
@@ -50,7 +51,11 @@ class Decider:
         if sampling.repetition_penalty not in (0.0, 1.0) and sampling.repeat_last_n != 0:
             self._penalty = make_repetition_penalty(sampling.repetition_penalty, self._penalty_window)
         self._filters: list[Callable[[mx.array], mx.array]] = []
-        if 0.0 < sampling.top_p < 1.0:
+        if 0.0 < sampling.top_p < TINY_TOP_P:
+            # the nucleus is the top token alone; mlx-lm's filter would compare against
+            # top_p * mass = 0 in float32 and drop every token (NaN draws)
+            self._filters.append(lambda x: apply_top_k(x, 1))
+        elif 0.0 < sampling.top_p < 1.0:
             self._filters.append(lambda x: apply_top_p(x, sampling.top_p))
         if sampling.min_p > 0.0:
             self._filters.append(lambda x: apply_min_p(x, sampling.min_p))
@@ -82,7 +87,13 @@ class Decider:
     def probs(self, logits: mx.array) -> mx.array:
         """The filtered, tempered distribution p that sampling draws from: (R, V), float32."""
         lp = self.filtered_logprobs(logits.astype(mx.float32))
-        return mx.softmax(lp * (1.0 / self.sampling.temp), axis=-1)
+        return mx.softmax(self.tempered(lp), axis=-1)
+
+    def tempered(self, lp: mx.array) -> mx.array:
+        """Filtered log-probabilities over the temperature. Filtered-out entries stay -inf (with a
+        huge temperature 1/temp is 0 in float32, and -inf * 0 would be NaN): a huge temperature
+        is then uniform over the tokens the filters kept."""
+        return mx.where(lp > -mx.inf, lp * (1.0 / self.sampling.temp), -mx.inf)
 
     def key(self, index: int, salt: int = 0) -> mx.array:
         """PRNG key of generated-token `index` (salt separates independent uses)."""
@@ -111,7 +122,7 @@ class Decider:
             return argmax_rows(logits)
         lp = self.filtered_logprobs(logits)
         start = len(history) - self.prompt_len
-        scaled = lp * (1.0 / self.sampling.temp)
+        scaled = self.tempered(lp)
         picks = [mx.random.categorical(scaled[r], key=self.key(start + r)) for r in range(lp.shape[0])]
         return mx.stack(picks).tolist()
 

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..options import SamplingOptions
 from . import routes_native, routes_openai
+from . import webui as webui_routes
 from .context import ServerContext
 from .http import BODY_LIMIT, ApiError, Guard, error_body
 from .security import AccessPolicy
@@ -34,10 +35,12 @@ def create_app(
     cors_origins: tuple[str, ...] = (),
     body_limit: int = BODY_LIMIT,
     access_log: bool = False,
+    webui: bool = True,
 ) -> FastAPI:
     """Without a session the app is loading: every route answers 503 until `app.state.ctx` is set."""
     app = FastAPI(title="mlxcel-py", docs_url=None, redoc_url=None)
     app.state.body_limit = body_limit
+    app.state.webui = webui
     app.state.ctx = (
         None
         if session is None
@@ -57,6 +60,7 @@ def create_app(
 
     app.include_router(routes_openai.router)
     app.include_router(routes_native.router)
+    app.include_router(webui_routes.router)  # / (the chat page, or health) and /props
     app.add_middleware(Guard, access=access, body_limit=body_limit, access_log=access_log)
     if cors_origins:  # added last, so it is outermost: preflight OPTIONS never reach the key check
         from fastapi.middleware.cors import CORSMiddleware

@@ -26,7 +26,7 @@ from ..options import SamplingOptions
 from .http import BODY_LIMIT, ApiError, error_body, log
 from .requests import RequestReader
 from .responses import ResponseShapes, sse
-from .worker import Busy, Job, Result, Worker
+from .worker import Busy, Job, Result, ShuttingDown, Worker
 
 
 @dataclass
@@ -91,6 +91,8 @@ class ServerContext:
         result = None
         try:
             async for kind, payload in self.worker.submit(job):
+                if kind == "error" and isinstance(payload, ShuttingDown):
+                    raise ApiError(str(payload), status=503, type="unavailable_error")
                 if kind == "error":
                     raise ApiError(self.failed(payload), status=500, type="server_error")
                 if kind == "done":
@@ -124,6 +126,8 @@ class ServerContext:
                 elif kind == "text":
                     yield sse(on_text(payload, lps))
                     lps = []
+                elif kind == "error" and isinstance(payload, ShuttingDown):
+                    yield sse(error_body(str(payload), "unavailable_error"))
                 elif kind == "error":
                     yield sse(error_body(self.failed(payload), "server_error"))
                 else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 import uuid
@@ -18,6 +19,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 from .security import AccessPolicy, is_json_content_type
 
@@ -51,13 +53,25 @@ def _no_constants(name: str) -> Any:
     raise ApiError(f"malformed JSON body: {name} is not a number JSON allows")
 
 
+# seconds for a whole request body to arrive (a slow upload holds a connection; MLXCEL_BODY_TIMEOUT)
+BODY_TIMEOUT = float(os.environ.get("MLXCEL_BODY_TIMEOUT", "30"))
+
+
 async def read_json(request: Request, limit: int) -> dict:
-    """The body as a JSON object, read at most `limit` bytes far (chunked bodies included)."""
+    """The body as a JSON object, read at most `limit` bytes far (chunked bodies included) and
+    within BODY_TIMEOUT seconds."""
     raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > limit:
-            raise ApiError(f"the request body is larger than {limit} bytes", status=413)
+
+    async def read() -> None:
+        async for chunk in request.stream():
+            raw.extend(chunk)
+            if len(raw) > limit:
+                raise ApiError(f"the request body is larger than {limit} bytes", status=413)
+
+    try:
+        await asyncio.wait_for(read(), BODY_TIMEOUT)
+    except asyncio.TimeoutError:
+        raise ApiError(f"the request body did not arrive within {BODY_TIMEOUT:g} s", status=408) from None
     try:
         data = json.loads(bytes(raw) or b"{}", parse_constant=_no_constants)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -117,6 +131,11 @@ class Guard:
                     scope, receive, send
                 )
             return
+        except ClientDisconnect:
+            # the client hung up before its body arrived: its doing, not a server failure (nginx's
+            # 499); nothing to answer, and no job was made, so /metrics counts nothing
+            state["status"] = 499
+            log(f"mlxcel serve: request {rid} {method} {path}: client closed the connection (499)")
         except Exception as exc:  # a bug or a library failure: never echo its text to the client
             log(f"mlxcel serve: request {rid} {method} {path} failed: {type(exc).__name__}: {exc}")
             if state["status"] is None:

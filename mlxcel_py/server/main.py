@@ -39,12 +39,36 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
         api_keys=parse_keys(srv.api_keys, srv.api_key_file), loopback_only_hosts=is_loopback(srv.host)
     )
     sock = _bind(srv.host, srv.port)
-    app = create_app(access=access, cors_origins=srv.cors_origins, access_log=not srv.log_disable)
+    app = create_app(access=access, cors_origins=srv.cors_origins, access_log=not srv.log_disable, webui=srv.webui)
     # on SIGTERM/SIGINT uvicorn stops accepting, waits this long for requests in flight, then
     # cancels them (their streams end, the finally below stops the worker's job)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=srv.shutdown_grace)
-    server = uvicorn.Server(config)
+    from .protocol import MAX_CONNECTIONS, HeaderDeadlineProtocol
+
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=srv.shutdown_grace,
+        http=HeaderDeadlineProtocol,  # request headers within HEADER_TIMEOUT (slowloris)
+        limit_concurrency=MAX_CONNECTIONS,
+    )
     loaded: dict = {}
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            first = not self.should_exit
+            super().handle_exit(sig, frame)
+            if first and "worker" in loaded:
+                # a second before the grace runs out (when uvicorn would cancel them mid-write),
+                # stop every request: a stream ends with an error chunk and [DONE], a plain
+                # request gets a 503, instead of a cut connection
+                t = threading.Timer(
+                    max(srv.shutdown_grace - 1.0, 0.0), loaded["worker"].shut_down, args=(SHUTTING_DOWN,)
+                )
+                t.daemon = True
+                t.start()
+
+    server = Server(config)
 
     def load() -> None:
         try:
@@ -78,6 +102,9 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
     _exit_now(code)
 
 
+SHUTTING_DOWN = "the server is shutting down; this reply was cut short"
+
+
 def _exit_now(code: int) -> None:
     """Leave without C++ static destructors: MLX, used from the worker thread, sometimes aborted in
     them at interpreter exit ("terminate called without an active exception", exit 134). What is
@@ -85,6 +112,11 @@ def _exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _url_host(host: str) -> str:
+    """The host as a URL spells it: IPv6 in brackets."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -168,7 +200,10 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         body_limit=app.state.body_limit,
     )
     say(line)
-    say(f"mlxcel serve: model {model_id} listening on http://{srv.host}:{sock.getsockname()[1]}")
+    url = f"http://{_url_host(srv.host)}:{sock.getsockname()[1]}"
+    say(f"mlxcel serve: model {model_id} listening on {url}")
+    if srv.webui:
+        say(f"chat page: {url}/ (--no-webui turns it off)")
     sys.stderr.flush()
     return session, worker
 

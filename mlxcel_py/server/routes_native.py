@@ -22,7 +22,6 @@ router = APIRouter()
 
 
 @router.get("/health")
-@router.get("/")
 async def health(request: Request):
     if request.app.state.ctx is None:
         return JSONResponse(LOADING, status_code=503)

@@ -42,6 +42,19 @@ class Sampling(_Body):
     n_predict: int | None = None
     ignore_eos: bool = False
     stream: bool = False
+    # llama-server's per-request draft width; 0 decodes this request plainly (the chat page's
+    # "plain next"), other widths are the server's own (--draft-max), so they are refused
+    speculative_n_max: int | None = Field(None, alias="speculative.n_max")
+
+    @field_validator("speculative_n_max")
+    @classmethod
+    def _plain_only(cls, v):
+        if v is not None and v != 0:
+            raise ValueError("only 0 (decode this request plainly) is taken; the draft width is the server's own")
+        return v
+
+    def speculative(self) -> bool:
+        return self.speculative_n_max is None
 
     @field_validator("stop")
     @classmethod
@@ -148,8 +161,8 @@ def describe(error: ValidationError) -> str:
 def refuse_unsupported(body: dict[str, Any]) -> str | None:
     """The first field we cannot honour (n > 1, structured output, tools...), as a message."""
     n = body.get("n")
-    if n is not None and n != 1:
-        return "'n' must be 1 (one choice per request)"
+    if n is not None and (type(n) is not int or n != 1):  # 1.0 and true are not the count 1
+        return "'n' must be the integer 1 (one choice per request)"
     fmt = body.get("response_format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
         return '\'response_format\' (structured output) is not supported; omit it or use {"type": "text"}'

@@ -54,14 +54,14 @@ class AccessPolicy:
     def authorized(self, path: str, headers) -> bool:
         if not self.api_keys or path in PUBLIC_PATHS:
             return True
-        given = headers.get("x-api-key")
-        if given is None:
-            scheme, _, token = headers.get("authorization", "").partition(" ")
-            given = token.strip() if scheme.lower() == "bearer" else None
-        if not given:
-            return False
+        # either header may carry the key; an empty one (a client's unset variable) is no key,
+        # and does not hide the other
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        given = [
+            g for g in (headers.get("x-api-key", "").strip(), token.strip() if scheme.lower() == "bearer" else "") if g
+        ]
         # compare with every key (no early exit), each in constant time
-        matches = [hmac.compare_digest(given.encode(), k.encode()) for k in self.api_keys]
+        matches = [hmac.compare_digest(g.encode(), k.encode()) for g in given for k in self.api_keys]
         return any(matches)
 
     def host_allowed(self, host_header: str | None) -> bool:

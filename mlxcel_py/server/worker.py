@@ -46,6 +46,7 @@ class Job:
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N per token ("logprobs" events before each text piece)
     pieces: bool = True  # the consumer reads text as it comes (streaming); else only "done"/"error"
+    speculative: bool = True  # False: this request decodes plainly (speculative.n_max 0)
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -53,6 +54,10 @@ class Job:
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+
+class ShuttingDown(str):
+    """An error event's payload when shutdown stopped the job (not a generation failure)."""
 
 
 @dataclass
@@ -109,6 +114,7 @@ class Worker:
         self.max_queue = max_queue
         self.parallel = max(1, parallel)
         self.gate = Gate(max_batch)
+        self.shutting_down: str | None = None  # set by shut_down: why every job is stopping
         self.probe = None  # batch.Probe, at start when parallel > 1
         self.slots: list[Slot | None] = [None] * self.parallel
         self.metrics = None  # metrics.Metrics: every ended request is counted
@@ -198,7 +204,7 @@ class Worker:
         return True
 
     def _start(self, i: int, job: Job) -> None:
-        spec = self.speculative_allowed
+        spec = self.speculative_allowed and job.speculative
         gen = self.engine.generate(
             job.prompt,
             max_tokens=job.max_tokens,
@@ -283,6 +289,9 @@ class Worker:
         # the slot is free before the client holds its result: what it reads next (/metrics,
         # /slots) no longer counts this request as processing
         self._free(slot)
+        if job.cancelled.is_set() and self.shutting_down and not stream.finish_reason:
+            self._emit(job, "error", ShuttingDown(self.shutting_down))
+            return
         self._emit(
             job,
             "done",
@@ -335,6 +344,12 @@ class Worker:
                     return
         finally:
             job.cancel()
+
+    def shut_down(self, reason: str) -> None:
+        """Shutdown's last moment before its grace runs out: every job stops, and its client gets
+        `reason` as an error event (a stream its final error chunk and [DONE]) instead of a cut."""
+        self.shutting_down = reason
+        self.cancel_all()
 
     def cancel_all(self) -> None:
         """Shutdown: every queued job is skipped and the running ones stop at their next turn."""

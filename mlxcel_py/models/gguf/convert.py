@@ -214,6 +214,7 @@ def _write(gguf_path: Path, out_dir: Path, weights: dict, config: dict, md: dict
         (tmp / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
         (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": config["eos_token_id"]}))
         (tmp / "SOURCE").write_text(f"converted from {gguf_path}\n")
+        _check_loads(gguf_path, tmp)
         (tmp / COMPLETE).write_text("ok\n")  # last: its presence means every file above is whole
         if out_dir.exists():
             shutil.rmtree(out_dir)
@@ -223,13 +224,48 @@ def _write(gguf_path: Path, out_dir: Path, weights: dict, config: dict, md: dict
         raise
 
 
+HEAD_BYTES, TAIL_BYTES = 16 << 20, 1 << 20  # what the content key reads
+
+
+def content_key(gguf_path: Path) -> str:
+    """A cheap fingerprint of the file's content: its size and a hash of its first 16 MiB (the
+    header, metadata and tensor index of any model this CPU runs, and the first tensors) and its
+    last MiB. Name, size and mtime alone kept a stale conversion after a file was repaired in
+    place (same name, size and mtime, new content)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    size = gguf_path.stat().st_size
+    with open(gguf_path, "rb") as f:
+        h.update(f.read(HEAD_BYTES))
+        if size > HEAD_BYTES:
+            f.seek(max(HEAD_BYTES, size - TAIL_BYTES))
+            h.update(f.read(TAIL_BYTES))
+    return f"{size}-{h.hexdigest()[:16]}"
+
+
+def _check_loads(gguf_path: Path, folder: Path) -> None:
+    """Build the model from the written config and load the written tensors into it (lazily: the
+    shapes are checked, nothing is computed). A GGUF whose metadata disagrees with its tensors
+    was converted, marked complete and then failed at every load, its ~100 MB kept in the cache."""
+    from mlx_lm.utils import load_model
+
+    try:
+        load_model(folder, lazy=True)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelError(
+            f"{gguf_path.name}: its metadata does not match its tensors ({text[:200]}); the file is "
+            f"damaged or was written by a converter this loader does not know"
+        ) from None
+
+
 def converted_dir(gguf_path: Path, cache_root: Path) -> Path:
-    """Where the conversion of this file lives: keyed by name, size, mtime and the format."""
+    """Where the conversion of this file lives: keyed by name, content and the format."""
     import mlx.core as mx
 
-    st = gguf_path.stat()
     device = "" if mx.default_device() == mx.cpu else "-affine"
-    return cache_root / "gguf" / f"{gguf_path.stem}-{st.st_size}-{int(st.st_mtime)}-{FORMAT}{device}"
+    return cache_root / "gguf" / f"{gguf_path.stem}-{content_key(gguf_path)}-{FORMAT}{device}"
 
 
 def _remove_stale(out: Path) -> None:
@@ -254,9 +290,22 @@ def _alive(pid: int) -> bool:
 
 
 def ensure_converted(gguf_path: Path, cache_root: Path) -> Path:
+    from . import cache as conversions
+
     out = converted_dir(gguf_path, cache_root)
     if (out / COMPLETE).is_file():
+        conversions.touch(out)
         return out
-    if out.parent.is_dir():
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(out.parent, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
         _remove_stale(out)
-    return convert(gguf_path, out)
+        made = convert(gguf_path, out)
+        conversions.enforce_limit(made, out.parent)
+        return made
+    except OSError as exc:  # a cache folder that cannot be made or written: one line, not a traceback
+        raise ModelError(
+            f"cache folder {cache_root}: cannot write the conversion of {gguf_path.name} there "
+            f"({exc.strerror or exc}); set MLXCEL_CACHE_DIR to a writable folder"
+        ) from None

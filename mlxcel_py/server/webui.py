@@ -1,0 +1,68 @@
+"""The chat page at `/` (`--no-webui` turns it off) and llama-server's `/props`, which it reads.
+
+`/` gives the page to a browser (a request whose Accept names text/html) and the health JSON to
+everyone else, so `curl /` and health probes see what they saw before the page existed. The page
+is one file shipped in the package (webui/index.html: no CDN, no network); it talks to the
+OpenAI chat route like any client, with the key the user typed (kept in the browser).
+`/props` follows llama-server's shape (default_generation_settings, total_slots, model_alias,
+n_ctx) plus `speculative`: whether this server drafts, with which drafter, and the request
+field that turns drafting off for one request (`speculative.n_max: 0`).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+
+from .. import __version__
+from .context import ctx_of
+from .routes_native import health
+
+router = APIRouter()
+PAGE = Path(__file__).with_name("webui") / "index.html"
+
+
+@functools.cache
+def page() -> str:
+    return PAGE.read_text(encoding="utf-8")
+
+
+@router.get("/")
+async def root(request: Request):
+    if getattr(request.app.state, "webui", False) and "text/html" in request.headers.get("accept", ""):
+        # the page's own script and style are inline; nothing else may load
+        csp = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:"
+        return HTMLResponse(page(), headers={"Content-Security-Policy": csp, "Cache-Control": "no-cache"})
+    return await health(request)
+
+
+@router.get("/props")
+async def props(request: Request):
+    ctx = ctx_of(request)
+    d = ctx.defaults
+    draft = ctx.engine.draft
+    drafting = bool(draft.enabled and ctx.worker.speculative_allowed)
+    return {
+        "default_generation_settings": {
+            "n_ctx": ctx.engine.context_length,
+            "params": {
+                "temperature": d.temp,
+                "top_p": d.top_p,
+                "top_k": d.top_k,
+                "min_p": d.min_p,
+                "repeat_penalty": d.repetition_penalty,
+                "n_predict": ctx.max_tokens,
+            },
+        },
+        "total_slots": ctx.worker.parallel,
+        "model_alias": ctx.model_id,
+        "build_info": f"mlxcel-py {__version__}",
+        "speculative": {
+            "enabled": drafting,
+            "kind": draft.kind if drafting else None,
+            "plain_request_field": "speculative.n_max",
+        },
+    }
