@@ -60,6 +60,8 @@ def request(url: str, path: str, body, *, ctype="application/json", stream=False
             return str(r.status)
     except urllib.error.HTTPError as e:
         return str(e.code)
+    except urllib.error.URLError as e:  # the server is down (a restart): its reason's name
+        return type(e.reason).__name__ if isinstance(e.reason, BaseException) else "URLError"
     except (ConnectionError, OSError) as e:
         return type(e).__name__
 
@@ -157,6 +159,8 @@ def main() -> None:
             kind, result = one(state["url"])
             with lock:
                 outcomes[(kind, result)] += 1
+            if result in ("ConnectionRefusedError", "ConnectionResetError"):
+                time.sleep(0.2)  # the server is restarting: do not count thousands of refusals
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(a.clients)]
     for t in threads:
