@@ -50,6 +50,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 
 
+DEFAULT_MAX_PREDICT_MS = 300_000  # serve: no request decodes longer than 5 minutes unless --max-predict-ms says
 MIN_TEMP = 1e-5  # temperatures below it decode greedily (SamplingOptions.greedy)
 REPETITION_PENALTY_RANGE = (0.01, 100.0)  # beyond it logits overflow or vanish: refused
 
@@ -164,6 +165,7 @@ class ServerOptions:
     log_disable: bool = False
     webui: bool = True  # the chat page at / (--no-webui: / answers as /health)
     shutdown_grace: int = 5  # seconds requests in flight get after SIGTERM before they are cancelled
+    max_predict_ms: int = DEFAULT_MAX_PREDICT_MS  # a request's decoding time limit (0: none)
     sampling_given: tuple[str, ...] = ()  # sampling flags given on the command line (the rest: model/server defaults)
     ignored: tuple[str, ...] = ()  # llama-server flags given that do not apply here (GPU offload...)
 

@@ -192,6 +192,8 @@ def _server(opts: CommandOptions) -> None:
         raise UsageError(f"--parallel (-np) must be between 1 and {MAX_PARALLEL}, got {srv.parallel}")
     if srv.shutdown_grace < 0:
         raise UsageError(f"--shutdown-grace must be 0 or more seconds, got {srv.shutdown_grace}")
+    if srv.max_predict_ms < 0:
+        raise UsageError(f"--max-predict-ms must be 0 (no limit) or more milliseconds, got {srv.max_predict_ms}")
     if srv.threads is not None and srv.threads < 1:
         raise UsageError(f"--threads (-t) must be at least 1, got {srv.threads}")
 

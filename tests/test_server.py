@@ -697,3 +697,18 @@ def test_slowloris_connections_are_closed_and_real_clients_still_served(tiny_dir
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_request_deadline_ends_decoding_with_finish_reason_length(server):
+    """max_tokens 10**12 with -n -1 held a slot until the context filled: t_max_predict_ms (and the
+    server's --max-predict-ms, 5 minutes by default) bound it by time, as llama-server's does."""
+    url, _, _ = server
+    body = {"prompt": "Count from 1 to 100000:", "max_tokens": 10**12, "ignore_eos": True, "t_max_predict_ms": 300}
+    start = time.perf_counter()
+    status, r = post(url + "/v1/completions", body)
+    took = time.perf_counter() - start
+    assert status == 200 and r["choices"][0]["finish_reason"] == "length"
+    assert 0 < r["usage"]["completion_tokens"] < 1000 and took < 10, (r["usage"], took)
+    status, err = post(url + "/v1/completions", {**body, "t_max_predict_ms": -5})
+    assert status == 400 and "'t_max_predict_ms' must be >= 0" in err["error"]["message"]
+    assert get(url + "/health")["slots_processing"] == 0

@@ -35,6 +35,7 @@ RULES = [
     (["chat", "--tp-size", "2"], "--tp-size 2 needs 2 processes started together"),
     (["generate", "-p", "x", "--tp-size", "0"], "--tp-size must be at least 1"),
     (["serve", "--pp-size", "0"], "--pp-size must be at least 1"),
+    (["serve", "--max-predict-ms", "-1"], "--max-predict-ms must be 0 (no limit) or more milliseconds"),
     (["generate", "-p", "x", "--tp-size", "2", "--pp-size", "2"], "a 2-D layout is not supported"),
     (
         ["generate", "-p", "x", "--tp-size", "2", "--cpu-weights", "q8"],

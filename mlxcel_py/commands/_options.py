@@ -98,6 +98,7 @@ ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", metavar="N
 CtxSizeOpt = Annotated[int, typer.Option("--ctx-size", "-c", metavar="N", help="Context window in tokens (0: the model's); prompt plus reply never exceed it.", rich_help_panel=SERVER)]
 CacheRamOpt = Annotated[int, typer.Option("--cache-ram", "-cram", metavar="MIB", help=f"Keep finished requests' KV caches up to this many MiB, so a later prompt sharing a prefix (a resent chat history, a common system prompt) skips it; -1 no limit, 0 off (default {O.DEFAULT_CACHE_RAM_MIB}).", rich_help_panel=SERVER)]
 ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", metavar="N", help=f"Requests decoded together (llama-server's slots; default {O.DEFAULT_PARALLEL}): their plain steps share one batched forward, the rest wait in the queue.", rich_help_panel=SERVER)]
+MaxPredictMsOpt = Annotated[int, typer.Option("--max-predict-ms", metavar="MS", help="Longest a request may decode, from its first token, before it ends with finish_reason length (0: no limit); a request may ask for less with t_max_predict_ms.", rich_help_panel=SERVER)]
 ShutdownGraceOpt = Annotated[int, typer.Option("--shutdown-grace", metavar="SECONDS", help="On SIGTERM/Ctrl-C, how long requests in flight may finish before they are cancelled.", rich_help_panel=SERVER)]
 WebuiOpt = Annotated[bool, typer.Option("--webui/--no-webui", help="Serve the chat page at / (--no-webui: / answers as /health does).", rich_help_panel=SERVER)]
 LogDisableOpt = Annotated[bool, typer.Option("--log-disable", help="No per-request access line on stderr.", rich_help_panel=SERVER)]
@@ -185,6 +186,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             log_disable=g("log_disable", False),
             webui=g("webui", True),
             shutdown_grace=g("shutdown_grace", 5),
+            max_predict_ms=g("max_predict_ms", O.DEFAULT_MAX_PREDICT_MS),
             # serve: sampling flags left out take the model's generation_config.json, else llama-server's
             sampling_given=tuple(k for k in ("temp", "top_p", "top_k", "min_p") if g(k) is not None),
             ignored=tuple(
@@ -297,6 +299,7 @@ SERVER_PARAMS = [
     _kw("log_disable", LogDisableOpt, False),
     _kw("webui", WebuiOpt, True),
     _kw("shutdown_grace", ShutdownGraceOpt, 5),
+    _kw("max_predict_ms", MaxPredictMsOpt, O.DEFAULT_MAX_PREDICT_MS),
     _kw("n_gpu_layers", GpuLayersOpt, None),
     _kw("flash_attn", FlashAttnOpt, None),
     _kw("cont_batching", ContBatchingOpt, False),

@@ -38,13 +38,20 @@ class ServerContext:
     max_tokens: int  # the server's -n: -1 no cap
     model_id: str
     body_limit: int = BODY_LIMIT
+    max_predict_ms: int = 0  # --max-predict-ms
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
         # the embedding's rows: a config may declare more than the tokenizer has (padding), never fewer
         self.vocab = self.engine.vocab_size or len(self.tokenizer.get_vocab())
         self.requests = RequestReader(
-            self.tokenizer, self.vocab, self.engine.context_length, self.defaults, self.max_tokens, self.body_limit
+            self.tokenizer,
+            self.vocab,
+            self.engine.context_length,
+            self.defaults,
+            self.max_tokens,
+            self.body_limit,
+            self.max_predict_ms,
         )
         self.responses = ResponseShapes(self.tokenizer)
         self.fingerprint = "fp_" + hashlib.sha256(f"mlxcel-py {__version__} {self.model_id}".encode()).hexdigest()[:12]

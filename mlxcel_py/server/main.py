@@ -198,6 +198,7 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         opts.generation.max_tokens,
         model_id,
         body_limit=app.state.body_limit,
+        max_predict_ms=srv.max_predict_ms,
     )
     say(line)
     url = f"http://{_url_host(srv.host)}:{sock.getsockname()[1]}"

@@ -47,6 +47,7 @@ class RequestReader:
     defaults: SamplingOptions
     max_tokens: int  # the server's -n: -1 no cap
     body_limit: int = BODY_LIMIT
+    max_predict_ms: int = 0  # the server's --max-predict-ms (0: none)
 
     async def parse(self, request: Request, model: type[Body]) -> Body:
         data = await read_json(request, self.body_limit)
@@ -140,4 +141,13 @@ class RequestReader:
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
             speculative=req.speculative(),
+            predict_ms=self.predict_ms(req),
         )
+
+    def predict_ms(self, req: schemas.Sampling) -> float | None:
+        """The request's decoding time limit: its own t_max_predict_ms within the server's."""
+        asked = req.t_max_predict_ms
+        if asked is not None and asked < 0:
+            raise ApiError(f"'t_max_predict_ms' must be >= 0 (0: no limit of its own), got {asked}")
+        limits = [v for v in (asked, self.max_predict_ms) if v]
+        return float(min(limits)) if limits else None

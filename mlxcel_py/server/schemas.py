@@ -45,6 +45,8 @@ class Sampling(_Body):
     # llama-server's per-request draft width; 0 decodes this request plainly (the chat page's
     # "plain next"), other widths are the server's own (--draft-max), so they are refused
     speculative_n_max: int | None = Field(None, alias="speculative.n_max")
+    # llama-server's limit on decoding time (ms, from the first token; 0 none), within the server's
+    t_max_predict_ms: int | None = None
 
     @field_validator("speculative_n_max")
     @classmethod

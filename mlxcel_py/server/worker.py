@@ -28,6 +28,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,7 @@ class Job:
     logprobs: int | None = None  # top-N per token ("logprobs" events before each text piece)
     pieces: bool = True  # the consumer reads text as it comes (streaming); else only "done"/"error"
     speculative: bool = True  # False: this request decodes plainly (speculative.n_max 0)
+    predict_ms: float | None = None  # time limit for decoding, from the first piece (t_max_predict_ms)
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -93,6 +95,8 @@ class Slot:
     stream: TextStream
     pieces: Any  # iterator over the stream
     sent: int = 0  # logprobs already emitted
+    deadline: float | None = None  # monotonic time its decoding must end (set at its first piece)
+    timed_out: bool = False  # ended by its deadline: finish_reason "length"
 
 
 class Worker:
@@ -243,12 +247,17 @@ class Worker:
         while True:
             if job.cancelled.is_set():
                 return True
+            if slot.deadline is not None and time.monotonic() >= slot.deadline:
+                slot.timed_out = True  # as llama-server's t_max_predict_ms: a "length" finish
+                return True
             try:
                 item = next(slot.pieces)
             except StopIteration:
                 return True
             if item is PAUSE or item is NEED_STEP:
                 return False
+            if slot.deadline is None and job.predict_ms is not None:
+                slot.deadline = time.monotonic() + job.predict_ms / 1000
             if not job.pieces:  # the consumer takes only the result
                 continue
             if job.logprobs is not None:  # the logprobs of the tokens this piece completes
@@ -283,7 +292,9 @@ class Worker:
         job, gen, stream = slot.job, slot.gen, slot.stream
         slot.pieces.close()
         gen.close()
-        finish = stream.finish_reason or ("cancelled" if job.cancelled.is_set() else "stop")
+        finish = stream.finish_reason or (
+            "cancelled" if job.cancelled.is_set() else "length" if slot.timed_out else "stop"
+        )
         if self.metrics is not None:
             self.metrics.record(gen.stats, "cancelled" if job.cancelled.is_set() else finish)
         # the slot is free before the client holds its result: what it reads next (/metrics,
