@@ -712,3 +712,67 @@ def test_a_request_deadline_ends_decoding_with_finish_reason_length(server):
     status, err = post(url + "/v1/completions", {**body, "t_max_predict_ms": -5})
     assert status == 400 and "'t_max_predict_ms' must be >= 0" in err["error"]["message"]
     assert get(url + "/health")["slots_processing"] == 0
+
+
+def test_anthropic_client_messages_stream_stops_and_count_tokens(server):
+    """The official `anthropic` client against /v1/messages: the same greedy text as the OpenAI
+    route, Anthropic's stop reasons, its streaming events, count_tokens and its error shape."""
+    import anthropic
+
+    url, _, _ = server
+    client = anthropic.Anthropic(base_url=url, api_key="none")
+    GREEDY = {"temperature": 0}  # this SDK takes sampling fields through extra_body
+    msgs = [{"role": "user", "content": COPY_PROMPT}]
+    m = client.messages.create(model="local", max_tokens=40, messages=msgs, system="Be exact.", extra_body=GREEDY)
+    assert m.type == "message" and m.role == "assistant" and m.content[0].type == "text"
+    assert m.stop_reason in ("end_turn", "max_tokens") and m.usage.input_tokens > 0 and m.usage.output_tokens > 0
+    _, oa = post(
+        url + "/v1/chat/completions",
+        {
+            "messages": [{"role": "system", "content": "Be exact."}, *msgs],
+            "max_tokens": 40,
+            "temperature": 0,
+        },
+    )
+    assert m.content[0].text == oa["choices"][0]["message"]["content"]
+    cut = client.messages.create(model="local", max_tokens=3, messages=msgs, extra_body=GREEDY)
+    assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 3
+    word = m.content[0].text.split()[2]
+    stopped = client.messages.create(
+        model="local", max_tokens=40, messages=msgs, stop_sequences=[word], extra_body=GREEDY
+    )
+    assert (
+        stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == word and word not in stopped.content[0].text
+    )
+    with client.messages.stream(
+        model="local", max_tokens=40, messages=msgs, system="Be exact.", extra_body=GREEDY
+    ) as s:
+        pieces = list(s.text_stream)
+        final = s.get_final_message()
+    assert len(pieces) > 1 and "".join(pieces) == m.content[0].text == final.content[0].text
+    assert final.stop_reason == m.stop_reason and final.usage.output_tokens == m.usage.output_tokens
+    n = client.messages.count_tokens(model="local", messages=msgs, system="Be exact.")
+    assert n.input_tokens == m.usage.input_tokens
+    try:
+        client.messages.create(model="local", max_tokens=8, messages=[{"role": "robot", "content": "hi"}])
+        raise AssertionError("a bad role was accepted")
+    except anthropic.BadRequestError as exc:
+        assert exc.body["type"] == "error" and exc.body["error"]["type"] == "invalid_request_error"
+
+
+def test_anthropic_route_refuses_bad_bodies_in_its_own_shape(server):
+    url, _, _ = server
+    hi = [{"role": "user", "content": "hi"}]
+    cases = [
+        ({"messages": hi}, "max_tokens"),  # required there
+        ({"max_tokens": 0, "messages": hi}, "'max_tokens' must be at least 1"),
+        ({"max_tokens": 8, "messages": []}, "messages"),
+        ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image"}]}]}, "text blocks only"),
+        ({"max_tokens": 8, "messages": hi, "tools": [{"name": "f"}]}, "'tools' is not supported"),
+        ({"max_tokens": 8, "messages": hi, "temperature": 1e308, "repeat_penalty": 0}, "repeat_penalty"),
+    ]
+    for body, fragment in cases:
+        status, err = post(url + "/v1/messages", body)
+        assert status == 400 and err["type"] == "error", (body, err)
+        assert err["error"]["type"] == "invalid_request_error" and fragment in err["error"]["message"], (body, err)
+    assert get(url + "/health")["status"] == "ok"

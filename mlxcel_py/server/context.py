@@ -114,32 +114,39 @@ class ServerContext:
         self,
         job: Job,
         request: Request,
-        on_text: Callable[[TextPiece, list], dict],
-        on_done: Callable[[Result], dict],
+        on_text: Callable[[TextPiece, list], dict | list[dict]],
+        on_done: Callable[[Result], dict | list[dict]],
         *,
-        head: dict | None = None,
+        head: dict | list[dict] | None = None,
         done_sentinel: bool = True,
+        frame: Callable[[dict], str] = sse,
+        on_error: Callable[[str, str], dict] = error_body,
     ) -> StreamingResponse:
-        """SSE for one job: an optional head frame, one frame per text piece, the final frame."""
+        """SSE for one job: optional head frames, frames per text piece, the final frames. Each
+        callback returns one frame or a list; `frame` spells a frame (OpenAI's bare `data:`
+        lines by default, Anthropic's `event:` + `data:`), `on_error` an error frame."""
         self.admit(job)
+
+        def frames(objs: dict | list[dict]) -> str:
+            return "".join(frame(o) for o in (objs if isinstance(objs, list) else [objs]))
 
         async def events():
             if head is not None:
-                yield sse(head)
+                yield frames(head)
             lps: list = []
             async for kind, payload in self.worker.submit(job):
                 if kind == "logprobs":
                     lps = payload
                 elif kind == "text":
-                    yield sse(on_text(payload, lps))
+                    yield frames(on_text(payload, lps))
                     lps = []
                 elif kind == "error" and isinstance(payload, ShuttingDown):
-                    yield sse(error_body(str(payload), "unavailable_error"))
+                    yield frames(on_error(str(payload), "unavailable_error"))
                 elif kind == "error":
-                    yield sse(error_body(self.failed(payload), "server_error"))
+                    yield frames(on_error(self.failed(payload), "server_error"))
                 else:
                     request.state.tokens = payload.stats.generated_tokens
-                    yield sse(on_done(payload))
+                    yield frames(on_done(payload))
             if done_sentinel:
                 yield "data: [DONE]\n\n"
 

@@ -108,7 +108,11 @@ class RequestReader:
         return list(self.tokenizer.encode(prompt))
 
     def chat_prompt(self, messages: list[schemas.Message]) -> list[int]:
-        turns = [{"role": ROLE_FOR_TEMPLATE.get(m.role, m.role), "content": m.text()} for m in messages]
+        return self.turns_prompt([{"role": m.role, "content": m.text()} for m in messages])
+
+    def turns_prompt(self, turns: list[dict]) -> list[int]:
+        """Prompt ids of {role, content} turns through the model's chat template."""
+        turns = [{"role": ROLE_FOR_TEMPLATE.get(t["role"], t["role"]), "content": t["content"]} for t in turns]
         self.fits(sum(len(t["content"]) for t in turns))
         return render_messages(self.tokenizer, turns)
 

@@ -172,3 +172,62 @@ def refuse_unsupported(body: dict[str, Any]) -> str | None:
         if body.get(key):
             return f"'{key}' is not supported by this server"
     return None
+
+
+# ---- Anthropic Messages (`POST /v1/messages`) ----------------------------------------------------
+
+
+class AnthropicBlock(_Body):
+    type: str
+    text: str | None = None
+
+
+class AnthropicMessage(_Body):
+    role: Literal["user", "assistant"]
+    content: Union[str, list[AnthropicBlock]]
+
+    @field_validator("content")
+    @classmethod
+    def _text_blocks(cls, v):
+        for block in v if isinstance(v, list) else ():
+            if block.type != "text":
+                raise ValueError(f"'{block.type}' blocks are not supported (text blocks only)")
+            if block.text is None:
+                raise ValueError("a text block needs a string 'text'")
+        return v
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(b.text or "" for b in self.content)
+
+
+class AnthropicRequest(Sampling):
+    """Anthropic `POST /v1/messages`: `max_tokens` is required, `system` is its own field, stops
+    are `stop_sequences`."""
+
+    max_tokens: int
+    messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
+    system: Union[str, list[AnthropicBlock], None] = None
+    stop_sequences: list[str] | None = None
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _bounded_stop_sequences(cls, v):
+        if v is not None and (len(v) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in v)):
+            raise ValueError(f"at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters")
+        return v
+
+    def stops(self) -> list[str]:
+        return [s for s in self.stop_sequences or [] if s] + super().stops()
+
+    def turns(self) -> list[dict]:
+        system = self.system if isinstance(self.system, str) else "".join(b.text or "" for b in self.system or [])
+        head = [{"role": "system", "content": system}] if system else []
+        return head + [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+class AnthropicCountRequest(_Body):
+    model: str | None = None
+    messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
+    system: Union[str, list[AnthropicBlock], None] = None
+
+    turns = AnthropicRequest.turns

@@ -1,0 +1,132 @@
+"""Anthropic's Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`.
+
+For clients built on Anthropic's SDK (coding agents, chat front ends) pointed at a local model,
+as llama-server offers it: text messages, `system`, multi-turn, `max_tokens`, `stop_sequences`,
+sampling, streaming with Anthropic's event sequence (message_start, content_block_start, ping,
+content_block_delta..., content_block_stop, message_delta, message_stop), errors in Anthropic's
+shape, and the key as `x-api-key` (http.Guard accepts it). The reply is the same generation the
+OpenAI routes run (same template, same drafter), so greedy text equals theirs. Tool blocks are
+refused by name until tool calls exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from .context import ctx_of
+from .http import ApiError
+from .schemas import AnthropicCountRequest, AnthropicRequest
+
+router = APIRouter()
+
+STOP_REASONS = {"length": "max_tokens", "cancelled": "end_turn"}  # else end_turn, or stop_sequence
+
+
+def _error(exc: ApiError) -> JSONResponse:
+    kind = {401: "authentication_error", 404: "not_found_error", 413: "request_too_large", 503: "overloaded_error"}
+    return JSONResponse(
+        {"type": "error", "error": {"type": kind.get(exc.status, "invalid_request_error"), "message": exc.message}},
+        status_code=exc.status,
+        headers=exc.headers,
+    )
+
+
+def _stop(r) -> tuple[str, str | None]:
+    if r.stop_word:
+        return "stop_sequence", r.stop_word
+    return STOP_REASONS.get(r.finish_reason, "end_turn"), None
+
+
+def _frame(obj: dict) -> str:
+    return f"event: {obj['type']}\ndata: {json.dumps(obj)}\n\n"
+
+
+@router.post("/v1/messages")
+async def messages(request: Request):
+    ctx = ctx_of(request)
+    try:
+        req = await ctx.requests.parse(request, AnthropicRequest)
+        if req.max_tokens < 1:
+            raise ApiError(f"'max_tokens' must be at least 1, got {req.max_tokens}")
+        prompt = await asyncio.to_thread(ctx.requests.turns_prompt, req.turns())  # templating off the loop
+        job = ctx.requests.job(req, prompt)
+        mid = f"msg_{uuid.uuid4().hex[:24]}"
+        if req.stream:
+            return _stream(ctx, request, job, mid, len(prompt))
+        r = await ctx.collect(job, request)
+    except ApiError as exc:
+        return _error(exc)
+    reason, sequence = _stop(r)
+    return {
+        "id": mid,
+        "type": "message",
+        "role": "assistant",
+        "model": ctx.model_id,
+        "content": [{"type": "text", "text": r.text}],
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": {"input_tokens": r.stats.prompt_tokens, "output_tokens": r.stats.generated_tokens},
+    }
+
+
+def _stream(ctx, request: Request, job, mid: str, prompt_tokens: int):
+    start = {
+        "type": "message_start",
+        "message": {
+            "id": mid,
+            "type": "message",
+            "role": "assistant",
+            "model": ctx.model_id,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
+        },
+    }
+    block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+
+    def on_done(r) -> list[dict]:
+        reason, sequence = _stop(r)
+        return [
+            {"type": "content_block_stop", "index": 0},
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                "usage": {"output_tokens": r.stats.generated_tokens},
+            },
+            {"type": "message_stop"},
+        ]
+
+    return ctx.stream(
+        job,
+        request,
+        lambda piece, _: {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "text_delta", "text": piece.text},
+        },
+        on_done,
+        head=[start, block, {"type": "ping"}],
+        done_sentinel=False,
+        frame=_frame,
+        on_error=lambda message, kind: {
+            "type": "error",
+            "error": {"type": "overloaded_error" if kind == "unavailable_error" else "api_error", "message": message},
+        },
+    )
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request):
+    ctx = ctx_of(request)
+    try:
+        req = await ctx.requests.parse(request, AnthropicCountRequest)
+        prompt = await asyncio.to_thread(ctx.requests.turns_prompt, req.turns())
+    except ApiError as exc:
+        return _error(exc)
+    return {"input_tokens": len(prompt)}
