@@ -362,6 +362,13 @@ void interleave(const float* rows, float* out, int N, int nb) {
 }
 
 namespace {
+// f(scales, biases) with a weight's scales and biases from block offset fo, at their stored type
+template <class F>
+inline void with_scales(const WeightRef& wr, size_t fo, F&& f) {
+  if (wr.half) f(static_cast<const uint16_t*>(wr.scales) + fo, static_cast<const uint16_t*>(wr.biases) + fo);
+  else f(static_cast<const float*>(wr.scales) + fo, static_cast<const float*>(wr.biases) + fo);
+}
+
 inline float scale_at(const void* p, size_t i, bool half) {
   if (!half) return static_cast<const float*>(p)[i];
   return _mm512_cvtss_f32(_mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(static_cast<const uint16_t*>(p)[i]))));
@@ -418,33 +425,17 @@ void qmm_multi(const float* x, const WeightRef* weights, int count, int M, int K
         const uint8_t* wg = wr.w + static_cast<size_t>(g) * kGroup * rb;
         const size_t fo = static_cast<size_t>(g) * kGroup * nb;
         float* out = wr.out + static_cast<size_t>(g) * kGroup;
+        with_scales(wr, fo, [&](auto sg, auto bg) {
 #if MLXCEL_AMX
-        if (amx) {
-          if (wr.half) {
-            const auto* sg = static_cast<const uint16_t*>(wr.scales) + fo;
-            const auto* bg = static_cast<const uint16_t*>(wr.biases) + fo;
+          if (amx) {
             if (bits == 8) amx_group<8>(a, M, K, wg, sg, bg, r, out, wr.N, buf.data(), cbuf.data());
             else amx_group<4>(a, M, K, wg, sg, bg, r, out, wr.N, buf.data(), cbuf.data());
-          } else {
-            const auto* sg = static_cast<const float*>(wr.scales) + fo;
-            const auto* bg = static_cast<const float*>(wr.biases) + fo;
-            if (bits == 8) amx_group<8>(a, M, K, wg, sg, bg, r, out, wr.N, buf.data(), cbuf.data());
-            else amx_group<4>(a, M, K, wg, sg, bg, r, out, wr.N, buf.data(), cbuf.data());
+            return;
           }
-          continue;
-        }
 #endif
-        if (wr.half) {
-          const auto* sg = static_cast<const uint16_t*>(wr.scales) + fo;
-          const auto* bg = static_cast<const uint16_t*>(wr.biases) + fo;
           if (bits == 8) group<8>(a, M, K, wg, sg, bg, r, out, wr.N);
           else group<4>(a, M, K, wg, sg, bg, r, out, wr.N);
-        } else {
-          const auto* sg = static_cast<const float*>(wr.scales) + fo;
-          const auto* bg = static_cast<const float*>(wr.biases) + fo;
-          if (bits == 8) group<8>(a, M, K, wg, sg, bg, r, out, wr.N);
-          else group<4>(a, M, K, wg, sg, bg, r, out, wr.N);
-        }
+        });
       }
     }
 #if MLXCEL_AMX

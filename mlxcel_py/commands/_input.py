@@ -8,9 +8,11 @@ so the line still goes through and the user knows what the model saw.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 REPLACEMENT = "\ufffd"
+_STRAY = re.compile("[\ud800-\udc7f\udd00-\udfff]")
 
 
 def clean(text: str, source: str, warn: Callable[[str], None]) -> str:
@@ -20,8 +22,8 @@ def clean(text: str, source: str, warn: Callable[[str], None]) -> str:
         return text
     except UnicodeEncodeError:
         pass
-    fixed = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-    # a surrogate that did not come from a byte (a stray UTF-16 half) is replaced too
-    fixed = fixed.encode("utf-8", "replace").decode("utf-8")
+    # a surrogate that never was a byte (a stray UTF-16 half) is replaced as it is; the escaped
+    # bytes (U+DC80..U+DCFF) go back to bytes and decode with replacement
+    fixed = _STRAY.sub(REPLACEMENT, text).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     warn(f"{source}: invalid UTF-8 replaced with {REPLACEMENT!r} (U+FFFD)")
     return fixed

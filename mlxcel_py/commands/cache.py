@@ -42,7 +42,7 @@ def rm(
         typer.Argument(
             metavar="NAME", show_default=False, help="Entries to remove (the first column of `mlxcel cache ls`)."
         ),
-    ] = None,  # noqa: E501
+    ] = None,
     all_: Annotated[bool, typer.Option("--all", help="Remove every conversion.")] = False,
     incomplete: Annotated[bool, typer.Option("--incomplete", help="Remove conversions that never finished.")] = False,
 ) -> None:

@@ -21,6 +21,14 @@ ROLES = ("system", "user", "assistant", "tool", "developer")
 UNSUPPORTED = ("json_schema", "grammar", "tools", "functions", "logit_bias")
 
 
+def _bounded_stops(v):
+    """A stop field's strings, at most MAX_STOPS of at most MAX_STOP_CHARS characters (validators)."""
+    stops = [v] if isinstance(v, str) else v or []
+    if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise ValueError(f"at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters")
+    return v
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
@@ -61,10 +69,7 @@ class Sampling(_Body):
     @field_validator("stop")
     @classmethod
     def _bounded_stops(cls, v):
-        stops = [v] if isinstance(v, str) else v or []
-        if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
-            raise ValueError(f"at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters")
-        return v
+        return _bounded_stops(v)
 
     def stops(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
@@ -212,17 +217,13 @@ class AnthropicRequest(Sampling):
     @field_validator("stop_sequences")
     @classmethod
     def _bounded_stop_sequences(cls, v):
-        if v is not None and (len(v) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in v)):
-            raise ValueError(f"at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters")
-        return v
+        return _bounded_stops(v)
 
     def stops(self) -> list[str]:
         return [s for s in self.stop_sequences or [] if s] + super().stops()
 
     def turns(self) -> list[dict]:
-        system = self.system if isinstance(self.system, str) else "".join(b.text or "" for b in self.system or [])
-        head = [{"role": "system", "content": system}] if system else []
-        return head + [{"role": m.role, "content": m.text()} for m in self.messages]
+        return anthropic_turns(self.system, self.messages)
 
 
 class AnthropicCountRequest(_Body):
@@ -230,4 +231,12 @@ class AnthropicCountRequest(_Body):
     messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
     system: Union[str, list[AnthropicBlock], None] = None
 
-    turns = AnthropicRequest.turns
+    def turns(self) -> list[dict]:
+        return anthropic_turns(self.system, self.messages)
+
+
+def anthropic_turns(system: str | list[AnthropicBlock] | None, messages: list[AnthropicMessage]) -> list[dict]:
+    """{role, content} turns for the chat template: `system` (a string or text blocks) first."""
+    text = system if isinstance(system, str) else "".join(b.text or "" for b in system or [])
+    head = [{"role": "system", "content": text}] if text else []
+    return head + [{"role": m.role, "content": m.text()} for m in messages]
