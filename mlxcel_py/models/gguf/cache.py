@@ -17,8 +17,8 @@ from pathlib import Path
 
 from ...errors import UsageError
 from ...paths import cache_dir
-from .convert import COMPLETE
 
+COMPLETE = "COMPLETE"  # a conversion's marker, written last (convert.py)
 DEFAULT_MAX_GB = 20.0
 
 

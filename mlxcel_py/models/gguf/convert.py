@@ -26,11 +26,12 @@ from typing import Any
 
 from ...errors import ModelError
 from . import arch as gguf_arch
+from . import cache as conversions
 from . import tokenizer as gguf_tokenizer
+from .cache import COMPLETE
 
 GROUP_SIZE = 32  # every GGUF block quant MLX reads has 32 values per block
 FORMAT = "v2"  # bump when the folder layout changes, so old cache entries are not re-used
-COMPLETE = "COMPLETE"
 MLX_NATIVE = frozenset({"F32", "F16", "Q4_0", "Q4_1", "Q8_0"})
 _FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
 # MLX affine bits for re-quantizing a decoded tensor off the CPU: at least the source's precision
@@ -290,8 +291,6 @@ def _alive(pid: int) -> bool:
 
 
 def ensure_converted(gguf_path: Path, cache_root: Path) -> Path:
-    from . import cache as conversions
-
     out = converted_dir(gguf_path, cache_root)
     if (out / COMPLETE).is_file():
         conversions.touch(out)
