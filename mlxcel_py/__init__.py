@@ -38,6 +38,8 @@ _API = {
     "SuffixStore": ("drafters.suffix", "SuffixStore"),
     "FullModelDrafter": ("drafters.full_model", "FullModelDrafter"),
     "MtpDrafter": ("drafters.mtp", "MTPDrafter"),
+    "DFlashDrafter": ("drafters.dflash", "DFlashDrafter"),
+    "Eagle3Drafter": ("drafters.eagle3", "Eagle3Drafter"),
     "MlxcelError": ("errors", "MlxcelError"),
     "UsageError": ("errors", "UsageError"),
     "ModelError": ("errors", "ModelError"),

@@ -230,7 +230,7 @@ def load(
 ) -> Model:
     """Load a model as `mlxcel generate -m MODEL` does: a folder, a .gguf file, an owner/name repo id
     in the local Hugging Face cache, or None for the default model. `draft`: a drafter checkpoint
-    (a small LM, an MTP head); `draft_kind`: mtp, suffix or full-model (prompt lookup needs no load:
+    (a small LM, an MTP head); `draft_kind`: mtp, dflash, suffix or full-model (prompt lookup needs no load:
     pass prompt_lookup=True per call). Refusals are the CLI's, as MlxcelError subclasses."""
     opts = CommandOptions(
         command="generate",

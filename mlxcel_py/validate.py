@@ -332,11 +332,6 @@ def _validate(opts: CommandOptions) -> RunConfig:
         return RunConfig(opts, DraftConfig())
     # a drafter checkpoint alone means a full model drafter (llama-server's -md)
     entry = registry.kind_of(kind or "full-model")
-    if entry.module is None:
-        raise UsageError(
-            f"--draft-kind {kind} is not available in mlxcel-py yet; use --draft-kind full-model "
-            f"with --draft-model, or prompt lookup"
-        )
     if entry.checkpoint == registry.REQUIRED and not draft_model:
         raise UsageError(f"--draft-kind {entry.name} needs --draft-model PATH")
     if entry.checkpoint == registry.NONE and draft_model:
@@ -349,6 +344,11 @@ def _validate(opts: CommandOptions) -> RunConfig:
         raise UsageError(f"{entry.named} does not support pipeline parallelism (--pp-size > 1); drop one")
     explicit_block = spec.draft_block_size is not None
     block = spec.draft_block_size if explicit_block else entry.default_width
+    if entry.anchored and block < 2:
+        raise UsageError(
+            f"--draft-block-size {block}: a {entry.name} block's first row is the last committed token, so "
+            f"it drafts block size - 1 tokens; pass 2 or more"
+        )
     lookup = (
         LookupConfig(max_draft=block, policy=entry.default_policy)
         if entry.sizing == registry.ADAPTIVE

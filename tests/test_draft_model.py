@@ -199,15 +199,20 @@ def test_refuses_tokenizers_whose_ids_disagree(tiny_dir, tiny_draft_dir, tmp_pat
         session_for(tiny_dir, d)
 
 
-def test_refuses_dflash_folder(tiny_dir, tiny_draft_dir, tmp_path, no_weights):
+def test_a_dflash_folder_is_not_run_as_a_full_model(tiny_dir, tiny_draft_dir, tmp_path, no_weights):
+    """Detected structurally: without --draft-kind it is taken as a DFlash drafter (and this one,
+    a causal LM under DFlash's name, is refused as one); with --draft-kind full-model it is refused."""
     d = copy_model(tiny_draft_dir, tmp_path / "d", lambda c: c.update(architectures=["DFlashDraftModel"]))
-    with pytest.raises(ModelError, match="is a DFlash speculative drafter, not a standalone model"):
+    with pytest.raises(ModelError, match="declares no dflash_config.mask_token_id"):
         session_for(tiny_dir, d)
+    opts = {"prompt": "x", "model": str(tiny_dir), "draft_model": str(d), "draft_kind": "full-model"}
+    with pytest.raises(ModelError, match="is a DFlash speculative drafter, not a standalone model; use --draft-kind"):
+        open_session(validate(build_options("generate", opts)))
 
 
 def test_refuses_a_dflash_folder_as_the_model(tiny_dir, tmp_path, no_weights):
     d = copy_model(tiny_dir, tmp_path / "dflash", lambda c: c.update(architectures=["DFlashDraftModel"]))
-    with pytest.raises(ModelError, match="is a DFlash speculative drafter, not a standalone model; pass the target"):
+    with pytest.raises(ModelError, match="is a DFlash speculative drafter, not a standalone model; pass its target"):
         open_session(validate(build_options("generate", {"prompt": "x", "model": str(d)})))
 
 

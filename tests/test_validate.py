@@ -73,7 +73,7 @@ RULES = [
     (["serve", "--draft-kind", "prompt-lookup", "--draft-model", "d"], "prompt-lookup takes no draft model"),
     (["serve", "--spec-type", "ngram-mod"], "--spec-type ngram-mod is not supported"),
     (["serve", "--spec-type", "ngram-simple"], "--spec-type ngram-simple is not supported"),
-    (["serve", "--spec-type", "draft-eagle3"], "--spec-type draft-eagle3 is not supported"),
+    (["serve", "--spec-type", "draft-dspark"], "--spec-type draft-dspark is not supported"),
     (
         ["serve", "--spec-type", "draft-mtp", "--draft-kind", "full-model", "--draft-model", "d"],
         "--spec-type draft-mtp conflicts with --draft-kind full-model",
@@ -115,7 +115,11 @@ RULES = [
     (["generate", "-p", "x", "--draft-model", "d", "--draft-block-size", "0"], "--draft-block-size must be at least 1"),
     (["generate", "-p", "x", "--draft-kind", "full-model"], "--draft-kind full-model needs --draft-model"),
     (["generate", "-p", "x", "--draft-kind", "eagle"], '--draft-kind="eagle" is not recognised'),
-    (["generate", "-p", "x", "--draft-kind", "dflash", "--draft-model", "d"], "--draft-kind dflash is not available"),
+    (
+        ["generate", "-p", "x", "--draft-kind", "dflash", "--draft-model", "d", "--draft-block-size", "1"],
+        "--draft-block-size 1: a dflash block's first row is the last committed token",
+    ),
+    (["generate", "-p", "x", "--draft-kind", "dflash"], "--draft-kind dflash needs --draft-model"),
     (["generate", "-p", "x", "--max-tokens", "-5"], "--max-tokens must be -1"),
     (["generate", "-p", "x", "--temp", "-1"], "--temp must be >= 0"),
     (["generate", "-p", "x", "--top-p", "0"], "--top-p must be in (0, 1]"),

@@ -294,3 +294,181 @@ def gemma4_assistant_checkpoint(
     mx.save_safetensors(str(folder / "model.safetensors"), params, metadata={"format": "mlx"})
     (folder / "config.json").write_text(json.dumps(cfg))
     return folder
+
+
+# a plain Qwen3 (per-head q/k norms): the family DFlash drafters are published for
+QWEN3 = dict(
+    model_type="qwen3",
+    hidden_size=64,
+    num_hidden_layers=4,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-6,
+    vocab_size=260,
+    tie_word_embeddings=True,
+    max_position_embeddings=2048,
+    rope_theta=10000.0,
+)
+
+
+def dflash_config(
+    target_cfg: dict,
+    *,
+    layers: int = 1,
+    ids=None,
+    block: int | None = 8,
+    nested: bool = False,
+    mask: int = 259,
+    **extra,
+) -> dict:
+    """A DFlash drafter's config.json for `target_cfg`, in z-lab's layout: `block_size` at the top
+    (Qwen3) or inside dflash_config (`nested`, Qwen3.5)."""
+    t = {**target_cfg, **(target_cfg.get("text_config") or {})}
+    n = t["num_hidden_layers"]
+    ids = list(ids) if ids is not None else [min(1, n - 1), n - 2][:layers] if layers > 1 else [n // 2]
+    dcfg = {"mask_token_id": mask, "target_layer_ids": ids}
+    cfg = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": t["hidden_size"],
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 2 * t["hidden_size"],
+        "vocab_size": t["vocab_size"],
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 2048,
+        "num_target_layers": n,
+        "dflash_config": dcfg,
+    }
+    if block is not None:
+        (dcfg if nested else cfg)["block_size"] = block
+    cfg.update(extra)
+    return cfg
+
+
+def dflash_checkpoint(
+    folder: Path, cfg: dict, *, seed: int = 5, scale: float = 0.3, params: dict | None = None
+) -> Path:
+    """Write a DFlash drafter (config.json + model.safetensors, no embedding or lm_head): random
+    weights, or `params` (a trained network's)."""
+    import json
+
+    from mlxcel_py.drafters.dflash import read_spec
+    from mlxcel_py.drafters.dflash_net import DFlashNet
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if params is None:
+        mx.random.seed(seed)
+        net = DFlashNet(read_spec(cfg, folder, cfg["num_target_layers"]))
+        params = {k: (v * scale if v.ndim >= 2 else v) for k, v in tree_flatten(net.parameters())}
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(params), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+PATTERN_LO, PATTERN_M = 100, 16  # the synthetic pattern's tokens: LO .. LO+M-1
+
+
+def pattern(rng, n: int) -> list[int]:
+    """A synthetic sequence for trained-drafter tests. Second order: each token depends on the two
+    before it, so a drafter must read the context (the target's hidden states), not only the
+    last token."""
+    m = PATTERN_M
+    seq = [rng.randrange(m), rng.randrange(m)]
+    while len(seq) < n:
+        seq.append((3 * seq[-1] + 5 * seq[-2] + 1) % m)
+    return [PATTERN_LO + t for t in seq]
+
+
+def train_target(model, rng, *, steps: int, lr: float, batch: int = 8, length: int = 32) -> float:
+    """Train `model` (an mlx-lm model) on `pattern` for next-token prediction; its last loss."""
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+
+    opt = optim.AdamW(lr)
+
+    def loss_fn(m, x):
+        return nn.losses.cross_entropy(m(x[:, :-1]), x[:, 1:]).mean()
+
+    step = nn.value_and_grad(model, loss_fn)
+    for _ in range(steps):
+        loss, grads = step(model, mx.array([pattern(rng, length) for _ in range(batch)]))
+        opt.update(model, grads)
+        mx.eval(model.parameters(), opt.state)
+    return loss.item()
+
+
+def eagle3_config(
+    target_cfg: dict, *, ids=(1, 2, 3), draft_vocab: int | None = 200, speculators: bool = False, **extra
+) -> dict:
+    """An EAGLE-3 drafter's config.json for `target_cfg`: EAGLE's own layout
+    (LlamaForCausalLMEagle3) or vLLM speculators' (Eagle3Speculator, transformer_layer_config)."""
+    t = {**target_cfg, **(target_cfg.get("text_config") or {})}
+    layer = {
+        "model_type": "llama",
+        "hidden_size": t["hidden_size"],
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 2 * t["hidden_size"],
+        "vocab_size": t["vocab_size"],
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 2048,
+    }
+    dv = {"draft_vocab_size": draft_vocab} if draft_vocab else {}
+    if speculators:
+        cfg = {
+            "architectures": ["Eagle3Speculator"],
+            "speculators_model_type": "eagle3",
+            "transformer_layer_config": layer,
+            "speculators_config": {"algorithm": "eagle3", "num_speculative_tokens": 3},
+            "eagle_aux_hidden_state_layer_ids": list(ids),
+            **dv,
+        }
+    else:
+        cfg = {
+            "architectures": ["LlamaForCausalLMEagle3"],
+            **layer,
+            **dv,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(ids)},
+        }
+    cfg.update(extra)
+    return cfg
+
+
+def eagle3_checkpoint(
+    folder: Path, cfg: dict, *, seed: int = 6, scale: float = 0.3, params: dict | None = None, draft_ids=None
+) -> Path:
+    """Write an EAGLE-3 drafter: random weights (or a trained network's `params`), a d2t mapping the
+    draft vocabulary onto `draft_ids` (default: target ids spread evenly), speculators names
+    (`layers.0.`) when the config is in that layout."""
+    import json
+
+    from mlxcel_py.drafters.eagle3 import read_spec
+    from mlxcel_py.drafters.eagle3_net import Eagle3Net
+
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = read_spec(cfg, folder, 4)
+    if params is None:
+        mx.random.seed(seed)
+        net = Eagle3Net(spec)
+        params = {k: (v * scale if v.ndim >= 2 else v) for k, v in tree_flatten(net.parameters()) if k != "d2t"}
+    params = {k: v for k, v in params.items() if k != "d2t"}
+    if spec.draft_vocab_size != spec.vocab_size or draft_ids is not None:
+        V, Vd = spec.vocab_size, spec.draft_vocab_size
+        ids = list(draft_ids) if draft_ids is not None else [i * V // Vd for i in range(Vd)]
+        params["d2t"] = mx.array([t - d for d, t in enumerate(ids)], dtype=mx.int64)
+    if "transformer_layer_config" in cfg:
+        params = {
+            ("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v for k, v in params.items()
+        }
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(params), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder

@@ -97,12 +97,15 @@ def markdown(rows: Sequence[SummaryRow], peer_name: str | None = "mlx-lm") -> st
 
 
 def _as_loaded(d: DraftConfig, loaded: DraftConfig, *, sweeping: bool) -> DraftConfig:
-    """A planned model drafter as the session resolved it: an MTP checkpoint given as --draft-model
-    runs as mtp, at its declared width unless a width was asked for."""
-    if not d.enabled or not registry.kind_of(d.kind).loads_weights or loaded.kind != "mtp":
+    """A planned model drafter as the session resolved it: an MTP, DFlash or EAGLE-3 checkpoint
+    given as --draft-model runs as its kind, at its declared width unless a width was asked for (a swept
+    width is the tokens proposed a round, so a DFlash block is one wider)."""
+    if not d.enabled or not registry.kind_of(d.kind).loads_weights or loaded.kind not in ("mtp", "dflash", "eagle3"):
         return d
-    explicit = d.block_explicit or sweeping
-    return replace(d, kind="mtp", block_size=d.block_size if explicit else loaded.block_size)
+    if sweeping:
+        anchored = registry.kind_of(loaded.kind).anchored and not registry.kind_of(d.kind).anchored
+        return replace(d, kind=loaded.kind, block_size=d.block_size + 1 if anchored else d.block_size)
+    return replace(d, kind=loaded.kind, block_size=d.block_size if d.block_explicit else loaded.block_size)
 
 
 def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace] | None = None) -> None:

@@ -350,8 +350,8 @@ def _vs_peer(result: BenchResult, ratio) -> float | None:
 
 @dataclass(frozen=True)
 class WidthChoice:
-    drafter: str  # "prompt-lookup" | "full-model" | "mtp" | "suffix"
-    width: int
+    drafter: str  # "prompt-lookup" | "full-model" | "mtp" | "dflash" | "eagle3" | "suffix"
+    width: int  # the flag's value
     speedup: float
     flag: str  # the flag that sets it
 
@@ -365,6 +365,8 @@ def recommend_widths(rows: Sequence[SummaryRow]) -> list[WidthChoice]:
         ("prompt-lookup", "--prompt-lookup-max-draft"),
         ("full-model", "--draft-block-size"),
         ("mtp", "--draft-block-size"),
+        ("dflash", "--draft-block-size"),
+        ("eagle3", "--draft-block-size"),
         ("suffix", "--draft-block-size"),
     ):
         cands = [r for r in rows if r.kind == ALL_KINDS and r.config.startswith(drafter) and r.width]
@@ -372,7 +374,9 @@ def recommend_widths(rows: Sequence[SummaryRow]) -> list[WidthChoice]:
             continue
         best = max(r.speedup for r in cands)
         pick = min((r for r in cands if r.speedup >= best * (1 - WIDTH_TIE)), key=lambda r: r.width)
-        out.append(WidthChoice(drafter, pick.width, pick.speedup, flag))
+        # a DFlash block is its drafts plus the last committed token
+        value = pick.width + 1 if registry.kind_of(drafter).anchored else pick.width
+        out.append(WidthChoice(drafter, value, pick.speedup, flag))
     return out
 
 

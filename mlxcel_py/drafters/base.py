@@ -161,7 +161,7 @@ class DrafterSource:
                 on_cuda=on_cuda(),
                 verify_cost=verify_cost,
             )
-        return make_policy("fixed", d.block_size, adaptive=False)
+        return make_policy("fixed", self.width, adaptive=False)
 
     @classmethod
     def of(cls, draft: DraftConfig, loaded: Any, assets: Any = None) -> DrafterSource:

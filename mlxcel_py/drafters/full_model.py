@@ -5,7 +5,8 @@ Argmax drafts when greedy; otherwise it samples from its filtered distribution q
 applies the lossless p/q rule. Rejected drafts leave its cache through the same rollback the
 target uses (SequenceCache.truncate: trim, window slice or checkpoint replay). Before any weight
 loads, `prepare` checks the pair from their files: vocabulary size, every token id, rollback; an
-MTP checkpoint given as --draft-model is handed to the mtp kind, as the seed page says.
+MTP checkpoint given as --draft-model is handed to the mtp kind, a DFlash folder to the dflash
+kind (as the seed page says), an EAGLE-3 folder to the eagle3 kind.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import mlx.core as mx
 from ..engine.cache import SequenceCache
 from ..errors import ModelError
 from ..models import loading, preflight
-from ..options import DEFAULT_MTP_BLOCK, DraftConfig
+from ..options import DEFAULT_DFLASH_BLOCK, DEFAULT_EAGLE3_BLOCK, DEFAULT_MTP_BLOCK, DraftConfig
 from .base import Drafter, DrafterSource, Plan, Proposal, chain_proposal, draw
 from .registry import kind_of
 
@@ -111,6 +112,22 @@ def prepare(draft: DraftConfig, target: loading.ResolvedModel, model_options: An
         # as the seed page says: an MTP checkpoint given as the drafter means the mtp kind
         mtp = replace(draft, kind="mtp", block_size=draft.block_size if draft.block_explicit else DEFAULT_MTP_BLOCK)
         return kind_of("mtp").prepare(mtp, target, model_options)
+    if preflight.is_eagle3_config(resolved.config):
+        if draft.kind_explicit:
+            raise ModelError(
+                f"--draft-model {draft.draft_model} is an EAGLE-3 drafter, not a standalone model; "
+                f"use --draft-kind eagle3 (or drop --draft-kind: the folder is detected)"
+            )
+        eagle = replace(
+            draft, kind="eagle3", block_size=draft.block_size if draft.block_explicit else DEFAULT_EAGLE3_BLOCK
+        )
+        return kind_of("eagle3").prepare(eagle, target, model_options)
+    if preflight.is_dflash_config(resolved.config) and not draft.kind_explicit:
+        # a DFlash folder as the drafter means the dflash kind (mlxcel's structural detection)
+        dflash = replace(
+            draft, kind="dflash", block_size=draft.block_size if draft.block_explicit else DEFAULT_DFLASH_BLOCK
+        )
+        return kind_of("dflash").prepare(dflash, target, model_options)
     preflight.check_drafter(target, resolved)
     check_token_ids(loading.load_tokenizer_only(target), loading.load_tokenizer_only(resolved), draft.draft_model)
     loading.check_rollback_config(resolved.config, what="the draft model")

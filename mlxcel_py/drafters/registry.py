@@ -18,6 +18,8 @@ from types import ModuleType
 from typing import Any
 
 from ..options import (
+    DEFAULT_DFLASH_BLOCK,
+    DEFAULT_EAGLE3_BLOCK,
     DEFAULT_FULL_MODEL_BLOCK,
     DEFAULT_MTP_BLOCK,
     DEFAULT_SERVER_LOOKUP_BLOCK,
@@ -44,6 +46,8 @@ class DrafterKind:
     unsharded: str = ""  # what stays in one process, for the refusal under --tp-size/--pp-size
     flag: str = ""  # the flag a refusal names (default --draft-kind NAME)
     default_policy: str = "auto"  # ADAPTIVE kinds: the policy unless --prompt-lookup-policy says
+    # the block's first row is the last committed token (DFlash): block_size - 1 drafts a round
+    anchored: bool = False
 
     @property
     def named(self) -> str:
@@ -84,7 +88,29 @@ KINDS: dict[str, DrafterKind] = {
         DrafterKind(
             "mtp", "mtp", FIXED, DEFAULT_MTP_BLOCK, OPTIONAL, (), True, spec_type="draft-mtp", unsharded="head"
         ),
-        DrafterKind("dflash", None, FIXED, DEFAULT_FULL_MODEL_BLOCK, REQUIRED, (), True, spec_type="draft-dflash"),
+        DrafterKind(
+            "dflash",
+            "dflash",
+            FIXED,
+            DEFAULT_DFLASH_BLOCK,
+            REQUIRED,
+            (),
+            True,
+            spec_type="draft-dflash",
+            unsharded="drafter",
+            anchored=True,
+        ),
+        DrafterKind(
+            "eagle3",
+            "eagle3",
+            FIXED,
+            DEFAULT_EAGLE3_BLOCK,
+            REQUIRED,
+            (),
+            True,
+            spec_type="draft-eagle3",
+            unsharded="drafter",
+        ),
         DrafterKind("suffix", "suffix", ADAPTIVE, DEFAULT_SUFFIX_BLOCK, NONE, ("tp",), False, default_policy="cost"),
     )
 }
@@ -107,7 +133,10 @@ def width(draft: DraftConfig) -> int:
     """The widest proposal a round can make (warmup runs every verify width up to one more)."""
     if not draft.enabled:
         return 0
-    return draft.lookup.max_draft if kind_of(draft.kind).sizing == ADAPTIVE else draft.block_size
+    kind = kind_of(draft.kind)
+    if kind.sizing == ADAPTIVE:
+        return draft.lookup.max_draft
+    return draft.block_size - 1 if kind.anchored else draft.block_size
 
 
 def calibrates(draft: DraftConfig) -> bool:
@@ -130,7 +159,7 @@ def with_width(draft: DraftConfig, w: int) -> DraftConfig:
             lookup=replace(draft.lookup, max_draft=w),
             block_size=w if draft.kind != "prompt-lookup" else draft.block_size,
         )
-    return replace(draft, block_size=w)
+    return replace(draft, block_size=w + 1 if kind_of(draft.kind).anchored else w)
 
 
 def policy_name(draft: DraftConfig, *, on_cuda: bool) -> str:
@@ -185,4 +214,4 @@ def label(draft: DraftConfig) -> str:
     """A configuration's short name in benchmark tables."""
     if draft.kind == "prompt-lookup":
         return f"prompt-lookup k={draft.lookup.max_draft}"
-    return f"{draft.kind} k={draft.block_size}"
+    return f"{draft.kind} k={width(draft)}"  # k: tokens proposed a round (a DFlash block is one wider)

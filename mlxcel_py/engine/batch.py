@@ -211,7 +211,8 @@ def _forward_ragged(
     out: list[mx.array | None] = []
     start = kept = 0
     for s, b, w in zip(seqs, blocks, wants):
-        s.appended(list(b), one_block=True)
+        # a drafter's tap recorded every entry's rows: (entries, 1, F), this block's are consecutive
+        s.appended(list(b), one_block=True, tapped=lambda tap, a=start, n=len(b): tap.last[a : a + n, 0])
         if split is None:
             out.append(logits[start : start + len(b), 0])
         elif w:
@@ -239,7 +240,7 @@ def _forward(model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequenc
         if len(b) < width:
             for c in s.layers:
                 c.trim(width - len(b))
-        s.appended(list(b), one_block=True)
+        s.appended(list(b), one_block=True, tapped=lambda tap, i=i, n=len(b): tap.last[i, :n])
         out.append(logits[i, : len(b)])
     return out
 

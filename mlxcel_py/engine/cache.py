@@ -55,10 +55,11 @@ class SequenceCache:
     `tokens` are the committed positions; the newest `len(_pending)` of them are not in the layers
     yet (restored away by a rollback) and are fed in front of the next forward.
 
-    With `keep_hidden(tap)` (MTP drafters need it) the final norm's output rows (models.taps.hidden_tap)
-    of committed positions [hidden_start, len(tokens)) are kept. A
-    rollback keeps the rows of kept tokens even when their replay is pending: the block computed
-    them already.
+    With `keep_hidden(tap)` (drafters that read the target: MTP heads take the final norm's output,
+    models.taps.hidden_tap; DFlash takes chosen layers' outputs, models.taps.layer_tap) the tap's rows
+    of committed positions [hidden_start, len(tokens)) are kept, whoever ran the forward (this
+    cache's `run`, or a batched forward through `appended`). A rollback keeps the rows of kept
+    tokens even when their replay is pending: the block computed them already.
     """
 
     use_steps = True  # per-step Gated DeltaNet states where available (scripts/rollback_cost.py compares)
@@ -73,7 +74,7 @@ class SequenceCache:
         self._pending: list[int] = []
         self._checkpoint: Checkpoint | None = None
         self._last_write = 0
-        self._tap = None  # mtp.HiddenTap while hidden states are kept
+        self._tap = None  # a models.taps tap while hidden states are kept
         # Gated DeltaNet layers whose per-step states a marked block records: {index: conv kernel}
         self._steps = recurrent_steps.enable(model) if self.use_steps else {}
         self._recording = False
@@ -107,8 +108,7 @@ class SequenceCache:
                 logits = self.model(x[None], cache=self.layers)[0]
                 self._step_records = None
             if self._tap is not None:
-                rows = self._tap.last[0, len(self._pending) :]  # replayed rows are kept already
-                self.hidden = rows if self.hidden is None else mx.concatenate([self.hidden, rows])
+                self._keep_rows(self._tap.last[0, len(self._pending) :])  # replayed rows are kept already
         self._last_write = x.shape[0]
         if self._pending:
             logits = logits[len(self._pending) :]
@@ -121,10 +121,16 @@ class SequenceCache:
         self.tokens.extend(inputs)
         return logits
 
-    def appended(self, tokens: Sequence[int], *, one_block: bool = False) -> None:
+    def appended(self, tokens: Sequence[int], *, one_block: bool = False, tapped: Any = None) -> None:
         """Record that `tokens` were just fed: through `run`, or (one_block) as one block of a
         batched forward that called the model itself; how wide the last write was decides whether
-        a window can drop rows in place."""
+        a window can drop rows in place. `tapped(tap)`: this block's rows of a tap's latest output
+        (the batched forward's), kept while `keep_hidden` is on."""
+        if self._tap is not None and one_block:
+            rows = tapped(self._tap) if tapped is not None else None
+            if rows is None:
+                raise RuntimeError("a batched forward fed a sequence that keeps hidden states without them")
+            self._keep_rows(rows)
         self.tokens.extend(tokens)
         if one_block:
             self._last_write = len(tokens)
@@ -158,15 +164,18 @@ class SequenceCache:
             self.run(mx.array([], dtype=mx.int32))
             self.eval()
 
+    def _keep_rows(self, rows: mx.array) -> None:
+        self.hidden = rows if self.hidden is None else mx.concatenate([self.hidden, rows])
+
     def keep_hidden(self, tap) -> None:
-        """Keep the final norm's output rows from now on (tap: mtp.HiddenTap), or stop (None).
+        """Keep a tap's output rows from now on (a models.taps tap), or stop (None).
         Invariant while on: rows cover committed positions [hidden_start, len(tokens))."""
         if tap is not self._tap:
             self.hidden, self.hidden_start = None, len(self.tokens)
         self._tap = tap
 
     def hidden_rows(self, start: int, end: int) -> mx.array:
-        """The trunk's output rows of positions start..end-1 (all committed)."""
+        """The tap's rows of positions start..end-1 (all committed)."""
         assert self.hidden_start <= start <= end <= self.hidden_start + self.hidden.shape[0]
         return self.hidden[start - self.hidden_start : end - self.hidden_start]
 

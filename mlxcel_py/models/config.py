@@ -22,7 +22,7 @@ def read_config(folder: Path, *, what: str = "--model") -> dict:
         raise ModelError(f"{what} {cfg_path}: malformed JSON ({exc})") from None
     if not isinstance(cfg, dict):
         raise ModelError(f"{what} {cfg_path}: expected a JSON object, got {type(cfg).__name__}")
-    if "model_type" not in cfg:
+    if "model_type" not in cfg and "speculators_model_type" not in cfg:  # (vLLM speculators' drafters)
         raise ModelError(f"{what} {cfg_path}: no 'model_type' key, so the architecture is unknown")
     return cfg
 

@@ -41,7 +41,7 @@ from ..cpu import kernels as cpu_kernels
 from ..cpu import weights as cpu_weights
 from . import cache_kinds
 from .families import model_type
-from .taps import text_model
+from .taps import layer_recorder, text_model
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 LINEARS = (
@@ -86,7 +86,10 @@ def why_not(model: Any) -> str | None:
     if not getattr(inner, "layers", None):
         return "no decoder layers found"
     # a block of another class may do more than the op does (extra norms, scaled residuals)
-    if {type(layer).__name__ for layer in inner.layers} != {"TransformerBlock"}:
+    # (a layer a tap records is its own class underneath: taps.layer_tap)
+    if {getattr(type(layer), "_mlxcel_recorded", type(layer)).__name__ for layer in inner.layers} != {
+        "TransformerBlock"
+    }:
         return "its decoder blocks are not the family's own TransformerBlock"
     return None
 
@@ -175,12 +178,15 @@ def _call(self, inputs, cache=None, input_embeddings=None, **kwargs):
         return self._mlxcel_base.__call__(self, inputs, cache=cache, input_embeddings=input_embeddings, **kwargs)
     seq, pos = plan
     h = self.embed_tokens(inputs)
-    for layer, c in zip(ops, cache):
+    recorder = layer_recorder(self)  # drafters that read layer outputs (taps.layer_tap)
+    for i, (layer, c) in enumerate(zip(ops, cache)):
         groups, ends = _sequences(c, len(seq))
         for kv, end in zip(groups, ends):
             cache_kinds.reserve(kv, end - kv.offset, layer.kv_heads, layer.head_dim)
         out = layer.op(h, [kv.keys for kv in groups], [kv.values for kv in groups], seq, pos)
         h = out[0]
+        if recorder is not None:
+            recorder.record(i, h)
         n = len(groups)
         for s, (kv, end) in enumerate(zip(groups, ends)):
             kv.keys, kv.values, kv.offset = out[1 + s], out[1 + n + s], end

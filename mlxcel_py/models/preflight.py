@@ -13,15 +13,24 @@ from .loading import ResolvedModel
 
 
 def is_dflash_config(cfg: dict) -> bool:
-    return "dflash_config" in cfg or "DFlashDraftModel" in (cfg.get("architectures") or [])
+    """Structural, as mlxcel checks it: a dflash_config block or a DFlash architecture."""
+    return "dflash_config" in cfg or any("dflash" in str(a).lower() for a in cfg.get("architectures") or [])
+
+
+def is_eagle3_config(cfg: dict) -> bool:
+    """An EAGLE-3 checkpoint: an Eagle3 architecture or vLLM speculators' eagle3 algorithm."""
+    archs = " ".join(str(a) for a in cfg.get("architectures") or []).lower()
+    spec = cfg.get("speculators_config") if isinstance(cfg.get("speculators_config"), dict) else {}
+    return "eagle3" in archs or cfg.get("speculators_model_type") == "eagle3" or spec.get("algorithm") == "eagle3"
 
 
 def check_target(target: ResolvedModel) -> None:
-    if is_dflash_config(target.config):
-        raise ModelError(
-            f"--model {target.path} is a DFlash speculative drafter, not a standalone model; "
-            f"pass the target model as -m (mlxcel-py has no DFlash round loop)"
-        )
+    for kind, found in (("DFlash", is_dflash_config), ("EAGLE-3", is_eagle3_config)):
+        if found(target.config):
+            raise ModelError(
+                f"--model {target.path} is a{'n' if kind[0] in 'AEIOU' else ''} {kind} speculative drafter, not a "
+                f"standalone model; pass its target model as -m and this folder as --draft-model"
+            )
 
 
 def check_drafter(target: ResolvedModel, draft: ResolvedModel) -> None:
@@ -30,7 +39,7 @@ def check_drafter(target: ResolvedModel, draft: ResolvedModel) -> None:
     if is_dflash_config(cfg):
         raise ModelError(
             f"--draft-model {draft.path} is a DFlash speculative drafter, not a standalone model; "
-            f"mlxcel-py has no DFlash round loop (pass a small causal LM as --draft-model)"
+            f"use --draft-kind dflash (or drop --draft-kind: the folder is detected)"
         )
     tv, dv = target.config.get("vocab_size"), cfg.get("vocab_size")
     if not isinstance(tv, int):
