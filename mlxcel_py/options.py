@@ -9,6 +9,7 @@ so `--help`, completion and flag checks are fast.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 DEFAULT_MAX_TOKENS = -1  # -1: until EOS or the context window, like mlxcel
 DEFAULT_TEMP = 0.0
@@ -100,6 +101,11 @@ class GenerationOptions:
     profile: bool = False
     verbose: bool = False
     verify_exact: bool = False
+    # constrained output, as given (validation reads the files and checks that it compiles)
+    grammar: str | None = None
+    grammar_file: str | None = None
+    json_schema: str | None = None
+    json_schema_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -222,6 +228,7 @@ class RunConfig:
     options: CommandOptions
     draft: DraftConfig
     warnings: tuple[str, ...] = ()  # accepted, but worth a line on stderr (e.g. a dropped drafter)
+    grammar: Any = None  # grammars.GrammarSpec the output is constrained to (generate, run)
 
 
 # ---- mlxcel bench ----

@@ -18,6 +18,8 @@ from pathlib import Path
 from .drafters import registry
 from .drafters.registry import DRAFT_KINDS
 from .errors import UsageError
+from .grammars import GrammarError, GrammarSpec
+from .grammars import check as check_grammar
 from .options import (
     CPU_WEIGHTS,
     DEFAULT_CPU_WEIGHTS,
@@ -177,9 +179,53 @@ def validate(opts: CommandOptions) -> RunConfig:
     """Check one command's options; return the resolved run configuration."""
     if opts.command == "serve":
         _server(opts)
+    grammar = _grammar(opts)
     run = _validate(opts)
     notes = _server_notes(opts) if opts.command == "serve" else ()
+    run = replace(run, grammar=grammar) if grammar is not None else run
     return replace(run, warnings=run.warnings + notes) if notes else run
+
+
+def _grammar(opts: CommandOptions) -> GrammarSpec | None:
+    """--grammar/--grammar-file/--json-schema/--json-schema-file: one at most, on generate and run,
+    readable, and compiling (no model needed)."""
+    g = opts.generation
+    given = [
+        (flag, value, kind, is_file)
+        for flag, value, kind, is_file in (
+            ("--grammar", g.grammar, "gbnf", False),
+            ("--grammar-file", g.grammar_file, "gbnf", True),
+            ("--json-schema", g.json_schema, "json_schema", False),
+            ("--json-schema-file", g.json_schema_file, "json_schema", True),
+        )
+        if value is not None
+    ]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise UsageError(f"{given[0][0]} and {given[1][0]} both constrain the output; pass one")
+    flag, value, kind, is_file = given[0]
+    if opts.command not in ("generate", "run"):
+        raise UsageError(
+            f"{flag} is a generate/run option; "
+            + (
+                "serve takes a grammar per request ('grammar', 'json_schema', 'response_format')"
+                if opts.command == "serve"
+                else f"drop it on {opts.command}"
+            )
+        )
+    text = value
+    if is_file:
+        try:
+            text = Path(value).expanduser().read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{flag} {value}: cannot read it ({exc.strerror or exc})") from None
+    spec = GrammarSpec(kind, text)
+    try:
+        check_grammar(spec)
+    except GrammarError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+    return spec
 
 
 def _server(opts: CommandOptions) -> None:

@@ -50,7 +50,12 @@ def run_oneshot(run: RunConfig, world: Any = None) -> None:
             ui.info(resolved)
         ui.info(describe_draft(draft) + f"; warmup {warm * 1000:.0f} ms")
     gen = eng.generate(
-        ids, max_tokens=g.max_tokens, sampling=opts.sampling, min_tokens=g.min_tokens, ignore_eos=g.ignore_eos
+        ids,
+        max_tokens=g.max_tokens,
+        sampling=opts.sampling,
+        min_tokens=g.min_tokens,
+        ignore_eos=g.ignore_eos,
+        constraint=_constraint(session, run),
     )
     gen.stats.warmup_s = warm
     stream = TextStream(gen, tok, g.stop)
@@ -89,6 +94,19 @@ def _say_model_only(line: str) -> None:
         ui.info(line)
 
 
+def _constraint(session: Session, run: RunConfig):
+    """The grammar the output follows (--grammar, --json-schema), compiled for this tokenizer."""
+    if run.grammar is None:
+        return None
+    from ..engine.grammar import GrammarError, TokenizerIndex
+
+    eng = session.engine
+    try:
+        return TokenizerIndex.of(session.tokenizer, eng.vocab_size, eng.eos_ids).compile(run.grammar)
+    except GrammarError as exc:
+        raise MlxcelError(str(exc)) from None
+
+
 def _verify_exact(session: Session, ids: list[int], spec_tokens: list[int], run: RunConfig) -> None:
     from ..engine.exactness import first_divergence
 
@@ -100,6 +118,7 @@ def _verify_exact(session: Session, ids: list[int], spec_tokens: list[int], run:
         min_tokens=g.min_tokens,
         ignore_eos=g.ignore_eos,
         speculative=False,
+        constraint=_constraint(session, run),
     )
     plain_tokens = [e.token for e in plain]
     report = first_divergence(session.engine.model, ids, spec_tokens, plain_tokens)

@@ -40,6 +40,10 @@ MinTokensOpt = Annotated[int, typer.Option("--min-tokens", metavar="N", help="Su
 ProfileOpt = Annotated[bool, typer.Option("--profile", help="Print a timing breakdown on stderr.", rich_help_panel=GEN)]
 NoChatTemplateOpt = Annotated[bool, typer.Option("--no-chat-template", help="Feed the raw prompt (no chat template).", rich_help_panel=GEN)]
 SystemOpt = Annotated[Optional[str], typer.Option("--system", help="System message for the chat template.", rich_help_panel=GEN)]
+GrammarOpt = Annotated[Optional[str], typer.Option("--grammar", metavar="GBNF", help="Constrain the output to a grammar (llama.cpp's GBNF; Lark parses too). Speculation stays on. generate/run.", rich_help_panel=GEN)]
+GrammarFileOpt = Annotated[Optional[str], typer.Option("--grammar-file", metavar="FILE", help="--grammar, read from FILE.", rich_help_panel=GEN)]
+JsonSchemaOpt = Annotated[Optional[str], typer.Option("--json-schema", "-j", metavar="SCHEMA", help="Constrain the output to JSON matching this JSON schema ('{}': any JSON). generate/run.", rich_help_panel=GEN)]
+JsonSchemaFileOpt = Annotated[Optional[str], typer.Option("--json-schema-file", metavar="FILE", help="--json-schema, read from FILE.", rich_help_panel=GEN)]
 StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable); output ends before it.", rich_help_panel=GEN)]
 IgnoreEosOpt = Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence tokens.", rich_help_panel=GEN)]
 ImageOpt = Annotated[Optional[list[str]], typer.Option("--image", help="Image input (accepted to be refused: text models only).", rich_help_panel=GEN)]
@@ -143,6 +147,10 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             profile=g("profile", False),
             verbose=g("verbose", False),
             verify_exact=g("verify_exact", False),
+            grammar=g("grammar"),
+            grammar_file=g("grammar_file"),
+            json_schema=g("json_schema"),
+            json_schema_file=g("json_schema_file"),
         ),
         sampling=O.SamplingOptions(
             temp=_given(g("temp"), O.DEFAULT_TEMP),
@@ -250,6 +258,10 @@ GENERATION_PARAMS = [
     _kw("system", SystemOpt, None),
     _kw("stop", StopOpt, None),
     _kw("ignore_eos", IgnoreEosOpt, False),
+    _kw("grammar", GrammarOpt, None),
+    _kw("grammar_file", GrammarFileOpt, None),
+    _kw("json_schema", JsonSchemaOpt, None),
+    _kw("json_schema_file", JsonSchemaFileOpt, None),
     _kw("image", ImageOpt, None),
     _kw("audio", AudioOpt, None),
     _kw("video", VideoOpt, None),

@@ -96,8 +96,10 @@ class Engine:
         gate: Any = None,
         drafter: Any = None,
         policy: Any = None,
+        constraint: Any = None,
     ) -> Generation:
-        """A request's Generation (`drafter`, `policy`: the caller's instead of the engine's)."""
+        """A request's Generation (`drafter`, `policy`: the caller's instead of the engine's;
+        `constraint`: a grammar.Constraint the output follows)."""
         return Generation(
             self,
             prompt,
@@ -109,6 +111,7 @@ class Engine:
             gate=gate,
             drafter=drafter,
             policy=policy,
+            constraint=constraint,
             ignore_eos=ignore_eos,
             speculative=speculative,
             reuse_cache=reuse_cache,

@@ -94,8 +94,11 @@ class Generation:
         gate: Any = None,
         drafter: Any = None,
         policy: Any = None,
+        constraint: Any = None,
     ):
         self.engine = engine
+        # grammar.Constraint: output follows a grammar; drafts are cut to it, every row masked by it
+        self.constraint = constraint
         # batch.Gate when a scheduler drives this generation (serve -np N): it then yields Ticks too,
         # drafts only while the gate is open, and leaves its plain steps to the batched forward
         self.gate = gate
@@ -220,6 +223,7 @@ class Generation:
             st.draft_s += time.perf_counter() - td
         st.acceptance_rule = RULE_GREEDY if decider.greedy else RULE_SAMPLER_MATCH
         eos = set() if self.ignore_eos else set(eng.eos_ids)
+        constraint = self.constraint
         shadow: list[int] = []
         shadow_pos = 0
         t_decode = time.perf_counter()
@@ -240,6 +244,8 @@ class Generation:
                         proposal = drafter.propose(history, budget, decider)
                         draft, q = proposal.tokens, proposal.q
                         k = policy.size(len(draft), proposal.match_len) if draft else 0
+                        if draft and constraint is not None:  # the target would never pick a token past this
+                            k = min(k, constraint.admissible(draft[:k]))
                         if k < len(draft):  # the policy declines part (or all) of the proposal
                             draft, q = draft[:k], (q[:k] if q is not None and k else None)
                             if not k:
@@ -253,6 +259,8 @@ class Generation:
                     tv = time.perf_counter()
                     cache.mark()  # verify.verify_round, with the forward possibly the scheduler's
                     logits = yield from self._forward(cache, [history[-1], *draft])
+                    if constraint is not None:  # row r under the grammar state after draft[:r]
+                        logits = constraint.mask_rows(logits, draft)
                     verdict = judge(cache, history, draft, decider, q, logits)
                     dt = time.perf_counter() - tv
                     st.verify_s += dt
@@ -269,6 +277,8 @@ class Generation:
                 else:
                     tp = time.perf_counter()
                     logits = yield from self._forward(cache, history[-1:])
+                    if constraint is not None:
+                        logits = constraint.mask_rows(logits)
                     new, n_from_draft = decider.decide(logits, history, history[-1:]), 0
                     rows = logits
                     if policy is not None:
@@ -292,6 +302,11 @@ class Generation:
                     if emitted == 1:
                         st.ttft_s = time.perf_counter() - t0
                     yield TokenEvent(tok, i < n_from_draft)
+                if constraint is not None:
+                    constraint.commit(history[len(history) - len(new) :] if new else [])
+                    if constraint.finished:  # the grammar allows nothing more: the output is complete
+                        self.finish_reason = "stop"
+                        return
                 if shadow:
                     # gated policy: a paused lookup resumes once its shadow proposal comes true
                     got = history[shadow_pos : shadow_pos + len(shadow)]

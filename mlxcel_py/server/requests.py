@@ -137,8 +137,13 @@ class RequestReader:
         return max((len(k) for k in vocab), default=1 << 30) or 1 << 30
 
     def job(self, req: schemas.Sampling, prompt: list[int], logprobs: int | None = None) -> Job:
+        try:  # the worker compiles it for the tokenizer (engine.grammar), off the event loop
+            grammar = schemas.grammar_spec(req.model_extra or {})
+        except ValueError as exc:
+            raise ApiError(str(exc), code="invalid_grammar") from None
         return Job(
             prompt=prompt,
+            grammar=grammar,
             max_tokens=self.budget(req, prompt),
             sampling=self.sampling(req),
             stop=req.stops(),

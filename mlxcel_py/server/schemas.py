@@ -13,12 +13,15 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ..grammars import GrammarError, GrammarSpec
+from ..grammars import check as check_grammar
+
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 TopCount = Annotated[int, Field(ge=0, le=20)]
 MAX_STOPS, MAX_STOP_CHARS = 32, 1000
 ROLES = ("system", "user", "assistant", "tool", "developer")
 # fields whose meaning we cannot honour yet: refused by name instead of ignored behind a 200
-UNSUPPORTED = ("json_schema", "grammar", "tools", "functions", "logit_bias")
+UNSUPPORTED = ("tools", "functions", "logit_bias")
 
 
 def _bounded_stops(v):
@@ -166,17 +169,61 @@ def describe(error: ValidationError) -> str:
 
 
 def refuse_unsupported(body: dict[str, Any]) -> str | None:
-    """The first field we cannot honour (n > 1, structured output, tools...), as a message."""
+    """The first field we cannot honour (n > 1, tools...), as a message."""
     n = body.get("n")
     if n is not None and (type(n) is not int or n != 1):  # 1.0 and true are not the count 1
         return "'n' must be the integer 1 (one choice per request)"
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        return '\'response_format\' (structured output) is not supported; omit it or use {"type": "text"}'
     for key in UNSUPPORTED:
         if body.get(key):
             return f"'{key}' is not supported by this server"
     return None
+
+
+def grammar_spec(body: dict[str, Any]) -> GrammarSpec | None:
+    """What a request constrains its output to: OpenAI's `response_format` (json_object,
+    json_schema), llama-server's `json_schema` (a schema object) or `grammar` (GBNF text); None for
+    free text. ValueError (a 400's message) for a malformed field, or a grammar that does not compile."""
+    found: list[tuple[str, GrammarSpec]] = []
+    fmt = body.get("response_format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind == "json_object":
+            schema = fmt.get("schema", {"type": "object"})  # llama-server also takes a schema here
+            found.append(("response_format", GrammarSpec("json_schema", _schema_text(schema, "response_format"))))
+        elif kind == "json_schema":
+            inner = fmt.get("json_schema")
+            schema = inner.get("schema") if isinstance(inner, dict) else None
+            if not isinstance(schema, dict):
+                raise ValueError("'response_format': json_schema needs a 'json_schema' object with a 'schema'")
+            found.append(("response_format", GrammarSpec("json_schema", _schema_text(schema, "response_format"))))
+        elif kind != "text":
+            raise ValueError("'response_format': type must be text, json_object or json_schema")
+    schema = body.get("json_schema")
+    if schema is not None:  # ({}: any JSON)
+        found.append(("json_schema", GrammarSpec("json_schema", _schema_text(schema, "json_schema"))))
+    grammar = body.get("grammar")
+    if grammar is not None and grammar != "":
+        if not isinstance(grammar, str):
+            raise ValueError("'grammar': must be a string (a GBNF grammar)")
+        found.append(("grammar", GrammarSpec("gbnf", grammar)))
+    if len(found) > 1:
+        raise ValueError("only one of 'grammar', 'json_schema' and 'response_format' may constrain a request")
+    if not found:
+        return None
+    key, spec = found[0]
+    try:
+        check_grammar(spec)
+    except GrammarError as exc:
+        raise ValueError(f"'{key}': {exc}") from None
+    return spec
+
+
+def _schema_text(schema: Any, key: str) -> str:
+    import json
+
+    if not isinstance(schema, dict):
+        raise ValueError(f"'{key}': the schema must be a JSON object")
+    return json.dumps(schema)
 
 
 # ---- Anthropic Messages (`POST /v1/messages`) ----------------------------------------------------

@@ -49,6 +49,7 @@ class Job:
     pieces: bool = True  # the consumer reads text as it comes (streaming); else only "done"/"error"
     speculative: bool = True  # False: this request decodes plainly (speculative.n_max 0)
     predict_ms: float | None = None  # time limit for decoding, from the first piece (t_max_predict_ms)
+    grammar: Any = None  # grammars.GrammarSpec the output follows (compiled when the job starts)
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -209,6 +210,16 @@ class Worker:
 
     def _start(self, i: int, job: Job) -> None:
         spec = self.speculative_allowed and job.speculative
+        constraint = None
+        if job.grammar is not None:
+            from ..engine.grammar import GrammarError, TokenizerIndex
+
+            eng = self.engine
+            try:
+                constraint = TokenizerIndex.of(self.tokenizer, eng.vocab_size, eng.eos_ids).compile(job.grammar)
+            except GrammarError as exc:
+                self._emit(job, "error", str(exc))
+                return
         gen = self.engine.generate(
             job.prompt,
             max_tokens=job.max_tokens,
@@ -218,6 +229,7 @@ class Worker:
             cancelled=job.cancelled.is_set,
             logprobs=job.logprobs,
             gate=self.gate,
+            constraint=constraint,
         )
         job.generation = gen
         stream = TextStream(gen, self.tokenizer, job.stop)

@@ -1,0 +1,205 @@
+"""Structured output (engine/grammar.py): JSON schemas, GBNF, Lark and regex through llguidance, with
+speculation left on.
+
+The real default model: greedy prompt lookup under a JSON schema equals plain constrained decoding
+token for token, with drafts accepted; seeded sampling under it always yields schema-valid JSON.
+The faces: `generate --json-schema/--grammar` (bad grammars refused before any model loads), and
+`serve`'s `response_format` (official openai client), llama-server's `json_schema` and `grammar`
+fields, and 400s for grammars that do not compile, the server serving on.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import jsonschema
+import pytest
+from conftest import mlxcel_cmd
+
+from mlxcel_py.engine.grammar import TokenizerIndex
+from mlxcel_py.grammars import GrammarError, GrammarSpec, check
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "city": {"type": "string", "maxLength": 40},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 4},
+    },
+    "required": ["name", "city", "tags"],
+    "additionalProperties": False,
+}
+COPY = (
+    'Return this record as JSON with the keys name, city and tags: name "Ada Lovelace", city "London", '
+    'tags ["math", "engines", "poetry"]'
+)
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        (GrammarSpec("gbnf", 'root ::= "yes" | missing'), "GBNF grammar does not compile: .*missing"),
+        (GrammarSpec("json_schema", "{not json"), "JSON schema does not compile"),
+        (GrammarSpec("json_schema", '{"type": "nonsense"}'), "JSON schema does not compile"),
+        (GrammarSpec("regex", "a(b"), "regex does not compile"),
+        (GrammarSpec("lark", "start: ("), "Lark grammar does not compile"),
+    ],
+)
+def test_a_grammar_that_does_not_compile_is_one_clear_error(spec, message):
+    with pytest.raises(GrammarError, match=message):
+        check(spec)
+
+
+@pytest.fixture(scope="module")
+def engine(real):
+    from mlxcel_py.engine.engine import Engine
+
+    eng = Engine(real.model, eos_ids=real.tokenizer.eos_token_ids, vocab_size=real.vocab_size, context_length=2048)
+    index = TokenizerIndex(real.tokenizer._tokenizer, real.vocab_size, real.tokenizer.eos_token_ids)
+    from mlxcel_py.engine.prompting import render_messages
+
+    prompt = render_messages(real.tokenizer, [{"role": "user", "content": COPY}])
+    return eng, index, prompt, real.tokenizer
+
+
+def _run(eng, prompt, constraint, **kw):
+    g = eng.generate(prompt, max_tokens=120, constraint=constraint, **kw)
+    return [e.token for e in g], g
+
+
+def test_greedy_speculation_under_a_schema_equals_plain_constrained_decoding(engine):
+    from mlxcel_py.drafters.prompt_lookup import PromptLookupDrafter
+    from mlxcel_py.engine.policy import make_policy
+
+    eng, index, prompt, tok = engine
+    spec = GrammarSpec("json_schema", json.dumps(SCHEMA))
+    plain, gp = _run(eng, prompt, index.compile(spec), speculative=False)
+    fast, gs = _run(eng, prompt, index.compile(spec), drafter=PromptLookupDrafter(), policy=make_policy("cost", 7))
+    assert fast == plain
+    jsonschema.validate(json.loads(tok.decode(plain)), SCHEMA)
+    assert gs.stats.drafted_rounds > 0 and gs.stats.accepted > 0
+    assert gp.finish_reason == gs.finish_reason == "stop"
+    # unconstrained, this model does not answer with bare JSON: the grammar did the work
+    free, _ = _run(eng, prompt, None, speculative=False)
+    assert free != plain
+
+
+def test_sampling_under_a_schema_always_gives_valid_json(engine):
+    from mlxcel_py.drafters.prompt_lookup import PromptLookupDrafter
+    from mlxcel_py.engine.policy import make_policy
+    from mlxcel_py.options import SamplingOptions
+
+    eng, index, prompt, tok = engine
+    spec = GrammarSpec("json_schema", json.dumps(SCHEMA))
+    for seed in range(3):
+        sampling = SamplingOptions(temp=1.0, seed=seed)
+        out, g = _run(
+            eng,
+            prompt,
+            index.compile(spec),
+            sampling=sampling,
+            drafter=PromptLookupDrafter(),
+            policy=make_policy("cost", 7),
+        )
+        jsonschema.validate(json.loads(tok.decode(out)), SCHEMA)
+        assert g.finish_reason == "stop"
+
+
+def test_a_regex_and_a_gbnf_choice(engine):
+    eng, index, prompt, tok = engine
+    out, _ = _run(eng, prompt, index.compile(GrammarSpec("gbnf", 'root ::= "yes" | "no"')), speculative=False)
+    assert tok.decode(out) in ("yes", "no")
+    out, _ = _run(eng, prompt, index.compile(GrammarSpec("regex", r"[0-9]{3}-[0-9]{4}")), speculative=False)
+    assert len(tok.decode(out)) == 8 and tok.decode(out)[3] == "-"
+
+
+# ---- the faces -----------------------------------------------------------------------------------
+
+
+def test_cli_generate_json_schema_and_grammar(cli_env, tmp_path):
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps(SCHEMA))
+    base = mlxcel_cmd() + ["generate", "-p", COPY, "-n", "120"]
+    plain = subprocess.run(
+        base + ["--json-schema-file", str(schema)], capture_output=True, text=True, env=cli_env, timeout=300
+    )
+    spec = subprocess.run(
+        base + ["--json-schema", json.dumps(SCHEMA), "--prompt-lookup", "--profile"],
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=300,
+    )
+    assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
+    assert spec.stdout == plain.stdout
+    jsonschema.validate(json.loads(spec.stdout), SCHEMA)
+    yn = subprocess.run(
+        base + ["--grammar", 'root ::= "yes" | "no"'], capture_output=True, text=True, env=cli_env, timeout=300
+    )
+    assert yn.returncode == 0 and yn.stdout.strip() in ("yes", "no")
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--grammar", 'root ::= "a" | nope'], "--grammar: the GBNF grammar does not compile"),
+        (["--json-schema", "{oops"], "--json-schema: the JSON schema does not compile"),
+        (["--json-schema", "{}", "--grammar", 'root ::= "a"'], "--grammar and --json-schema"),
+        (["--grammar-file", "/nonexistent/g.gbnf"], "--grammar-file /nonexistent/g.gbnf: cannot read it"),
+    ],
+)
+def test_cli_refuses_a_bad_grammar_before_loading(args, message, cli_env):
+    r = subprocess.run(
+        mlxcel_cmd() + ["generate", "-p", "x", "-m", "/nonexistent-model", *args],
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=60,
+    )
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert "nonexistent-model" not in r.stderr  # refused before the model was looked at
+
+
+def test_serve_structured_output_with_the_openai_client(cli_env):
+    from openai import OpenAI
+    from test_server import post, start_server
+
+    proc, url, _ = start_server(cli_env, "--draft-kind", "prompt-lookup")
+    try:
+        client = OpenAI(base_url=url + "/v1", api_key="none")
+        messages = [{"role": "user", "content": COPY}]
+        r = client.chat.completions.create(
+            model="m",
+            messages=messages,
+            max_tokens=120,
+            temperature=0,
+            response_format={"type": "json_schema", "json_schema": {"name": "record", "schema": SCHEMA}},
+        )
+        jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
+        assert r.choices[0].finish_reason == "stop"
+        obj = client.chat.completions.create(
+            model="m", messages=messages, max_tokens=120, temperature=0, response_format={"type": "json_object"}
+        )
+        assert isinstance(json.loads(obj.choices[0].message.content), dict)
+        # llama-server's own fields, on its native route
+        status, body = post(url + "/completion", {"prompt": "Is water wet?", "grammar": 'root ::= "yes" | "no"'})
+        assert status == 200 and body["content"] in ("yes", "no"), body
+        status, body = post(url + "/completion", {"prompt": COPY, "n_predict": 120, "json_schema": SCHEMA})
+        assert status == 200, body
+        jsonschema.validate(json.loads(body["content"]), SCHEMA)
+        for bad, message in (
+            ({"grammar": 'root ::= "a" | nope'}, "'grammar': the GBNF grammar does not compile"),
+            ({"json_schema": {"type": "nonsense"}}, "'json_schema': the JSON schema does not compile"),
+            ({"response_format": {"type": "json_schema"}}, "'response_format': json_schema needs"),
+            ({"response_format": {"type": "yaml"}}, "'response_format': type must be"),
+            ({"grammar": "x", "json_schema": {}}, "one of 'grammar', 'json_schema' and 'response_format'"),
+        ):
+            status, body = post(url + "/v1/completions", {"prompt": "x", **bad})
+            assert status == 400 and message in body["error"]["message"], (bad, body)
+        status, body = post(url + "/v1/completions", {"prompt": "1, 2, 3,", "max_tokens": 4})
+        assert status == 200  # still serving
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
