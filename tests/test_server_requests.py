@@ -120,7 +120,8 @@ def _assert_error(r, status, fragment):
         ({"messages": HI, "response_format": "json"}, "'response_format': type must be text, json_object"),
         ({"messages": HI, "json_schema": [1]}, "'json_schema': the schema must be a JSON object"),
         ({"messages": HI, "grammar": 5}, "'grammar': must be a string"),
-        ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, "'tools' is not supported"),
+        ({"messages": HI, "tools": [{"type": "retrieval"}]}, "'tools.0.type': Input should be 'function'"),
+        ({"messages": HI, "functions": [{"name": "f"}]}, "'functions' is not supported"),
         ({"messages": HI, "logit_bias": {"5": 10}}, "'logit_bias' is not supported"),
         ({"messages": HI, "top_logprobs": 3}, "'top_logprobs' needs 'logprobs': true"),
         (
@@ -347,6 +348,7 @@ def test_fuzzed_bodies_never_get_a_5xx():
         "response_format",
         "json_schema",
         "grammar",
+        "tool_choice",
         "logprobs",
         "n_probs",
         "add_special",

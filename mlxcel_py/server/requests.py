@@ -22,7 +22,7 @@ from ..engine.prompting import render_messages
 from ..errors import UsageError
 from ..options import SamplingOptions
 from ..validate import check_sampling
-from . import schemas
+from . import schemas, tool_calls
 from .http import BODY_LIMIT, ApiError, read_json
 from .worker import Job
 
@@ -107,8 +107,38 @@ class RequestReader:
         self.fits(len(prompt))
         return list(self.tokenizer.encode(prompt))
 
-    def chat_prompt(self, messages: list[schemas.Message]) -> list[int]:
-        return self.turns_prompt([{"role": m.role, "content": m.text()} for m in messages])
+    def chat_prompt(self, messages: list[schemas.Message], tools: list[schemas.Tool] | None = None) -> list[int]:
+        turns = [
+            {"role": m.role, "content": m.text()}
+            | ({"tool_calls": [c.model_dump(exclude_none=True) for c in m.tool_calls]} if m.tool_calls else {})
+            | ({"tool_call_id": m.tool_call_id} if m.tool_call_id else {})
+            for m in messages
+        ]
+        if not tools:
+            return self.turns_prompt(turns)
+        listed = [t.model_dump(exclude_none=True) for t in tools]
+        if tool_calls.template_takes_tools(self.tokenizer):
+            turns = [{**t, "role": ROLE_FOR_TEMPLATE.get(t["role"], t["role"])} for t in tool_calls.native_turns(turns)]
+            self.fits(sum(len(t.get("content") or "") for t in turns) + len(str(listed)))
+            return list(self.tokenizer.apply_chat_template(turns, tools=listed, add_generation_prompt=True))
+        return self.turns_prompt(tool_calls.generic_turns(turns, listed))
+
+    def tool_grammar(self, req: schemas.ChatRequest):
+        """The grammar a reply with tools must follow (None: free text)."""
+        if req.tool_choice is not None and not req.tools:
+            raise ApiError("'tool_choice' needs 'tools'")
+        if not req.tools:
+            return None
+        choice = (
+            req.tool_choice.model_dump() if isinstance(req.tool_choice, schemas.NamedToolChoice) else req.tool_choice
+        )
+        if isinstance(choice, dict):
+            name = choice.get("function", {}).get("name")
+            if name not in {t.function.name for t in req.tools}:
+                raise ApiError(f"'tool_choice' names {name}, which is not one of the tools")
+        return tool_calls.constraint(
+            req.tool_list(), choice or "auto", native=tool_calls.template_takes_tools(self.tokenizer)
+        )
 
     def turns_prompt(self, turns: list[dict]) -> list[int]:
         """Prompt ids of {role, content} turns through the model's chat template."""
@@ -136,11 +166,16 @@ class RequestReader:
             return 1 << 30
         return max((len(k) for k in vocab), default=1 << 30) or 1 << 30
 
-    def job(self, req: schemas.Sampling, prompt: list[int], logprobs: int | None = None) -> Job:
-        try:  # the worker compiles it for the tokenizer (engine.grammar), off the event loop
-            grammar = schemas.grammar_spec(req.model_extra or {})
+    def job(self, req: schemas.Sampling, prompt: list[int], logprobs: int | None = None, grammar=None) -> Job:
+        """`grammar`: one the route requires (tool calls); else the request's own, if any. The
+        worker compiles it for the tokenizer (engine.grammar), off the event loop."""
+        try:
+            asked = schemas.grammar_spec(req.model_extra or {})
         except ValueError as exc:
             raise ApiError(str(exc), code="invalid_grammar") from None
+        if grammar is not None and asked is not None:
+            raise ApiError("'tools' and 'response_format' both constrain the reply; pass one")
+        grammar = grammar or asked
         return Job(
             prompt=prompt,
             grammar=grammar,

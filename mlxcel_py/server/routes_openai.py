@@ -15,6 +15,7 @@ import uuid
 from fastapi import APIRouter, Request
 
 from ..engine.text import TextPiece
+from . import tool_calls
 from .context import ctx_of
 from .http import ApiError
 from .responses import timings, usage
@@ -41,15 +42,29 @@ async def chat_completions(request: Request):
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError("'top_logprobs' needs 'logprobs': true")
     lp = (req.top_logprobs or 0) if req.logprobs else None
-    job = ctx.requests.job(
-        req, await asyncio.to_thread(ctx.requests.chat_prompt, req.messages), lp
-    )  # templating off the loop
+    tools = req.tool_list()
+    grammar = ctx.requests.tool_grammar(req)
+    prompt = await asyncio.to_thread(ctx.requests.chat_prompt, req.messages, req.tools)  # templating off the loop
+    job = ctx.requests.job(req, prompt, lp, grammar=grammar)
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
         "created": int(time.time()),
         "model": ctx.model_id,
         "system_fingerprint": ctx.fingerprint,
     }
+    if req.stream and tools:
+        # a reply with tools is parsed whole: its call (or text) goes out when it is complete
+        chunk = {**base, "object": "chat.completion.chunk"}
+        return ctx.stream(
+            job,
+            request,
+            lambda piece, lps: [],
+            lambda r: _tool_stream_end(chunk, r, tools),
+            head={
+                **chunk,
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}],
+            },
+        )
     if req.stream:
         chunk = {**base, "object": "chat.completion.chunk"}
         return ctx.stream(
@@ -78,20 +93,49 @@ async def chat_completions(request: Request):
             },
         )
     r = await ctx.collect(job, request)
+    message, finish = _message(r, tools)
     return {
         **base,
         "object": "chat.completion",
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": r.text},
-                "finish_reason": r.finish_reason,
+                "message": message,
+                "finish_reason": finish,
                 "logprobs": ctx.responses.chat_logprobs(r.logprobs) if lp is not None else None,
             }
         ],
         "usage": usage(r),
         "timings": timings(r.stats),
     }
+
+
+def _message(r, tools: list[dict]) -> tuple[dict, str]:
+    """The assistant message of a finished reply, and its finish reason (tool_calls for calls)."""
+    if not tools:
+        return {"role": "assistant", "content": r.text}, r.finish_reason
+    content, calls = tool_calls.parse(r.text, tools)
+    if not calls:
+        return {"role": "assistant", "content": content}, r.finish_reason
+    return {"role": "assistant", "content": content, "tool_calls": [c.as_openai() for c in calls]}, "tool_calls"
+
+
+def _tool_stream_end(chunk: dict, r, tools: list[dict]) -> list[dict]:
+    message, finish = _message(r, tools)
+    delta: dict = {}
+    if message.get("content"):
+        delta["content"] = message["content"]
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
+    frames = [{**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}] if delta else []
+    return frames + [
+        {
+            **chunk,
+            "choices": [{"index": 0, "delta": {}, "finish_reason": finish}],
+            "usage": usage(r),
+            "timings": timings(r.stats),
+        }
+    ]
 
 
 @router.post("/v1/completions")

@@ -21,7 +21,7 @@ TopCount = Annotated[int, Field(ge=0, le=20)]
 MAX_STOPS, MAX_STOP_CHARS = 32, 1000
 ROLES = ("system", "user", "assistant", "tool", "developer")
 # fields whose meaning we cannot honour yet: refused by name instead of ignored behind a 200
-UNSUPPORTED = ("tools", "functions", "logit_bias")
+UNSUPPORTED = ("functions", "logit_bias")
 
 
 def _bounded_stops(v):
@@ -90,10 +90,54 @@ class TextPart(_Body):
     text: str | None = None
 
 
+class FunctionCall(_Body):
+    name: str
+    arguments: Union[str, dict[str, Any]] = "{}"
+
+
+class ToolCallIn(_Body):
+    """An earlier assistant turn's call, as clients send the history back."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Function(_Body):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _compiles(cls, v):
+        if v is not None:
+            import json
+
+            try:
+                check_grammar(GrammarSpec("json_schema", json.dumps(v)))
+            except GrammarError as exc:
+                raise ValueError(str(exc)) from None
+        return v
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: Function
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: dict[str, str]
+
+
 class Message(_Body):
     # a free-form role would be rendered into the chat template as is (and could forge a turn)
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: Union[str, list[TextPart], None] = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
 
     @field_validator("content")
     @classmethod
@@ -117,16 +161,35 @@ class ChatRequest(Sampling):
     messages: Annotated[list[Message], Field(min_length=1)]
     logprobs: bool | None = None
     top_logprobs: TopCount | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Union[Literal["auto", "none", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: bool | None = None
+
+    def tool_list(self) -> list[dict]:
+        return [t.model_dump(exclude_none=True) for t in self.tools or []]
 
 
-class CompletionRequest(Sampling):
+class _NoTools(Sampling):
+    """Routes without tool calls refuse `tools` instead of ignoring them."""
+
+    tools: Any = None
+
+    @field_validator("tools")
+    @classmethod
+    def _refused(cls, v):
+        if v:
+            raise ValueError("tool calls are served on /v1/chat/completions and /v1/responses, not on this route")
+        return v
+
+
+class CompletionRequest(_NoTools):
     """OpenAI `POST /v1/completions`: a string, a one-string list, or token ids."""
 
     prompt: Union[str, list[int], list[str]]
     logprobs: TopCount | None = None
 
 
-class NativeCompletionRequest(Sampling):
+class NativeCompletionRequest(_NoTools):
     """llama-server `POST /completion`."""
 
     prompt: Union[str, list[int], list[str]]
@@ -252,7 +315,7 @@ class AnthropicMessage(_Body):
         return self.content if isinstance(self.content, str) else "".join(b.text or "" for b in self.content)
 
 
-class AnthropicRequest(Sampling):
+class AnthropicRequest(_NoTools):
     """Anthropic `POST /v1/messages`: `max_tokens` is required, `system` is its own field, stops
     are `stop_sequences`."""
 

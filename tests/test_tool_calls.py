@@ -1,0 +1,232 @@
+"""Tool calls on `/v1/chat/completions` (server/tool_calls.py).
+
+Parsing every format real templates emit; the generic format on the default model (its template
+takes no tools), where a required call is decoded under the tool's own schema, tested with the
+official openai client, streamed and not; a Hermes-style template on a tiny model, the tools
+rendered through the template itself; and 400s for tools that cannot be honoured.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from mlxcel_py.grammars import check
+from mlxcel_py.server import tool_calls as tc
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["C", "F"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+TOOLS = [WEATHER, TIME]
+
+
+@pytest.mark.parametrize(
+    "text,content,calls",
+    [
+        ('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>', None, [("get_time", {})]),
+        (
+            'Sure.<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "C"}}</tool_call>'
+            '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>',
+            "Sure.",
+            [("get_weather", {"city": "Oslo", "unit": "C"}), ("get_time", {})],
+        ),
+        ('[TOOL_CALLS][{"name": "get_time", "arguments": {}}]', None, [("get_time", {})]),
+        (
+            '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Rome", "unit": "F"}}',
+            None,
+            [("get_weather", {"city": "Rome", "unit": "F"})],
+        ),
+        ('{"tool_call": {"name": "get_time", "arguments": {}}}', None, [("get_time", {})]),
+        ('{"response": "It is sunny."}', "It is sunny.", []),
+        ('{"name": "launch_rockets", "arguments": {}}', '{"name": "launch_rockets", "arguments": {}}', []),
+        ("<tool_call>{not json}</tool_call>", "<tool_call>{not json}</tool_call>", []),
+        ("Just text.", "Just text.", []),
+    ],
+)
+def test_parse_the_formats_templates_emit(text, content, calls):
+    got_content, got = tc.parse(text, TOOLS)
+    assert got_content == content
+    assert [(c.name, c.arguments) for c in got] == calls
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("choice", ["required", "auto", {"type": "function", "function": {"name": "get_weather"}}])
+def test_constraints_compile(native, choice):
+    spec = tc.constraint(TOOLS, choice, native=native)
+    if native and choice == "auto":
+        assert spec is None  # free text: the model decides
+    else:
+        check(spec)
+
+
+def _server(cli_env, *args):
+    from test_server import start_server
+
+    return start_server(cli_env, *args)
+
+
+def test_generic_format_on_the_default_model_with_the_openai_client(cli_env):
+    from openai import OpenAI
+
+    proc, url, _ = _server(cli_env, "--draft-kind", "prompt-lookup")
+    try:
+        client = OpenAI(base_url=url + "/v1", api_key="none")
+        messages = [{"role": "user", "content": "What is the weather in Paris, in Celsius?"}]
+        r = client.chat.completions.create(
+            model="m", messages=messages, tools=TOOLS, tool_choice="required", max_tokens=80, temperature=0
+        )
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        call = choice.message.tool_calls[0]
+        assert call.type == "function" and call.id and call.function.name in ("get_weather", "get_time")
+        args = json.loads(call.function.arguments)
+        params = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+        jsonschema.validate(args, params[call.function.name])
+        # a named function: that one, with its arguments' schema
+        named = client.chat.completions.create(
+            model="m",
+            messages=messages,
+            tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            max_tokens=80,
+            temperature=0,
+        )
+        wcall = named.choices[0].message.tool_calls[0]
+        assert wcall.function.name == "get_weather"
+        jsonschema.validate(json.loads(wcall.function.arguments), WEATHER["function"]["parameters"])
+        # streamed: the deltas assemble to the same call
+        stream = client.chat.completions.create(
+            model="m",
+            messages=messages,
+            tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            max_tokens=80,
+            temperature=0,
+            stream=True,
+        )
+        name, arguments, finish = "", "", None
+        for chunk in stream:
+            if not chunk.choices:
+                continue
+            for d in chunk.choices[0].delta.tool_calls or []:
+                name += d.function.name or ""
+                arguments += d.function.arguments or ""
+            finish = chunk.choices[0].finish_reason or finish
+        assert (name, json.loads(arguments), finish) == (
+            "get_weather",
+            json.loads(wcall.function.arguments),
+            "tool_calls",
+        )
+        # the call and its result go back into the history; the model answers (or calls again)
+        follow = client.chat.completions.create(
+            model="m",
+            messages=messages
+            + [
+                {"role": "assistant", "content": None, "tool_calls": [wcall.model_dump()]},
+                {"role": "tool", "tool_call_id": wcall.id, "content": '{"temp": 21, "sky": "clear"}'},
+            ],
+            tools=TOOLS,
+            max_tokens=60,
+            temperature=0,
+        )
+        msg = follow.choices[0].message
+        assert msg.content or msg.tool_calls
+        # tool_choice none: plain text, no constraint
+        plain = client.chat.completions.create(
+            model="m", messages=messages, tools=TOOLS, tool_choice="none", max_tokens=20, temperature=0
+        )
+        assert plain.choices[0].message.tool_calls is None and plain.choices[0].message.content
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}]},
+            "'tools.0.function.parameters': the JSON schema does not compile",
+        ),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "'tools.0.function.name'"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "'tool_choice' names nope, which is not one of the tools",
+        ),
+        ({"tools": [WEATHER], "tool_choice": "sometimes"}, "'tool_choice'"),
+        ({"tool_choice": "required"}, "'tool_choice' needs 'tools'"),
+        (
+            {"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "'tools' and 'response_format' both constrain the reply",
+        ),
+    ],
+)
+def test_tools_that_cannot_be_honoured_are_400(extra, message):
+    from test_server_requests import make_client  # the HTTP layer over a fake worker
+
+    client, _ = make_client()
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], **extra})
+    assert r.status_code == 400, r.text
+    assert message in r.json()["error"]["message"], r.json()
+
+
+HERMES = (
+    "{%- if tools %}<|im_start|>system\nTools:\n{%- for t in tools %}\n{{ t | tojson }}{%- endfor %}\n"
+    "Call one as <tool_call>{json}</tool_call><|im_end|>\n{%- endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{%- if m.tool_calls %}{%- for c in m.tool_calls %}<tool_call>{{ c.function | tojson }}</tool_call>{%- endfor %}"
+    "{%- else %}{{ m.content }}{%- endif %}<|im_end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+
+def test_a_template_that_takes_tools_renders_them_and_a_required_call_parses(tiny_dir, tmp_path):
+    import shutil
+
+    from mlxcel_py.models import loading
+    from mlxcel_py.options import SamplingOptions
+    from mlxcel_py.server import schemas
+    from mlxcel_py.server.requests import RequestReader
+
+    d = tmp_path / "hermes"
+    shutil.copytree(tiny_dir, d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = HERMES
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = loading.load_tokenizer_only(loading.resolve(str(d)))
+    assert tc.template_takes_tools(tok)
+    reader = RequestReader(tok, 260, 2048, SamplingOptions(), -1)
+    req = schemas.ChatRequest.model_validate(
+        {"messages": [{"role": "user", "content": "weather?"}], "tools": [WEATHER], "tool_choice": "required"}
+    )
+    text = tok.decode(reader.chat_prompt(req.messages, req.tools))
+    assert '"name": "get_weather"' in text and text.endswith("<|im_start|>assistant")
+    spec = reader.tool_grammar(req)
+    assert spec.kind == "lark"
+    # decoding under it on the tiny model (random weights) still yields a well-formed call
+    from mlxcel_py.engine.engine import Engine
+    from mlxcel_py.engine.grammar import TokenizerIndex
+
+    loaded = loading.load(loading.resolve(str(d)))
+    eng = Engine(loaded.model, eos_ids=tok.eos_token_ids, vocab_size=loaded.vocab_size, context_length=2048)
+    constraint = TokenizerIndex.of(loaded.tokenizer, loaded.vocab_size, tok.eos_token_ids).compile(spec)
+    out = [
+        e.token
+        for e in eng.generate(reader.chat_prompt(req.messages, req.tools), max_tokens=200, constraint=constraint)
+    ]
+    content, calls = tc.parse(tok.decode(out), [WEATHER])
+    assert calls and calls[0].name == "get_weather"
+    jsonschema.validate(calls[0].arguments, WEATHER["function"]["parameters"])
