@@ -209,7 +209,9 @@ def test_trained_drafter_drafts_are_accepted_fully_and_partially(trained):
         b, g = run(s.engine, p, max_tokens=40, ignore_eos=True, policy=Recording(s.engine.draft.block_size))
         assert a == b
         proposed, accepted = proposed + g.stats.proposed, accepted + g.stats.accepted
-    assert accepted > 0.5 * proposed  # random weights accept next to nothing
+    # the first draft of a round reads the target's real features: what the drafter was trained on
+    first = sum(a >= 1 for _, a in rounds) / len(rounds)
+    assert first > 0.8, (first, accepted, proposed)  # random weights: next to 0
     assert any(n == a for n, a in rounds) and any(0 < a < n for n, a in rounds)
 
 

@@ -184,6 +184,19 @@ class DrafterSource:
     def warm(self, tokens: Sequence[int]) -> None:
         """Trace the drafter's own forward at its width (model drafters), on scratch state."""
 
+    def warm_tapped(self, tokens: Sequence[int], width: int) -> None:
+        """`warm` for drafters that read the target's hidden states (MTP, DFlash, EAGLE-3): one
+        proposal of `width` tokens from a fresh drafter over a scratch target cache that keeps its tap."""
+        from ..engine.cache import SequenceCache
+        from ..options import SamplingOptions
+
+        drafter = self.new_drafter()
+        cache = SequenceCache(self.model)
+        cache.keep_hidden(drafter.hidden_tap)
+        cache.prefill(tokens[:-1])
+        drafter.begin(tokens, cache)
+        drafter.propose(tokens, width, Decider(SamplingOptions(), prompt_len=len(tokens)))
+
     def remember(self, tokens: Sequence[int]) -> None:
         """A finished sequence (prompt + output), for drafters that learn across requests."""
 

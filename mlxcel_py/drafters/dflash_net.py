@@ -29,6 +29,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.qwen3 import MLP  # SwiGLU: gate, up, down
 
 
 @dataclass(frozen=True)
@@ -133,23 +134,11 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
-class MLP(nn.Module):
-    def __init__(self, spec: Spec):
-        super().__init__()
-        H, inner = spec.hidden_size, spec.intermediate_size
-        self.gate_proj = nn.Linear(H, inner, bias=False)
-        self.up_proj = nn.Linear(H, inner, bias=False)
-        self.down_proj = nn.Linear(inner, H, bias=False)
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class Layer(nn.Module):
     def __init__(self, spec: Spec, index: int):
         super().__init__()
         self.self_attn = Attention(spec, spec.window(index))
-        self.mlp = MLP(spec)
+        self.mlp = MLP(spec.hidden_size, spec.intermediate_size)
         self.input_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
 

@@ -28,15 +28,13 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..engine.cache import SequenceCache
-from ..engine.sampling import Decider
 from ..errors import ModelError
 from ..models import loading
 from ..models.config import text_config
 from ..models.preflight import is_eagle3_config as is_eagle3
 from ..models.safetensors import load_tensors, tensor_shapes
 from ..models.taps import layer_tap, lm_head_and_embed
-from ..options import DraftConfig, SamplingOptions
+from ..options import DraftConfig
 from .base import Drafter, DrafterSource, Plan, Proposal, chain_proposal, draw
 from .eagle3_net import Eagle3Net, Spec
 
@@ -270,12 +268,7 @@ class Source(DrafterSource):
         return Eagle3Drafter(self.net, self.model, self.vocab_size)
 
     def warm(self, tokens: Sequence[int]) -> None:
-        drafter = self.new_drafter()
-        cache = SequenceCache(self.model)
-        cache.keep_hidden(drafter.hidden_tap)
-        cache.prefill(tokens[:-1])
-        drafter.begin(tokens, cache)
-        drafter.propose(tokens, self.width, Decider(SamplingOptions(), prompt_len=len(tokens)))
+        self.warm_tapped(tokens, self.width)
 
 
 def prepare(draft: DraftConfig, target: loading.ResolvedModel, model_options: Any) -> Plan:

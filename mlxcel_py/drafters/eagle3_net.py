@@ -22,6 +22,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.qwen3 import MLP  # SwiGLU: gate, up, down
 
 
 @dataclass(frozen=True)
@@ -100,24 +101,12 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
-class MLP(nn.Module):
-    def __init__(self, spec: Spec):
-        super().__init__()
-        H, inner = spec.hidden_size, spec.intermediate_size
-        self.gate_proj = nn.Linear(H, inner, bias=False)
-        self.up_proj = nn.Linear(H, inner, bias=False)
-        self.down_proj = nn.Linear(inner, H, bias=False)
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class MidLayer(nn.Module):
     def __init__(self, spec: Spec):
         super().__init__()
         H, eps = spec.hidden_size, spec.rms_norm_eps
         self.self_attn = Attention(spec)
-        self.mlp = MLP(spec)
+        self.mlp = MLP(spec.hidden_size, spec.intermediate_size)
         self.input_layernorm = nn.RMSNorm(H, eps=eps)
         self.hidden_norm = nn.RMSNorm(H, eps=eps)
         self.post_attention_layernorm = nn.RMSNorm(H, eps=eps)

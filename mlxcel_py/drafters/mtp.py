@@ -26,15 +26,13 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..engine.cache import SequenceCache
-from ..engine.sampling import Decider
 from ..errors import ModelError
 from ..models import loading
 from ..models.config import text_config
 from ..models.families import with_mtp_heads
 from ..models.safetensors import load_tensors, tensor_shapes
 from ..models.taps import hidden_tap, lm_head_and_embed, text_model
-from ..options import DraftConfig, SamplingOptions
+from ..options import DraftConfig
 from .base import (  # one sampling rule for every model drafter
     Drafter,
     DrafterSource,
@@ -300,13 +298,7 @@ class Source(DrafterSource):
         return self.head.drafter(self.model, self.vocab_size)
 
     def warm(self, tokens: Sequence[int]) -> None:
-        """One proposal at the configured width on a scratch cache (traces the head's shapes)."""
-        drafter = self.new_drafter()
-        cache = SequenceCache(self.model)
-        cache.keep_hidden(drafter.hidden_tap)
-        cache.prefill(tokens[:-1])
-        drafter.begin(tokens, cache)
-        drafter.propose(tokens, self.config.block_size, Decider(SamplingOptions(), prompt_len=len(tokens)))
+        self.warm_tapped(tokens, self.config.block_size)
 
 
 def prepare(draft: DraftConfig, target: loading.ResolvedModel, model_options: Any) -> Plan:

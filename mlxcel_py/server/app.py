@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..options import SamplingOptions
-from . import routes_anthropic, routes_native, routes_openai
+from . import routes_anthropic, routes_native, routes_openai, routes_responses
 from . import webui as webui_routes
 from .context import ServerContext
 from .http import BODY_LIMIT, ApiError, Guard, error_body
@@ -61,6 +61,7 @@ def create_app(
     app.include_router(routes_openai.router)
     app.include_router(routes_native.router)
     app.include_router(routes_anthropic.router)  # /v1/messages, /v1/messages/count_tokens
+    app.include_router(routes_responses.router)  # /v1/responses
     app.include_router(webui_routes.router)  # / (the chat page, or health) and /props
     app.add_middleware(Guard, access=access, body_limit=body_limit, access_log=access_log)
     if cors_origins:  # added last, so it is outermost: preflight OPTIONS never reach the key check

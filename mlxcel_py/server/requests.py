@@ -114,9 +114,12 @@ class RequestReader:
             | ({"tool_call_id": m.tool_call_id} if m.tool_call_id else {})
             for m in messages
         ]
-        if not tools:
+        return self.tool_prompt(turns, [t.model_dump(exclude_none=True) for t in tools or []])
+
+    def tool_prompt(self, turns: list[dict], listed: list[dict]) -> list[int]:
+        """Prompt ids of turns (with tool calls and results) and the tools offered (chat shape)."""
+        if not listed:
             return self.turns_prompt(turns)
-        listed = [t.model_dump(exclude_none=True) for t in tools]
         if tool_calls.template_takes_tools(self.tokenizer):
             turns = [{**t, "role": ROLE_FOR_TEMPLATE.get(t["role"], t["role"])} for t in tool_calls.native_turns(turns)]
             self.fits(sum(len(t.get("content") or "") for t in turns) + len(str(listed)))
@@ -124,21 +127,24 @@ class RequestReader:
         return self.turns_prompt(tool_calls.generic_turns(turns, listed))
 
     def tool_grammar(self, req: schemas.ChatRequest):
-        """The grammar a reply with tools must follow (None: free text)."""
-        if req.tool_choice is not None and not req.tools:
+        """The grammar a chat reply with tools must follow (None: free text)."""
+        choice = req.tool_choice
+        return self.tools_grammar(
+            req.tool_list(), choice.model_dump() if isinstance(choice, schemas.NamedToolChoice) else choice
+        )
+
+    def tools_grammar(self, listed: list[dict], choice: Any):
+        """The grammar a reply must follow given the tools offered (chat shape) and tool_choice."""
+        if choice is not None and not listed:
             raise ApiError("'tool_choice' needs 'tools'")
-        if not req.tools:
+        if not listed:
             return None
-        choice = (
-            req.tool_choice.model_dump() if isinstance(req.tool_choice, schemas.NamedToolChoice) else req.tool_choice
-        )
         if isinstance(choice, dict):
-            name = choice.get("function", {}).get("name")
-            if name not in {t.function.name for t in req.tools}:
+            name = (choice.get("function") or {}).get("name")
+            if name not in {t["function"]["name"] for t in listed}:
                 raise ApiError(f"'tool_choice' names {name}, which is not one of the tools")
-        return tool_calls.constraint(
-            req.tool_list(), choice or "auto", native=tool_calls.template_takes_tools(self.tokenizer)
-        )
+        native = tool_calls.template_takes_tools(self.tokenizer)
+        return tool_calls.constraint(listed, choice or "auto", native=native)
 
     def turns_prompt(self, turns: list[dict]) -> list[int]:
         """Prompt ids of {role, content} turns through the model's chat template."""
@@ -166,11 +172,20 @@ class RequestReader:
             return 1 << 30
         return max((len(k) for k in vocab), default=1 << 30) or 1 << 30
 
-    def job(self, req: schemas.Sampling, prompt: list[int], logprobs: int | None = None, grammar=None) -> Job:
-        """`grammar`: one the route requires (tool calls); else the request's own, if any. The
-        worker compiles it for the tokenizer (engine.grammar), off the event loop."""
+    def job(
+        self,
+        req: schemas.Sampling,
+        prompt: list[int],
+        logprobs: int | None = None,
+        grammar=None,
+        constraint_fields: dict | None = None,
+    ) -> Job:
+        """`grammar`: one the route requires (tool calls); else the request's own, if any (read
+        from `constraint_fields`, else the body's extra fields). The worker compiles it for the
+        tokenizer (engine.grammar), off the event loop."""
+        fields = constraint_fields if constraint_fields is not None else req.model_extra or {}
         try:
-            asked = schemas.grammar_spec(req.model_extra or {})
+            asked = schemas.grammar_spec(fields)
         except ValueError as exc:
             raise ApiError(str(exc), code="invalid_grammar") from None
         if grammar is not None and asked is not None:
