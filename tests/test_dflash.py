@@ -486,3 +486,22 @@ def test_hostile_configs_are_one_line_errors(dirs, tmp_path, no_weights, edit, m
     d = edited(dirs["draft"], tmp_path / "d", edit)
     with pytest.raises(ModelError, match=message):
         session(dirs["qwen3"], draft_model=d)
+
+
+def test_chat_and_run_with_a_dflash_drafter_equal_plain(dirs, cli_env):
+    """chat (piped stdin, two turns: the second reuses the first's context rows) and run."""
+    for cmd in (["chat", "-m", str(dirs["qwen3"])], ["run", str(dirs["qwen3"])]):
+        args = mlxcel_cmd() + cmd + ["-n", "16"]
+        turns = "abcabcabc\nhello hello hello\n"
+        plain = subprocess.run(args, input=turns, capture_output=True, text=True, env=cli_env, timeout=300)
+        spec = subprocess.run(
+            args + ["--draft-model", str(dirs["draft"]), "--profile"],
+            input=turns,
+            capture_output=True,
+            text=True,
+            env=cli_env,
+            timeout=300,
+        )
+        assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
+        assert spec.stdout == plain.stdout and spec.stdout.strip()
+        assert "DFlash drafter:" in spec.stderr and "dflash: " in spec.stderr and "Traceback" not in spec.stderr

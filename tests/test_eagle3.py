@@ -314,3 +314,21 @@ def test_cli_generate_serve_and_bench(dirs, cli_env, tmp_path):
     data = json.loads(out.read_text())
     assert data["configs"] == ["plain", "eagle3 k=3"]
     assert all(s["identical"] == s["prompts"] for s in data["summary"])
+
+
+def test_chat_and_run_with_an_eagle3_drafter_equal_plain(dirs, cli_env):
+    for cmd in (["chat", "-m", str(dirs["qwen3"])], ["run", str(dirs["qwen3"])]):
+        args = mlxcel_cmd() + cmd + ["-n", "16"]
+        turns = "abcabcabc\nhello hello hello\n"
+        plain = subprocess.run(args, input=turns, capture_output=True, text=True, env=cli_env, timeout=300)
+        spec = subprocess.run(
+            args + ["--draft-model", str(dirs["draft"]), "--profile"],
+            input=turns,
+            capture_output=True,
+            text=True,
+            env=cli_env,
+            timeout=300,
+        )
+        assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
+        assert spec.stdout == plain.stdout and spec.stdout.strip()
+        assert "EAGLE-3 drafter:" in spec.stderr and "eagle3: " in spec.stderr and "Traceback" not in spec.stderr
