@@ -176,7 +176,11 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(server, body, status, ety
     url, _, _ = server
     code, r = post(url + "/v1/chat/completions", body)
     assert code == status
-    assert set(r["error"]) == {"message", "type", "code"} and r["error"]["type"] == etype
+    assert {"message", "type", "code"} <= set(r["error"]) and r["error"]["type"] == etype
+    if etype == "exceed_context_size_error":  # llama-server's fields, for clients that trim and retry
+        assert r["error"]["n_prompt_tokens"] > r["error"]["n_ctx"] > 0
+    else:
+        assert set(r["error"]) == {"message", "type", "code"}
     assert get(url + "/health")["status"] == "ok"
 
 
@@ -776,3 +780,37 @@ def test_anthropic_route_refuses_bad_bodies_in_its_own_shape(server):
         assert status == 400 and err["type"] == "error", (body, err)
         assert err["error"]["type"] == "invalid_request_error" and fragment in err["error"]["message"], (body, err)
     assert get(url + "/health")["status"] == "ok"
+
+
+def test_llama_server_stream_shapes(server):
+    """The first chat chunk has the role and content null; with stream_options.include_usage the
+    usage and timings come in a last chunk with choices []; the fingerprint is b<build>-<hash>."""
+    import urllib.request
+
+    url, _, _ = server
+
+    def chunks(path, body):
+        req = urllib.request.Request(
+            url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=300) as r:
+            lines = [ln.decode().strip() for ln in r]
+        data = [ln[len("data: ") :] for ln in lines if ln.startswith("data: ")]
+        assert data[-1] == "[DONE]"
+        return [json.loads(d) for d in data[:-1]]
+
+    msgs = [{"role": "user", "content": "Say hi."}]
+    got = chunks("/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "stream": True})
+    assert got[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    assert got[0]["system_fingerprint"].startswith("b") and "usage" in got[-1]
+    got = chunks(
+        "/v1/chat/completions",
+        {"messages": msgs, "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True}},
+    )
+    assert got[-1]["choices"] == [] and got[-1]["usage"]["completion_tokens"] > 0 and "timings" in got[-1]
+    assert got[-2]["choices"][0]["finish_reason"] in ("stop", "length") and "usage" not in got[-2]
+    got = chunks(
+        "/v1/completions",
+        {"prompt": "1, 2,", "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True}},
+    )
+    assert got[-1]["choices"] == [] and got[-1]["usage"]["completion_tokens"] > 0

@@ -54,7 +54,9 @@ class ServerContext:
             self.max_predict_ms,
         )
         self.responses = ResponseShapes(self.tokenizer)
-        self.fingerprint = "fp_" + hashlib.sha256(f"mlxcel-py {__version__} {self.model_id}".encode()).hexdigest()[:12]
+        # llama-server's form, b<build>-<commit>: here the version and a hash of version and model
+        digest = hashlib.sha256(f"mlxcel-py {__version__} {self.model_id}".encode()).hexdigest()[:8]
+        self.fingerprint = f"b{__version__}-{digest}"
         from .metrics import Metrics
 
         self.metrics = Metrics(self.worker, self.engine)

@@ -35,13 +35,15 @@ class ApiError(Exception):
         type: str = "invalid_request_error",
         code: str | None = None,
         headers: dict | None = None,
+        extra: dict | None = None,
     ):
         super().__init__(message)
         self.message, self.status, self.type, self.code, self.headers = message, status, type, code, headers
+        self.extra = extra or {}  # more fields of the error object (llama-server's n_prompt_tokens, n_ctx)
 
 
-def error_body(message: str, type: str, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type, "code": code}}
+def error_body(message: str, type: str, code: str | None = None, extra: dict | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "code": code, **(extra or {})}}
 
 
 def log(message: str) -> None:

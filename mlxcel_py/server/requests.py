@@ -86,6 +86,7 @@ class RequestReader:
             raise ApiError(
                 f"the prompt has {len(prompt)} tokens, which exceeds the context window ({self.context_length})",
                 type="exceed_context_size_error",
+                extra={"n_prompt_tokens": len(prompt), "n_ctx": self.context_length},  # llama-server's fields
             )
         # the server's -n/--n-predict caps every request, as llama-server clamps n_predict
         if n is None or n == -1:

@@ -52,6 +52,8 @@ async def chat_completions(request: Request):
         "model": ctx.model_id,
         "system_fingerprint": ctx.fingerprint,
     }
+    # stream_options.include_usage (OpenAI): usage and timings in a last chunk of their own, choices []
+    usage_chunk = _include_usage(req)
     if req.stream and tools:
         # a reply with tools is parsed whole: its call (or text) goes out when it is complete
         chunk = {**base, "object": "chat.completion.chunk"}
@@ -59,7 +61,7 @@ async def chat_completions(request: Request):
             job,
             request,
             lambda piece, lps: [],
-            lambda r: _tool_stream_end(chunk, r, tools),
+            lambda r: _tool_stream_end(chunk, r, tools, usage_chunk),
             head={
                 **chunk,
                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}],
@@ -81,15 +83,10 @@ async def chat_completions(request: Request):
                     }
                 ],
             },
-            lambda r: {
+            lambda r: _stream_end(chunk, [{"index": 0, "delta": {}, "finish_reason": r.finish_reason}], r, usage_chunk),
+            head={  # llama-server's first chunk: the role, content null
                 **chunk,
-                "choices": [{"index": 0, "delta": {}, "finish_reason": r.finish_reason}],
-                "usage": usage(r),
-                "timings": timings(r.stats),
-            },
-            head={
-                **chunk,
-                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}],
             },
         )
     r = await ctx.collect(job, request)
@@ -120,7 +117,21 @@ def _message(r, tools: list[dict]) -> tuple[dict, str]:
     return {"role": "assistant", "content": content, "tool_calls": [c.as_openai() for c in calls]}, "tool_calls"
 
 
-def _tool_stream_end(chunk: dict, r, tools: list[dict]) -> list[dict]:
+def _include_usage(req) -> bool:
+    opts = (req.model_extra or {}).get("stream_options")
+    return isinstance(opts, dict) and bool(opts.get("include_usage"))
+
+
+def _stream_end(chunk: dict, choices: list[dict], r, usage_chunk: bool) -> list[dict]:
+    """The finishing chunk, with usage and timings; with include_usage they come in a chunk of
+    their own after it (choices [])."""
+    totals = {"usage": usage(r), "timings": timings(r.stats)}
+    if usage_chunk:
+        return [{**chunk, "choices": choices}, {**chunk, "choices": [], **totals}]
+    return [{**chunk, "choices": choices, **totals}]
+
+
+def _tool_stream_end(chunk: dict, r, tools: list[dict], usage_chunk: bool) -> list[dict]:
     message, finish = _message(r, tools)
     delta: dict = {}
     if message.get("content"):
@@ -128,14 +139,7 @@ def _tool_stream_end(chunk: dict, r, tools: list[dict]) -> list[dict]:
     if message.get("tool_calls"):
         delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
     frames = [{**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}] if delta else []
-    return frames + [
-        {
-            **chunk,
-            "choices": [{"index": 0, "delta": {}, "finish_reason": finish}],
-            "usage": usage(r),
-            "timings": timings(r.stats),
-        }
-    ]
+    return frames + _stream_end(chunk, [{"index": 0, "delta": {}, "finish_reason": finish}], r, usage_chunk)
 
 
 @router.post("/v1/completions")
@@ -163,12 +167,12 @@ async def completions(request: Request):
             job,
             request,
             chunk,
-            lambda r: {
-                **base,
-                "choices": [{"index": 0, "text": "", "finish_reason": r.finish_reason, "logprobs": None}],
-                "usage": usage(r),
-                "timings": timings(r.stats),
-            },
+            lambda r: _stream_end(
+                base,
+                [{"index": 0, "text": "", "finish_reason": r.finish_reason, "logprobs": None}],
+                r,
+                _include_usage(req),
+            ),
         )
     r = await ctx.collect(job, request)
     return {
