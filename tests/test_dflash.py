@@ -488,14 +488,15 @@ def test_hostile_configs_are_one_line_errors(dirs, tmp_path, no_weights, edit, m
         session(dirs["qwen3"], draft_model=d)
 
 
-def test_chat_and_run_with_a_dflash_drafter_equal_plain(dirs, cli_env):
-    """chat (piped stdin, two turns: the second reuses the first's context rows) and run."""
-    for cmd in (["chat", "-m", str(dirs["qwen3"])], ["run", str(dirs["qwen3"])]):
+def chat_and_run_equal_plain(target, draft, cli_env, *, loaded: str, kind: str) -> None:
+    """chat (piped stdin, two turns: the second reuses the first's caches) and run, with the
+    drafter, print what they print without it."""
+    for cmd in (["chat", "-m", str(target)], ["run", str(target)]):
         args = mlxcel_cmd() + cmd + ["-n", "16"]
         turns = "abcabcabc\nhello hello hello\n"
         plain = subprocess.run(args, input=turns, capture_output=True, text=True, env=cli_env, timeout=300)
         spec = subprocess.run(
-            args + ["--draft-model", str(dirs["draft"]), "--profile"],
+            args + ["--draft-model", str(draft), "--profile"],
             input=turns,
             capture_output=True,
             text=True,
@@ -504,4 +505,8 @@ def test_chat_and_run_with_a_dflash_drafter_equal_plain(dirs, cli_env):
         )
         assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
         assert spec.stdout == plain.stdout and spec.stdout.strip()
-        assert "DFlash drafter:" in spec.stderr and "dflash: " in spec.stderr and "Traceback" not in spec.stderr
+        assert loaded in spec.stderr and f"{kind}: " in spec.stderr and "Traceback" not in spec.stderr
+
+
+def test_chat_and_run_with_a_dflash_drafter_equal_plain(dirs, cli_env):
+    chat_and_run_equal_plain(dirs["qwen3"], dirs["draft"], cli_env, loaded="DFlash drafter:", kind="dflash")

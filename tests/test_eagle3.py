@@ -25,7 +25,7 @@ import pytest
 import tiny_models
 from conftest import mlxcel_cmd, write_byte_tokenizer
 from mlx.utils import tree_flatten
-from test_dflash import edited, equal_to_plain, plain_engine, session
+from test_dflash import chat_and_run_equal_plain, edited, equal_to_plain, plain_engine, session
 from test_engine import run
 from test_families import copy_prompts
 
@@ -317,18 +317,4 @@ def test_cli_generate_serve_and_bench(dirs, cli_env, tmp_path):
 
 
 def test_chat_and_run_with_an_eagle3_drafter_equal_plain(dirs, cli_env):
-    for cmd in (["chat", "-m", str(dirs["qwen3"])], ["run", str(dirs["qwen3"])]):
-        args = mlxcel_cmd() + cmd + ["-n", "16"]
-        turns = "abcabcabc\nhello hello hello\n"
-        plain = subprocess.run(args, input=turns, capture_output=True, text=True, env=cli_env, timeout=300)
-        spec = subprocess.run(
-            args + ["--draft-model", str(dirs["draft"]), "--profile"],
-            input=turns,
-            capture_output=True,
-            text=True,
-            env=cli_env,
-            timeout=300,
-        )
-        assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
-        assert spec.stdout == plain.stdout and spec.stdout.strip()
-        assert "EAGLE-3 drafter:" in spec.stderr and "eagle3: " in spec.stderr and "Traceback" not in spec.stderr
+    chat_and_run_equal_plain(dirs["qwen3"], dirs["draft"], cli_env, loaded="EAGLE-3 drafter:", kind="eagle3")

@@ -205,6 +205,27 @@ class DrafterSource:
         return None
 
 
+class NetworkSource(DrafterSource):
+    """A source whose assets are one loaded drafter network that reads the target's hidden
+    states (DFlash, EAGLE-3): subclasses name the network's type and the drafter that runs it."""
+
+    shares_drafter = True
+    network: type = object
+    drafter: type = Drafter
+
+    def __init__(self, draft: DraftConfig, **kw):
+        super().__init__(draft, **kw)
+        if not isinstance(self.assets, self.network):
+            raise ValueError(f"the {draft.kind} drafter needs its loaded {self.network.__name__} (assets)")
+        self.net = self.assets
+
+    def new_drafter(self) -> Drafter:
+        return self.drafter(self.net, self.model, self.vocab_size)
+
+    def warm(self, tokens: Sequence[int]) -> None:
+        self.warm_tapped(tokens, self.width)
+
+
 @dataclass
 class Plan:
     """A drafter checked against the target's files before any weight loads: the configuration it

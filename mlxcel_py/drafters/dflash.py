@@ -38,7 +38,7 @@ from ..models.preflight import is_dflash_config as is_dflash
 from ..models.safetensors import load_tensors, tensor_shapes
 from ..models.taps import layer_tap, lm_head_and_embed
 from ..options import DraftConfig
-from .base import Drafter, DrafterSource, Plan, Proposal, chain_proposal, draw
+from .base import Drafter, NetworkSource, Plan, Proposal, chain_proposal, draw
 from .dflash_net import DFlashNet, Spec
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -259,22 +259,11 @@ class DFlashDrafter(Drafter):
         return chain_proposal(picks, rows, self.target_vocab)
 
 
-class Source(DrafterSource):
+class Source(NetworkSource):
     """assets: the loaded DFlashNet."""
 
-    shares_drafter = True
-
-    def __init__(self, draft: DraftConfig, **kw):
-        super().__init__(draft, **kw)
-        if not isinstance(self.assets, DFlashNet):
-            raise ValueError("the dflash drafter needs its loaded network (assets)")
-        self.net = self.assets
-
-    def new_drafter(self) -> Drafter:
-        return DFlashDrafter(self.net, self.model, self.vocab_size)
-
-    def warm(self, tokens: Sequence[int]) -> None:
-        self.warm_tapped(tokens, self.width)
+    network = DFlashNet
+    drafter = DFlashDrafter
 
 
 def prepare(draft: DraftConfig, target: loading.ResolvedModel, model_options: Any) -> Plan:

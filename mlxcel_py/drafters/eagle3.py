@@ -35,7 +35,7 @@ from ..models.preflight import is_eagle3_config as is_eagle3
 from ..models.safetensors import load_tensors, tensor_shapes
 from ..models.taps import layer_tap, lm_head_and_embed
 from ..options import DraftConfig
-from .base import Drafter, DrafterSource, Plan, Proposal, chain_proposal, draw
+from .base import Drafter, NetworkSource, Plan, Proposal, chain_proposal, draw
 from .eagle3_net import Eagle3Net, Spec
 
 
@@ -253,22 +253,11 @@ class Eagle3Drafter(Drafter):
         return chain_proposal(picks, rows, self.vocab)
 
 
-class Source(DrafterSource):
+class Source(NetworkSource):
     """assets: the loaded Eagle3Net."""
 
-    shares_drafter = True
-
-    def __init__(self, draft: DraftConfig, **kw):
-        super().__init__(draft, **kw)
-        if not isinstance(self.assets, Eagle3Net):
-            raise ValueError("the eagle3 drafter needs its loaded network (assets)")
-        self.net = self.assets
-
-    def new_drafter(self) -> Drafter:
-        return Eagle3Drafter(self.net, self.model, self.vocab_size)
-
-    def warm(self, tokens: Sequence[int]) -> None:
-        self.warm_tapped(tokens, self.width)
+    network = Eagle3Net
+    drafter = Eagle3Drafter
 
 
 def prepare(draft: DraftConfig, target: loading.ResolvedModel, model_options: Any) -> Plan:
