@@ -771,8 +771,12 @@ def test_anthropic_route_refuses_bad_bodies_in_its_own_shape(server):
         ({"messages": hi}, "max_tokens"),  # required there
         ({"max_tokens": 0, "messages": hi}, "'max_tokens' must be at least 1"),
         ({"max_tokens": 8, "messages": []}, "messages"),
-        ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image"}]}]}, "text blocks only"),
-        ({"max_tokens": 8, "messages": hi, "tools": [{"name": "f"}]}, "'tools': tool calls are served on"),
+        (
+            {"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image"}]}]},
+            "'image' blocks are not supported",
+        ),
+        ({"max_tokens": 8, "messages": hi, "tools": [{"name": "f"}]}, "'tools.0.input_schema': Field required"),
+        ({"max_tokens": 8, "messages": hi, "tool_choice": {"type": "maybe"}}, "'tool_choice': type must be"),
         ({"max_tokens": 8, "messages": hi, "temperature": 1e308, "repeat_penalty": 0}, "repeat_penalty"),
     ]
     for body, fragment in cases:

@@ -230,3 +230,62 @@ def test_a_template_that_takes_tools_renders_them_and_a_required_call_parses(tin
     content, calls = tc.parse(tok.decode(out), [WEATHER])
     assert calls and calls[0].name == "get_weather"
     jsonschema.validate(calls[0].arguments, WEATHER["function"]["parameters"])
+
+
+def test_anthropic_tool_use_with_the_official_client(cli_env):
+    """/v1/messages with tools: a tool_use block whose input fits the schema, stop_reason
+    tool_use, the same streamed, and a tool_result turn back."""
+    import anthropic
+
+    proc, url, _ = _server(cli_env, "--draft-kind", "prompt-lookup")
+    try:
+        client = anthropic.Anthropic(base_url=url, api_key="none")
+        weather = {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "input_schema": WEATHER["function"]["parameters"],
+        }
+        msgs = [{"role": "user", "content": "What is the weather in Paris, in Celsius?"}]
+        m = client.messages.create(
+            model="local",
+            max_tokens=80,
+            messages=msgs,
+            tools=[weather],
+            tool_choice={"type": "any"},
+            extra_body={"temperature": 0},
+        )
+        assert m.stop_reason == "tool_use"
+        use = next(b for b in m.content if b.type == "tool_use")
+        assert use.name == "get_weather" and use.id.startswith("toolu_")
+        jsonschema.validate(use.input, weather["input_schema"])
+        with client.messages.stream(
+            model="local",
+            max_tokens=80,
+            messages=msgs,
+            tools=[weather],
+            tool_choice={"type": "tool", "name": "get_weather"},
+            extra_body={"temperature": 0},
+        ) as s:
+            final = s.get_final_message()
+        suse = next(b for b in final.content if b.type == "tool_use")
+        assert final.stop_reason == "tool_use" and suse.input == use.input
+        follow = client.messages.create(
+            model="local",
+            max_tokens=40,
+            messages=msgs
+            + [
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": use.id, "name": use.name, "input": use.input}],
+                },
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "21 C, clear"}]},
+            ],
+            tools=[weather],
+            extra_body={"temperature": 0},
+        )
+        assert follow.content
+        n = client.messages.count_tokens(model="local", messages=msgs, tools=[weather])
+        assert n.input_tokens > client.messages.count_tokens(model="local", messages=msgs).input_tokens
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -5,8 +5,11 @@ as llama-server offers it: text messages, `system`, multi-turn, `max_tokens`, `s
 sampling, streaming with Anthropic's event sequence (message_start, content_block_start, ping,
 content_block_delta..., content_block_stop, message_delta, message_stop), errors in Anthropic's
 shape, and the key as `x-api-key` (http.Guard accepts it). The reply is the same generation the
-OpenAI routes run (same template, same drafter), so greedy text equals theirs. Tool blocks are
-refused by name until tool calls exist.
+OpenAI routes run (same template, same drafter), so greedy text equals theirs. Tools (`tools` with
+`input_schema`, `tool_choice` auto / any / tool / none) go through the chat route's tool-call
+handling (server/tool_calls.py): calls come back as `tool_use` blocks with `stop_reason:
+"tool_use"`, and `tool_use` / `tool_result` blocks of the history are rendered back; streamed, a
+reply with tools is sent whole when complete (`input_json_delta` for a call's input).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from . import tool_calls
 from .context import ctx_of
 from .http import ApiError
 from .schemas import AnthropicCountRequest, AnthropicRequest
@@ -36,10 +40,22 @@ def _error(exc: ApiError) -> JSONResponse:
     )
 
 
-def _stop(r) -> tuple[str, str | None]:
+def _stop(r, blocks: list[dict]) -> tuple[str, str | None]:
+    if any(b["type"] == "tool_use" for b in blocks):
+        return "tool_use", None
     if r.stop_word:
         return "stop_sequence", r.stop_word
     return STOP_REASONS.get(r.finish_reason, "end_turn"), None
+
+
+def _blocks(r, tools: list[dict]) -> list[dict]:
+    """The reply's content blocks: its text, and a tool_use block per call (with tools)."""
+    content, calls = tool_calls.parse(r.text, tools) if tools else (r.text, [])
+    out = [{"type": "text", "text": content or ""}] if content or not calls else []
+    return out + [
+        {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}", "name": c.name, "input": c.arguments}
+        for c in calls
+    ]
 
 
 def _frame(obj: dict) -> str:
@@ -53,28 +69,35 @@ async def messages(request: Request):
         req = await ctx.requests.parse(request, AnthropicRequest)
         if req.max_tokens < 1:
             raise ApiError(f"'max_tokens' must be at least 1, got {req.max_tokens}")
-        prompt = await asyncio.to_thread(ctx.requests.turns_prompt, req.turns())  # templating off the loop
-        job = ctx.requests.job(req, prompt)
+        tools = req.tool_list()
+        try:
+            choice = req.choice()
+        except ValueError as exc:
+            raise ApiError(str(exc)) from None
+        grammar = ctx.requests.tools_grammar(tools, choice)
+        prompt = await asyncio.to_thread(ctx.requests.tool_prompt, req.turns(), tools)  # templating off the loop
+        job = ctx.requests.job(req, prompt, grammar=grammar)
         mid = f"msg_{uuid.uuid4().hex[:24]}"
         if req.stream:
-            return _stream(ctx, request, job, mid, len(prompt))
+            return _stream(ctx, request, job, mid, len(prompt), tools)
         r = await ctx.collect(job, request)
     except ApiError as exc:
         return _error(exc)
-    reason, sequence = _stop(r)
+    blocks = _blocks(r, tools)
+    reason, sequence = _stop(r, blocks)
     return {
         "id": mid,
         "type": "message",
         "role": "assistant",
         "model": ctx.model_id,
-        "content": [{"type": "text", "text": r.text}],
+        "content": blocks,
         "stop_reason": reason,
         "stop_sequence": sequence,
         "usage": {"input_tokens": r.stats.prompt_tokens, "output_tokens": r.stats.generated_tokens},
     }
 
 
-def _stream(ctx, request: Request, job, mid: str, prompt_tokens: int):
+def _stream(ctx, request: Request, job, mid: str, prompt_tokens: int, tools: list[dict]):
     start = {
         "type": "message_start",
         "message": {
@@ -90,10 +113,9 @@ def _stream(ctx, request: Request, job, mid: str, prompt_tokens: int):
     }
     block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
 
-    def on_done(r) -> list[dict]:
-        reason, sequence = _stop(r)
+    def end(r, blocks: list[dict]) -> list[dict]:
+        reason, sequence = _stop(r, blocks)
         return [
-            {"type": "content_block_stop", "index": 0},
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": reason, "stop_sequence": sequence},
@@ -102,16 +124,45 @@ def _stream(ctx, request: Request, job, mid: str, prompt_tokens: int):
             {"type": "message_stop"},
         ]
 
+    def on_done(r) -> list[dict]:
+        if not tools:
+            return [{"type": "content_block_stop", "index": 0}] + end(r, [])
+        # with tools the reply is parsed whole: each block now, as start, one delta, stop
+        blocks = _blocks(r, tools)
+        out: list[dict] = []
+        for i, b in enumerate(blocks):
+            if b["type"] == "text":
+                out += [
+                    {"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}},
+                    {"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": b["text"]}},
+                ]
+            else:
+                partial = json.dumps(b["input"], ensure_ascii=False)
+                out += [
+                    {"type": "content_block_start", "index": i, "content_block": {**b, "input": {}}},
+                    {
+                        "type": "content_block_delta",
+                        "index": i,
+                        "delta": {"type": "input_json_delta", "partial_json": partial},
+                    },
+                ]
+            out.append({"type": "content_block_stop", "index": i})
+        return out + end(r, blocks)
+
     return ctx.stream(
         job,
         request,
-        lambda piece, _: {
-            "type": "content_block_delta",
-            "index": 0,
-            "delta": {"type": "text_delta", "text": piece.text},
-        },
+        lambda piece, _: (
+            []
+            if tools
+            else {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": piece.text},
+            }
+        ),
         on_done,
-        head=[start, block, {"type": "ping"}],
+        head=[start, {"type": "ping"}] if tools else [start, block, {"type": "ping"}],
         done_sentinel=False,
         frame=_frame,
         on_error=lambda message, kind: {
@@ -126,7 +177,7 @@ async def count_tokens(request: Request):
     ctx = ctx_of(request)
     try:
         req = await ctx.requests.parse(request, AnthropicCountRequest)
-        prompt = await asyncio.to_thread(ctx.requests.turns_prompt, req.turns())
+        prompt = await asyncio.to_thread(ctx.requests.tool_prompt, req.turns(), req.tool_list())
     except ApiError as exc:
         return _error(exc)
     return {"input_tokens": len(prompt)}

@@ -112,14 +112,19 @@ class Function(_Body):
     @field_validator("parameters")
     @classmethod
     def _compiles(cls, v):
-        if v is not None:
-            import json
+        return schema_that_compiles(v)
 
-            try:
-                check_grammar(GrammarSpec("json_schema", json.dumps(v)))
-            except GrammarError as exc:
-                raise ValueError(str(exc)) from None
-        return v
+
+def schema_that_compiles(v: dict | None) -> dict | None:
+    """A tool's argument schema, checked to compile (ValueError with the compiler's message)."""
+    if v is not None:
+        import json
+
+        try:
+            check_grammar(GrammarSpec("json_schema", json.dumps(v)))
+        except GrammarError as exc:
+            raise ValueError(str(exc)) from None
+    return v
 
 
 class Tool(_Body):
@@ -398,8 +403,21 @@ class ResponsesRequest(Sampling):
 
 
 class AnthropicBlock(_Body):
+    """A content block: text, or (tool calls) tool_use in an assistant turn, tool_result in a user turn."""
+
     type: str
     text: str | None = None
+    id: str | None = None  # tool_use
+    name: str | None = None  # tool_use
+    input: dict[str, Any] | None = None  # tool_use
+    tool_use_id: str | None = None  # tool_result
+    content: Union[str, list[dict[str, Any]], None] = None  # tool_result: a string or text blocks
+    is_error: bool | None = None  # tool_result
+
+    def result_text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(b.get("text", "") for b in self.content or [] if isinstance(b.get("text", ""), str))
 
 
 class AnthropicMessage(_Body):
@@ -410,24 +428,67 @@ class AnthropicMessage(_Body):
     @classmethod
     def _text_blocks(cls, v):
         for block in v if isinstance(v, list) else ():
-            if block.type != "text":
-                raise ValueError(f"'{block.type}' blocks are not supported (text blocks only)")
-            if block.text is None:
-                raise ValueError("a text block needs a string 'text'")
+            if block.type == "text":
+                if block.text is None:
+                    raise ValueError("a text block needs a string 'text'")
+            elif block.type == "tool_use":
+                if not block.name or block.input is None:
+                    raise ValueError("a tool_use block needs 'name' and an 'input' object")
+            elif block.type == "tool_result":
+                if not block.tool_use_id:
+                    raise ValueError("a tool_result block needs 'tool_use_id'")
+            else:
+                raise ValueError(f"'{block.type}' blocks are not supported (text, tool_use, tool_result)")
         return v
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(b.text or "" for b in self.content)
+        return (
+            self.content
+            if isinstance(self.content, str)
+            else "".join(b.text or "" for b in self.content if b.type == "text")
+        )
+
+    def turns(self) -> list[dict]:
+        """This message as chat turns: tool results become `tool` turns, tool uses the assistant's calls."""
+        if isinstance(self.content, str):
+            return [{"role": self.role, "content": self.content}]
+        out: list[dict] = []
+        for b in self.content:
+            if b.type == "tool_result":
+                text = b.result_text()
+                out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": text})
+        calls = [
+            {"id": b.id or "", "type": "function", "function": {"name": b.name, "arguments": b.input}}
+            for b in self.content
+            if b.type == "tool_use"
+        ]
+        text = self.text()
+        if text or calls or not out:
+            out.append({"role": self.role, "content": text} | ({"tool_calls": calls} if calls else {}))
+        return out
 
 
-class AnthropicRequest(_NoTools):
+class AnthropicTool(_Body):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    input_schema: dict[str, Any]
+
+    @field_validator("input_schema")
+    @classmethod
+    def _compiles(cls, v):
+        return schema_that_compiles(v)
+
+
+class AnthropicRequest(Sampling):
     """Anthropic `POST /v1/messages`: `max_tokens` is required, `system` is its own field, stops
-    are `stop_sequences`."""
+    are `stop_sequences`; `tools` with `tool_choice` (auto, any, tool, none)."""
 
     max_tokens: int
     messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
     system: Union[str, list[AnthropicBlock], None] = None
     stop_sequences: list[str] | None = None
+    tools: Annotated[list[AnthropicTool], Field(max_length=128)] | None = None
+    tool_choice: dict[str, Any] | None = None
 
     @field_validator("stop_sequences")
     @classmethod
@@ -440,11 +501,38 @@ class AnthropicRequest(_NoTools):
     def turns(self) -> list[dict]:
         return anthropic_turns(self.system, self.messages)
 
+    def tool_list(self) -> list[dict]:
+        """The tools in the chat route's shape."""
+        return [
+            {
+                "type": "function",
+                "function": {"name": t.name, "description": t.description or "", "parameters": t.input_schema},
+            }
+            for t in self.tools or []
+        ]
+
+    def choice(self) -> Any:
+        """tool_choice in the chat route's terms (ValueError for one Anthropic does not define)."""
+        c = self.tool_choice
+        if c is None:
+            return None
+        kind = c.get("type")
+        if kind in ("auto", "none"):
+            return kind
+        if kind == "any":
+            return "required"
+        if kind == "tool" and isinstance(c.get("name"), str):
+            return {"type": "function", "function": {"name": c["name"]}}
+        raise ValueError("'tool_choice': type must be auto, any, tool (with a 'name') or none")
+
 
 class AnthropicCountRequest(_Body):
     model: str | None = None
     messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
     system: Union[str, list[AnthropicBlock], None] = None
+    tools: Annotated[list[AnthropicTool], Field(max_length=128)] | None = None
+
+    tool_list = AnthropicRequest.tool_list
 
     def turns(self) -> list[dict]:
         return anthropic_turns(self.system, self.messages)
@@ -454,4 +542,4 @@ def anthropic_turns(system: str | list[AnthropicBlock] | None, messages: list[An
     """{role, content} turns for the chat template: `system` (a string or text blocks) first."""
     text = system if isinstance(system, str) else "".join(b.text or "" for b in system or [])
     head = [{"role": "system", "content": text}] if text else []
-    return head + [{"role": m.role, "content": m.text()} for m in messages]
+    return head + [t for m in messages for t in m.turns()]
