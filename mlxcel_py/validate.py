@@ -214,12 +214,16 @@ def _grammar(opts: CommandOptions) -> GrammarSpec | None:
                 else f"drop it on {opts.command}"
             )
         )
+    if opts.generation.prompt is None:  # without -p, generate and run chat
+        raise UsageError(f"{flag} needs a one-shot prompt (-p/--prompt); an interactive chat takes no grammar")
     text = value
     if is_file:
         try:
             text = Path(value).expanduser().read_text()
-        except (OSError, UnicodeDecodeError) as exc:
+        except OSError as exc:
             raise UsageError(f"{flag} {value}: cannot read it ({exc.strerror or exc})") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"{flag} {value}: not UTF-8 text; pass a grammar or schema file") from None
     spec = GrammarSpec(kind, text)
     try:
         check_grammar(spec)

@@ -147,11 +147,15 @@ def test_cli_generate_json_schema_and_grammar(cli_env, tmp_path):
         (["--json-schema", "{oops"], "--json-schema: the JSON schema does not compile"),
         (["--json-schema", "{}", "--grammar", 'root ::= "a"'], "--grammar and --json-schema"),
         (["--grammar-file", "/nonexistent/g.gbnf"], "--grammar-file /nonexistent/g.gbnf: cannot read it"),
+        (["--json-schema-file", "/bin/sh"], "--json-schema-file /bin/sh: not UTF-8 text"),
+        (["--no-prompt", "--json-schema", "{}"], "--json-schema needs a one-shot prompt (-p/--prompt)"),
     ],
 )
 def test_cli_refuses_a_bad_grammar_before_loading(args, message, cli_env):
+    prompt = [] if "--no-prompt" in args else ["-p", "x"]
+    args = [a for a in args if a != "--no-prompt"]
     r = subprocess.run(
-        mlxcel_cmd() + ["generate", "-p", "x", "-m", "/nonexistent-model", *args],
+        mlxcel_cmd() + ["generate", *prompt, "-m", "/nonexistent-model", *args],
         capture_output=True,
         text=True,
         env=cli_env,
