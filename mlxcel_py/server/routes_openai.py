@@ -15,7 +15,7 @@ import uuid
 from fastapi import APIRouter, Request
 
 from ..engine.text import TextPiece
-from . import tool_calls
+from . import reasoning, tool_calls
 from .context import ctx_of
 from .http import ApiError
 from .responses import timings, usage
@@ -46,6 +46,11 @@ async def chat_completions(request: Request):
     grammar = ctx.requests.tool_grammar(req)
     prompt = await asyncio.to_thread(ctx.requests.chat_prompt, req.messages, req.tools)  # templating off the loop
     job = ctx.requests.job(req, prompt, lp, grammar=grammar)
+    # reasoning_format (llama-server): <think>...</think> into reasoning_content unless "none"
+    fmt = (req.model_extra or {}).get("reasoning_format", "auto")
+    if fmt not in reasoning.FORMATS:
+        raise ApiError(f"'reasoning_format' must be one of {', '.join(reasoning.FORMATS)}")
+    think = None if fmt == "none" else reasoning.opened_by(ctx.tokenizer.decode(prompt[-8:]))
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
         "created": int(time.time()),
@@ -61,7 +66,7 @@ async def chat_completions(request: Request):
             job,
             request,
             lambda piece, lps: [],
-            lambda r: _tool_stream_end(chunk, r, tools, usage_chunk),
+            lambda r: _tool_stream_end(chunk, r, tools, usage_chunk, think),
             head={
                 **chunk,
                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}],
@@ -69,28 +74,45 @@ async def chat_completions(request: Request):
         )
     if req.stream:
         chunk = {**base, "object": "chat.completion.chunk"}
+        splitter = reasoning.ReasoningSplit(think) if think is not None else None
+
+        def piece_chunks(parts: list[tuple[str, str]], lps: list) -> list[dict]:
+            return [
+                {
+                    **chunk,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {field: text},
+                            "finish_reason": None,
+                            "logprobs": ctx.responses.chat_logprobs(lps) if lp is not None and i == 0 else None,
+                        }
+                    ],
+                }
+                for i, (field, text) in enumerate(parts)
+            ]
+
+        def on_text(piece, lps) -> list[dict]:
+            return piece_chunks(splitter.feed(piece.text) if splitter else [("content", piece.text)], lps)
+
+        def on_done(r) -> list[dict]:
+            held = piece_chunks(splitter.finish(), []) if splitter else []
+            return held + _stream_end(
+                chunk, [{"index": 0, "delta": {}, "finish_reason": r.finish_reason}], r, usage_chunk
+            )
+
         return ctx.stream(
             job,
             request,
-            lambda piece, lps: {
-                **chunk,
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": {"content": piece.text},
-                        "finish_reason": None,
-                        "logprobs": ctx.responses.chat_logprobs(lps) if lp is not None else None,
-                    }
-                ],
-            },
-            lambda r: _stream_end(chunk, [{"index": 0, "delta": {}, "finish_reason": r.finish_reason}], r, usage_chunk),
+            on_text,
+            on_done,
             head={  # llama-server's first chunk: the role, content null
                 **chunk,
                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}],
             },
         )
     r = await ctx.collect(job, request)
-    message, finish = _message(r, tools)
+    message, finish = _message(r, tools, think)
     return {
         **base,
         "object": "chat.completion",
@@ -107,14 +129,17 @@ async def chat_completions(request: Request):
     }
 
 
-def _message(r, tools: list[dict]) -> tuple[dict, str]:
-    """The assistant message of a finished reply, and its finish reason (tool_calls for calls)."""
+def _message(r, tools: list[dict], think: bool | None = None) -> tuple[dict, str]:
+    """The assistant message of a finished reply, and its finish reason (tool_calls for calls).
+    `think`: None leaves the text whole; else whether the prompt opened a think block."""
+    thought, text = reasoning.split(r.text, think) if think is not None else (None, r.text)
+    head = {"role": "assistant"} | ({"reasoning_content": thought} if thought is not None else {})
     if not tools:
-        return {"role": "assistant", "content": r.text}, r.finish_reason
-    content, calls = tool_calls.parse(r.text, tools)
+        return head | {"content": text}, r.finish_reason
+    content, calls = tool_calls.parse(text, tools)
     if not calls:
-        return {"role": "assistant", "content": content}, r.finish_reason
-    return {"role": "assistant", "content": content, "tool_calls": [c.as_openai() for c in calls]}, "tool_calls"
+        return head | {"content": content}, r.finish_reason
+    return head | {"content": content, "tool_calls": [c.as_openai() for c in calls]}, "tool_calls"
 
 
 def _include_usage(req) -> bool:
@@ -131,9 +156,9 @@ def _stream_end(chunk: dict, choices: list[dict], r, usage_chunk: bool) -> list[
     return [{**chunk, "choices": choices, **totals}]
 
 
-def _tool_stream_end(chunk: dict, r, tools: list[dict], usage_chunk: bool) -> list[dict]:
-    message, finish = _message(r, tools)
-    delta: dict = {}
+def _tool_stream_end(chunk: dict, r, tools: list[dict], usage_chunk: bool, think: bool | None) -> list[dict]:
+    message, finish = _message(r, tools, think)
+    delta: dict = {k: message[k] for k in ("reasoning_content",) if k in message}
     if message.get("content"):
         delta["content"] = message["content"]
     if message.get("tool_calls"):
