@@ -67,6 +67,8 @@ class ModelOptions:
     dequantize: bool = True
     fast_kernels: bool = True
     cpu_weights: str = DEFAULT_CPU_WEIGHTS  # one of CPU_WEIGHTS (bench: a comma list, see BenchPlan.weights)
+    chat_template: str | None = None  # --chat-template NAME|TEMPLATE as given (validate resolves it)
+    chat_template_file: str | None = None  # --chat-template-file
 
 
 @dataclass(frozen=True)
@@ -229,6 +231,7 @@ class RunConfig:
     draft: DraftConfig
     warnings: tuple[str, ...] = ()  # accepted, but worth a line on stderr (e.g. a dropped drafter)
     grammar: Any = None  # grammars.GrammarSpec the output is constrained to (generate, run)
+    chat_template: str | None = None  # the template text that replaces the model's own
 
 
 # ---- mlxcel bench ----

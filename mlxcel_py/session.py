@@ -97,6 +97,12 @@ def open_session(
         cpu_weights=mopts.cpu_weights,
         world=world,
     )
+    if run.chat_template is not None:  # --chat-template: replaces the model's own (and any renderer)
+        tok = target.tokenizer
+        getattr(tok, "_tokenizer", tok).chat_template = run.chat_template
+        if hasattr(tok, "_chat_template"):
+            tok._chat_template = None
+        tok.has_chat_template = True
     channel = tap = None
     if world is not None:
         from .models.taps import hidden_tap

@@ -18,8 +18,9 @@ from pathlib import Path
 from .drafters import registry
 from .drafters.registry import DRAFT_KINDS
 from .errors import UsageError
-from .grammars import GrammarError, GrammarSpec
-from .grammars import check as check_grammar
+from .formats import chat_templates
+from .formats.grammars import GrammarError, GrammarSpec
+from .formats.grammars import check as check_grammar
 from .options import (
     CPU_WEIGHTS,
     DEFAULT_CPU_WEIGHTS,
@@ -180,10 +181,36 @@ def validate(opts: CommandOptions) -> RunConfig:
     if opts.command == "serve":
         _server(opts)
     grammar = _grammar(opts)
+    template = _chat_template(opts)
     run = _validate(opts)
     notes = _server_notes(opts) if opts.command == "serve" else ()
-    run = replace(run, grammar=grammar) if grammar is not None else run
+    run = replace(run, grammar=grammar, chat_template=template)
     return replace(run, warnings=run.warnings + notes) if notes else run
+
+
+def _chat_template(opts: CommandOptions) -> str | None:
+    """--chat-template NAME|TEMPLATE or --chat-template-file FILE: the template text, checked to parse."""
+    m = opts.model
+    if m.chat_template is not None and m.chat_template_file is not None:
+        raise UsageError("--chat-template and --chat-template-file both set the template; pass one")
+    try:
+        if m.chat_template is not None:
+            return chat_templates.resolve(m.chat_template)
+        if m.chat_template_file is None:
+            return None
+        try:
+            text = Path(m.chat_template_file).expanduser().read_text()
+        except OSError as exc:
+            raise UsageError(
+                f"--chat-template-file {m.chat_template_file}: cannot read it ({exc.strerror or exc})"
+            ) from None
+        except UnicodeDecodeError:
+            raise UsageError(f"--chat-template-file {m.chat_template_file}: not UTF-8 text") from None
+        chat_templates.check(text)
+        return text
+    except chat_templates.TemplateError as exc:
+        flag = "--chat-template" if m.chat_template is not None else f"--chat-template-file {m.chat_template_file}"
+        raise UsageError(f"{flag}: {exc}") from None
 
 
 def _grammar(opts: CommandOptions) -> GrammarSpec | None:

@@ -18,7 +18,7 @@ import pytest
 from conftest import mlxcel_cmd
 
 from mlxcel_py.engine.grammar import TokenizerIndex
-from mlxcel_py.grammars import GrammarError, GrammarSpec, check
+from mlxcel_py.formats.grammars import GrammarError, GrammarSpec, check
 
 SCHEMA = {
     "type": "object",

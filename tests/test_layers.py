@@ -24,7 +24,7 @@ LAYERS = {
     "paths": 0,
     "drafters.registry": 1,
     "config_file": 1,
-    "grammars": 1,
+    "formats": 1,
     "validate": 2,
     "cpu": 3,
     "models": 4,

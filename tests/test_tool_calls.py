@@ -13,7 +13,7 @@ import json
 import jsonschema
 import pytest
 
-from mlxcel_py.grammars import check
+from mlxcel_py.formats.grammars import check
 from mlxcel_py.server import tool_calls as tc
 
 WEATHER = {

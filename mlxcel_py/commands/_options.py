@@ -44,6 +44,9 @@ GrammarOpt = Annotated[Optional[str], typer.Option("--grammar", metavar="GBNF", 
 GrammarFileOpt = Annotated[Optional[str], typer.Option("--grammar-file", metavar="FILE", help="--grammar, read from FILE.", rich_help_panel=GEN)]
 JsonSchemaOpt = Annotated[Optional[str], typer.Option("--json-schema", "-j", metavar="SCHEMA", help="Constrain the output to JSON matching this JSON schema ('{}': any JSON). generate/run.", rich_help_panel=GEN)]
 JsonSchemaFileOpt = Annotated[Optional[str], typer.Option("--json-schema-file", metavar="FILE", help="--json-schema, read from FILE.", rich_help_panel=GEN)]
+ChatTemplateOpt = Annotated[Optional[str], typer.Option("--chat-template", metavar="NAME|TEMPLATE", help="Replace the model's chat template: a Jinja template, or chatml | llama3 | mistral | gemma | phi3.", rich_help_panel=MODEL)]
+ChatTemplateFileOpt = Annotated[Optional[str], typer.Option("--chat-template-file", metavar="FILE", help="--chat-template, read from a Jinja file.", rich_help_panel=MODEL)]
+JinjaOpt = Annotated[bool, typer.Option("--jinja", help="llama-server's switch: chat templates are always rendered with Jinja here, so it changes nothing.", rich_help_panel=MODEL)]
 StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable); output ends before it.", rich_help_panel=GEN)]
 IgnoreEosOpt = Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence tokens.", rich_help_panel=GEN)]
 ImageOpt = Annotated[Optional[list[str]], typer.Option("--image", help="Image input (accepted to be refused: text models only).", rich_help_panel=GEN)]
@@ -132,6 +135,8 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             dequantize=not g("no_dequantize", False),
             fast_kernels=not g("no_fast_kernels", False),
             cpu_weights=_given(g("cpu_weights"), O.DEFAULT_CPU_WEIGHTS),
+            chat_template=g("chat_template"),
+            chat_template_file=g("chat_template_file"),
         ),
         generation=O.GenerationOptions(
             prompt=g("prompt"),
@@ -242,6 +247,9 @@ MODEL_PARAMS = [
     _kw("model", ModelOpt, None),
     _kw("revision", RevisionOpt, None),
     _kw("draft_model", DraftModelOpt, None),
+    _kw("chat_template", ChatTemplateOpt, None),
+    _kw("chat_template_file", ChatTemplateFileOpt, None),
+    _kw("jinja", JinjaOpt, False),
 ]
 RUNTIME_PARAMS = [
     _kw("no_blas", NoBlasOpt, False),

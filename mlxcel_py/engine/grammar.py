@@ -18,7 +18,7 @@ draws from the masked distribution p (the lossless rule compares it with the dra
 draft never holds a token whose p is 0).
 
 Compiling needs the tokenizer's byte-level view (`TokenizerIndex`, built once per tokenizer, about
-half a second); checking a grammar's text (mlxcel_py/grammars.py) needs nothing, so validation
+half a second); checking a grammar's text (mlxcel_py/formats/grammars.py) needs nothing, so validation
 refuses a bad one before any model loads.
 """
 
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..grammars import GrammarError, GrammarSpec, compiled
+from ..formats.grammars import GrammarError, GrammarSpec, compiled
 
 __all__ = ["Constraint", "GrammarError", "GrammarSpec", "TokenizerIndex"]
 

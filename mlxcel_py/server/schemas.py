@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..grammars import GrammarError, GrammarSpec
-from ..grammars import check as check_grammar
+from ..formats.grammars import GrammarError, GrammarSpec
+from ..formats.grammars import check as check_grammar
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 TopCount = Annotated[int, Field(ge=0, le=20)]

@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ..grammars import GrammarSpec
+from ..formats.grammars import GrammarSpec
 
 GENERIC_PROMPT = (
     "You can call these tools (JSON schemas of their arguments):\n{tools}\n\n"

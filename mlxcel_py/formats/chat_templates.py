@@ -1,0 +1,59 @@
+"""Chat templates by name, for `--chat-template NAME` (llama-server's flag), and the check that a
+template given as text compiles. Pure (jinja2 parses, nothing renders), so a bad template is
+refused before any model loads; the session puts the chosen one on the tokenizer.
+
+The built-ins are the common turn formats, written for mlxcel-py (not copies of any model's
+file); a model's own template, or one given as text or a file, does everything else.
+"""
+
+from __future__ import annotations
+
+_CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+_LLAMA3 = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+_MISTRAL = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% if m['role'] == 'system' %}{{ '[SYSTEM_PROMPT]' + m['content'] + '[/SYSTEM_PROMPT]' }}"
+    "{% elif m['role'] == 'user' %}{{ '[INST]' + m['content'] + '[/INST]' }}"
+    "{% else %}{{ m['content'] + eos_token }}{% endif %}{% endfor %}"
+)
+_GEMMA = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% set role = 'model' if m['role'] == 'assistant' else 'user' %}"
+    "{{ '<start_of_turn>' + role + '\\n' + m['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+)
+_PHI3 = (
+    "{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + '<|end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+BUILTIN = {"chatml": _CHATML, "llama3": _LLAMA3, "mistral": _MISTRAL, "gemma": _GEMMA, "phi3": _PHI3}
+
+
+class TemplateError(ValueError):
+    """A template that does not parse, or a name that is none of BUILTIN."""
+
+
+def resolve(value: str) -> str:
+    """A built-in's text by name, or `value` itself when it is a template (has Jinja tags)."""
+    if value in BUILTIN:
+        return BUILTIN[value]
+    if "{{" not in value and "{%" not in value:
+        raise TemplateError(f"{value!r} is neither a Jinja template nor one of: {', '.join(BUILTIN)}")
+    check(value)
+    return value
+
+
+def check(text: str) -> None:
+    import jinja2
+
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(f"the template does not parse (line {exc.lineno}: {exc.message})") from None
