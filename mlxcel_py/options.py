@@ -80,6 +80,7 @@ class SamplingOptions:
     seed: int | None = None
     repetition_penalty: float = DEFAULT_REPETITION_PENALTY
     repeat_last_n: int = DEFAULT_REPEAT_LAST_N
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, addition to its logit; -inf bans it)
 
     @property
     def greedy(self) -> bool:

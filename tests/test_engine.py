@@ -287,3 +287,22 @@ def test_extreme_filters_still_sample_a_real_token(top_p, min_p):
     if top_p < 1e-6 or min_p == 1.0:  # only the top token survives the filter
         assert picks == mx.argmax(logits, axis=-1).tolist()
     assert all(0 <= t < 300 for t in picks)
+
+
+def test_logit_bias_steers_plain_and_speculative_decoding_alike(tiny):
+    """A bias is applied to every row at its position: speculative output equals plain output under
+    the same bias (greedy and seeded sampling), a large one forces its token, false-like -inf bans."""
+    plain = engine_for(tiny)
+    spec = engine_for(tiny, lookup("cost"))
+    p = prompts(1, seed=11)[0]
+    free, _ = run(plain, p, max_tokens=24, ignore_eos=True)
+    banned = free[0]
+    for bias in (((banned, float("-inf")),), ((7, 2.5), (banned, -3.0))):
+        for sampling in (SamplingOptions(logit_bias=bias), SamplingOptions(temp=0.8, seed=3, logit_bias=bias)):
+            a, _ = run(plain, p, max_tokens=24, sampling=sampling, ignore_eos=True)
+            b, g = run(spec, p, max_tokens=24, sampling=sampling, ignore_eos=True)
+            assert a == b
+            if bias[0][1] == float("-inf"):
+                assert banned not in a
+    forced, _ = run(spec, p, max_tokens=12, sampling=SamplingOptions(logit_bias=((42, 1e4),)), ignore_eos=True)
+    assert forced == [42] * 12

@@ -122,7 +122,10 @@ def _assert_error(r, status, fragment):
         ({"messages": HI, "grammar": 5}, "'grammar': must be a string"),
         ({"messages": HI, "tools": [{"type": "retrieval"}]}, "'tools.0.type': Input should be 'function'"),
         ({"messages": HI, "functions": [{"name": "f"}]}, "'functions' is not supported"),
-        ({"messages": HI, "logit_bias": {"5": 10}}, "'logit_bias' is not supported"),
+        ({"messages": HI, "logit_bias": {"5": "x"}}, "'logit_bias': a bias must be a finite number"),
+        ({"messages": HI, "logit_bias": {"999999": 1}}, "'logit_bias': token id 999999 is outside the vocabulary"),
+        ({"messages": HI, "logit_bias": 5}, "'logit_bias' must be an object of token ids to biases"),
+        ({"messages": HI, "logit_bias": [[5]]}, "'logit_bias': each entry must be a [token, bias] pair"),
         ({"messages": HI, "top_logprobs": 3}, "'top_logprobs' needs 'logprobs': true"),
         (
             {"messages": HI, "logprobs": True, "top_logprobs": 50},
@@ -484,3 +487,14 @@ def test_while_loading_every_route_answers_503_then_serves():
     app.state.ctx = ServerContext(FakeTokenizer(), engine, FakeWorker(), SamplingOptions(), -1, "tiny")
     assert client.get("/health").status_code == 200
     assert client.post(CHAT, json={"messages": HI}).status_code == 200
+
+
+def test_logit_bias_in_openai_and_llama_server_forms_reaches_the_job():
+    client, worker = make_client()
+    r = client.post(CHAT, json={"messages": HI, "logit_bias": {"5": 10, "7": -100}})
+    assert r.status_code == 200
+    assert worker.jobs[-1].sampling.logit_bias == ((5, 10.0), (7, -100.0))
+    r = client.post("/completion", json={"prompt": "x", "logit_bias": [["hi", False], [9, 1.5]]})
+    assert r.status_code == 200, r.text
+    hi = FakeTokenizer().encode("hi")
+    assert worker.jobs[-1].sampling.logit_bias == tuple((t, float("-inf")) for t in hi) + ((9, 1.5),)

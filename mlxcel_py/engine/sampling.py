@@ -1,7 +1,7 @@
 """Per-request token decisions: logits rows -> tokens, identical for plain steps and verify rows.
 
 A `Decider` is built once per request from SamplingOptions. It applies the logits processors
-(repetition penalty, EOS masking for --ignore-eos/--min-tokens) at the same positions plain
+(logit bias, repetition penalty, EOS masking for --ignore-eos/--min-tokens) at the same positions plain
 decoding would, then picks a token per row. Randomness is keyed by the generated-token index
 (seed, index), not by a global stream, so a seeded speculative run draws exactly the numbers the
 plain run draws at each position: with sampler-match acceptance the outputs are identical.
@@ -50,6 +50,11 @@ class Decider:
         self._penalty_window = sampling.repeat_last_n if sampling.repeat_last_n > 0 else _WHOLE_CONTEXT
         if sampling.repetition_penalty not in (0.0, 1.0) and sampling.repeat_last_n != 0:
             self._penalty = make_repetition_penalty(sampling.repetition_penalty, self._penalty_window)
+        # logit_bias: (token ids, additions); -inf bans a token
+        self._bias = None
+        if sampling.logit_bias:
+            ids, values = zip(*sampling.logit_bias)
+            self._bias = (mx.array(ids, dtype=mx.int32), mx.array(values, dtype=mx.float32))
         self._filters: list[Callable[[mx.array], mx.array]] = []
         if 0.0 < sampling.top_p < TINY_TOP_P:
             # the nucleus is the top token alone; mlx-lm's filter would compare against
@@ -101,7 +106,11 @@ class Decider:
 
     # -- decisions --------------------------------------------------------------------------
     def processed_rows(self, logits: mx.array, history: Sequence[int], inputs: Sequence[int]) -> mx.array:
-        """Apply processors to each row. Row r follows history + inputs[1:r+1]."""
+        """Apply processors to each row. Row r follows history + inputs[1:r+1]. The logit bias is
+        the same at every position, so it goes on all rows at once, first (as llama.cpp's chain)."""
+        if self._bias is not None:
+            ids, values = self._bias
+            logits = logits.at[:, ids].add(values.astype(logits.dtype))
         if not self.has_processors:
             return logits
         rows = []

@@ -12,6 +12,7 @@ the process.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -59,10 +60,42 @@ class RequestReader:
         except ValidationError as exc:
             raise ApiError(schemas.describe(exc)) from None
 
+    def logit_bias(self, value: Any) -> tuple[tuple[int, float], ...]:
+        """OpenAI's {"token id": bias} map, or llama-server's [[id or text, bias or false], ...]
+        (a text biases each of its tokens; false bans)."""
+        if value is None:
+            return ()
+        pairs = list(value.items()) if isinstance(value, dict) else value
+        if not isinstance(pairs, list) or len(pairs) > 4096:
+            raise ApiError("'logit_bias' must be an object of token ids to biases, or a list of [token, bias] pairs")
+        out: dict[int, float] = {}
+        for pair in pairs:
+            if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+                raise ApiError("'logit_bias': each entry must be a [token, bias] pair")
+            key, bias = pair
+            if bias is False:
+                bias = float("-inf")
+            elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+                raise ApiError("'logit_bias': a bias must be a finite number (or false to ban the token)")
+            if isinstance(key, int) and not isinstance(key, bool):
+                ids = [key]
+            elif isinstance(key, str) and key.lstrip("-").isdigit():
+                ids = [int(key)]
+            elif isinstance(key, str) and key:
+                ids = list(self.tokenizer.encode(key, add_special_tokens=False))
+            else:
+                raise ApiError("'logit_bias': a token must be an id or a non-empty string")
+            for t in ids:
+                if not 0 <= t < self.vocab:
+                    raise ApiError(f"'logit_bias': token id {t} is outside the vocabulary (0..{self.vocab - 1})")
+                out[t] = float(bias)
+        return tuple(out.items())
+
     def sampling(self, req: schemas.Sampling) -> SamplingOptions:
         d = self.defaults
         s = replace(
             d,
+            logit_bias=self.logit_bias((req.model_extra or {}).get("logit_bias")),
             temp=d.temp if req.temperature is None else req.temperature,
             top_p=d.top_p if req.top_p is None else req.top_p,
             top_k=d.top_k if req.top_k is None else req.top_k,

@@ -21,7 +21,7 @@ TopCount = Annotated[int, Field(ge=0, le=20)]
 MAX_STOPS, MAX_STOP_CHARS = 32, 1000
 ROLES = ("system", "user", "assistant", "tool", "developer")
 # fields whose meaning we cannot honour yet: refused by name instead of ignored behind a 200
-UNSUPPORTED = ("functions", "logit_bias")
+UNSUPPORTED = ("functions",)
 
 
 def _bounded_stops(v):
