@@ -261,13 +261,22 @@ def test_parse_keys_from_flags_and_file(tmp_path):
         parse_keys([], str(tmp_path / "empty"))
 
 
-def test_json_routes_refuse_other_content_types():
-    client, worker = make_client()
-    # a web page can send this cross-site without a preflight; it must not reach the model
-    r = client.post(CHAT, content=json.dumps({"messages": HI}), headers={"Content-Type": "text/plain"})
+def test_cross_site_simple_posts_are_refused_and_curl_bodies_are_read_as_json():
+    client, worker = make_client(cors=("https://ok.example",))
+    # a web page can send these cross-site without a preflight; they must not reach the model
+    site = {"Origin": "https://evil.example"}
+    r = client.post(CHAT, content=json.dumps({"messages": HI}), headers={"Content-Type": "text/plain", **site})
     _assert_error(r, 415, "Content-Type: application/json")
-    r = client.post(CHAT, data={"messages": "hi"})  # form-encoded
+    r = client.post(CHAT, data={"messages": "hi"}, headers=site)  # form-encoded
     assert r.status_code == 415 and worker.jobs == []
+    # curl -d (form content type, no Origin) and a page on an allowed origin: read as JSON
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    assert client.post(CHAT, content=json.dumps({"messages": HI}), headers=form).status_code == 200
+    ok = {"Content-Type": "text/plain", "Origin": "https://ok.example"}
+    assert client.post(CHAT, content=json.dumps({"messages": HI}), headers=ok).status_code == 200
+    assert len(worker.jobs) == 2
+    r = client.post(CHAT, data={"messages": "hi"})  # a real form body is not JSON: a 400, not a 415
+    _assert_error(r, 400, "malformed JSON")
     assert is_json_content_type("application/json; charset=utf-8")
     assert is_json_content_type("application/vnd.api+json") and not is_json_content_type(None)
 

@@ -64,7 +64,9 @@ def create_app(
     app.include_router(routes_anthropic.router)  # /v1/messages, /v1/messages/count_tokens
     app.include_router(routes_responses.router)  # /v1/responses
     app.include_router(webui_routes.router)  # / (the chat page, or health) and /props
-    app.add_middleware(Guard, access=access, body_limit=body_limit, access_log=access_log)
+    app.add_middleware(
+        Guard, access=access, body_limit=body_limit, access_log=access_log, cors_origins=tuple(cors_origins)
+    )
     if cors_origins:  # added last, so it is outermost: preflight OPTIONS never reach the key check
         from fastapi.middleware.cors import CORSMiddleware
 

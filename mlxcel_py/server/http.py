@@ -100,8 +100,11 @@ class Guard:
     request's receive channel, and a route behind it cannot see its client disconnect (which is
     how a non-streaming request is cancelled)."""
 
-    def __init__(self, app, *, access: AccessPolicy, body_limit: int, access_log: bool):
+    def __init__(
+        self, app, *, access: AccessPolicy, body_limit: int, access_log: bool, cors_origins: tuple[str, ...] = ()
+    ):
         self.app, self.access, self.body_limit, self.access_log = app, access, body_limit, access_log
+        self.cors_origins = cors_origins
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -164,7 +167,12 @@ class Guard:
                 {"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}}, status_code=401
             )
         if method == "POST":
-            if not is_json_content_type(headers.get("content-type")):
+            # a body without a JSON content type (plain `curl -d`) is read as JSON, as llama-server
+            # does, unless a browser sent it from an origin CORS does not allow: a cross-site
+            # "simple" POST (a form, text/plain) needs no preflight, and it must not reach the model
+            origin = headers.get("origin")
+            foreign = origin is not None and origin not in self.cors_origins and "*" not in self.cors_origins
+            if foreign and not is_json_content_type(headers.get("content-type")):
                 return JSONResponse(
                     error_body("send the body as JSON with 'Content-Type: application/json'", "invalid_request_error"),
                     status_code=415,

@@ -6,8 +6,10 @@
   401 (`type: "authentication_error"`).
 - A server bound to loopback answers only requests whose Host names loopback: a web page on some
   other site cannot reach it through DNS rebinding (its Host would be that site's name).
-- JSON routes take only a JSON content type, so a cross-site "simple" form POST (which a browser
-  sends without asking) is refused; CORS is off unless `--cors-origins` lists origins.
+- A POST from a browser page on an origin CORS does not allow must carry a JSON content type, so
+  a cross-site "simple" form POST (which a browser sends without asking) is refused; other clients'
+  bodies are read as JSON whatever their content type (plain `curl -d`), as llama-server does.
+  CORS is off unless `--cors-origins` lists origins.
 """
 
 from __future__ import annotations
