@@ -31,14 +31,16 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..engine.prompt_cache import common_prefix
 from ..errors import ModelError
 from ..models import loading
 from ..models.config import text_config
 from ..models.preflight import is_dflash_config as is_dflash
-from ..models.safetensors import load_tensors, tensor_shapes
+from ..models.safetensors import load_named, tensor_shapes
 from ..models.taps import layer_tap, lm_head_and_embed
 from ..options import DraftConfig
 from .base import Drafter, NetworkSource, Plan, Proposal, chain_proposal, draw
+from .checkpoints import check_shapes, check_sizes, fit
 from .dflash_net import DFlashNet, Spec
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -122,10 +124,7 @@ def check_pair(spec: Spec, target_cfg: dict, folder: Path) -> None:
     where = f"--draft-model {folder}"
     tcfg = text_config(target_cfg)
     fix = "use the DFlash drafter made for this target"
-    for key, mine in (("hidden_size", spec.hidden_size), ("vocab_size", spec.vocab_size)):
-        theirs = tcfg.get(key)
-        if isinstance(theirs, int) and theirs != mine:
-            raise ModelError(f"{where}: the drafter's {key} ({mine}) is not the target's ({theirs}); {fix}")
+    check_sizes(where, fix, {"hidden_size": spec.hidden_size, "vocab_size": spec.vocab_size}, target_cfg)
     n = tcfg.get("num_hidden_layers")
     if isinstance(n, int):
         if spec.num_target_layers is not None and spec.num_target_layers != n:
@@ -158,14 +157,13 @@ def check_tensors(spec: Spec, folder: Path) -> dict[str, tuple[Path, str]]:
     found = {_name(n): (f, n, s) for n, (f, s) in shapes.items() if not _name(n).startswith(_IGNORED)}
     want = spec.expected_shapes()
     q = spec.quantization
-    for name, shape in want.items():
-        if name not in found:
-            raise ModelError(f"{where}: tensor {name} is missing; the checkpoint is incomplete or not a DFlash drafter")
-        got = found[name][2]
+
+    def stored_shape(name: str, shape: list[int]) -> list[int]:
         if q and len(shape) == 2 and name.endswith(".weight") and (name[: -len("weight")] + "scales") in found:
-            shape = [shape[0], shape[1] * int(q.get("bits", 4)) // 32]  # packed uint32 words
-        if list(got) != shape:
-            raise ModelError(f"{where}: tensor {name} has shape {list(got)}, expected {shape} from config.json")
+            return [shape[0], shape[1] * int(q.get("bits", 4)) // 32]  # packed uint32 words
+        return shape
+
+    check_shapes(where, "a DFlash drafter", {n: s for n, (_, _, s) in found.items()}, want, stored_shape)
     extra = [n for n in found if n not in want and not n.endswith((".scales", ".biases"))]
     if extra:
         raise ModelError(f"{where}: tensor {extra[0]} is not part of a DFlash drafter of this config")
@@ -175,12 +173,7 @@ def check_tensors(spec: Spec, folder: Path) -> dict[str, tuple[Path, str]]:
 def load_net(spec: Spec, tensors: dict[str, tuple[Path, str]], folder: Path, target_model: Any) -> DFlashNet:
     """The network with its weights, in the dtype the target's embedding computes in."""
     net = DFlashNet(spec)
-    files: dict[Path, dict] = {}
-    weights = {}
-    for name, (f, stored) in tensors.items():
-        if f not in files:
-            files[f] = load_tensors(f)
-        weights[name] = files[f][stored]
+    weights = load_named(tensors)
     if spec.quantization:
         q = spec.quantization
         nn.quantize(
@@ -192,21 +185,7 @@ def load_net(spec: Spec, tensors: dict[str, tuple[Path, str]], folder: Path, tar
     _, embed = lm_head_and_embed(target_model)
     dtype = embed(mx.array([0])).dtype
     weights = {n: (w.astype(dtype) if mx.issubdtype(w.dtype, mx.floating) else w) for n, w in weights.items()}
-    try:
-        net.load_weights(list(weights.items()), strict=True)
-    except ValueError as exc:
-        raise ModelError(
-            f"--draft-model {folder}: its tensors do not fit the DFlash network: {str(exc).splitlines()[0]}"
-        ) from None
-    mx.eval(net.parameters())
-    return net
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n, limit = 0, min(len(a), len(b))
-    while n < limit and a[n] == b[n]:
-        n += 1
-    return n
+    return fit(net, weights, f"--draft-model {folder}: its tensors do not fit the DFlash network")
 
 
 class DFlashDrafter(Drafter):
@@ -226,7 +205,7 @@ class DFlashDrafter(Drafter):
     def begin(self, context: Sequence[int], target: Any = None) -> None:
         if target is not None:
             self.target = target
-        keep = _common(self.ids, context[:-1])
+        keep = common_prefix(self.ids, context[:-1])
         start = self.target.hidden_start if self.target is not None else 0
         if self.base <= keep and start <= keep:  # the rows of a common prefix stay
             drop = len(self.ids) - keep

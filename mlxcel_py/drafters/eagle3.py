@@ -32,10 +32,11 @@ from ..errors import ModelError
 from ..models import loading
 from ..models.config import text_config
 from ..models.preflight import is_eagle3_config as is_eagle3
-from ..models.safetensors import load_tensors, tensor_shapes
+from ..models.safetensors import load_named, load_tensors, tensor_shapes
 from ..models.taps import layer_tap, lm_head_and_embed
 from ..options import DraftConfig
 from .base import Drafter, NetworkSource, Plan, Proposal, chain_proposal, draw
+from .checkpoints import check_shapes, check_sizes, fit
 from .eagle3_net import Eagle3Net, Spec
 
 
@@ -109,10 +110,7 @@ def check_pair(spec: Spec, target_cfg: dict, folder: Path) -> None:
     where = f"--draft-model {folder}"
     tcfg = text_config(target_cfg)
     fix = "use the EAGLE-3 drafter made for this target"
-    for key, mine in (("hidden_size", spec.hidden_size), ("vocab_size", spec.vocab_size)):
-        theirs = tcfg.get(key)
-        if isinstance(theirs, int) and theirs != mine:
-            raise ModelError(f"{where}: the drafter's {key} ({mine}) is not the target's ({theirs}); {fix}")
+    check_sizes(where, fix, {"hidden_size": spec.hidden_size, "vocab_size": spec.vocab_size}, target_cfg)
     if spec.draft_vocab_size > spec.vocab_size:
         raise ModelError(
             f"{where}: draft_vocab_size ({spec.draft_vocab_size}) is larger than the vocabulary ({spec.vocab_size})"
@@ -136,15 +134,8 @@ def check_tensors(spec: Spec, folder: Path) -> tuple[dict[str, tuple[Path, str]]
     if not shapes:
         raise ModelError(f"{where}: no .safetensors weights in the folder")
     found = {_stored(n): (f, n, s) for n, (f, s) in shapes.items()}
-    for name, shape in spec.expected_shapes().items():
-        if name not in found:
-            raise ModelError(
-                f"{where}: tensor {name} is missing; the checkpoint is incomplete or not an EAGLE-3 drafter"
-            )
-        if list(found[name][2]) != shape:
-            raise ModelError(
-                f"{where}: tensor {name} has shape {list(found[name][2])}, expected {shape} from config.json"
-            )
+    want = spec.expected_shapes()
+    check_shapes(where, "an EAGLE-3 drafter", {n: s for n, (_, _, s) in found.items()}, want)
     d2t = None
     if "d2t" in found:
         f, stored, shape = found["d2t"]
@@ -165,30 +156,17 @@ def check_tensors(spec: Spec, folder: Path) -> tuple[dict[str, tuple[Path, str]]
             f"{where}: the draft vocabulary ({spec.draft_vocab_size}) is smaller than the target's, but the "
             f"checkpoint has no d2t tensor mapping it"
         )
-    wanted = set(spec.expected_shapes())
-    return {n: (f, stored) for n, (f, stored, _) in found.items() if n in wanted}, d2t
+    return {n: (f, stored) for n, (f, stored, _) in found.items() if n in want}, d2t
 
 
 def load_net(spec: Spec, tensors: dict, d2t: mx.array | None, folder: Path, target_model: Any) -> Eagle3Net:
     net = Eagle3Net(spec)
-    files: dict[Path, dict] = {}
-    weights = {}
-    for name, (f, stored) in tensors.items():
-        if f not in files:
-            files[f] = load_tensors(f)
-        weights[name] = files[f][stored]
+    weights = load_named(tensors)
     _, embed = lm_head_and_embed(target_model)
     dtype = embed(mx.array([0])).dtype
     weights = {n: w.astype(dtype) for n, w in weights.items()}
     weights["d2t"] = (d2t if d2t is not None else mx.zeros((spec.draft_vocab_size,))).astype(mx.int32)
-    try:
-        net.load_weights(list(weights.items()), strict=True)
-    except ValueError as exc:
-        raise ModelError(
-            f"--draft-model {folder}: its tensors do not fit the EAGLE-3 network: {str(exc).splitlines()[0]}"
-        ) from None
-    mx.eval(net.parameters())
-    return net
+    return fit(net, weights, f"--draft-model {folder}: its tensors do not fit the EAGLE-3 network")
 
 
 class Eagle3Drafter(Drafter):

@@ -30,7 +30,7 @@ from ..errors import ModelError
 from ..models import loading
 from ..models.config import text_config
 from ..models.families import with_mtp_heads
-from ..models.safetensors import load_tensors, tensor_shapes
+from ..models.safetensors import load_named, load_tensors, tensor_shapes
 from ..models.taps import hidden_tap, lm_head_and_embed, text_model
 from ..options import DraftConfig
 from .base import (  # one sampling rule for every model drafter
@@ -41,6 +41,7 @@ from .base import (  # one sampling rule for every model drafter
     chain_proposal,
     draw,
 )
+from .checkpoints import fit
 
 FAMILIES = with_mtp_heads()
 MTP_CHECKPOINT_TYPES = ("qwen3_5_mtp", "qwen3_next_mtp", "gemma4_assistant")
@@ -201,27 +202,16 @@ def load_head(model: Any, source: HeadSource, target_folder: Path):
 
         return gemma4_assistant.load(source.folder, source.config, model)
     head = MTPHead(source.config)
-    files: dict[Path, dict] = {}
-    weights = {}
-    for name, (f, original) in source.tensors.items():
-        if f not in files:
-            files[f] = load_tensors(f)
-        weights[name] = files[f][original]
+    weights = load_named(source.tensors)
     offset = _norm_offset(model, target_folder)
     dtype = lm_head_and_embed(model)[1].weight.dtype
     for name, w in list(weights.items()):
         if offset and w.ndim == 1 and name.endswith(_NORMS):
             w = w.astype(mx.float32) + offset
         weights[name] = w.astype(dtype)
-    try:
-        head.load_weights(list(weights.items()), strict=True)
-    except ValueError as exc:
-        raise ModelError(
-            f"the MTP head in {source.where} does not fit a {source.config.get('model_type')} "
-            f"decoder layer: {str(exc).splitlines()[0]}"
-        ) from None
-    mx.eval(head.parameters())
-    return head
+    return fit(
+        head, weights, f"the MTP head in {source.where} does not fit a {source.config.get('model_type')} decoder layer"
+    )
 
 
 # ---- the drafter ---------------------------------------------------------------------------------

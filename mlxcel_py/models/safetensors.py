@@ -42,3 +42,14 @@ def load_tensors(f: Path) -> dict[str, mx.array]:
     except (OSError, RuntimeError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelError(f"{f}: cannot read its tensors ({first})") from None
+
+
+def load_named(tensors: dict[str, tuple[Path, str]]) -> dict[str, mx.array]:
+    """name -> tensor for `tensors` (name -> (file, name stored in it)), each file read once."""
+    files: dict[Path, dict] = {}
+    out = {}
+    for name, (f, stored) in tensors.items():
+        if f not in files:
+            files[f] = load_tensors(f)
+        out[name] = files[f][stored]
+    return out
