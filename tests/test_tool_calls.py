@@ -214,7 +214,7 @@ def test_a_template_that_takes_tools_renders_them_and_a_required_call_parses(tin
     )
     text = tok.decode(reader.chat_prompt(req.messages, req.tools))
     assert '"name": "get_weather"' in text and text.endswith("<|im_start|>assistant")
-    spec = reader.tool_grammar(req)
+    _, spec = reader.tools(req)
     assert spec.kind == "lark"
     # decoding under it on the tiny model (random weights) still yields a well-formed call
     from mlxcel_py.engine.engine import Engine

@@ -303,7 +303,7 @@ class Generation:
                         st.ttft_s = time.perf_counter() - t0
                     yield TokenEvent(tok, i < n_from_draft)
                 if constraint is not None:
-                    constraint.commit(history[len(history) - len(new) :] if new else [])
+                    constraint.commit(new)  # all of them were emitted (an EOS returned above)
                     if constraint.finished:  # the grammar allows nothing more: the output is complete
                         self.finish_reason = "stop"
                         return

@@ -38,8 +38,6 @@ __all__ = ["Constraint", "GrammarError", "GrammarSpec", "TokenizerIndex"]
 class TokenizerIndex:
     """llguidance's view of one tokenizer (every token's bytes), built once and shared."""
 
-    _made: dict[tuple[int, int], TokenizerIndex] = {}
-
     def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_ids: Sequence[int]):
         import llguidance.hf
 
@@ -53,11 +51,13 @@ class TokenizerIndex:
     @classmethod
     def of(cls, tokenizer: Any, vocab_size: int, eos_ids: Sequence[int]) -> TokenizerIndex:
         """The index of a loaded tokenizer (mlx-lm's wrapper or a Hugging Face fast tokenizer),
-        made once per tokenizer and vocabulary size."""
-        key = (id(tokenizer), vocab_size)
-        if key not in cls._made:
-            cls._made[key] = cls(getattr(tokenizer, "_tokenizer", tokenizer), vocab_size, eos_ids)
-        return cls._made[key]
+        made once per tokenizer and vocabulary size and kept on the tokenizer (an id()-keyed table
+        would hand a freed tokenizer's index to a new one at the same address)."""
+        made = getattr(tokenizer, "_mlxcel_grammar_index", None)
+        if made is None or made.vocab_size != vocab_size:
+            made = cls(getattr(tokenizer, "_tokenizer", tokenizer), vocab_size, eos_ids)
+            tokenizer._mlxcel_grammar_index = made
+        return made
 
     def compile(self, spec: GrammarSpec) -> Constraint:
         import llguidance

@@ -160,12 +160,15 @@ class RequestReader:
             return list(self.tokenizer.apply_chat_template(turns, tools=listed, add_generation_prompt=True))
         return self.turns_prompt(tool_calls.generic_turns(turns, listed))
 
-    def tool_grammar(self, req: schemas.ChatRequest):
-        """The grammar a chat reply with tools must follow (None: free text)."""
-        choice = req.tool_choice
-        return self.tools_grammar(
-            req.tool_list(), choice.model_dump() if isinstance(choice, schemas.NamedToolChoice) else choice
-        )
+    def tools(self, req: Any) -> tuple[list[dict], Any]:
+        """A request's tools (the chat route's shape) and the grammar its reply must follow (None:
+        free text), for any route whose request has `tool_list()` and `choice()`."""
+        try:
+            choice = req.choice()
+        except ValueError as exc:
+            raise ApiError(str(exc)) from None
+        listed = req.tool_list()
+        return listed, self.tools_grammar(listed, choice)
 
     def tools_grammar(self, listed: list[dict], choice: Any):
         """The grammar a reply must follow given the tools offered (chat shape) and tool_choice."""

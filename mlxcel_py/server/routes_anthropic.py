@@ -69,12 +69,7 @@ async def messages(request: Request):
         req = await ctx.requests.parse(request, AnthropicRequest)
         if req.max_tokens < 1:
             raise ApiError(f"'max_tokens' must be at least 1, got {req.max_tokens}")
-        tools = req.tool_list()
-        try:
-            choice = req.choice()
-        except ValueError as exc:
-            raise ApiError(str(exc)) from None
-        grammar = ctx.requests.tools_grammar(tools, choice)
+        tools, grammar = ctx.requests.tools(req)
         prompt = await asyncio.to_thread(ctx.requests.tool_prompt, req.turns(), tools)  # templating off the loop
         job = ctx.requests.job(req, prompt, grammar=grammar)
         mid = f"msg_{uuid.uuid4().hex[:24]}"

@@ -42,8 +42,7 @@ async def chat_completions(request: Request):
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError("'top_logprobs' needs 'logprobs': true")
     lp = (req.top_logprobs or 0) if req.logprobs else None
-    tools = req.tool_list()
-    grammar = ctx.requests.tool_grammar(req)
+    tools, grammar = ctx.requests.tools(req)
     prompt = await asyncio.to_thread(ctx.requests.chat_prompt, req.messages, req.tools)  # templating off the loop
     job = ctx.requests.job(req, prompt, lp, grammar=grammar)
     # reasoning_format (llama-server): <think>...</think> into reasoning_content unless "none"

@@ -82,13 +82,8 @@ async def responses(request: Request):
             "'previous_response_id' is not supported: this server stores no responses; send the whole "
             "conversation as 'input'"
         )
-    tools = req.tool_list()
+    tools, grammar = ctx.requests.tools(req)
     turns = req.turns()
-    try:
-        choice = req.choice()
-    except ValueError as exc:
-        raise ApiError(str(exc)) from None
-    grammar = ctx.requests.tools_grammar(tools, choice)
     prompt = await asyncio.to_thread(ctx.requests.tool_prompt, turns, tools)  # templating off the loop
     job = ctx.requests.job(req, prompt, grammar=grammar, constraint_fields=req.format_fields())
     rid = f"resp_{uuid.uuid4().hex[:24]}"

@@ -173,6 +173,11 @@ class ChatRequest(Sampling):
     def tool_list(self) -> list[dict]:
         return [t.model_dump(exclude_none=True) for t in self.tools or []]
 
+    def choice(self) -> Any:
+        """tool_choice in the shape every route's tools take (`RequestReader.tools`)."""
+        c = self.tool_choice
+        return c.model_dump() if isinstance(c, NamedToolChoice) else c
+
 
 class _NoTools(Sampling):
     """Routes without tool calls refuse `tools` instead of ignoring them."""
