@@ -109,6 +109,33 @@ def equal_to_plain(s, prompts, max_tokens, *, sampled=True, kind="dflash") -> tu
     return proposed, accepted
 
 
+class RoundLog(FixedPolicy):
+    """The fixed policy, recording every verify round as (drafted, accepted) in `log`."""
+
+    def __init__(self, width: int, log: list):
+        super().__init__(width)
+        self.log = log
+
+    def drafted(self, n, accepted):
+        self.log.append((n, accepted))
+        return super().drafted(n, accepted)
+
+
+def pattern_rounds(s, rng, prompts: int) -> tuple[int, int, list]:
+    """Greedy speculative output equals plain on `prompts` synthetic-pattern prompts; returns
+    (proposed, accepted, every round's (drafted, accepted))."""
+    plain = plain_engine(s)
+    rounds: list = []
+    proposed = accepted = 0
+    for _ in range(prompts):
+        p = tiny_models.pattern(rng, 12)
+        a, _ = run(plain, p, max_tokens=40, ignore_eos=True)
+        b, g = run(s.engine, p, max_tokens=40, ignore_eos=True, policy=RoundLog(s.drafters.width, rounds))
+        assert a == b
+        proposed, accepted = proposed + g.stats.proposed, accepted + g.stats.accepted
+    return proposed, accepted, rounds
+
+
 # ---- exactness and rollback ----------------------------------------------------------------------
 
 
@@ -184,15 +211,11 @@ def test_lossless_pq_keeps_the_target_distribution(dirs):
 
 def test_a_round_near_max_tokens_is_narrower(dirs):
     s = session(dirs["qwen3"], draft_model=dirs["draft"])
-    sizes = []
-
-    class Recording(FixedPolicy):
-        def drafted(self, n, accepted):
-            sizes.append(n)
-            return super().drafted(n, accepted)
-
-    policy = Recording(s.drafters.width)
-    toks, g = run(s.engine, copy_prompts(1, seed=5)[0], max_tokens=4, ignore_eos=True, policy=policy)
+    log: list = []
+    toks, g = run(
+        s.engine, copy_prompts(1, seed=5)[0], max_tokens=4, ignore_eos=True, policy=RoundLog(s.drafters.width, log)
+    )
+    sizes = [n for n, _ in log]
     assert len(toks) == 4 and sizes and max(sizes) <= 3  # never past max_tokens (- the bonus token)
 
 
@@ -294,21 +317,7 @@ def test_trained_drafter_incremental_forward_equals_its_training_form(trained):
 def test_trained_drafter_drafts_are_accepted_fully_and_partially(trained):
     folder, draft, _, rng = trained
     s = session(folder, draft_model=draft)
-    plain = plain_engine(s)
-    rounds = []
-
-    class Recording(FixedPolicy):
-        def drafted(self, n, accepted):
-            rounds.append((n, accepted))
-            return super().drafted(n, accepted)
-
-    proposed = accepted = 0
-    for _ in range(4):
-        p = pattern(rng, 12)
-        a, _ = run(plain, p, max_tokens=40, ignore_eos=True)
-        b, g = run(s.engine, p, max_tokens=40, ignore_eos=True, policy=Recording(s.drafters.width))
-        assert a == b
-        proposed, accepted = proposed + g.stats.proposed, accepted + g.stats.accepted
+    proposed, accepted, rounds = pattern_rounds(s, rng, 4)
     assert accepted > 0.5 * proposed  # random weights accept next to nothing
     assert any(n == a for n, a in rounds) and any(0 < a < n for n, a in rounds)
 

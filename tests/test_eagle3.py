@@ -25,13 +25,12 @@ import pytest
 import tiny_models
 from conftest import mlxcel_cmd, write_byte_tokenizer
 from mlx.utils import tree_flatten
-from test_dflash import chat_and_run_equal_plain, edited, equal_to_plain, plain_engine, session
+from test_dflash import chat_and_run_equal_plain, edited, equal_to_plain, pattern_rounds, plain_engine, session
 from test_engine import run
 from test_families import copy_prompts
 
 from mlxcel_py.drafters import eagle3
 from mlxcel_py.drafters.eagle3_net import Eagle3Net
-from mlxcel_py.engine.policy import FixedPolicy
 from mlxcel_py.errors import ModelError
 from mlxcel_py.models import decoder_layers
 from mlxcel_py.models.taps import layer_tap, lm_head_and_embed
@@ -195,20 +194,7 @@ def test_trained_drafter_drafts_are_accepted_fully_and_partially(trained):
     # trained on the first step only (no EAGLE training-time test): its later, self-fed steps are
     # weaker, so two drafts a round
     s = session(folder, draft_model=draft, draft_block_size=2)
-    plain = plain_engine(s)
-    rounds = []
-
-    class Recording(FixedPolicy):
-        def drafted(self, n, accepted):
-            rounds.append((n, accepted))
-
-    proposed = accepted = 0
-    for _ in range(4):
-        p = tiny_models.pattern(rng, 12)
-        a, _ = run(plain, p, max_tokens=40, ignore_eos=True)
-        b, g = run(s.engine, p, max_tokens=40, ignore_eos=True, policy=Recording(s.engine.draft.block_size))
-        assert a == b
-        proposed, accepted = proposed + g.stats.proposed, accepted + g.stats.accepted
+    proposed, accepted, rounds = pattern_rounds(s, rng, 4)
     # the first draft of a round reads the target's real features: what the drafter was trained on
     first = sum(a >= 1 for _, a in rounds) / len(rounds)
     assert first > 0.8, (first, accepted, proposed)  # random weights: next to 0

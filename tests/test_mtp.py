@@ -355,8 +355,8 @@ def test_trained_mtp_head_drafts_are_accepted_fully_and_partially(tmp_path):
     from mlx.utils import tree_flatten
     from mlx_lm.models import qwen3_5
     from mlx_lm.utils import save_config
+    from test_dflash import pattern_rounds
 
-    from mlxcel_py.engine.policy import FixedPolicy
     from mlxcel_py.models.taps import hidden_tap, lm_head_and_embed
 
     rng = random.Random(0)
@@ -390,19 +390,6 @@ def test_trained_mtp_head_drafts_are_accepted_fully_and_partially(tmp_path):
     write_byte_tokenizer(folder)
 
     s = session(folder, draft_kind="mtp")
-    plain = plain_engine(s)
-    rounds = []
-
-    class Recording(FixedPolicy):
-        def drafted(self, n, accepted):
-            rounds.append((n, accepted))
-
-    proposed = accepted = 0
-    for _ in range(3):
-        p = tiny_models.pattern(rng, 12)
-        a, _ = run(plain, p, max_tokens=40, ignore_eos=True)
-        b, g = run(s.engine, p, max_tokens=40, ignore_eos=True, policy=Recording(s.engine.draft.block_size))
-        assert a == b
-        proposed, accepted = proposed + g.stats.proposed, accepted + g.stats.accepted
+    proposed, accepted, rounds = pattern_rounds(s, rng, 3)
     assert accepted > 0.5 * proposed  # random heads accept next to nothing
     assert any(n == a for n, a in rounds) and any(0 < a < n for n, a in rounds)
