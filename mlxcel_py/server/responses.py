@@ -75,6 +75,12 @@ def sse(obj: Any) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
+def sse_event(obj: dict) -> str:
+    """A frame named by its object's type (`event:` + `data:`), as Anthropic's and the Responses
+    streams send them."""
+    return f"event: {obj['type']}\ndata: {json.dumps(obj)}\n\n"
+
+
 def usage(r: Result) -> dict:
     p = r.stats.prompt_tokens
     return {

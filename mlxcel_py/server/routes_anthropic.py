@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse
 from . import tool_calls
 from .context import ctx_of
 from .http import ApiError
+from .responses import sse_event
 from .schemas import AnthropicCountRequest, AnthropicRequest
 
 router = APIRouter()
@@ -56,10 +57,6 @@ def _blocks(r, tools: list[dict]) -> list[dict]:
         {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}", "name": c.name, "input": c.arguments}
         for c in calls
     ]
-
-
-def _frame(obj: dict) -> str:
-    return f"event: {obj['type']}\ndata: {json.dumps(obj)}\n\n"
 
 
 @router.post("/v1/messages")
@@ -159,7 +156,7 @@ def _stream(ctx, request: Request, job, mid: str, prompt_tokens: int, tools: lis
         on_done,
         head=[start, {"type": "ping"}] if tools else [start, block, {"type": "ping"}],
         done_sentinel=False,
-        frame=_frame,
+        frame=sse_event,
         on_error=lambda message, kind: {
             "type": "error",
             "error": {"type": "overloaded_error" if kind == "unavailable_error" else "api_error", "message": message},

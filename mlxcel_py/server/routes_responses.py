@@ -15,7 +15,6 @@ is parsed whole), as function_call items with their argument events, or as a mes
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from typing import Any
@@ -25,13 +24,10 @@ from fastapi import APIRouter, Request
 from . import tool_calls
 from .context import ctx_of
 from .http import ApiError
+from .responses import sse_event
 from .schemas import ResponsesRequest
 
 router = APIRouter()
-
-
-def _frame(obj: dict) -> str:
-    return f"event: {obj['type']}\ndata: {json.dumps(obj)}\n\n"
 
 
 def _usage(r) -> dict:
@@ -194,7 +190,7 @@ def _stream(ctx, request: Request, job, response, tools: list[dict]):
         on_done,
         head=head(),
         done_sentinel=False,
-        frame=_frame,
+        frame=sse_event,
         on_error=lambda message, kind: {
             "type": "error",
             "sequence_number": next(seq),
