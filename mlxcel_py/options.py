@@ -47,6 +47,9 @@ DEFAULT_CPU_WEIGHTS = "auto"
 # (DEFAULT_PROMPT_LOOKUP_MAX_BATCH), so one or two users keep their speculative speed, and a
 # batched step of 4 rows costs far less than 4 steps (README, Serving)
 DEFAULT_PARALLEL = 4
+# llama-server's reasoning_format: auto/deepseek split <think> into reasoning_content, none leaves the
+# text whole, deepseek-legacy splits it and also keeps the tags in content
+REASONING_FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
 MAX_PARALLEL = 256
 DEFAULT_CACHE_RAM_MIB = 8192  # llama-server's --cache-ram default
 DEFAULT_HOST = "127.0.0.1"
@@ -167,18 +170,34 @@ class ServerOptions:
     warmup: bool = True
     api_keys: tuple[str, ...] = ()  # as given: repeated flags, each possibly comma-separated
     api_key_file: str | None = None
-    cors_origins: tuple[str, ...] = ()
+    cors_origins: str | None = None  # as given; None: llama-server's default (every origin reflected)
+    cors_methods: str | None = None
+    cors_headers: str | None = None
+    cors_credentials: bool = True
+    slots: bool = True  # GET /slots (--no-slots: 501, as llama-server)
+    reasoning_format: str = "auto"  # a request's default reasoning_format (REASONING_FORMATS)
+    verbose: bool = False  # -v: chat replies carry llama-server's `__verbose` (the rendered prompt)
     alias: str | None = None
     threads: int | None = None
     ctx_size: int = 0  # 0: the model's context window
     cache_ram: int = DEFAULT_CACHE_RAM_MIB  # finished requests' caches kept, MiB; -1 no limit, 0 off
     parallel: int = DEFAULT_PARALLEL
+    parallel_given: bool = False  # -np given: the window is split across the slots unless -kvu
     log_disable: bool = False
     webui: bool = True  # the chat page at / (--no-webui: / answers as /health)
     shutdown_grace: int = 5  # seconds requests in flight get after SIGTERM before they are cancelled
     max_predict_ms: int = DEFAULT_MAX_PREDICT_MS  # a request's decoding time limit (0: none)
     sampling_given: tuple[str, ...] = ()  # sampling flags given on the command line (the rest: model/server defaults)
     ignored: tuple[str, ...] = ()  # llama-server flags given that do not apply here (GPU offload...)
+
+    @property
+    def split_context(self) -> bool:
+        """llama-server's rule: an explicit `-np N` gives each slot `-c / N` tokens; the default
+        slot count and `-kvu` give every slot the whole window."""
+        return self.parallel_given and self.parallel > 1 and not self.kv_unified
+
+    def slot_context(self, window: int) -> int:
+        return max(window // self.parallel, 1) if self.split_context else window
 
 
 @dataclass(frozen=True)

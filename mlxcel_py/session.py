@@ -133,11 +133,19 @@ def open_session(
         eos_ids=target.tokenizer.eos_token_ids,
         vocab_size=target.vocab_size,
         # serve -c/--ctx-size: a smaller window than the model's (llama-server's n_ctx)
-        context_length=min(target.context_length, run.options.server.ctx_size or target.context_length),
+        context_length=context_window(run, target.context_length, world),
         drafters=drafters,
         channel=channel,
     )
     return Session(target, engine, state, world=world, tap=tap)
+
+
+def context_window(run: RunConfig, model_window: int, world: Any = None) -> int:
+    """A request's window: serve's -c (or the model's), split across explicit -np slots as
+    llama-server does (one slot under --tp-size/--pp-size, so no split there)."""
+    srv = run.options.server
+    window = min(model_window, srv.ctx_size or model_window)
+    return window if world is not None else srv.slot_context(window)
 
 
 def describe_draft(draft, *, max_batch: int | None = None) -> str:

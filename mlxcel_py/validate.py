@@ -35,6 +35,7 @@ from .options import (
     NGRAM_MAX_LIMIT,
     PEERS,
     POLICIES,
+    REASONING_FORMATS,
     REPETITION_PENALTY_RANGE,
     BenchOptions,
     BenchPlan,
@@ -259,6 +260,9 @@ def _grammar(opts: CommandOptions) -> GrammarSpec | None:
     return spec
 
 
+MIN_SLOT_CONTEXT = 16  # tokens: a slot's share of -c must hold a short prompt and its reply
+
+
 def _server(opts: CommandOptions) -> None:
     srv = opts.server
     if srv.ctx_size < 0:
@@ -267,6 +271,13 @@ def _server(opts: CommandOptions) -> None:
         )
     if not 1 <= srv.parallel <= MAX_PARALLEL:
         raise UsageError(f"--parallel (-np) must be between 1 and {MAX_PARALLEL}, got {srv.parallel}")
+    if srv.split_context and 0 < srv.ctx_size < srv.parallel * MIN_SLOT_CONTEXT:
+        raise UsageError(
+            f"--ctx-size {srv.ctx_size} split across -np {srv.parallel} leaves {srv.ctx_size // srv.parallel} "
+            f"tokens a slot (at least {MIN_SLOT_CONTEXT}); raise -c, lower -np, or give -kvu (one shared window)"
+        )
+    if srv.reasoning_format not in REASONING_FORMATS:
+        raise UsageError(f"--reasoning-format {srv.reasoning_format} is not one of {', '.join(REASONING_FORMATS)}")
     if srv.shutdown_grace < 0:
         raise UsageError(f"--shutdown-grace must be 0 or more seconds, got {srv.shutdown_grace}")
     if srv.max_predict_ms < 0:

@@ -818,3 +818,47 @@ def test_llama_server_stream_shapes(server):
         {"prompt": "1, 2,", "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True}},
     )
     assert got[-1]["choices"] == [] and got[-1]["usage"]["completion_tokens"] > 0
+
+
+def test_llama_server_prompt_forms_choices_counts_and_cors_over_a_socket(server):
+    from openai import OpenAI
+
+    url, _, _ = server
+    prompt = "I believe the meaning of life is"
+    _, tok = post(url + "/tokenize", {"content": prompt, "add_special": True})
+    ids = tok["tokens"]
+    # llama-server's test_completion_with_tokens_input: ids, a batch, ids and text mixed
+    _, single = post(url + "/completion", {"prompt": ids, "n_predict": 8, "temperature": 0})
+    _, batch = post(url + "/completion", {"prompt": [ids, prompt], "n_predict": 8, "temperature": 0})
+    assert isinstance(batch, list) and [b["content"] for b in batch] == [single["content"]] * 2
+    _, mixed = post(url + "/completion", {"prompt": [1, 2, 3, prompt, 7, prompt], "n_predict": 4})
+    assert isinstance(mixed["content"], str) and mixed["tokens_evaluated"] > 2 * len(ids)
+    assert single["generation_settings"]["n_predict"] == 8
+    # stream frames carry their tokens, which decode to the streamed text
+    req = urllib.request.Request(
+        url + "/completion",
+        data=json.dumps({"prompt": prompt, "n_predict": 8, "temperature": 0, "stream": True}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=120) as r:
+        frames = [json.loads(ln[6:]) for ln in r.read().decode().splitlines() if ln.startswith("data: ")]
+    _, whole = post(url + "/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0, "return_tokens": True})
+    assert [t for f in frames[:-1] for t in f["tokens"]] == whole["tokens"]
+    assert "".join(f["content"] for f in frames) == whole["content"]
+    assert frames[-1]["generation_settings"]["n_predict"] == 8 and frames[-1]["stop"] is True
+    # n greedy choices are the same reply; the token count is the chat route's prompt
+    client = OpenAI(base_url=url + "/v1", api_key="none")
+    messages = [{"role": "user", "content": COPY_PROMPT}]
+    r = client.chat.completions.create(model="m", messages=messages, n=2, max_tokens=24, temperature=0)
+    assert len(r.choices) == 2 and r.choices[0].message.content == r.choices[1].message.content
+    _, count = post(url + "/v1/chat/completions/input_tokens", {"messages": messages})
+    assert count["input_tokens"] == r.usage.prompt_tokens
+    # llama-server's default CORS: a preflight from any page is answered before any key check
+    req = urllib.request.Request(
+        url + "/v1/chat/completions",
+        method="OPTIONS",
+        headers={"Origin": "http://localhost:5173", "Access-Control-Request-Method": "POST"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 200 and r.headers["Access-Control-Allow-Origin"] == "http://localhost:5173"
+        assert r.headers["Access-Control-Allow-Credentials"] == "true"

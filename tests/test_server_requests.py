@@ -16,9 +16,10 @@ from fastapi.testclient import TestClient
 from mlxcel_py.engine.generation import TokenLogprob
 from mlxcel_py.engine.stats import GenerationStats
 from mlxcel_py.engine.text import TextPiece
+from mlxcel_py.errors import UsageError
 from mlxcel_py.options import SamplingOptions
 from mlxcel_py.server.app import create_app
-from mlxcel_py.server.security import AccessPolicy, is_json_content_type, parse_keys
+from mlxcel_py.server.security import AccessPolicy, CorsPolicy, is_json_content_type, parse_keys
 from mlxcel_py.server.worker import Busy, Result
 
 VOCAB = 300
@@ -43,8 +44,8 @@ from mlxcel_py.engine.batch import Gate  # noqa: E402
 class FakeWorker:
     """Answers every job with the prompt's first characters; records what it was asked."""
 
-    def __init__(self, fail: str | None = None):
-        self.jobs, self.fail = [], fail
+    def __init__(self, fail: str | None = None, pieces: tuple[str, ...] = ("ok",)):
+        self.jobs, self.fail, self.pieces = [], fail, pieces
         self.active = self.queue_depth = 0
         self.parallel = 1
         self.gate = Gate(2)
@@ -64,20 +65,23 @@ class FakeWorker:
         lps = [TokenLogprob(5, -0.25, ((5, -0.25), (7, -1.5))[: job.logprobs or 0])] if job.logprobs is not None else []
         if lps:
             yield "logprobs", lps
-        yield "text", TextPiece("ok", 1)
-        stats = GenerationStats(prompt_tokens=len(job.prompt), generated_tokens=1)
-        yield "done", Result("ok", [5], "stop", None, stats, True, lps)
+        for i, text in enumerate(self.pieces):
+            yield "text", TextPiece(text, i + 1, (5 + i,))
+        n = len(self.pieces)
+        stats = GenerationStats(prompt_tokens=len(job.prompt), generated_tokens=n)
+        yield "done", Result("".join(self.pieces), [5 + i for i in range(n)], "stop", None, stats, True, lps)
 
 
 def make_client(
     *,
     worker=None,
     access=AccessPolicy(),
-    cors=(),
+    cors=CorsPolicy(),
     body_limit=65536,
     base_url="http://localhost",
     max_tokens=-1,
     access_log=False,
+    slots=True,
 ):
     tok = FakeTokenizer()
     session = SimpleNamespace(
@@ -93,9 +97,10 @@ def make_client(
         max_tokens=max_tokens,
         model_id="tiny",
         access=access,
-        cors_origins=cors,
+        cors=cors,
         body_limit=body_limit,
         access_log=access_log,
+        slots=slots,
     )
     return TestClient(app, base_url=base_url, raise_server_exceptions=False), worker
 
@@ -113,9 +118,14 @@ def _assert_error(r, status, fragment):
 @pytest.mark.parametrize(
     "body,fragment",
     [
-        ({"messages": HI, "n": 2}, "'n' must be the integer 1"),
-        ({"messages": HI, "n": 1.0}, "'n' must be the integer 1"),
-        ({"messages": HI, "n": True}, "'n' must be the integer 1"),
+        ({"messages": HI, "n": 17}, "'n': Input should be less than or equal to 16"),
+        ({"messages": HI, "n": 0}, "'n': Input should be greater than or equal to 1"),
+        ({"messages": HI, "n": 1.0}, "'n': Input should be a valid integer"),
+        ({"messages": HI, "n": True}, "'n': Input should be a valid integer"),
+        (
+            {"messages": HI, "n": 2, "stream": True, "tools": [{"type": "function", "function": {"name": "f"}}]},
+            "'n' above 1 with 'tools' is served without 'stream'",
+        ),
         ({"messages": HI, "response_format": {"type": "yaml"}}, "'response_format': type must be text, json_object"),
         ({"messages": HI, "response_format": "json"}, "'response_format': type must be text, json_object"),
         ({"messages": HI, "json_schema": [1]}, "'json_schema': the schema must be a JSON object"),
@@ -262,7 +272,7 @@ def test_parse_keys_from_flags_and_file(tmp_path):
 
 
 def test_cross_site_simple_posts_are_refused_and_curl_bodies_are_read_as_json():
-    client, worker = make_client(cors=("https://ok.example",))
+    client, worker = make_client(cors=CorsPolicy(("https://ok.example",)))
     # a web page can send these cross-site without a preflight; they must not reach the model
     site = {"Origin": "https://evil.example"}
     r = client.post(CHAT, content=json.dumps({"messages": HI}), headers={"Content-Type": "text/plain", **site})
@@ -291,22 +301,78 @@ def test_loopback_server_refuses_foreign_host_headers():
     assert client.get("/health").status_code == 200
 
 
-def test_cors_is_off_by_default_and_lists_only_the_given_origins():
-    client, _ = make_client(access=AccessPolicy(api_keys=("k",)))
-    r = client.options(CHAT, headers={"Origin": "https://a.example", "Access-Control-Request-Method": "POST"})
-    assert "access-control-allow-origin" not in r.headers
-    client, _ = make_client(access=AccessPolicy(api_keys=("k",)), cors=("https://a.example",))
-    r = client.options(
-        CHAT,
-        headers={
-            "Origin": "https://a.example",
-            "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": "authorization,content-type",
-        },
-    )
-    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://a.example"
-    r = client.options(CHAT, headers={"Origin": "https://b.example", "Access-Control-Request-Method": "POST"})
-    assert r.headers.get("access-control-allow-origin") != "https://b.example"
+PREFLIGHT = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "Authorization"}
+
+
+@pytest.mark.parametrize(
+    "origin,header,value",
+    [  # llama-server's own preflight cases (tools/server/tests/unit/test_security.py), behind a key
+        ("localhost", "Access-Control-Allow-Origin", "localhost"),
+        ("web.mydomain.fr", "Access-Control-Allow-Origin", "web.mydomain.fr"),
+        ("origin", "Access-Control-Allow-Credentials", "true"),
+        ("web.mydomain.fr", "Access-Control-Allow-Methods", "GET, POST"),
+        ("web.mydomain.fr", "Access-Control-Allow-Headers", "*"),
+    ],
+)
+def test_default_cors_answers_preflights_as_llama_server_before_the_key_check(origin, header, value):
+    client, worker = make_client(access=AccessPolicy(api_keys=("k",)))
+    r = client.options("/completions", headers={"Origin": origin, **PREFLIGHT})
+    assert r.status_code == 200 and r.headers[header] == value
+    # the real request still needs its key, and an allowed origin is reflected on its answer too
+    r = client.post(CHAT, json={"messages": HI}, headers={"Origin": "https://app.example"})
+    assert r.status_code == 401 and r.headers["access-control-allow-origin"] == "https://app.example"
+    r = client.post(CHAT, json={"messages": HI}, headers={"Origin": "https://app.example", "X-Api-Key": "k"})
+    assert r.status_code == 200 and r.headers["access-control-allow-credentials"] == "true"
+    assert len(worker.jobs) == 1
+
+
+def test_cors_origins_localhost_means_any_loopback_origin_and_refusals_get_no_header():
+    policy = CorsPolicy.parse("localhost, https://app.example", None, "Authorization, Content-Type", False)
+    client, worker = make_client(cors=policy)
+    for origin in (
+        "http://localhost:5173",
+        "http://127.0.0.1:8080",
+        "https://localhost",
+        "http://[::1]:3000",
+        "https://app.example",
+        "HTTPS://APP.EXAMPLE/",
+    ):
+        r = client.options(CHAT, headers={"Origin": origin, **PREFLIGHT})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == origin, origin
+        assert r.headers["access-control-allow-headers"] == "Authorization, Content-Type"
+        assert "access-control-allow-credentials" not in r.headers  # --no-cors-credentials
+    for origin in (
+        "https://evil.example",
+        "http://localhost.evil.example",
+        "http://10.0.0.1:8080",
+        "https://app.example.evil",
+        "null",
+    ):
+        r = client.options(CHAT, headers={"Origin": origin, **PREFLIGHT})
+        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers, origin
+        assert "access-control-allow-methods" not in r.headers
+        # a simple cross-site POST from a refused origin never reaches the model
+        r = client.post(
+            CHAT, content=json.dumps({"messages": HI}), headers={"Origin": origin, "Content-Type": "text/plain"}
+        )
+        assert r.status_code == 415 and "access-control-allow-origin" not in r.headers
+    assert worker.jobs == []
+    # no origin at all: CORS off, and every browser origin is foreign
+    client, _ = make_client(cors=CorsPolicy.parse("", None, None, True))
+    r = client.options(CHAT, headers={"Origin": "http://localhost:5173", **PREFLIGHT})
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+    assert CorsPolicy.parse("none", None, None, True).origins == ()
+    assert CorsPolicy.parse(None, "get,post,delete", None, True).methods == "GET, POST, DELETE"
+    with pytest.raises(UsageError, match="--cors-origins"):
+        CorsPolicy.parse("https://a.example, not an origin", None, None, True)
+
+
+def test_no_slots_answers_501_as_llama_server():
+    client, _ = make_client(slots=False)
+    r = client.get("/slots")
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+    client, _ = make_client()
+    assert client.get("/slots").status_code != 501
 
 
 def test_worker_failures_return_a_request_id_not_the_exception_text(capfd):
@@ -507,3 +573,130 @@ def test_logit_bias_in_openai_and_llama_server_forms_reaches_the_job():
     assert r.status_code == 200, r.text
     hi = FakeTokenizer().encode("hi")
     assert worker.jobs[-1].sampling.logit_bias == tuple((t, float("-inf")) for t in hi) + ((9, 1.5),)
+
+
+def _sse(r) -> list[dict]:
+    return [json.loads(ln[6:]) for ln in r.text.splitlines() if ln.startswith("data: ") and ln != "data: [DONE]"]
+
+
+def test_n_choices_are_decoded_side_by_side_with_their_own_seeds():
+    client, worker = make_client()
+    r = client.post(CHAT, json={"messages": HI, "n": 3, "seed": 7, "temperature": 0.9})
+    body = r.json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert [j.sampling.seed for j in worker.jobs] == [7, 8, 9]
+    assert body["usage"]["prompt_tokens"] == len(worker.jobs[0].prompt)  # the prompt counted once
+    assert body["usage"]["completion_tokens"] == 3
+    frames = _sse(
+        client.post(CHAT, json={"messages": HI, "n": 2, "stream": True, "stream_options": {"include_usage": True}})
+    )
+    heads = [f for f in frames if f["choices"] and f["choices"][0]["delta"].get("role")]
+    assert sorted(f["choices"][0]["index"] for f in heads) == [0, 1]
+    text = {0: "", 1: ""}
+    for f in frames:
+        for c in f["choices"]:
+            text[c["index"]] += c["delta"].get("content") or ""
+    assert text == {0: "ok", 1: "ok"}
+    assert frames[-1]["choices"] == [] and frames[-1]["usage"]["completion_tokens"] == 2
+    r = client.post("/v1/completions", json={"prompt": ["ab", "cd"], "n": 2})
+    assert [c["index"] for c in r.json()["choices"]] == [0, 1, 2, 3]
+    assert [j.prompt for j in worker.jobs[-4:]] == [[97, 98], [97, 98], [99, 100], [99, 100]]
+
+
+def test_prompt_forms_batches_mixed_sequences_and_prompt_string_objects():
+    client, worker = make_client()
+    one = client.post("/completion", json={"prompt": [1, 2, "ab", 3]}).json()
+    assert isinstance(one, dict) and worker.jobs[-1].prompt == [1, 2, 97, 98, 3]
+    batch = client.post("/completion", json={"prompt": [[1, 2], "ab", {"prompt_string": "cd"}]}).json()
+    assert isinstance(batch, list) and [b["index"] for b in batch] == [0, 1, 2]
+    assert [j.prompt for j in worker.jobs[-3:]] == [[1, 2], [97, 98], [99, 100]]
+    assert client.post("/completion", json={"prompt": ["ab", "cd"]}).json()[1]["content"] == "ok"
+    single = client.post("/completion", json={"prompt": {"prompt_string": "xy"}}).json()
+    assert isinstance(single, dict) and worker.jobs[-1].prompt == [120, 121]
+    _assert_error(
+        client.post("/completion", json={"prompt": {"prompt_string": "x", "multimodal_data": ["AAAA"]}}),
+        400,
+        "text prompts only",
+    )
+    _assert_error(client.post("/completion", json={"prompt": []}), 400, "'prompt' must not be empty")
+    _assert_error(client.post("/completion", json={"prompt": ["a"] * 17}), 400, "at most 16 prompts")
+    _assert_error(client.post("/completion", json={"prompt": [1, 999999]}), 400, "token ids must be integers")
+    fields = client.post(
+        "/completion",
+        json={"prompt": "ab", "n_predict": 4, "response_fields": ["content", "generation_settings/n_predict"]},
+    ).json()
+    assert fields == {"content": "ok", "generation_settings/n_predict": 4}
+
+
+def test_native_stream_frames_carry_their_tokens_and_the_last_the_generation_settings():
+    client, worker = make_client(worker=FakeWorker(pieces=("a", "b", "c")))
+    frames = _sse(client.post("/completion", json={"prompt": "hi", "stream": True, "n_predict": 9, "seed": 42}))
+    assert [f["tokens"] for f in frames[:-1]] == [[5], [6], [7]]
+    last = frames[-1]
+    assert last["stop"] is True and last["generation_settings"]["n_predict"] == 9
+    assert last["generation_settings"]["seed"] == 42 and last["generation_settings"]["stream"] is True
+    r = client.post("/completion", json={"prompt": "hi", "logit_bias": [[5, False]]}).json()
+    assert r["generation_settings"]["logit_bias"] == [[5, False]] and r["generation_settings"]["seed"] == 4294967295
+    frames = _sse(client.post("/completion", json={"prompt": ["x", "y"], "stream": True}))
+    assert sorted({f["index"] for f in frames}) == [0, 1] and sum(f["stop"] for f in frames) == 2
+
+
+def test_token_counts_and_apply_template_render_what_the_chat_route_would():
+    client, worker = make_client()
+    n = client.post("/v1/chat/completions/input_tokens", json={"messages": HI}).json()["input_tokens"]
+    client.post(CHAT, json={"messages": HI})
+    assert n == len(worker.jobs[-1].prompt) and n > 2
+    assert client.post("/chat/completions/input_tokens", json={"messages": HI}).json() == {"input_tokens": n}
+    text = client.post("/apply-template", json={"messages": HI}).json()["prompt"]
+    assert "hi" in text and len(text) == n  # the fake tokenizer is one id per byte
+    r = client.post("/v1/responses/input_tokens", json={"input": "hi"}).json()
+    assert r["object"] == "response.input_tokens" and r["input_tokens"] > 0
+    _assert_error(client.post("/v1/chat/completions/input_tokens", json={"messages": []}), 400, "'messages'")
+
+
+WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+
+
+def test_a_streamed_tool_call_comes_in_openai_pieces_after_live_text():
+    pieces = (
+        "Let me check. ",
+        "<tool_",
+        'call>\n{"name": "get_weather", "arguments": {"city": "Paris, the capital of France"}}\n</tool_call>',
+    )
+    client, _ = make_client(worker=FakeWorker(pieces=pieces))
+    frames = _sse(client.post(CHAT, json={"messages": HI, "tools": WEATHER, "stream": True}))
+    deltas = [c["delta"] for f in frames for c in f["choices"]]
+    assert deltas[1] == {"content": "Let me check. "}  # the text before the call went out as it came
+    parts = [t for d in deltas for t in d.get("tool_calls", [])]
+    assert parts[0]["function"] == {"name": "get_weather", "arguments": ""} and parts[0]["id"].startswith("call_")
+    assert len(parts) > 2  # the arguments came in fragments
+    assert json.loads("".join(p["function"]["arguments"] for p in parts)) == {"city": "Paris, the capital of France"}
+    assert frames[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    # a reply without a call streams as text, even one that starts like a tag
+    client, _ = make_client(worker=FakeWorker(pieces=("<b>", "bold</b> ", "done")))
+    frames = _sse(client.post(CHAT, json={"messages": HI, "tools": WEATHER, "stream": True}))
+    text = "".join(c["delta"].get("content") or "" for f in frames for c in f["choices"])
+    assert text == "<b>bold</b> done" and frames[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_reasoning_format_legacy_keeps_the_tags_and_verbose_shows_the_prompt():
+    client, _ = make_client(worker=FakeWorker(pieces=("<think>hm", "m</think>", "yes")))
+    m = client.post(CHAT, json={"messages": HI, "reasoning_format": "deepseek-legacy"}).json()["choices"][0]["message"]
+    assert m["reasoning_content"] == "hmm" and m["content"] == "<think>hmm</think>yes"
+    m = client.post(CHAT, json={"messages": HI}).json()["choices"][0]["message"]
+    assert m["reasoning_content"] == "hmm" and m["content"] == "yes"
+    frames = _sse(client.post(CHAT, json={"messages": HI, "reasoning_format": "deepseek-legacy", "stream": True}))
+    ds = [c["delta"] for f in frames for c in f["choices"]]
+    assert "".join(d.get("content") or "" for d in ds) == "<think>hmm</think>yes"
+    assert "".join(d.get("reasoning_content") or "" for d in ds) == "hmm"
+    body = client.post(CHAT, json={"messages": HI, "verbose": True}).json()
+    assert "hi" in body["__verbose"]["prompt"] and body["__verbose"]["generation_settings"]["n_predict"] == -1
+    _assert_error(client.post(CHAT, json={"messages": HI, "reasoning_format": "r1"}), 400, "deepseek-legacy")

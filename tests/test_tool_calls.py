@@ -117,14 +117,18 @@ def test_generic_format_on_the_default_model_with_the_openai_client(cli_env):
             temperature=0,
             stream=True,
         )
-        name, arguments, finish = "", "", None
+        name, arguments, finish, pieces = "", "", None, []
         for chunk in stream:
             if not chunk.choices:
                 continue
             for d in chunk.choices[0].delta.tool_calls or []:
+                pieces.append(d)
                 name += d.function.name or ""
                 arguments += d.function.arguments or ""
             finish = chunk.choices[0].finish_reason or finish
+        # OpenAI's pieces: the id and name first, then the arguments in fragments
+        assert pieces[0].id and pieces[0].function.name == "get_weather" and len(pieces) > 2
+        assert all(p.id is None and p.index == 0 for p in pieces[1:])
         assert (name, json.loads(arguments), finish) == (
             "get_weather",
             json.loads(wcall.function.arguments),

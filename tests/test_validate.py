@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from typer.testing import CliRunner
 
@@ -93,6 +95,11 @@ RULES = [
         "--prompt-lookup-max-batch must be at least 1",
     ),
     (["serve", "-np", "0"], "--parallel (-np) must be between 1 and 256"),
+    (["serve", "-c", "32", "-np", "4"], "--ctx-size 32 split across -np 4 leaves 8 tokens a slot (at least 16)"),
+    (
+        ["serve", "--cors-origins", "https://a.example, not an origin"],
+        "--cors-origins: 'not an origin' is not an origin",
+    ),
     (["serve", "--cache-ram", "-2"], "--cache-ram must be -1 (no limit), 0 (off) or a size in MiB"),
     (
         ["generate", "-p", "x", "--prompt-lookup", "--prompt-lookup-ngram-min", "0"],
@@ -382,7 +389,7 @@ def test_serve_takes_llama_server_command_lines(monkeypatch, no_loading, tmp_pat
     srv = seen[0].options.server
     assert (srv.parallel, srv.ctx_size, srv.threads, srv.kv_unified, srv.log_disable) == (2, 256, 1, True, True)
     assert seen[0].options.generation.max_tokens == 64 and seen[0].options.sampling.temp == 0.7
-    assert srv.api_keys == ("a,b", "c") and srv.cors_origins == ("https://x.example", "https://y.example")
+    assert srv.api_keys == ("a,b", "c") and srv.cors_origins == "https://x.example, https://y.example"
     assert set(srv.ignored) == {"--n-gpu-layers", "--flash-attn", "--cache-type-k", "--cache-type-v"}
     warnings = seen[0].warnings
     assert "--n-gpu-layers is a llama.cpp setting that does not apply to MLX; ignored" in warnings
@@ -409,3 +416,15 @@ def test_serve_flag_ranges(argv, message, no_loading, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 2 and message in result.stderr
+
+
+def test_an_explicit_np_splits_the_window_as_llama_server_and_kvu_or_the_default_do_not():
+    from mlxcel_py.options import ServerOptions
+    from mlxcel_py.session import context_window
+
+    assert ServerOptions(parallel=4, parallel_given=True).slot_context(8192) == 2048
+    assert ServerOptions(parallel=4, parallel_given=True, kv_unified=True).slot_context(8192) == 8192
+    assert ServerOptions(parallel=4).slot_context(8192) == 8192  # the default slot count
+    run = SimpleNamespace(options=SimpleNamespace(server=ServerOptions(parallel=2, parallel_given=True, ctx_size=512)))
+    assert context_window(run, 8192) == 256  # llama-server's n_ctx // n_slots (its test_context_size_exceeded)
+    assert context_window(run, 8192, world=object()) == 512  # one slot under --tp-size/--pp-size

@@ -82,11 +82,17 @@ HostOpt = Annotated[str, typer.Option("--host", help="Address to bind.", rich_he
 PortOpt = Annotated[int, typer.Option("--port", help="Port; 0 picks a free one (printed at startup).", rich_help_panel=SERVER)]
 MaxBatchOpt = Annotated[int, typer.Option("--prompt-lookup-max-batch", metavar="N", help="Verify rounds (any drafter) run only while at most N requests are live; above it every request takes the batched plain step (default 2).", rich_help_panel=SERVER)]
 NoBatchOpt = Annotated[bool, typer.Option("--no-batch", help="Serve requests strictly one at a time, with no speculation.", rich_help_panel=SERVER)]
-KvUnifiedOpt = Annotated[bool, typer.Option("--kv-unified", "-kvu", help="Unified KV budget (accepted; turns verify rounds off, as in mlxcel).", rich_help_panel=SERVER)]
+KvUnifiedOpt = Annotated[bool, typer.Option("--kv-unified", "-kvu", help="Every slot gets the whole -c window (one shared budget); turns verify rounds off, as in mlxcel.", rich_help_panel=SERVER)]
 WarmupOpt = Annotated[bool, typer.Option("--warmup/--no-warmup", help="Warm every verify width at startup.", rich_help_panel=SERVER)]
 ApiKeyOpt = Annotated[Optional[list[str]], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="Require this key ('Authorization: Bearer KEY' or 'X-Api-Key: KEY') on every route but /health and /models; repeat it or separate keys with commas.", rich_help_panel=SERVER)]
 ApiKeyFileOpt = Annotated[Optional[str], typer.Option("--api-key-file", metavar="FILE", help="Read API keys from FILE, one per line.", rich_help_panel=SERVER)]
-CorsOpt = Annotated[Optional[str], typer.Option("--cors-origins", metavar="ORIGINS", help="Comma-separated origins allowed to call the server from a browser (default: none).", rich_help_panel=SERVER)]
+CorsOpt = Annotated[Optional[str], typer.Option("--cors-origins", metavar="ORIGINS", help="Comma-separated origins web pages may call the server from: 'localhost' is any loopback origin and port, '*' any origin, '' none (default: every origin, as llama-server).", rich_help_panel=SERVER)]
+CorsMethodsOpt = Annotated[Optional[str], typer.Option("--cors-methods", metavar="METHODS", help="Methods a CORS preflight allows (default 'GET, POST').", rich_help_panel=SERVER)]
+CorsHeadersOpt = Annotated[Optional[str], typer.Option("--cors-headers", metavar="HEADERS", help="Headers a CORS preflight allows (default '*'; list Authorization to send a key from a page).", rich_help_panel=SERVER)]
+CorsCredentialsOpt = Annotated[bool, typer.Option("--cors-credentials/--no-cors-credentials", help="Allow credentialed cross-origin requests (default on).", rich_help_panel=SERVER)]
+ReasoningFormatOpt = Annotated[Optional[str], typer.Option("--reasoning-format", metavar="FORMAT", help="How chat replies carry a model's <think> block unless a request says: auto or deepseek (into reasoning_content), deepseek-legacy (that, and the tags kept in content), none (left in content).", rich_help_panel=SERVER)]
+ServeVerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Chat replies carry llama-server's __verbose object (the rendered prompt, the settings).", rich_help_panel=SERVER)]
+SlotsOpt = Annotated[bool, typer.Option("--slots/--no-slots", help="Serve GET /slots (--no-slots: 501, as llama-server).", rich_help_panel=SERVER)]
 BENCH = "Benchmark"
 TraceOpt = Annotated[Optional[str], typer.Option("--trace", metavar="FILE.jsonl", help="Multi-turn traces as JSON Lines of {\"turns\": [user messages]}: each turn's prompt is the conversation so far, replayed through one engine per configuration (drafters with memory measured as used).", rich_help_panel="Benchmark")]
 WorkloadOpt = Annotated[Optional[str], typer.Option("--workload", metavar="FILE.jsonl", help="Prompts as JSON Lines of {\"kind\", \"prompt\"} (the format of shared/workloads/public.jsonl). Default: a small built-in set.", rich_help_panel=BENCH)]
@@ -104,7 +110,7 @@ ServeMaxTokensOpt = Annotated[int, typer.Option("--n-predict", "-n", "--predict"
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", metavar="N", help="CPU threads for matrix products (OpenBLAS and the row-exact kernel); default: all cores.", rich_help_panel=SERVER)]
 CtxSizeOpt = Annotated[int, typer.Option("--ctx-size", "-c", metavar="N", help="Context window in tokens (0: the model's); prompt plus reply never exceed it.", rich_help_panel=SERVER)]
 CacheRamOpt = Annotated[int, typer.Option("--cache-ram", "-cram", metavar="MIB", help=f"Keep finished requests' KV caches up to this many MiB, so a later prompt sharing a prefix (a resent chat history, a common system prompt) skips it; -1 no limit, 0 off (default {O.DEFAULT_CACHE_RAM_MIB}).", rich_help_panel=SERVER)]
-ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", metavar="N", help=f"Requests decoded together (llama-server's slots; default {O.DEFAULT_PARALLEL}): their plain steps share one batched forward, the rest wait in the queue.", rich_help_panel=SERVER)]
+ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", metavar="N", help=f"Requests decoded together (llama-server's slots; default {O.DEFAULT_PARALLEL}): their plain steps share one batched forward, the rest wait in the queue. Given, it splits -c across the slots (each gets -c/N tokens) unless -kvu.", rich_help_panel=SERVER)]
 MaxPredictMsOpt = Annotated[int, typer.Option("--max-predict-ms", metavar="MS", help="Longest a request may decode, from its first token, before it ends with finish_reason length (0: no limit); a request may ask for less with t_max_predict_ms.", rich_help_panel=SERVER)]
 ShutdownGraceOpt = Annotated[int, typer.Option("--shutdown-grace", metavar="SECONDS", help="On SIGTERM/Ctrl-C, how long requests in flight may finish before they are cancelled.", rich_help_panel=SERVER)]
 WebuiOpt = Annotated[bool, typer.Option("--webui/--no-webui", help="Serve the chat page at / (--no-webui: / answers as /health does).", rich_help_panel=SERVER)]
@@ -191,11 +197,18 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             api_keys=tuple(g("api_key") or ()),
             api_key_file=g("api_key_file"),
             alias=g("alias"),
-            cors_origins=tuple(o.strip() for o in (g("cors_origins") or "").split(",") if o.strip()),
+            cors_origins=g("cors_origins"),
+            cors_methods=g("cors_methods"),
+            cors_headers=g("cors_headers"),
+            cors_credentials=g("cors_credentials", True),
+            slots=g("slots", True),
+            reasoning_format=_given(g("reasoning_format"), "auto"),
+            verbose=g("serve_verbose", False),
             threads=g("threads"),
             ctx_size=g("ctx_size", 0),
             cache_ram=g("cache_ram", O.DEFAULT_CACHE_RAM_MIB),
-            parallel=g("parallel", 1),
+            parallel=_given(g("parallel"), O.DEFAULT_PARALLEL),
+            parallel_given=g("parallel") is not None,
             log_disable=g("log_disable", False),
             webui=g("webui", True),
             shutdown_grace=g("shutdown_grace", 5),
@@ -311,11 +324,17 @@ SERVER_PARAMS = [
     _kw("api_key", ApiKeyOpt, None),
     _kw("api_key_file", ApiKeyFileOpt, None),
     _kw("cors_origins", CorsOpt, None),
+    _kw("cors_methods", CorsMethodsOpt, None),
+    _kw("cors_headers", CorsHeadersOpt, None),
+    _kw("cors_credentials", CorsCredentialsOpt, True),
+    _kw("slots", SlotsOpt, True),
+    _kw("reasoning_format", ReasoningFormatOpt, None),
+    _kw("serve_verbose", ServeVerboseOpt, False),
     _kw("alias", AliasOpt, None),
     _kw("threads", ThreadsOpt, None),
     _kw("ctx_size", CtxSizeOpt, 0),
     _kw("cache_ram", CacheRamOpt, O.DEFAULT_CACHE_RAM_MIB),
-    _kw("parallel", ParallelOpt, O.DEFAULT_PARALLEL),
+    _kw("parallel", ParallelOpt, None),
     _kw("log_disable", LogDisableOpt, False),
     _kw("webui", WebuiOpt, True),
     _kw("shutdown_grace", ShutdownGraceOpt, 5),

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 class TextPiece:
     text: str
     tokens: int  # tokens emitted so far
+    ids: tuple[int, ...] = ()  # the tokens since the previous piece (llama-server's stream `tokens`)
 
 
 class TextStream:
@@ -37,6 +38,13 @@ class TextStream:
         self.detok.reset()
         pending = ""
         count = 0
+        fresh: list[int] = []
+
+        def piece_of(text: str) -> TextPiece:
+            ids = tuple(fresh)
+            fresh.clear()
+            return TextPiece(text, count, ids)
+
         hold = max((len(s) for s in self.stop), default=0) - 1
         try:
             for event in self.generation:
@@ -44,6 +52,7 @@ class TextStream:
                     yield event
                     continue
                 count += 1
+                fresh.append(event.token)
                 self.detok.add_token(event.token)
                 pending += self.detok.last_segment
                 if self.stop:
@@ -52,7 +61,7 @@ class TextStream:
                         piece = pending[:cut]
                         self.text += piece
                         if piece:
-                            yield TextPiece(piece, count)
+                            yield piece_of(piece)
                         self.finish_reason = "stop"
                         return
                     safe = len(pending) - hold if hold > 0 else len(pending)
@@ -63,7 +72,7 @@ class TextStream:
                     piece, pending = pending, ""
                 if piece:
                     self.text += piece
-                    yield TextPiece(piece, count)
+                    yield piece_of(piece)
             self.detok.finalize()
             pending += self.detok.last_segment
             if self.stop:
@@ -73,7 +82,7 @@ class TextStream:
                     self.finish_reason = "stop"
             if pending:
                 self.text += pending
-                yield TextPiece(pending, count)
+                yield piece_of(pending)
             if self.finish_reason is None:
                 self.finish_reason = self.generation.finish_reason
         finally:

@@ -4,7 +4,7 @@
 while the model loads, and every route answers 503 "Loading model" as llama-server does), the
 OpenAI routes (`routes_openai`) and llama-server's native ones (`routes_native`) are included,
 every error becomes `{"error": {...}}`, and `http.Guard` (Host, keys, content type, size, request
-ids for 500s, the access line) wraps it all, with CORS outermost when `--cors-origins` asks for it.
+ids for 500s, the access line) wraps it all, with `http.Cors` outermost (preflights before keys).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from ..options import SamplingOptions
 from . import routes_anthropic, routes_native, routes_openai, routes_responses
 from . import webui as webui_routes
 from .context import ServerContext
-from .http import BODY_LIMIT, ApiError, Guard, error_body
-from .security import AccessPolicy
+from .http import BODY_LIMIT, ApiError, Cors, Guard, error_body
+from .security import AccessPolicy, CorsPolicy
 from .worker import Worker
 
 
@@ -32,15 +32,17 @@ def create_app(
     max_tokens: int = -1,
     model_id: str = "",
     access: AccessPolicy = AccessPolicy(),
-    cors_origins: tuple[str, ...] = (),
+    cors: CorsPolicy = CorsPolicy(),
     body_limit: int = BODY_LIMIT,
     access_log: bool = False,
     webui: bool = True,
+    slots: bool = True,
 ) -> FastAPI:
     """Without a session the app is loading: every route answers 503 until `app.state.ctx` is set."""
     app = FastAPI(title="mlxcel-py", docs_url=None, redoc_url=None)
     app.state.body_limit = body_limit
     app.state.webui = webui
+    app.state.slots = slots
     app.state.ctx = (
         None
         if session is None
@@ -64,16 +66,6 @@ def create_app(
     app.include_router(routes_anthropic.router)  # /v1/messages, /v1/messages/count_tokens
     app.include_router(routes_responses.router)  # /v1/responses
     app.include_router(webui_routes.router)  # / (the chat page, or health) and /props
-    app.add_middleware(
-        Guard, access=access, body_limit=body_limit, access_log=access_log, cors_origins=tuple(cors_origins)
-    )
-    if cors_origins:  # added last, so it is outermost: preflight OPTIONS never reach the key check
-        from fastapi.middleware.cors import CORSMiddleware
-
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=list(cors_origins),
-            allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type", "X-Api-Key"],
-        )
+    app.add_middleware(Guard, access=access, body_limit=body_limit, access_log=access_log, cors=cors)
+    app.add_middleware(Cors, policy=cors)  # added last, so outermost: preflights never reach the key check
     return app

@@ -39,6 +39,8 @@ class ServerContext:
     model_id: str
     body_limit: int = BODY_LIMIT
     max_predict_ms: int = 0  # --max-predict-ms
+    reasoning_format: str = "auto"  # --reasoning-format: a request's default
+    verbose: bool = False  # -v: chat replies carry `__verbose`
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
@@ -84,10 +86,39 @@ class ServerContext:
         log(f"mlxcel serve: request {rid}: generation failed: {payload}")
         return f"generation failed (request id {rid})"
 
-    async def collect(self, job: Job, request: Request) -> Result:
+    def admit_all(self, jobs: list[Job]) -> None:
+        """Every job of one request into the queue, or none (a full queue cancels those already in)."""
+        try:
+            for job in jobs:
+                self.admit(job)
+        except ApiError:
+            for job in jobs:
+                job.cancel()
+            raise
+
+    async def collect_many(self, jobs: list[Job], request: Request) -> list[Result]:
+        """Results of one request's jobs (`n` choices, a prompt batch), decoded side by side; one
+        failing (or the client leaving) cancels the rest."""
+        if len(jobs) == 1:
+            return [await self.collect(jobs[0], request)]
+        for job in jobs:
+            job.pieces = False
+        self.admit_all(jobs)
+        tasks = [asyncio.create_task(self.collect(job, request, admitted=True)) for job in jobs]
+        try:
+            results = list(await asyncio.gather(*tasks))
+        finally:
+            for task, job in zip(tasks, jobs):
+                task.cancel()
+                job.cancel()
+        request.state.tokens = sum(r.stats.generated_tokens for r in results)
+        return results
+
+    async def collect(self, job: Job, request: Request, *, admitted: bool = False) -> Result:
         """A non-streaming job's result; a client that hangs up cancels it (checked every 0.2 s)."""
         job.pieces = False  # text pieces would only be dropped here: the worker need not send them
-        self.admit(job)
+        if not admitted:
+            self.admit(job)
 
         async def watch() -> None:
             while not job.cancelled.is_set():
@@ -149,6 +180,68 @@ class ServerContext:
                 else:
                     request.state.tokens = payload.stats.generated_tokens
                     yield frames(on_done(payload))
+            if done_sentinel:
+                yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    def stream_many(
+        self,
+        jobs: list[Job],
+        request: Request,
+        on_text: Callable[[int, TextPiece, list], list[dict]],
+        on_done: Callable[[int, Result], list[dict]],
+        on_all: Callable[[list[Result]], list[dict]],
+        *,
+        head: list[dict] | None = None,
+        done_sentinel: bool = True,
+    ) -> StreamingResponse:
+        """SSE for one request's several jobs (`n` choices, a prompt batch): their frames as each
+        job's pieces arrive, tagged by the callbacks with the job's index; `on_all` once all are
+        done. An error ends the whole stream with an error frame; leaving cancels every job."""
+        self.admit_all(jobs)
+
+        async def events():
+            if head:
+                yield "".join(sse(o) for o in head)
+            queue: asyncio.Queue = asyncio.Queue()
+
+            async def pump(i: int, job: Job) -> None:
+                try:
+                    async for kind, payload in self.worker.submit(job):
+                        queue.put_nowait((i, kind, payload))
+                finally:
+                    queue.put_nowait((i, "end", None))
+
+            tasks = [asyncio.create_task(pump(i, j)) for i, j in enumerate(jobs)]
+            results: dict[int, Result] = {}
+            lps: dict[int, list] = {}
+            try:
+                ended = 0
+                while ended < len(jobs):
+                    i, kind, payload = await queue.get()
+                    if kind == "end":
+                        ended += 1
+                    elif kind == "logprobs":
+                        lps[i] = payload
+                    elif kind == "text":
+                        yield "".join(sse(o) for o in on_text(i, payload, lps.pop(i, [])))
+                    elif kind == "error":
+                        why = str(payload) if isinstance(payload, ShuttingDown) else self.failed(payload)
+                        kind = "unavailable_error" if isinstance(payload, ShuttingDown) else "server_error"
+                        yield sse(error_body(why, kind))
+                        break
+                    else:
+                        results[i] = payload
+                        yield "".join(sse(o) for o in on_done(i, payload))
+                if len(results) == len(jobs):
+                    ordered = [results[i] for i in range(len(jobs))]
+                    request.state.tokens = sum(r.stats.generated_tokens for r in ordered)
+                    yield "".join(sse(o) for o in on_all(ordered))
+            finally:
+                for task, job in zip(tasks, jobs):
+                    task.cancel()
+                    job.cancel()
             if done_sentinel:
                 yield "data: [DONE]\n\n"
 

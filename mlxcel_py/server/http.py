@@ -21,7 +21,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from .security import AccessPolicy, is_json_content_type
+from .security import AccessPolicy, CorsPolicy, is_json_content_type
 
 BODY_LIMIT = 8 * 2**20  # bytes; a chat history of this size is far past any context window here
 
@@ -91,6 +91,50 @@ async def read_json(request: Request, limit: int) -> dict:
     return data
 
 
+class Cors:
+    """CORS outermost, as llama-server answers it: every OPTIONS gets a 200 before any key or Host
+    check (a browser's preflight carries no key); an allowed Origin is reflected on every response
+    (with credentials unless --no-cors-credentials), and a refused one simply gets no header."""
+
+    def __init__(self, app, *, policy: CorsPolicy):
+        self.app, self.policy = app, policy
+
+    def allow_headers(self, origin: str) -> list[tuple[bytes, bytes]]:
+        out = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin")]
+        if self.policy.credentials:
+            out.append((b"access-control-allow-credentials", b"true"))
+        return out
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        from starlette.datastructures import Headers
+
+        origin = Headers(scope=scope).get("origin")
+        allowed = self.policy.allows(origin)
+        if scope["method"] == "OPTIONS":
+            headers = [(b"content-length", b"0"), (b"allow", b"GET, POST, OPTIONS")]
+            if allowed:
+                headers += self.allow_headers(origin)
+                headers += [
+                    (b"access-control-allow-methods", self.policy.methods.encode("latin-1")),
+                    (b"access-control-allow-headers", self.policy.headers.encode("latin-1")),
+                    (b"access-control-max-age", b"600"),
+                ]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if not allowed:
+            return await self.app(scope, receive, send)
+
+        async def with_cors(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *self.allow_headers(origin)]}
+            await send(message)
+
+        await self.app(scope, receive, with_cors)
+
+
 class Guard:
     """Host, key, content type and size checks before any route; any failure that is not already
     an HTTP error becomes a 500 carrying a request id (the details go to the server log only).
@@ -101,10 +145,10 @@ class Guard:
     how a non-streaming request is cancelled)."""
 
     def __init__(
-        self, app, *, access: AccessPolicy, body_limit: int, access_log: bool, cors_origins: tuple[str, ...] = ()
+        self, app, *, access: AccessPolicy, body_limit: int, access_log: bool, cors: CorsPolicy = CorsPolicy(())
     ):
         self.app, self.access, self.body_limit, self.access_log = app, access, body_limit, access_log
-        self.cors_origins = cors_origins
+        self.cors = cors
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -171,7 +215,7 @@ class Guard:
             # does, unless a browser sent it from an origin CORS does not allow: a cross-site
             # "simple" POST (a form, text/plain) needs no preflight, and it must not reach the model
             origin = headers.get("origin")
-            foreign = origin is not None and origin not in self.cors_origins and "*" not in self.cors_origins
+            foreign = origin is not None and not self.cors.allows(origin)
             if foreign and not is_json_content_type(headers.get("content-type")):
                 return JSONResponse(
                     error_body("send the body as JSON with 'Content-Type: application/json'", "invalid_request_error"),

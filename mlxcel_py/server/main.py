@@ -31,15 +31,21 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
     import uvicorn
 
     from .app import create_app
-    from .security import AccessPolicy, is_loopback, parse_keys
+    from .security import AccessPolicy, CorsPolicy, is_loopback, parse_keys
 
     srv = run.options.server
     # the key file is read and the port bound before the model loads, so either fails in a second
     access = AccessPolicy(
         api_keys=parse_keys(srv.api_keys, srv.api_key_file), loopback_only_hosts=is_loopback(srv.host)
     )
+    cors = CorsPolicy.parse(srv.cors_origins, srv.cors_methods, srv.cors_headers, srv.cors_credentials)
+    if cors.relaxed and not access.api_keys:
+        warn(
+            "CORS: any web page may call this server (llama-server's default); "
+            "--cors-origins localhost allows only pages served from this machine"
+        )
     sock = _bind(srv.host, srv.port)
-    app = create_app(access=access, cors_origins=srv.cors_origins, access_log=not srv.log_disable, webui=srv.webui)
+    app = create_app(access=access, cors=cors, access_log=not srv.log_disable, webui=srv.webui, slots=srv.slots)
     # on SIGTERM/SIGINT uvicorn stops accepting, waits this long for requests in flight, then
     # cancels them (their streams end, the finally below stops the worker's job)
     from .protocol import MAX_CONNECTIONS, HeaderDeadlineProtocol
@@ -163,6 +169,11 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
     if world is not None and srv.parallel > 1:
         say(f"slots: 1 under {opts.parallel.flag} (-np {srv.parallel} applies to one-process servers)")
     session.engine.private_drafters = parallel > 1
+    if srv.split_context and world is None:
+        say(
+            f"context: {session.engine.context_length} tokens per slot (the {srv.ctx_size or 'model'} window "
+            f"split across -np {srv.parallel}; -kvu gives every slot the whole window)"
+        )
     worker = Worker(
         session.engine,
         session.tokenizer,
@@ -199,6 +210,8 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         model_id,
         body_limit=app.state.body_limit,
         max_predict_ms=srv.max_predict_ms,
+        reasoning_format=srv.reasoning_format,
+        verbose=srv.verbose,
     )
     say(line)
     url = f"http://{_url_host(srv.host)}:{sock.getsockname()[1]}"

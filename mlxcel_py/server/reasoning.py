@@ -1,6 +1,7 @@
 """A reasoning model's thinking, split from its answer: `<think>...</think>` at the start of a reply
 goes to `reasoning_content`, the rest to `content` (llama-server's `reasoning_format`, whose
-default splits as here; `"none"` leaves the text as the model wrote it).
+default splits as here; `"none"` leaves the text as the model wrote it, `"deepseek-legacy"` splits it
+and also keeps the whole text, tags included, in `content`).
 
 A chat template may open the block itself (Qwen3 and DeepSeek-R1 end the generation prompt with
 `<think>`): the reply then starts inside it. Streaming, text is held back only while it could still
@@ -9,8 +10,9 @@ be the opening tag or a cut-off closing one, so an answer without thinking strea
 
 from __future__ import annotations
 
+from ..options import REASONING_FORMATS as FORMATS  # noqa: F401 (the routes check a request's against it)
+
 OPEN, CLOSE = "<think>", "</think>"
-FORMATS = ("auto", "deepseek", "none")
 
 
 def _held(text: str, tag: str) -> int:

@@ -37,6 +37,7 @@ HTTP_SAMPLING_NAMES = {
     "repeat_last_n": "'repeat_last_n'",
     "seed": "'seed'",
 }
+MAX_PROMPTS = 16  # prompts in one batch request
 ROLE_FOR_TEMPLATE = {"developer": "system"}  # OpenAI's newer name for the system turn
 
 
@@ -52,7 +53,7 @@ class RequestReader:
 
     async def parse(self, request: Request, model: type[Body]) -> Body:
         data = await read_json(request, self.body_limit)
-        refused = schemas.refuse_unsupported(data)
+        refused = schemas.refuse_unsupported(data, takes_n="n" in model.model_fields)
         if refused:
             raise ApiError(refused, code="unsupported_field")
         try:
@@ -130,6 +131,37 @@ class RequestReader:
         if not all(0 <= t < self.vocab for t in values):
             raise ApiError(f"'{key}' token ids must be integers in 0..{self.vocab - 1} (the model's vocabulary)")
         return list(values)
+
+    def prompts(self, prompt: Any) -> list[list[int]]:
+        """llama-server's prompt forms, one id list per prompt: a string, token ids, ids and
+        strings mixed in one sequence, a `{prompt_string}` object, or a list (batch) of these."""
+        if not isinstance(prompt, list) or (
+            prompt and all(isinstance(p, (int, str)) for p in prompt) and any(isinstance(p, int) for p in prompt)
+        ):
+            return [self.one_prompt(prompt)]
+        if not prompt:
+            raise ApiError("'prompt' must not be empty")
+        if len(prompt) > MAX_PROMPTS:
+            raise ApiError(f"'prompt': at most {MAX_PROMPTS} prompts in one request, got {len(prompt)}")
+        return [self.one_prompt(p) for p in prompt]
+
+    def one_prompt(self, prompt: Any) -> list[int]:
+        if isinstance(prompt, schemas.PromptObject):
+            if prompt.multimodal_data:
+                raise ApiError("'prompt.multimodal_data': this server takes text prompts only")
+            prompt = prompt.prompt_string
+        if isinstance(prompt, str):
+            return self.text_prompt(prompt)
+        if not prompt:
+            raise ApiError("'prompt' must be a non-empty string (or a list of token ids)")
+        ids: list[int] = []
+        for part in prompt:  # ids and strings in one sequence: each string tokenized in place
+            if isinstance(part, str):
+                self.fits(len(part))
+                ids += self.tokenizer.encode(part, add_special_tokens=False) if part else []
+            else:
+                ids += self.token_ids([part], "prompt")
+        return ids
 
     def text_prompt(self, prompt: str | list) -> list[int]:
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):

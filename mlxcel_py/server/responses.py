@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +80,33 @@ def sse_event(obj: dict) -> str:
     """A frame named by its object's type (`event:` + `data:`), as Anthropic's and the Responses
     streams send them."""
     return f"event: {obj['type']}\ndata: {json.dumps(obj)}\n\n"
+
+
+RANDOM_SEED = 4294967295  # llama-server's LLAMA_DEFAULT_SEED: what it reports for a random seed
+
+
+def generation_settings(job: Any, *, n_probs: int = 0, stream: bool = False) -> dict:
+    """llama-server's `generation_settings`: the sampling and limits a request decoded with."""
+    s = job.sampling
+    return {
+        "seed": RANDOM_SEED if s.seed is None else s.seed,
+        "temperature": s.temp,
+        "top_k": s.top_k,
+        "top_p": s.top_p,
+        "min_p": s.min_p,
+        "repeat_last_n": s.repeat_last_n,
+        "repeat_penalty": s.repetition_penalty,
+        "n_predict": job.max_tokens,
+        "max_tokens": job.max_tokens,
+        "stop": list(job.stop),
+        "ignore_eos": job.ignore_eos,
+        "stream": stream,
+        "n_probs": n_probs,
+        "logit_bias": [[t, b if math.isfinite(b) else False] for t, b in s.logit_bias],  # false: banned
+        "grammar": job.grammar.text if job.grammar is not None else "",
+        "speculative.n_max": None if job.speculative else 0,
+        "t_max_predict_ms": job.predict_ms or -1,
+    }
 
 
 def usage(r: Result) -> dict:

@@ -14,7 +14,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from .context import LOADING, ServerContext, ctx_of
-from .responses import timings
+from .http import ApiError
+from .responses import generation_settings, timings
 from .schemas import DetokenizeRequest, NativeCompletionRequest, TokenizeRequest
 from .worker import Result
 
@@ -48,6 +49,17 @@ async def health(request: Request):
 @router.get("/slots")
 async def slots(request: Request):
     """llama-server's slot list: one entry per -np slot, what it is decoding."""
+    if not getattr(request.app.state, "slots", True):  # --no-slots: llama-server's answer
+        return JSONResponse(
+            {
+                "error": {
+                    "code": 501,
+                    "message": "This server does not support slots endpoint. Start it with `--slots`",
+                    "type": "not_supported_error",
+                }
+            },
+            status_code=501,
+        )
     ctx = ctx_of(request)
     w = ctx.worker
     out = []
@@ -100,20 +112,22 @@ async def detokenize(request: Request):
     return {"content": ctx.tokenizer.decode(ctx.requests.token_ids(req.tokens, "tokens"))}
 
 
-def _native(ctx: ServerContext, r: Result, prompt: str, n_eval: int, *, return_tokens: bool, probs: bool) -> dict:
+def _native(
+    ctx: ServerContext, job, r: Result, prompt: str, *, return_tokens: bool, probs: bool, index: int = 0, stream=False
+) -> dict:
     stop_type = {"length": "limit"}.get(r.finish_reason, "word" if r.stop_word else "eos")
     extra = {"completion_probabilities": ctx.responses.native_probs(r.logprobs)} if probs else {}
     return {
         **extra,
-        "index": 0,
+        "index": index,
         "content": r.text,
         "tokens": list(r.tokens) if return_tokens else [],
         "id_slot": 0,
         "stop": True,
         "model": ctx.model_id,
         "tokens_predicted": r.stats.generated_tokens,
-        "tokens_evaluated": n_eval,
-        "generation_settings": {},
+        "tokens_evaluated": len(job.prompt),
+        "generation_settings": generation_settings(job, n_probs=job.logprobs or 0, stream=stream),
         "prompt": prompt,
         "has_new_line": "\n" in r.text,
         "truncated": False,
@@ -124,36 +138,77 @@ def _native(ctx: ServerContext, r: Result, prompt: str, n_eval: int, *, return_t
     }
 
 
+def _fields(obj: dict, wanted: list) -> dict:
+    """llama-server's `response_fields`: only these keys, `a/b` reaching into a nested object."""
+    out = {}
+    for name in wanted:
+        if not isinstance(name, str):
+            raise ApiError("'response_fields' must be a list of field names")
+        value: object = obj
+        for key in name.split("/"):
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is not None:
+            out[name] = value
+    return out
+
+
 @router.post("/completion")
 @router.post("/completions")
 async def completion(request: Request):
     ctx = ctx_of(request)
     req = await ctx.requests.parse(request, NativeCompletionRequest)
-    prompt = await asyncio.to_thread(ctx.requests.text_prompt, req.prompt)
+    prompts = await asyncio.to_thread(ctx.requests.prompts, req.prompt)
     lp = req.n_probs or None
-    job = ctx.requests.job(req, prompt, lp)
-    ptext = req.prompt if isinstance(req.prompt, str) else ""
+    jobs = [ctx.requests.job(req, p, lp) for p in prompts]
+    texts = [ctx.tokenizer.decode(p) for p in prompts]  # llama-server echoes the prompt as decoded
     probs = lp is not None
+    wanted = (req.model_extra or {}).get("response_fields")
+    if wanted is not None and not isinstance(wanted, list):
+        raise ApiError("'response_fields' must be a list of field names")
+
+    def frame(i: int, piece) -> dict:
+        return {
+            "index": i,
+            "content": piece.text,
+            "tokens": list(piece.ids),
+            "stop": False,
+            "id_slot": 0,
+            "tokens_predicted": piece.tokens,
+            "tokens_evaluated": len(prompts[i]),
+        }
+
+    def last(i: int, r: Result) -> dict:
+        end = _native(ctx, jobs[i], r, texts[i], return_tokens=req.return_tokens, probs=False, index=i, stream=True)
+        return {**end, "content": ""}
+
+    if req.stream and len(jobs) > 1:
+        return ctx.stream_many(
+            jobs,
+            request,
+            lambda i, piece, lps: [
+                {**frame(i, piece), **({"completion_probabilities": ctx.responses.native_probs(lps)} if probs else {})}
+            ],
+            lambda i, r: [last(i, r)],
+            lambda results: [],
+            done_sentinel=False,
+        )
     if req.stream:
         # the native stream ends with the full object and has no [DONE] sentinel
         return ctx.stream(
-            job,
+            jobs[0],
             request,
             lambda piece, lps: {
-                "index": 0,
-                "content": piece.text,
-                "tokens": [],
-                "stop": False,
-                "id_slot": 0,
-                "tokens_predicted": piece.tokens,
-                "tokens_evaluated": len(prompt),
+                **frame(0, piece),
                 **({"completion_probabilities": ctx.responses.native_probs(lps)} if probs else {}),
             },
-            lambda r: {
-                **_native(ctx, r, ptext, len(prompt), return_tokens=req.return_tokens, probs=False),
-                "content": "",
-            },
+            lambda r: last(0, r),
             done_sentinel=False,
         )
-    r = await ctx.collect(job, request)
-    return _native(ctx, r, ptext, len(prompt), return_tokens=req.return_tokens, probs=probs)
+    results = await ctx.collect_many(jobs, request)
+    out = [
+        _native(ctx, job, r, text, return_tokens=req.return_tokens, probs=probs, index=i)
+        for i, (job, r, text) in enumerate(zip(jobs, results, texts))
+    ]
+    if wanted:
+        out = [_fields(o, wanted) for o in out]
+    return out[0] if len(out) == 1 else out

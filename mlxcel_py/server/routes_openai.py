@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from dataclasses import replace
 
 from fastapi import APIRouter, Request
 
@@ -18,7 +19,7 @@ from ..engine.text import TextPiece
 from . import reasoning, tool_calls
 from .context import ctx_of
 from .http import ApiError
-from .responses import timings, usage
+from .responses import generation_settings, timings, usage
 from .schemas import ChatRequest, CompletionRequest
 
 router = APIRouter()
@@ -44,12 +45,13 @@ async def chat_completions(request: Request):
     lp = (req.top_logprobs or 0) if req.logprobs else None
     tools, grammar = ctx.requests.tools(req)
     prompt = await asyncio.to_thread(ctx.requests.chat_prompt, req.messages, req.tools)  # templating off the loop
-    job = ctx.requests.job(req, prompt, lp, grammar=grammar)
+    jobs = _choice_jobs(ctx, req, [prompt], lp, grammar=grammar)
     # reasoning_format (llama-server): <think>...</think> into reasoning_content unless "none"
-    fmt = (req.model_extra or {}).get("reasoning_format", "auto")
+    fmt = (req.model_extra or {}).get("reasoning_format", ctx.reasoning_format)
     if fmt not in reasoning.FORMATS:
         raise ApiError(f"'reasoning_format' must be one of {', '.join(reasoning.FORMATS)}")
     think = None if fmt == "none" else reasoning.opened_by(ctx.tokenizer.decode(prompt[-8:]))
+    legacy = fmt == "deepseek-legacy"  # the thought split out, and the text kept whole in content
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
         "created": int(time.time()),
@@ -58,21 +60,70 @@ async def chat_completions(request: Request):
     }
     # stream_options.include_usage (OpenAI): usage and timings in a last chunk of their own, choices []
     usage_chunk = _include_usage(req)
-    if req.stream and tools:
-        # a reply with tools is parsed whole: its call (or text) goes out when it is complete
-        chunk = {**base, "object": "chat.completion.chunk"}
-        return ctx.stream(
-            job,
+    chunk = {**base, "object": "chat.completion.chunk"}
+
+    def head(i: int) -> dict:  # llama-server's first chunk: the role, content null
+        return {
+            **chunk,
+            "choices": [{"index": i, "delta": {"role": "assistant", "content": None}, "finish_reason": None}],
+        }
+
+    if req.stream and len(jobs) > 1:
+        if tools:
+            raise ApiError("'n' above 1 with 'tools' is served without 'stream'")
+        splitters = [reasoning.ReasoningSplit(think) if think is not None else None for _ in jobs]
+
+        def part_chunks(i: int, parts: list[tuple[str, str]]) -> list[dict]:
+            return [{**chunk, "choices": [{"index": i, "delta": {f: t}, "finish_reason": None}]} for f, t in parts]
+
+        return ctx.stream_many(
+            jobs,
             request,
-            lambda piece, lps: [],
-            lambda r: _tool_stream_end(chunk, r, tools, usage_chunk, think),
-            head={
-                **chunk,
-                "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}],
-            },
+            lambda i, piece, lps: part_chunks(
+                i, splitters[i].feed(piece.text) if splitters[i] else [("content", piece.text)]
+            ),
+            lambda i, r: (
+                part_chunks(i, splitters[i].finish() if splitters[i] else [])
+                + [{**chunk, "choices": [{"index": i, "delta": {}, "finish_reason": r.finish_reason}]}]
+            ),
+            lambda results: (
+                [{**chunk, "choices": [], "usage": _usage_of(results), "timings": timings(results[0].stats)}]
+                if usage_chunk
+                else []
+            ),
+            head=[head(i) for i in range(len(jobs))],
+        )
+    if req.stream and tools:
+        # the thought and text that cannot be a call stream as they come; a call goes out, in
+        # OpenAI's pieces (id and name, then argument fragments), once the reply is parsed whole
+        calls_out = tool_calls.ToolStream(tools)
+        split = reasoning.ReasoningSplit(think) if think is not None else None
+
+        def tool_deltas(parts: list[tuple[str, str]]) -> list[dict]:
+            out = []
+            for field, text in parts:
+                sent = text if field == "reasoning_content" else calls_out.feed(text)
+                if sent:
+                    out.append({**chunk, "choices": [{"index": 0, "delta": {field: sent}, "finish_reason": None}]})
+            return out
+
+        def tool_done(r) -> list[dict]:
+            frames = tool_deltas(split.finish()) if split else []
+            content, calls = calls_out.finish()
+            deltas = [{"content": content}] if content else []
+            deltas += [{"tool_calls": [d]} for d in tool_calls.call_deltas(calls)]
+            frames += [{**chunk, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+            finish = "tool_calls" if calls else r.finish_reason
+            return frames + _stream_end(chunk, [{"index": 0, "delta": {}, "finish_reason": finish}], r, usage_chunk)
+
+        return ctx.stream(
+            jobs[0],
+            request,
+            lambda piece, lps: tool_deltas(split.feed(piece.text) if split else [("content", piece.text)]),
+            tool_done,
+            head=head(0),
         )
     if req.stream:
-        chunk = {**base, "object": "chat.completion.chunk"}
         splitter = reasoning.ReasoningSplit(think) if think is not None else None
 
         def piece_chunks(parts: list[tuple[str, str]], lps: list) -> list[dict]:
@@ -91,47 +142,80 @@ async def chat_completions(request: Request):
                 for i, (field, text) in enumerate(parts)
             ]
 
+        def thought(parts: list[tuple[str, str]], raw: str) -> list[tuple[str, str]]:
+            if not legacy:
+                return parts
+            return [p for p in parts if p[0] == "reasoning_content"] + ([("content", raw)] if raw else [])
+
         def on_text(piece, lps) -> list[dict]:
-            return piece_chunks(splitter.feed(piece.text) if splitter else [("content", piece.text)], lps)
+            return piece_chunks(
+                thought(splitter.feed(piece.text), piece.text) if splitter else [("content", piece.text)], lps
+            )
 
         def on_done(r) -> list[dict]:
-            held = piece_chunks(splitter.finish(), []) if splitter else []
+            held = piece_chunks(thought(splitter.finish(), ""), []) if splitter else []
             return held + _stream_end(
                 chunk, [{"index": 0, "delta": {}, "finish_reason": r.finish_reason}], r, usage_chunk
             )
 
-        return ctx.stream(
-            job,
-            request,
-            on_text,
-            on_done,
-            head={  # llama-server's first chunk: the role, content null
-                **chunk,
-                "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}],
-            },
-        )
-    r = await ctx.collect(job, request)
-    message, finish = _message(r, tools, think)
-    return {
-        **base,
-        "object": "chat.completion",
-        "choices": [
+        return ctx.stream(jobs[0], request, on_text, on_done, head=head(0))
+    results = await ctx.collect_many(jobs, request)
+    choices = []
+    for i, r in enumerate(results):
+        message, finish = _message(r, tools, think, legacy)
+        choices.append(
             {
-                "index": 0,
+                "index": i,
                 "message": message,
                 "finish_reason": finish,
                 "logprobs": ctx.responses.chat_logprobs(r.logprobs) if lp is not None else None,
             }
-        ],
-        "usage": usage(r),
-        "timings": timings(r.stats),
+        )
+    out = {
+        **base,
+        "object": "chat.completion",
+        "choices": choices,
+        "usage": _usage_of(results),
+        "timings": timings(results[0].stats),
     }
+    if ctx.verbose or (req.model_extra or {}).get("verbose") is True:  # llama-server's -v: what was decoded
+        out["__verbose"] = {
+            "prompt": ctx.tokenizer.decode(prompt),
+            "content": results[0].text,
+            "tokens_evaluated": len(prompt),
+            "generation_settings": generation_settings(jobs[0]),
+        }
+    return out
 
 
-def _message(r, tools: list[dict], think: bool | None = None) -> tuple[dict, str]:
+@router.post("/v1/chat/completions/input_tokens")
+@router.post("/chat/completions/input_tokens")
+async def chat_input_tokens(request: Request):
+    """llama-server's token count of a chat request: the prompt `/v1/chat/completions` would decode."""
+    ctx = ctx_of(request)
+    req = await ctx.requests.parse(request, ChatRequest)
+    ctx.requests.tools(req)  # the same checks of tools and tool_choice
+    prompt = await asyncio.to_thread(ctx.requests.chat_prompt, req.messages, req.tools)
+    return {"input_tokens": len(prompt)}
+
+
+@router.post("/apply-template")
+async def apply_template(request: Request):
+    """llama-server's `/apply-template`: the chat prompt as text, without decoding it."""
+    ctx = ctx_of(request)
+    req = await ctx.requests.parse(request, ChatRequest)
+    ctx.requests.tools(req)
+    prompt = await asyncio.to_thread(ctx.requests.chat_prompt, req.messages, req.tools)
+    return {"prompt": ctx.tokenizer.decode(prompt)}
+
+
+def _message(r, tools: list[dict], think: bool | None = None, legacy: bool = False) -> tuple[dict, str]:
     """The assistant message of a finished reply, and its finish reason (tool_calls for calls).
-    `think`: None leaves the text whole; else whether the prompt opened a think block."""
+    `think`: None leaves the text whole; else whether the prompt opened a think block. `legacy`
+    (deepseek-legacy): the thought split out, and the content the whole text, tags included."""
     thought, text = reasoning.split(r.text, think) if think is not None else (None, r.text)
+    if legacy:
+        text = r.text
     head = {"role": "assistant"} | ({"reasoning_content": thought} if thought is not None else {})
     if not tools:
         return head | {"content": text}, r.finish_reason
@@ -155,15 +239,33 @@ def _stream_end(chunk: dict, choices: list[dict], r, usage_chunk: bool) -> list[
     return [{**chunk, "choices": choices, **totals}]
 
 
-def _tool_stream_end(chunk: dict, r, tools: list[dict], usage_chunk: bool, think: bool | None) -> list[dict]:
-    message, finish = _message(r, tools, think)
-    delta: dict = {k: message[k] for k in ("reasoning_content",) if k in message}
-    if message.get("content"):
-        delta["content"] = message["content"]
-    if message.get("tool_calls"):
-        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
-    frames = [{**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}] if delta else []
-    return frames + _stream_end(chunk, [{"index": 0, "delta": {}, "finish_reason": finish}], r, usage_chunk)
+def _choice_jobs(ctx, req, prompts: list[list[int]], lp, grammar=None) -> list:
+    """A job per prompt and choice (`n`): prompt-major, as OpenAI numbers a batch's choices. A
+    request's seed gives choice k the seed + k, so the choices differ and each is reproducible."""
+    jobs = []
+    for p in prompts:
+        for k in range(req.n):
+            job = ctx.requests.job(req, p, lp, grammar=grammar)
+            if k and job.sampling.seed is not None:
+                job.sampling = replace(job.sampling, seed=job.sampling.seed + k)
+            jobs.append(job)
+    return jobs
+
+
+def _usage_of(results: list, n_prompts: int = 1) -> dict:
+    """One usage for a request's choices: each prompt counted once, every completion summed."""
+    if len(results) == 1:
+        return usage(results[0])
+    per = len(results) // n_prompts  # choices per prompt (jobs are prompt-major)
+    firsts = [usage(results[i * per]) for i in range(n_prompts)]
+    prompt_tokens = sum(u["prompt_tokens"] for u in firsts)
+    completion = sum(r.stats.generated_tokens for r in results)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(u["prompt_tokens_details"]["cached_tokens"] for u in firsts)},
+    }
 
 
 @router.post("/v1/completions")
@@ -171,7 +273,8 @@ async def completions(request: Request):
     ctx = ctx_of(request)
     req = await ctx.requests.parse(request, CompletionRequest)
     lp = req.logprobs
-    job = ctx.requests.job(req, await asyncio.to_thread(ctx.requests.text_prompt, req.prompt), lp)
+    prompts = await asyncio.to_thread(ctx.requests.prompts, req.prompt)
+    jobs = _choice_jobs(ctx, req, prompts, lp)
     base = {
         "id": f"cmpl-{uuid.uuid4().hex[:24]}",
         "object": "text_completion",
@@ -180,35 +283,44 @@ async def completions(request: Request):
         "system_fingerprint": ctx.fingerprint,
     }
     if req.stream:
-        sent = [0]  # characters streamed so far: text_offset continues across chunks
+        sent = [0] * len(jobs)  # characters streamed so far: text_offset continues across chunks
 
-        def chunk(piece: TextPiece, lps: list) -> dict:
-            out = ctx.responses.legacy_logprobs(lps, sent[0]) if lp is not None else None
-            sent[0] += len(piece.text)
-            return {**base, "choices": [{"index": 0, "text": piece.text, "finish_reason": None, "logprobs": out}]}
+        def chunk(i: int, piece: TextPiece, lps: list) -> dict:
+            out = ctx.responses.legacy_logprobs(lps, sent[i]) if lp is not None else None
+            sent[i] += len(piece.text)
+            return {**base, "choices": [{"index": i, "text": piece.text, "finish_reason": None, "logprobs": out}]}
 
-        return ctx.stream(
-            job,
+        def finish(i: int, r) -> dict:
+            return {"index": i, "text": "", "finish_reason": r.finish_reason, "logprobs": None}
+
+        if len(jobs) == 1:
+            return ctx.stream(
+                jobs[0],
+                request,
+                lambda piece, lps: chunk(0, piece, lps),
+                lambda r: _stream_end(base, [finish(0, r)], r, _include_usage(req)),
+            )
+        return ctx.stream_many(
+            jobs,
             request,
-            chunk,
-            lambda r: _stream_end(
-                base,
-                [{"index": 0, "text": "", "finish_reason": r.finish_reason, "logprobs": None}],
-                r,
-                _include_usage(req),
+            lambda i, piece, lps: [chunk(i, piece, lps)],
+            lambda i, r: [{**base, "choices": [finish(i, r)]}],
+            lambda results: (
+                [{**base, "choices": [], "usage": _usage_of(results, len(prompts))}] if _include_usage(req) else []
             ),
         )
-    r = await ctx.collect(job, request)
+    results = await ctx.collect_many(jobs, request)
     return {
         **base,
         "choices": [
             {
-                "index": 0,
+                "index": i,
                 "text": r.text,
                 "finish_reason": r.finish_reason,
                 "logprobs": ctx.responses.legacy_logprobs(r.logprobs) if lp is not None else None,
             }
+            for i, r in enumerate(results)
         ],
-        "usage": usage(r),
-        "timings": timings(r.stats),
+        "usage": _usage_of(results, len(prompts)),
+        "timings": timings(results[0].stats),
     }

@@ -198,3 +198,14 @@ def _stream(ctx, request: Request, job, response, tools: list[dict]):
             "code": kind,
         },
     )
+
+
+@router.post("/v1/responses/input_tokens")
+@router.post("/responses/input_tokens")
+async def input_tokens(request: Request):
+    """OpenAI's token count of a Responses input, rendered as `/v1/responses` would render it."""
+    ctx = ctx_of(request)
+    req = await ctx.requests.parse(request, ResponsesRequest)
+    tools, _ = ctx.requests.tools(req)
+    prompt = await asyncio.to_thread(ctx.requests.tool_prompt, req.turns(), tools)
+    return {"object": "response.input_tokens", "input_tokens": len(prompt)}

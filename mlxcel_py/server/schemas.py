@@ -19,6 +19,8 @@ from ..formats.grammars import check as check_grammar
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 TopCount = Annotated[int, Field(ge=0, le=20)]
 MAX_STOPS, MAX_STOP_CHARS = 32, 1000
+MAX_CHOICES = 16  # `n`: choices decoded side by side for one request
+Choices = Annotated[int, Field(ge=1, le=MAX_CHOICES)]
 ROLES = ("system", "user", "assistant", "tool", "developer")
 # fields whose meaning we cannot honour yet: refused by name instead of ignored behind a 200
 UNSUPPORTED = ("functions",)
@@ -164,6 +166,7 @@ class ChatRequest(Sampling):
     """OpenAI `POST /v1/chat/completions`."""
 
     messages: Annotated[list[Message], Field(min_length=1)]
+    n: Choices = 1
     logprobs: bool | None = None
     top_logprobs: TopCount | None = None
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
@@ -192,17 +195,31 @@ class _NoTools(Sampling):
         return v
 
 
+class PromptObject(_Body):
+    """llama-server's `{"prompt_string": ..., "multimodal_data": [...]}` prompt."""
+
+    prompt_string: str
+    multimodal_data: list[str] | None = None
+
+
+# a prompt, or a batch of them (llama-server's forms): a string, token ids, ids and strings mixed
+# in one sequence, an object, or a list of any of these
+PromptItem = Union[str, PromptObject, list[Union[int, str]]]
+PromptField = Union[str, PromptObject, list[Union[int, str, PromptObject, list[Union[int, str]]]]]
+
+
 class CompletionRequest(_NoTools):
     """OpenAI `POST /v1/completions`: a string, a one-string list, or token ids."""
 
-    prompt: Union[str, list[int], list[str]]
+    prompt: PromptField
+    n: Choices = 1
     logprobs: TopCount | None = None
 
 
 class NativeCompletionRequest(_NoTools):
     """llama-server `POST /completion`."""
 
-    prompt: Union[str, list[int], list[str]]
+    prompt: PromptField
     n_probs: TopCount | None = None
     return_tokens: bool = False
 
@@ -241,11 +258,11 @@ def describe(error: ValidationError) -> str:
     return f"'{where}': {msg}" if where else msg
 
 
-def refuse_unsupported(body: dict[str, Any]) -> str | None:
-    """The first field we cannot honour (n > 1, tools...), as a message."""
+def refuse_unsupported(body: dict[str, Any], takes_n: bool = False) -> str | None:
+    """The first field we cannot honour (n > 1 where a route has one choice...), as a message."""
     n = body.get("n")
-    if n is not None and (type(n) is not int or n != 1):  # 1.0 and true are not the count 1
-        return "'n' must be the integer 1 (one choice per request)"
+    if not takes_n and n is not None and (type(n) is not int or n != 1):  # 1.0 and true are not the count 1
+        return "'n' must be the integer 1 (one choice per request on this route)"
     for key in UNSUPPORTED:
         if body.get(key):
             return f"'{key}' is not supported by this server"

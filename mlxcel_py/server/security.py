@@ -6,10 +6,14 @@
   401 (`type: "authentication_error"`).
 - A server bound to loopback answers only requests whose Host names loopback: a web page on some
   other site cannot reach it through DNS rebinding (its Host would be that site's name).
+- CORS as llama-server has it (`--cors-origins/-methods/-headers`, `--[no-]cors-credentials`):
+  by default any page's origin is reflected, with credentials (its relaxed profile, with a startup
+  warning); `localhost` in the list means any loopback origin on any port, `*` any origin, an
+  empty list none. Preflights are answered before the key check; an origin not allowed gets its
+  200 without `Access-Control-Allow-Origin`, so the browser refuses the call, not the server.
 - A POST from a browser page on an origin CORS does not allow must carry a JSON content type, so
   a cross-site "simple" form POST (which a browser sends without asking) is refused; other clients'
   bodies are read as JSON whatever their content type (plain `curl -d`), as llama-server does.
-  CORS is off unless `--cors-origins` lists origins.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import hmac
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ..errors import UsageError
 
@@ -84,3 +89,51 @@ def is_json_content_type(value: str | None) -> bool:
         return False
     media = value.split(";", 1)[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+CORS_ANY, CORS_LOOPBACK = "*", "localhost"
+
+
+@dataclass(frozen=True)
+class CorsPolicy:
+    """Which browser origins may call the server, and what a preflight answers them."""
+
+    origins: tuple[str, ...] = (CORS_ANY,)  # llama-server's default: every origin reflected
+    methods: str = "GET, POST"
+    headers: str = "*"
+    credentials: bool = True
+
+    @classmethod
+    def parse(cls, origins: str | None, methods: str | None, headers: str | None, credentials: bool) -> CorsPolicy:
+        """From the flags: None keeps a default; an empty `--cors-origins` (or `none`) allows no origin."""
+        listed = (CORS_ANY,) if origins is None else tuple(o.strip() for o in origins.split(",") if o.strip())
+        if listed == ("none",):
+            listed = ()
+        for o in listed:
+            if o not in (CORS_ANY, CORS_LOOPBACK) and any(c.isspace() for c in o):
+                raise UsageError(f"--cors-origins: '{o}' is not an origin (like https://app.example or localhost)")
+        return cls(
+            listed,
+            ", ".join(m.strip().upper() for m in (methods or cls.methods).split(",") if m.strip()),
+            ", ".join(h.strip() for h in (headers or cls.headers).split(",") if h.strip()),
+            credentials,
+        )
+
+    @property
+    def relaxed(self) -> bool:
+        return CORS_ANY in self.origins
+
+    def allows(self, origin: str | None) -> bool:
+        if not origin or not self.origins:
+            return False
+        if self.relaxed:
+            return True
+        given = origin.strip().rstrip("/").lower()
+        parts = urlsplit(given if "://" in given else f"//{given}")
+        for o in self.origins:
+            if o == CORS_LOOPBACK:
+                if parts.scheme in ("http", "https", "") and parts.hostname and is_loopback(parts.hostname):
+                    return True
+            elif o.rstrip("/").lower() in (given, parts.netloc):  # a full origin, or a bare host[:port]
+                return True
+        return False

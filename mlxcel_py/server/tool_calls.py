@@ -232,3 +232,72 @@ def _json(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return None
+
+
+# how a reply that is a call begins (after whitespace): while its start could still be one of
+# these, or a JSON object (Llama 3.x, the generic format), the text is held back
+_CALL_STARTS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "{")
+_HERMES_OPEN = "<tool_call>"
+ARGUMENT_FRAGMENT = 24  # characters of a call's arguments per streamed delta
+
+
+class ToolStream:
+    """A streamed reply with tools offered: text that cannot be (part of) a call goes out as it
+    comes; from the first sign of a call the rest is held, and parsed when the reply ends."""
+
+    def __init__(self, tools: list[dict]):
+        self.tools = tools
+        self.head = ""  # the reply's start, while it could still open a call
+        self.live = False  # the start was plain text: stream, watching for a Hermes block
+        self.held = ""  # from a call's first sign to the end
+
+    def feed(self, text: str) -> str:
+        """Content to send now."""
+        if self.held and not (self.live and not self.held.startswith(_HERMES_OPEN)):
+            self.held += text  # a call has begun: the rest waits for the end
+            return ""
+        if self.held:  # a live tail that might have begun "<tool_call>": look again with more text
+            text, self.held = self.held + text, ""
+        if not self.live:
+            self.head += text
+            start = self.head.lstrip()
+            if not start or any(m.startswith(start) or start.startswith(m) for m in _CALL_STARTS):
+                if start.startswith(_CALL_STARTS):
+                    self.held, self.head = self.head, ""
+                return ""
+            self.live, text, self.head = True, self.head, ""
+        cut = text.find(_HERMES_OPEN)
+        if cut >= 0:
+            self.held = text[cut:]
+            return text[:cut]
+        # hold a tail that may be the start of "<tool_call>"
+        for k in range(min(len(_HERMES_OPEN) - 1, len(text)), 0, -1):
+            if _HERMES_OPEN.startswith(text[-k:]):
+                self.held = text[-k:]
+                return text[:-k]
+        return text
+
+    def finish(self) -> tuple[str | None, list[ToolCall]]:
+        """(content still to send, the calls) once the reply is complete."""
+        rest = self.head + self.held
+        if not rest:
+            return None, []
+        if not rest.lstrip().startswith(_CALL_STARTS):
+            return rest, []
+        content, calls = parse(rest, self.tools)
+        return content, calls
+
+
+def call_deltas(calls: list[ToolCall]) -> list[dict]:
+    """OpenAI's streamed `delta.tool_calls` for complete calls: per call its id, type and name
+    (arguments ""), then its arguments in fragments that concatenate to the whole JSON."""
+    out = []
+    for i, call in enumerate(calls):
+        whole = call.as_openai()
+        args = whole["function"]["arguments"]
+        out.append(
+            {"index": i, "id": whole["id"], "type": "function", "function": {"name": call.name, "arguments": ""}}
+        )
+        for at in range(0, len(args), ARGUMENT_FRAGMENT):
+            out.append({"index": i, "function": {"arguments": args[at : at + ARGUMENT_FRAGMENT]}})
+    return out
