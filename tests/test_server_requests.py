@@ -619,6 +619,11 @@ def test_prompt_forms_batches_mixed_sequences_and_prompt_string_objects():
         "text prompts only",
     )
     _assert_error(client.post("/completion", json={"prompt": []}), 400, "'prompt' must not be empty")
+    n_jobs = len(worker.jobs)
+    _assert_error(client.post("/completion", json={"prompt": "x", "response_fields": [5]}), 400, "'response_fields'")
+    r = client.post("/completion", json={"prompt": {"prompt_string": 5}})
+    _assert_error(r, 400, "'prompt.prompt_string': Input should be a valid string")
+    assert len(worker.jobs) == n_jobs  # refused before any decoding
     _assert_error(client.post("/completion", json={"prompt": ["a"] * 17}), 400, "at most 16 prompts")
     _assert_error(client.post("/completion", json={"prompt": [1, 999999]}), 400, "token ids must be integers")
     fields = client.post(

@@ -142,8 +142,6 @@ def _fields(obj: dict, wanted: list) -> dict:
     """llama-server's `response_fields`: only these keys, `a/b` reaching into a nested object."""
     out = {}
     for name in wanted:
-        if not isinstance(name, str):
-            raise ApiError("'response_fields' must be a list of field names")
         value: object = obj
         for key in name.split("/"):
             value = value.get(key) if isinstance(value, dict) else None
@@ -163,8 +161,8 @@ async def completion(request: Request):
     texts = [ctx.tokenizer.decode(p) for p in prompts]  # llama-server echoes the prompt as decoded
     probs = lp is not None
     wanted = (req.model_extra or {}).get("response_fields")
-    if wanted is not None and not isinstance(wanted, list):
-        raise ApiError("'response_fields' must be a list of field names")
+    if wanted is not None and not (isinstance(wanted, list) and all(isinstance(w, str) for w in wanted)):
+        raise ApiError("'response_fields' must be a list of field names")  # before any decoding
 
     def frame(i: int, piece) -> dict:
         return {

@@ -237,7 +237,13 @@ class DetokenizeRequest(_Body):
 def _is_tag(part: Any) -> bool:
     """pydantic names the member of a union it tried ('str', 'list[int]') and validators in locs."""
     p = str(part)
-    return "[" in p or p in ("str", "int", "float", "bool", "none", "dict", "list") or p.startswith("function-")
+    named_model = p[:1].isupper()  # a union member that is a model (PromptObject): fields are lowercase
+    return (
+        "[" in p
+        or named_model
+        or p in ("str", "int", "float", "bool", "none", "dict", "list")
+        or p.startswith("function-")
+    )
 
 
 def describe(error: ValidationError) -> str:
