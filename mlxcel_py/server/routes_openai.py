@@ -192,20 +192,22 @@ async def chat_completions(request: Request):
 @router.post("/chat/completions/input_tokens")
 async def chat_input_tokens(request: Request):
     """llama-server's token count of a chat request: the prompt `/v1/chat/completions` would decode."""
+    _, prompt = await _rendered(request)
+    return {"input_tokens": len(prompt)}
+
+
+async def _rendered(request: Request) -> tuple:
+    """(ctx, the prompt ids) of a chat request, checked and rendered as the chat route does."""
     ctx = ctx_of(request)
     req = await ctx.requests.parse(request, ChatRequest)
     ctx.requests.tools(req)  # the same checks of tools and tool_choice
-    prompt = await asyncio.to_thread(ctx.requests.chat_prompt, req.messages, req.tools)
-    return {"input_tokens": len(prompt)}
+    return ctx, await asyncio.to_thread(ctx.requests.chat_prompt, req.messages, req.tools)
 
 
 @router.post("/apply-template")
 async def apply_template(request: Request):
     """llama-server's `/apply-template`: the chat prompt as text, without decoding it."""
-    ctx = ctx_of(request)
-    req = await ctx.requests.parse(request, ChatRequest)
-    ctx.requests.tools(req)
-    prompt = await asyncio.to_thread(ctx.requests.chat_prompt, req.messages, req.tools)
+    ctx, prompt = await _rendered(request)
     return {"prompt": ctx.tokenizer.decode(prompt)}
 
 
