@@ -293,3 +293,29 @@ def test_anthropic_tool_use_with_the_official_client(cli_env):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_live_arguments_follow_strings_escapes_and_nesting_and_several_calls():
+    text = (
+        'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa\\"ris {x}", "n": [1, {"a": 2}]}}'
+        '\n</tool_call><tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    )
+    stream = tc.ToolStream([WEATHER], live_args=True)
+    content, entries = "", []
+    for at in range(0, len(text), 3):  # three characters at a time
+        c, e = stream.feed(text[at : at + 3])
+        content, entries = content + c, entries + e
+    rest, calls, late = stream.finish()
+    assert content == "Sure. " and rest is None and late == [] and len(calls) == 2
+    for i, call in enumerate(calls):
+        mine = [e for e in entries if e["index"] == i]
+        assert mine[0]["function"] == {"name": "get_weather", "arguments": ""} and mine[0]["id"]
+        assert json.loads("".join(e["function"]["arguments"] for e in mine)) == call.arguments
+    # without a grammar nothing goes out before the end, and then the calls go out whole
+    stream = tc.ToolStream([WEATHER])
+    assert [stream.feed(text[at : at + 3])[1] for at in range(0, len(text), 3)] == [[]] * len(range(0, len(text), 3))
+    rest, calls, late = stream.finish()
+    assert len(calls) == 2 and {e["index"] for e in late} == {0, 1}
+    # a name that is no tool stops the live path instead of sending a call that is not one
+    stream = tc.ToolStream([WEATHER], live_args=True)
+    assert stream.feed('{"name": "rm_rf", "arguments": {"path": "/"}}')[1] == []

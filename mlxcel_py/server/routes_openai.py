@@ -96,24 +96,33 @@ async def chat_completions(request: Request):
     if req.stream and tools:
         # the thought and text that cannot be a call stream as they come; a call goes out, in
         # OpenAI's pieces (id and name, then argument fragments), once the reply is parsed whole
-        calls_out = tool_calls.ToolStream(tools)
+        # under a grammar (a required or named call, the generic format) calls go out as decoded
+        calls_out = tool_calls.ToolStream(tools, live_args=jobs[0].grammar is not None)
         split = reasoning.ReasoningSplit(think) if think is not None else None
+        called = [False]
+
+        def frame(delta: dict) -> dict:
+            return {**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
 
         def tool_deltas(parts: list[tuple[str, str]]) -> list[dict]:
             out = []
             for field, text in parts:
-                sent = text if field == "reasoning_content" else calls_out.feed(text)
-                if sent:
-                    out.append({**chunk, "choices": [{"index": 0, "delta": {field: sent}, "finish_reason": None}]})
+                if field == "reasoning_content":
+                    out.append(frame({field: text}))
+                    continue
+                content, entries = calls_out.feed(text)
+                if content:
+                    out.append(frame({"content": content}))
+                called[0] = called[0] or bool(entries)
+                out += [frame({"tool_calls": [e]}) for e in entries]
             return out
 
         def tool_done(r) -> list[dict]:
             frames = tool_deltas(split.finish()) if split else []
-            content, calls = calls_out.finish()
-            deltas = [{"content": content}] if content else []
-            deltas += [{"tool_calls": [d]} for d in tool_calls.call_deltas(calls)]
-            frames += [{**chunk, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
-            finish = "tool_calls" if calls else r.finish_reason
+            content, calls, entries = calls_out.finish()
+            frames += [frame({"content": content})] if content else []
+            frames += [frame({"tool_calls": [e]}) for e in entries]
+            finish = "tool_calls" if (calls or called[0]) and r.finish_reason != "length" else r.finish_reason
             return frames + _stream_end(chunk, [{"index": 0, "delta": {}, "finish_reason": finish}], r, usage_chunk)
 
         return ctx.stream(

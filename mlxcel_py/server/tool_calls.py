@@ -241,18 +241,106 @@ _HERMES_OPEN = "<tool_call>"
 ARGUMENT_FRAGMENT = 24  # characters of a call's arguments per streamed delta
 
 
+# where a call's arguments begin, in every JSON call format above: its name, then its arguments
+_CALL_HEAD = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+
+
+class LiveArguments:
+    """A constrained reply's calls as they are decoded: each call's id and name once its
+    arguments begin, then the arguments text as it comes, until its object closes. Only under a
+    grammar, which makes every call well-formed and its name one of the tools (so nothing sent
+    has to be taken back); an arguments value that is not an object stops it (the rest of the
+    calls then go out whole at the end)."""
+
+    def __init__(self, names: set[str]):
+        self.names = names
+        self.text = ""
+        self.pos = 0  # scanned up to here
+        self.sent = 0  # calls whose arguments are complete
+        self.open = False  # inside a call's arguments
+        self.depth, self.in_str, self.esc = 0, False, False
+        self.stopped = False
+
+    def feed(self, text: str) -> list[dict]:
+        """`delta.tool_calls` entries for what `text` adds."""
+        self.text += text
+        out: list[dict] = []
+        while not self.stopped:
+            if not self.open:
+                m = _CALL_HEAD.search(self.text, self.pos)
+                if m is None:
+                    break
+                rest = self.text[m.end() :]
+                if not rest:
+                    break  # the value has not begun: wait
+                name = _json(f'"{m.group(1)}"')
+                if name not in self.names or not rest.startswith("{"):
+                    self.stopped = True
+                    break
+                out.append(
+                    {
+                        "index": self.sent,
+                        "id": f"call_{uuid.uuid4().hex[:24]}",
+                        "type": "function",
+                        "function": {"name": name, "arguments": ""},
+                    }
+                )
+                self.open, self.pos, self.depth = True, m.end(), 0
+            end = self._scan()
+            piece = self.text[self.pos : end if end is not None else len(self.text)]
+            if piece:
+                out.append({"index": self.sent, "function": {"arguments": piece}})
+            if end is None:
+                self.pos = len(self.text)
+                break
+            self.pos, self.open, self.sent = end, False, self.sent + 1
+        return out
+
+    def _scan(self) -> int | None:
+        """Where the open arguments object ends (just past its brace), or None if not yet."""
+        for i in range(self.pos, len(self.text)):
+            c = self.text[i]
+            if self.in_str:
+                if self.esc:
+                    self.esc = False
+                elif c == "\\":
+                    self.esc = True
+                elif c == '"':
+                    self.in_str = False
+            elif c == '"':
+                self.in_str = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1
+        return None
+
+
 class ToolStream:
     """A streamed reply with tools offered: text that cannot be (part of) a call goes out as it
-    comes; from the first sign of a call the rest is held, and parsed when the reply ends."""
+    comes; from the first sign of a call the rest is held, and parsed when the reply ends. Under
+    a grammar (`live_args`) the calls themselves also go out as they are decoded (LiveArguments)."""
 
-    def __init__(self, tools: list[dict]):
+    def __init__(self, tools: list[dict], live_args: bool = False):
         self.tools = tools
         self.head = ""  # the reply's start, while it could still open a call
         self.live = False  # the start was plain text: stream, watching for a Hermes block
         self.held = ""  # from a call's first sign to the end
+        self.args = LiveArguments({f["name"] for f in functions(tools)}) if live_args else None
+        self.scanned = 0  # characters of `held` the scanner has seen
 
-    def feed(self, text: str) -> str:
-        """Content to send now."""
+    def feed(self, text: str) -> tuple[str, list[dict]]:
+        """(content to send now, `delta.tool_calls` entries to send now)."""
+        content = self._content(text)
+        if self.args is None or not self.held.lstrip().startswith(_CALL_STARTS):
+            return content, []
+        # from a call's first sign the held text only grows: the scanner gets what it has not seen
+        fresh, self.scanned = self.held[self.scanned :], len(self.held)
+        return content, self.args.feed(fresh)
+
+    def _content(self, text: str) -> str:
         if self.held and not (self.live and not self.held.startswith(_HERMES_OPEN)):
             self.held += text  # a call has begun: the rest waits for the end
             return ""
@@ -277,22 +365,24 @@ class ToolStream:
                 return text[:-k]
         return text
 
-    def finish(self) -> tuple[str | None, list[ToolCall]]:
-        """(content still to send, the calls) once the reply is complete."""
+    def finish(self) -> tuple[str | None, list[ToolCall], list[dict]]:
+        """(content still to send, the calls, their `delta.tool_calls` entries not sent yet) once
+        the reply is complete."""
         rest = self.head + self.held
-        if not rest:
-            return None, []
-        if not rest.lstrip().startswith(_CALL_STARTS):
-            return rest, []
+        if not rest or not rest.lstrip().startswith(_CALL_STARTS):
+            return (rest or None), [], []
         content, calls = parse(rest, self.tools)
-        return content, calls
+        sent = self.args.sent if self.args is not None else 0
+        if not calls and self.args is not None and (sent or self.args.open):
+            return None, [], []  # a call cut off (max_tokens) went out as far as it was decoded
+        return content, calls, call_deltas(calls[sent:], first=sent)
 
 
-def call_deltas(calls: list[ToolCall]) -> list[dict]:
+def call_deltas(calls: list[ToolCall], first: int = 0) -> list[dict]:
     """OpenAI's streamed `delta.tool_calls` for complete calls: per call its id, type and name
     (arguments ""), then its arguments in fragments that concatenate to the whole JSON."""
     out = []
-    for i, call in enumerate(calls):
+    for i, call in enumerate(calls, start=first):
         whole = call.as_openai()
         args = whole["function"]["arguments"]
         out.append(
