@@ -54,6 +54,63 @@ TOOLS = [WEATHER, TIME]
         ('{"name": "launch_rockets", "arguments": {}}', '{"name": "launch_rockets", "arguments": {}}', []),
         ("<tool_call>{not json}</tool_call>", "<tool_call>{not json}</tool_call>", []),
         ("Just text.", "Just text.", []),
+        # the tag markups of llama.cpp's other parsers (common/chat*, common/parsers/)
+        (
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+            '{"city": "Oslo", "unit": "C"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+            None,
+            [("get_weather", {"city": "Oslo", "unit": "C"})],
+        ),  # DeepSeek R1
+        (
+            "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
+            '<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Rome", "unit": "F"}<｜tool▁call▁end｜>'
+            "<｜tool▁calls▁end｜>",
+            "Checking.",
+            [("get_time", {}), ("get_weather", {"city": "Rome", "unit": "F"})],
+        ),  # DeepSeek V3.1
+        (
+            '<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n'
+            '<｜DSML｜parameter name="city" string="true">São Paulo</｜DSML｜parameter>\n'
+            '<｜DSML｜parameter name="unit" string="true">C</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
+            "</｜DSML｜function_calls>",
+            None,
+            [("get_weather", {"city": "São Paulo", "unit": "C"})],
+        ),  # DeepSeek V3.2
+        (
+            "Sure. <|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+            '<|tool_call_argument_begin|>{"city": "Lima", "unit": "C"}<|tool_call_end|><|tool_calls_section_end|>',
+            "Sure.",
+            [("get_weather", {"city": "Lima", "unit": "C"})],
+        ),  # Kimi K2
+        ('<|tool_call|>{"name": "get_time", "arguments": {}}<|/tool_call|>', None, [("get_time", {})]),  # Phi-4-mini
+        (
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
+            "<parameter=unit>\nF\n</parameter>\n</function>\n</tool_call>",
+            None,
+            [("get_weather", {"city": "New York", "unit": "F"})],
+        ),  # Qwen3-Coder
+        (
+            "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Cairo</arg_value>\n"
+            "<arg_key>unit</arg_key>\n<arg_value>C</arg_value>\n</tool_call>",
+            None,
+            [("get_weather", {"city": "Cairo", "unit": "C"})],
+        ),  # GLM-4.5
+        (
+            '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Oslo</parameter>\n'
+            '<parameter name="unit">C</parameter>\n</invoke>\n</minimax:tool_call>',
+            None,
+            [("get_weather", {"city": "Oslo", "unit": "C"})],
+        ),  # MiniMax-M2
+        (
+            '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "get_time", "parameters": {}}]<|END_ACTION|>',
+            None,
+            [("get_time", {})],
+        ),  # Command R7B
+        (
+            '<|tool_call|>{"name": "format_disk", "arguments": {}}<|/tool_call|>',
+            '<|tool_call|>{"name": "format_disk", "arguments": {}}<|/tool_call|>',
+            [],
+        ),  # a name that is no tool stays text, in every markup
     ],
 )
 def test_parse_the_formats_templates_emit(text, content, calls):
@@ -319,3 +376,39 @@ def test_live_arguments_follow_strings_escapes_and_nesting_and_several_calls():
     # a name that is no tool stops the live path instead of sending a call that is not one
     stream = tc.ToolStream([WEATHER], live_args=True)
     assert stream.feed('{"name": "rm_rf", "arguments": {"path": "/"}}')[1] == []
+
+
+def test_text_spelled_arguments_are_typed_by_the_schema_and_kimi_ids_are_kept():
+    count = {
+        "type": "function",
+        "function": {
+            "name": "count",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "n": {"type": "integer"},
+                    "tags": {"type": "array"},
+                    "label": {"type": "string"},
+                    "x": {"type": "number"},
+                },
+            },
+        },
+    }
+    _, calls = tc.parse(
+        '<tool_call>\n<function=count>\n<parameter=n>\n42\n</parameter>\n<parameter=tags>\n["a", 1]\n'
+        "</parameter>\n<parameter=label>\n007\n</parameter>\n<parameter=x>\nnot a number\n</parameter>\n"
+        "</function>\n</tool_call>",
+        [count],
+    )
+    assert calls[0].arguments == {"n": 42, "tags": ["a", 1], "label": "007", "x": "not a number"}
+    _, calls = tc.parse("<|tool_call_begin|>functions.get_time:3<|tool_call_argument_begin|>{}<|tool_call_end|>", TOOLS)
+    assert calls[0].as_openai()["id"] == "functions.get_time:3"  # llama.cpp keeps Kimi's own id
+
+
+def test_a_stream_holds_text_from_any_markup_and_sends_the_text_before_it():
+    text = 'Let me look. <|tool_call|>{"name": "get_time", "arguments": {}}<|/tool_call|>'
+    stream = tc.ToolStream(TOOLS)
+    sent = "".join(stream.feed(text[at : at + 2])[0] for at in range(0, len(text), 2))
+    rest, calls, late = stream.finish()
+    assert sent == "Let me look. " and rest is None and [c.name for c in calls] == ["get_time"]
+    assert late[0]["function"]["name"] == "get_time"

@@ -9,9 +9,10 @@ that lists the tools as JSON and asks for `{"tool_call": {"name": ..., "argument
 
 Parsing the reply, in the formats real templates make models emit (llama.cpp's common/chat lists
 them): Hermes / Qwen `<tool_call>{json}</tool_call>` blocks, Mistral `[TOOL_CALLS][{...}]`,
-Llama 3.x bare `{"name": ..., "parameters": {...}}` (optionally after `<|python_tag|>`), and the
-generic JSON. A call whose name is not one of the request's tools, or whose JSON does not parse, is
-left as text.
+Llama 3.x bare `{"name": ..., "parameters": {...}}` (optionally after `<|python_tag|>`), the
+generic JSON, and the tag markups of other families (tool_formats: DeepSeek, Kimi K2, Phi-4-mini,
+Qwen3-Coder, GLM, MiniMax, Command R7B). A call whose name is not one of the request's tools, or
+whose JSON does not parse, is left as text.
 
 Constraint. `tool_choice: "required"` or a named function, and the generic format whenever tools
 are offered, constrain decoding to a well-formed reply (grammars.GrammarSpec: a JSON schema for the
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..formats.grammars import GrammarSpec
+from . import tool_formats
 
 GENERIC_PROMPT = (
     "You can call these tools (JSON schemas of their arguments):\n{tools}\n\n"
@@ -183,7 +185,7 @@ def parse(text: str, tools: list[dict]) -> tuple[str | None, list[ToolCall]]:
     stripped = text.strip()
     calls: list[ToolCall] = []
 
-    def take(obj: Any) -> bool:
+    def take(obj: Any, cid: str = "") -> bool:
         if not isinstance(obj, dict):
             return False
         name = obj.get("name")
@@ -194,7 +196,7 @@ def parse(text: str, tools: list[dict]) -> tuple[str | None, list[ToolCall]]:
             except ValueError:
                 return False
         if name in names and isinstance(args, dict):
-            calls.append(ToolCall(name, args))
+            calls.append(ToolCall(name, args, cid))
             return True
         return False
 
@@ -206,6 +208,16 @@ def parse(text: str, tools: list[dict]) -> tuple[str | None, list[ToolCall]]:
                 rest = rest.replace(m.group(0), "")
         if calls:
             return (rest.strip() or None), calls
+    # the tag markups of other families (DeepSeek, Kimi K2, Phi-4-mini, Qwen3-Coder, GLM, MiniMax...)
+    params = {f["name"]: f.get("parameters") or {} for f in functions(tools)}
+    for fmt in tool_formats.PARSERS:
+        found = fmt(stripped, params)
+        if found is None:
+            continue
+        rest, raw = found
+        if all(take({"name": n, "arguments": a}, cid) for n, a, cid in raw) and calls:
+            return (rest.strip() or None), calls
+        calls.clear()
     # Mistral: [TOOL_CALLS][{...}, ...]
     if stripped.startswith("[TOOL_CALLS]"):
         body = _json(stripped[len("[TOOL_CALLS]") :])
@@ -236,8 +248,8 @@ def _json(text: str) -> Any:
 
 # how a reply that is a call begins (after whitespace): while its start could still be one of
 # these, or a JSON object (Llama 3.x, the generic format), the text is held back
-_CALL_STARTS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "{")
-_HERMES_OPEN = "<tool_call>"
+_OPENERS = ("<tool_call>", *tool_formats.OPENERS)  # a call's markup may also follow some text
+_CALL_STARTS = (*_OPENERS, "[TOOL_CALLS]", "<|python_tag|>", "{")
 ARGUMENT_FRAGMENT = 24  # characters of a call's arguments per streamed delta
 
 
@@ -341,10 +353,10 @@ class ToolStream:
         return content, self.args.feed(fresh)
 
     def _content(self, text: str) -> str:
-        if self.held and not (self.live and not self.held.startswith(_HERMES_OPEN)):
+        if self.held and not (self.live and not self.held.startswith(_OPENERS)):
             self.held += text  # a call has begun: the rest waits for the end
             return ""
-        if self.held:  # a live tail that might have begun "<tool_call>": look again with more text
+        if self.held:  # a live tail that might have begun a call's markup: look again with more text
             text, self.held = self.held + text, ""
         if not self.live:
             self.head += text
@@ -354,13 +366,14 @@ class ToolStream:
                     self.held, self.head = self.head, ""
                 return ""
             self.live, text, self.head = True, self.head, ""
-        cut = text.find(_HERMES_OPEN)
-        if cut >= 0:
-            self.held = text[cut:]
-            return text[:cut]
-        # hold a tail that may be the start of "<tool_call>"
-        for k in range(min(len(_HERMES_OPEN) - 1, len(text)), 0, -1):
-            if _HERMES_OPEN.startswith(text[-k:]):
+        cuts = [i for i in (text.find(m) for m in _OPENERS) if i >= 0]
+        if cuts:
+            self.held = text[min(cuts) :]
+            return text[: min(cuts)]
+        # hold a tail that may be the start of a call's markup
+        longest = max(len(m) for m in _OPENERS)
+        for k in range(min(longest - 1, len(text)), 0, -1):
+            if any(m.startswith(text[-k:]) for m in _OPENERS):
                 self.held = text[-k:]
                 return text[:-k]
         return text
