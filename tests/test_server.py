@@ -862,3 +862,14 @@ def test_llama_server_prompt_forms_choices_counts_and_cors_over_a_socket(server)
     with urllib.request.urlopen(req, timeout=30) as r:
         assert r.status == 200 and r.headers["Access-Control-Allow-Origin"] == "http://localhost:5173"
         assert r.headers["Access-Control-Allow-Credentials"] == "true"
+
+
+def test_an_assistant_prefill_is_continued_through_the_model_template(server):
+    url, _, _ = server
+    messages = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "The answer is"}]
+    _, rendered = post(url + "/apply-template", {"messages": messages})
+    assert rendered["prompt"].endswith("<|im_start|>assistant\nThe answer is")  # open: no <|im_end|>
+    _, plain = post(url + "/apply-template", {"messages": messages[:1]})
+    assert plain["prompt"].endswith("<|im_start|>assistant\n")
+    status, r = post(url + "/v1/chat/completions", {"messages": messages, "max_tokens": 6, "temperature": 0})
+    assert status == 200 and r["choices"][0]["message"]["content"]

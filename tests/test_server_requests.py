@@ -709,3 +709,20 @@ def test_reasoning_format_legacy_keeps_the_tags_and_verbose_shows_the_prompt():
     body = client.post(CHAT, json={"messages": HI, "verbose": True}).json()
     assert "hi" in body["__verbose"]["prompt"] and body["__verbose"]["generation_settings"]["n_predict"] == -1
     _assert_error(client.post(CHAT, json={"messages": HI, "reasoning_format": "r1"}), 400, "deepseek-legacy")
+
+
+def test_a_trailing_assistant_turn_is_a_prefill_the_reply_continues():
+    client, worker = make_client()
+    prefill = HI + [{"role": "assistant", "content": "Whill"}]
+    assert client.post(CHAT, json={"messages": prefill}).status_code == 200
+    assert bytes(worker.jobs[-1].prompt).decode().endswith("Assistant: Whill")  # left open, no turn after it
+    r = client.post(CHAT, json={"messages": prefill + [{"role": "assistant", "content": "again"}]})
+    _assert_error(r, 400, "Cannot have 2 or more assistant messages at the end of the list")
+    # Anthropic's prefill is the same thing
+    body = {
+        "model": "m",
+        "max_tokens": 5,
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Whill"}],
+    }
+    assert client.post("/v1/messages", json=body).status_code == 200
+    assert bytes(worker.jobs[-1].prompt).decode().endswith("Assistant: Whill")

@@ -5,13 +5,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def render_messages(tokenizer, messages: Sequence[dict], *, chat_template: bool = True) -> list[int]:
-    """Token ids for a conversation that ends with the user's turn, ready for the reply."""
+def render_messages(
+    tokenizer, messages: Sequence[dict], *, chat_template: bool = True, continue_last: bool = False
+) -> list[int]:
+    """Token ids for a conversation that ends with the user's turn, ready for the reply; with
+    `continue_last` it ends with an assistant turn the reply continues (a prefill: its text is
+    left open, with no end-of-turn after it)."""
     if chat_template and getattr(tokenizer, "has_chat_template", False):
+        if continue_last:
+            return list(tokenizer.apply_chat_template(list(messages), continue_final_message=True))
         return list(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True))
     if chat_template:
         # no template in the checkpoint: mlxcel's pseudo-template
-        text = "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages) + "Assistant:"
+        turns = "".join(
+            f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages[: len(messages) - continue_last]
+        )
+        text = turns + ("Assistant: " + messages[-1]["content"] if continue_last else "Assistant:")
     else:
         text = "\n".join(m["content"] for m in messages)
     return list(tokenizer.encode(text))

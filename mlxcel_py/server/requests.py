@@ -41,6 +41,15 @@ MAX_PROMPTS = 16  # prompts in one batch request
 ROLE_FOR_TEMPLATE = {"developer": "system"}  # OpenAI's newer name for the system turn
 
 
+def _prefill(turns: list[dict]) -> bool:
+    """Whether the conversation ends with an assistant turn for the reply to continue (llama-server
+    and Anthropic's prefill); two assistant turns at the end are refused as llama-server does."""
+    if len(turns) >= 2 and turns[-1]["role"] == turns[-2]["role"] == "assistant":
+        raise ApiError("Cannot have 2 or more assistant messages at the end of the list")
+    last = turns[-1] if turns else {}
+    return last.get("role") == "assistant" and bool(last.get("content")) and not last.get("tool_calls")
+
+
 @dataclass
 class RequestReader:
     tokenizer: Any
@@ -183,14 +192,17 @@ class RequestReader:
         return self.tool_prompt(turns, [t.model_dump(exclude_none=True) for t in tools or []])
 
     def tool_prompt(self, turns: list[dict], listed: list[dict]) -> list[int]:
-        """Prompt ids of turns (with tool calls and results) and the tools offered (chat shape)."""
+        """Prompt ids of turns (with tool calls and results) and the tools offered (chat shape).
+        A conversation that ends with an assistant turn is a prefill: the reply continues it."""
+        prefill = _prefill(turns)
         if not listed:
-            return self.turns_prompt(turns)
+            return self.turns_prompt(turns, prefill=prefill)
         if tool_calls.template_takes_tools(self.tokenizer):
             turns = [{**t, "role": ROLE_FOR_TEMPLATE.get(t["role"], t["role"])} for t in tool_calls.native_turns(turns)]
             self.fits(sum(len(t.get("content") or "") for t in turns) + len(str(listed)))
-            return list(self.tokenizer.apply_chat_template(turns, tools=listed, add_generation_prompt=True))
-        return self.turns_prompt(tool_calls.generic_turns(turns, listed))
+            opening = {"continue_final_message": True} if prefill else {"add_generation_prompt": True}
+            return list(self.tokenizer.apply_chat_template(turns, tools=listed, **opening))
+        return self.turns_prompt(tool_calls.generic_turns(turns, listed), prefill=prefill)
 
     def tools(self, req: Any) -> tuple[list[dict], Any]:
         """A request's tools (the chat route's shape) and the grammar its reply must follow (None:
@@ -215,11 +227,11 @@ class RequestReader:
         native = tool_calls.template_takes_tools(self.tokenizer)
         return tool_calls.constraint(listed, choice or "auto", native=native)
 
-    def turns_prompt(self, turns: list[dict]) -> list[int]:
+    def turns_prompt(self, turns: list[dict], prefill: bool = False) -> list[int]:
         """Prompt ids of {role, content} turns through the model's chat template."""
         turns = [{"role": ROLE_FOR_TEMPLATE.get(t["role"], t["role"]), "content": t["content"]} for t in turns]
         self.fits(sum(len(t["content"]) for t in turns))
-        return render_messages(self.tokenizer, turns)
+        return render_messages(self.tokenizer, turns, continue_last=prefill)
 
     def fits(self, chars: int) -> None:
         """Refuse, before tokenizing, text that cannot fit the context in any tokenization: no
