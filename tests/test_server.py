@@ -873,3 +873,31 @@ def test_an_assistant_prefill_is_continued_through_the_model_template(server):
     assert plain["prompt"].endswith("<|im_start|>assistant\n")
     status, r = post(url + "/v1/chat/completions", {"messages": messages, "max_tokens": 6, "temperature": 0})
     assert status == 200 and r["choices"][0]["message"]["content"]
+
+
+def test_return_progress_reports_each_prompt_chunk_as_llama_server(server):
+    url, _, _ = server
+
+    def progress() -> list[dict]:
+        body = {
+            "messages": [{"role": "user", "content": "This is a test of prompt progress. " * 40}],
+            "max_tokens": 4,
+            "temperature": 0,
+            "stream": True,
+            "return_progress": True,
+        }
+        req = urllib.request.Request(
+            url + "/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=120) as r:
+            lines = r.read().decode().splitlines()
+        frames = [json.loads(ln[6:]) for ln in lines if ln.startswith("data: ") and ln != "data: [DONE]"]
+        return [f["prompt_progress"] for f in frames if "prompt_progress" in f]
+
+    first = progress()
+    assert len(first) >= 3 and first[0]["cache"] == first[0]["processed"]
+    assert all(p["total"] == first[0]["total"] for p in first)
+    assert all(b["processed"] > a["processed"] for a, b in zip(first, first[1:]))
+    assert first[-1]["processed"] == first[-1]["total"]
+    again = progress()  # the prompt cache holds the prompt now: the first report says so
+    assert again[0]["cache"] > 0 and again[0]["cache"] == again[0]["processed"] and len(again) < len(first)

@@ -120,6 +120,9 @@ class Generation:
         self.reuse_cache = reuse_cache
         self.stats = GenerationStats(prompt_tokens=len(self.prompt))
         self.finish_reason: str | None = None
+        # prompt tokens (total, taken from a cache, processed so far, ms), one entry as feeding
+        # starts and one per chunk fed (llama-server's `prompt_progress`)
+        self.progress: list[tuple[int, int, int, float]] = []
         self.tokens: list[int] = []
         self._pooled: SequenceCache | None = None  # taken from engine.prompt_cache, given back at the end
         self._iter = self._run()
@@ -193,6 +196,14 @@ class Generation:
         cache.keep_hidden(getattr(drafter, "hidden_tap", None))
         st.cached_tokens = cache.reuse_prefix(self.prompt)
         todo = self.prompt[st.cached_tokens : -1]
+        total, cached = len(self.prompt), st.cached_tokens
+
+        def progressed(done: int) -> None:
+            report = (total, cached, cached + done, (time.perf_counter() - t0) * 1000)
+            if not self.progress or self.progress[-1][2] != report[2]:
+                self.progress.append(report)
+
+        progressed(0)
         if self.gate is not None and self.gate.prefill_chunk:
             # each chunk rides in the scheduler's batched forward beside the others' steps (one
             # forward instead of two); its logits rows are not used
@@ -203,13 +214,17 @@ class Generation:
                     return
                 yield from self._forward(cache, list(todo[i : i + chunk]), logits=False)
                 cache.eval()
+                progressed(min(i + chunk, len(todo)))
         else:
+            start = cache.fed
             for fed in cache.prefill_steps(todo, stop=self.cancelled):
                 if not fed:
                     self.finish_reason = "cancelled"
                     return
+                progressed(cache.fed - start)
                 if self.gate is not None:
                     yield PAUSE  # other sequences decode between this prompt's chunks
+        progressed(total - cached)  # the last prompt token goes in with the first step
         st.prefill_s = time.perf_counter() - t0
 
         history = list(self.prompt)

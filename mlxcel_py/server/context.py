@@ -154,8 +154,10 @@ class ServerContext:
         done_sentinel: bool = True,
         frame: Callable[[dict], str] = sse,
         on_error: Callable[[str, str], dict] = error_body,
+        on_progress: Callable[[dict], dict] | None = None,
     ) -> StreamingResponse:
-        """SSE for one job: optional head frames, frames per text piece, the final frames. Each
+        """SSE for one job: optional head frames, frames per text piece (and per prompt chunk
+        with `on_progress`, for a job that asked for progress), the final frames. Each
         callback returns one frame or a list; `frame` spells a frame (OpenAI's bare `data:`
         lines by default, Anthropic's `event:` + `data:`), `on_error` an error frame."""
         self.admit(job)
@@ -170,6 +172,9 @@ class ServerContext:
             async for kind, payload in self.worker.submit(job):
                 if kind == "logprobs":
                     lps = payload
+                elif kind == "progress":
+                    if on_progress is not None:
+                        yield frames(on_progress(prompt_progress(payload)))
                 elif kind == "text":
                     yield frames(on_text(payload, lps))
                     lps = []
@@ -222,6 +227,8 @@ class ServerContext:
                     i, kind, payload = await queue.get()
                     if kind == "end":
                         ended += 1
+                    elif kind == "progress":
+                        continue  # several jobs' prompts: no progress frames
                     elif kind == "logprobs":
                         lps[i] = payload
                     elif kind == "text":
@@ -246,6 +253,12 @@ class ServerContext:
                 yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def prompt_progress(p: tuple) -> dict:
+    """llama-server's `prompt_progress` of a job's (total, cache, processed, ms)."""
+    total, cache, processed, ms = p
+    return {"total": total, "cache": cache, "processed": processed, "time_ms": round(ms, 3)}
 
 
 LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}  # llama-server's

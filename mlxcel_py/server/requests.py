@@ -282,6 +282,7 @@ class RequestReader:
             logprobs=logprobs,
             speculative=req.speculative(),
             predict_ms=self.predict_ms(req),
+            progress=req.stream and (req.model_extra or {}).get("return_progress") is True,
         )
 
     def predict_ms(self, req: schemas.Sampling) -> float | None:

@@ -201,6 +201,7 @@ async def completion(request: Request):
             },
             lambda r: last(0, r),
             done_sentinel=False,
+            on_progress=lambda p: {"index": 0, "content": "", "tokens": [], "stop": False, "prompt_progress": p},
         )
     results = await ctx.collect_many(jobs, request)
     out = [

@@ -62,6 +62,9 @@ async def chat_completions(request: Request):
     usage_chunk = _include_usage(req)
     chunk = {**base, "object": "chat.completion.chunk"}
 
+    def progress_chunk(p: dict) -> dict:  # return_progress: a chunk per prompt chunk fed
+        return {**chunk, "choices": [], "prompt_progress": p}
+
     def head(i: int) -> dict:  # llama-server's first chunk: the role, content null
         return {
             **chunk,
@@ -131,6 +134,7 @@ async def chat_completions(request: Request):
             lambda piece, lps: tool_deltas(split.feed(piece.text) if split else [("content", piece.text)]),
             tool_done,
             head=head(0),
+            on_progress=progress_chunk,
         )
     if req.stream:
         splitter = reasoning.ReasoningSplit(think) if think is not None else None
@@ -167,7 +171,7 @@ async def chat_completions(request: Request):
                 chunk, [{"index": 0, "delta": {}, "finish_reason": r.finish_reason}], r, usage_chunk
             )
 
-        return ctx.stream(jobs[0], request, on_text, on_done, head=head(0))
+        return ctx.stream(jobs[0], request, on_text, on_done, head=head(0), on_progress=progress_chunk)
     results = await ctx.collect_many(jobs, request)
     choices = []
     for i, r in enumerate(results):
@@ -310,6 +314,7 @@ async def completions(request: Request):
                 request,
                 lambda piece, lps: chunk(0, piece, lps),
                 lambda r: _stream_end(base, [finish(0, r)], r, _include_usage(req)),
+                on_progress=lambda p: {**base, "choices": [], "prompt_progress": p},
             )
         return ctx.stream_many(
             jobs,

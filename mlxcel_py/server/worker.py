@@ -50,6 +50,7 @@ class Job:
     speculative: bool = True  # False: this request decodes plainly (speculative.n_max 0)
     predict_ms: float | None = None  # time limit for decoding, from the first piece (t_max_predict_ms)
     grammar: Any = None  # grammars.GrammarSpec the output follows (compiled when the job starts)
+    progress: bool = False  # "progress" events while the prompt is fed (llama-server's return_progress)
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -98,6 +99,7 @@ class Slot:
     sent: int = 0  # logprobs already emitted
     deadline: float | None = None  # monotonic time its decoding must end (set at its first piece)
     timed_out: bool = False  # ended by its deadline: finish_reason "length"
+    progress_sent: int = 0  # prompt progress reports emitted
 
 
 class Worker:
@@ -266,6 +268,9 @@ class Worker:
                 item = next(slot.pieces)
             except StopIteration:
                 return True
+            if job.progress and len(slot.gen.progress) > slot.progress_sent:
+                out += [("progress", p) for p in slot.gen.progress[slot.progress_sent :]]
+                slot.progress_sent = len(slot.gen.progress)
             if item is PAUSE or item is NEED_STEP:
                 return False
             if slot.deadline is None and job.predict_ms is not None:
