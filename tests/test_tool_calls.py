@@ -412,3 +412,69 @@ def test_a_stream_holds_text_from_any_markup_and_sends_the_text_before_it():
     rest, calls, late = stream.finish()
     assert sent == "Let me look. " and rest is None and [c.name for c in calls] == ["get_time"]
     assert late[0]["function"]["name"] == "get_time"
+
+
+@pytest.mark.parametrize(
+    "marker,name",
+    [
+        ("[TOOL_CALLS]", "mistral"),
+        ("<|tool_call|>", "phi4"),
+        ("function<｜tool▁sep｜>", "deepseek-r1"),
+        ("<｜tool▁sep｜>", "deepseek-v3.1"),
+        ("<|tool_call_begin|>", "kimi-k2"),
+        ("<tool_call>", "hermes"),
+        ("<|python_tag|>", "llama3"),
+        ("message.role == 'ipython'", "llama3"),
+        ("", "hermes"),
+    ],
+)
+def test_the_call_format_follows_the_template_source(marker, name):
+    assert tc.call_format("{% for m in messages %}{{ m.content }}{% endfor %}" + marker).name == name
+
+
+def test_special_tokens_enter_a_lark_grammar_as_tokens_and_text_as_strings():
+    special = frozenset({"<|python_tag|>", "<|eot_id|>"})
+    assert tc.lark_text('<|python_tag|>{"a"', special) == '<|python_tag|> "{\\"a\\""'
+    assert tc.lark_text("plain\n", special) == '"plain\\n"'
+    assert tc.lark_text("x<|eot_id|>", special) == '"x" <|eot_id|>'
+
+
+def test_a_required_call_is_decoded_in_each_templates_own_format(tiny_dir, tmp_path):
+    """On the tiny model (random weights), a required call under each format's grammar parses
+    back into a call of the right tool whose arguments match its schema."""
+    from mlxcel_py.engine.engine import Engine
+    from mlxcel_py.engine.grammar import TokenizerIndex
+    from mlxcel_py.models import loading
+    from mlxcel_py.options import SamplingOptions
+    from mlxcel_py.server import schemas
+    from mlxcel_py.server.requests import RequestReader
+
+    loaded = loading.load(loading.resolve(str(tiny_dir)))
+    tok = loaded.tokenizer
+    inner = getattr(tok, "_tokenizer", tok)
+    eng = Engine(loaded.model, eos_ids=tok.eos_token_ids, vocab_size=loaded.vocab_size, context_length=2048)
+    req = schemas.ChatRequest.model_validate(
+        {"messages": [{"role": "user", "content": "weather?"}], "tools": [WEATHER, TIME], "tool_choice": "required"}
+    )
+    seen = set()
+    for marker, _ in tc.CALL_FORMATS:
+        inner.chat_template = (
+            "{%- for t in tools %}{{ t | tojson }}{% endfor %}{#- " + marker + " #}"
+            "{%- for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant: "
+        )
+        fmt = tc.call_format(inner.chat_template)
+        if fmt.name in seen:
+            continue
+        seen.add(fmt.name)
+        reader = RequestReader(tok, loaded.vocab_size, 2048, SamplingOptions(), -1)
+        _, spec = reader.tools(req)
+        assert spec.kind == "lark", fmt.name
+        constraint = TokenizerIndex.of(loaded.tokenizer, loaded.vocab_size, tok.eos_token_ids).compile(spec)
+        ids = reader.chat_prompt(req.messages, req.tools)
+        out = [e.token for e in eng.generate(ids, max_tokens=300, constraint=constraint)]
+        text = tok.decode(out)
+        _, calls = tc.parse(text, [WEATHER, TIME])
+        assert len(calls) == 1, (fmt.name, text)
+        params = {t["function"]["name"]: t["function"]["parameters"] for t in [WEATHER, TIME]}
+        jsonschema.validate(calls[0].arguments, params[calls[0].name])
+    assert len(seen) == 7

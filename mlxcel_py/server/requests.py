@@ -225,7 +225,9 @@ class RequestReader:
             if name not in {t["function"]["name"] for t in listed}:
                 raise ApiError(f"'tool_choice' names {name}, which is not one of the tools")
         native = tool_calls.template_takes_tools(self.tokenizer)
-        return tool_calls.constraint(listed, choice or "auto", native=native)
+        fmt = tool_calls.call_format(tool_calls.template_source(self.tokenizer))
+        special = tool_calls.special_tokens(self.tokenizer) if native else frozenset()
+        return tool_calls.constraint(listed, choice or "auto", native=native, fmt=fmt, special=special)
 
     def turns_prompt(self, turns: list[dict], prefill: bool = False) -> list[int]:
         """Prompt ids of {role, content} turns through the model's chat template."""

@@ -55,14 +55,29 @@ class ToolCall:
         }
 
 
-def template_takes_tools(tokenizer: Any) -> bool:
-    """Whether the model's chat template renders a `tools` list (else the generic format is used)."""
+def template_source(tokenizer: Any) -> str:
+    """The model's chat template as text ("" without one)."""
     template = getattr(tokenizer, "chat_template", None)
     if template is None:
         template = getattr(getattr(tokenizer, "_tokenizer", None), "chat_template", None)
     if isinstance(template, dict):  # named templates: the default one, or any
         template = template.get("default") or next(iter(template.values()), "")
-    return isinstance(template, str) and "tools" in template
+    return template if isinstance(template, str) else ""
+
+
+def template_takes_tools(tokenizer: Any) -> bool:
+    """Whether the model's chat template renders a `tools` list (else the generic format is used)."""
+    return "tools" in template_source(tokenizer)
+
+
+def special_tokens(tokenizer: Any) -> frozenset[str]:
+    """The tokenizer's special tokens that look like `<...>` (a grammar names those as tokens)."""
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    found = set(getattr(inner, "all_special_tokens", None) or [])
+    for added in (getattr(inner, "added_tokens_decoder", None) or {}).values():
+        if getattr(added, "special", False):
+            found.add(str(added.content))
+    return frozenset(t for t in found if len(t) > 2 and t[0] == "<" and t[-1] == ">")
 
 
 def functions(tools: list[dict]) -> list[dict]:
@@ -131,9 +146,98 @@ def _arguments(fn: dict) -> Any:
     return args if args is not None else {}
 
 
-def constraint(tools: list[dict], choice: Any, *, native: bool) -> GrammarSpec | None:
+# ---- the call format a template's model writes, for a required or named call's grammar ----------
+
+
+@dataclass(frozen=True)
+class CallFormat:
+    """How a template's model writes one call, for the grammar of a required or named call:
+    `open`, the call, `close`; the call is a JSON object holding the name and the arguments under
+    `arguments` (in a one-item list when `listed`), or with `named` the name outside the JSON:
+    `before(name)`, the arguments object, `after`."""
+
+    name: str
+    open: str
+    close: str
+    arguments: str = "arguments"
+    listed: bool = False
+    named: tuple[str, str] | None = None  # (text before the arguments, with {name}; text after them)
+
+
+HERMES_CALL = CallFormat("hermes", "<tool_call>\n", "\n</tool_call>")
+CALL_FORMATS = (
+    # (a marker the template's source holds, the format); the first that matches wins
+    ("[TOOL_CALLS]", CallFormat("mistral", "[TOOL_CALLS]", "", listed=True)),
+    ("<|tool_call|>", CallFormat("phi4", "<|tool_call|>", "<|/tool_call|>")),
+    (
+        "function<｜tool▁sep｜>",
+        CallFormat(
+            "deepseek-r1",
+            "<｜tool▁calls▁begin｜>",
+            "<｜tool▁calls▁end｜>",
+            named=("<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n", "\n```<｜tool▁call▁end｜>"),
+        ),
+    ),
+    (
+        "<｜tool▁sep｜>",
+        CallFormat(
+            "deepseek-v3.1",
+            "<｜tool▁calls▁begin｜>",
+            "<｜tool▁calls▁end｜>",
+            named=("<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>", "<｜tool▁call▁end｜>"),
+        ),
+    ),
+    (
+        "<|tool_call_begin|>",
+        CallFormat(
+            "kimi-k2",
+            "<|tool_calls_section_begin|>",
+            "<|tool_calls_section_end|>",
+            named=("<|tool_call_begin|>functions.{name}:0<|tool_call_argument_begin|>", "<|tool_call_end|>"),
+        ),
+    ),
+    ("<tool_call>", HERMES_CALL),
+    ("<|python_tag|>", CallFormat("llama3", "", "", arguments="parameters")),
+    ("ipython", CallFormat("llama3", "", "", arguments="parameters")),
+)
+
+
+def call_format(template: str | None) -> CallFormat:
+    """The call format a chat template's model writes (Hermes when its source names none)."""
+    for marker, fmt in CALL_FORMATS:
+        if marker in (template or ""):
+            return fmt
+    return HERMES_CALL
+
+
+def lark_text(text: str, special: frozenset[str]) -> str:
+    """`text` as a Lark expression: the tokenizer's special tokens as token references (a model
+    emits them as one token, never as their characters), the rest as quoted strings."""
+    parts, at = [], 0
+    marks = sorted((m for m in special if m and m in text), key=len, reverse=True)
+    while at < len(text):
+        hit = next(((text.find(m, at), m) for m in marks if text.find(m, at) == at), None)
+        if hit is not None:
+            parts.append(hit[1])
+            at += len(hit[1])
+            continue
+        nxt = min([i for i in (text.find(m, at) for m in marks) if i >= 0] or [len(text)])
+        parts.append(json.dumps(text[at:nxt], ensure_ascii=False))
+        at = nxt
+    return " ".join(parts) if parts else '""'
+
+
+def constraint(
+    tools: list[dict],
+    choice: Any,
+    *,
+    native: bool,
+    fmt: CallFormat = HERMES_CALL,
+    special: frozenset[str] = frozenset(),
+) -> GrammarSpec | None:
     """The grammar a reply must follow: None (free text) unless a call is required, or the
-    generic format is in use (its reply is JSON by construction)."""
+    generic format is in use (its reply is JSON by construction). A required or named call on a
+    template that takes tools follows that template's own format (`fmt`, from `call_format`)."""
     fns = functions(tools)
     if isinstance(choice, dict):
         wanted = choice.get("function", {}).get("name")
@@ -143,18 +247,8 @@ def constraint(tools: list[dict], choice: Any, *, native: bool) -> GrammarSpec |
         required = choice == "required"
     if choice == "none":
         return None
-    call = {
-        "anyOf": [
-            {
-                "type": "object",
-                "properties": {"name": {"const": f["name"]}, "arguments": f.get("parameters") or {"type": "object"}},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for f in fns
-        ]
-    }
     if not native:
+        call = _call_schema(fns, "arguments")
         options = [
             {
                 "type": "object",
@@ -175,8 +269,49 @@ def constraint(tools: list[dict], choice: Any, *, native: bool) -> GrammarSpec |
         return GrammarSpec("json_schema", json.dumps({"x-guidance": COMPACT, "anyOf": options}))
     if not required:
         return None
-    call = {"x-guidance": COMPACT, **call}
-    return GrammarSpec("lark", f'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json {json.dumps(call)}\n')
+    rules = []
+    if fmt.named is not None:  # the name outside the JSON: one alternative per function
+        before, after = fmt.named
+        alts = []
+        for i, f in enumerate(fns):
+            rules.append(
+                f"args{i}: %json {json.dumps({'x-guidance': COMPACT, **(f.get('parameters') or {'type': 'object'})})}"
+            )
+            alts.append(
+                " ".join(
+                    p
+                    for p in (
+                        lark_text(before.format(name=f["name"]), special),
+                        f"args{i}",
+                        lark_text(after, special) if after else "",
+                    )
+                    if p
+                )
+            )
+        rules.insert(0, "call: " + " | ".join(alts))
+    else:
+        schema: dict = _call_schema(fns, fmt.arguments)
+        if fmt.listed:
+            schema = {"type": "array", "items": schema, "minItems": 1, "maxItems": 1}
+        rules.insert(0, f"call: %json {json.dumps({'x-guidance': COMPACT, **schema})}")
+    start = [lark_text(fmt.open, special)] if fmt.open else []
+    start += ["call"] + ([lark_text(fmt.close, special)] if fmt.close else [])
+    return GrammarSpec("lark", "start: " + " ".join(start) + "\n" + "\n".join(rules) + "\n")
+
+
+def _call_schema(fns: list[dict], key: str) -> dict:
+    """A call object: one of the functions' names, with its arguments under `key`."""
+    return {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"name": {"const": f["name"]}, key: f.get("parameters") or {"type": "object"}},
+                "required": ["name", key],
+                "additionalProperties": False,
+            }
+            for f in fns
+        ]
+    }
 
 
 def parse(text: str, tools: list[dict]) -> tuple[str | None, list[ToolCall]]:

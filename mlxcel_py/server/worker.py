@@ -317,7 +317,9 @@ class Worker:
         # the slot is free before the client holds its result: what it reads next (/metrics,
         # /slots) no longer counts this request as processing
         self._free(slot)
-        if job.cancelled.is_set() and self.shutting_down and not stream.finish_reason:
+        # stopped by shutdown (the generation may have seen the cancel itself and said "cancelled"):
+        # the client gets the shutdown error, not a reply cut short that looks whole
+        if job.cancelled.is_set() and self.shutting_down and stream.finish_reason in (None, "cancelled"):
             self._emit(job, "error", ShuttingDown(self.shutting_down))
             return
         self._emit(
