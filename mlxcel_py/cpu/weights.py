@@ -86,10 +86,9 @@ def default_threads() -> int:
     env = os.environ.get("MLXCEL_KERNEL_THREADS", "").strip()
     if env.isdigit() and int(env) > 0:
         return int(env)
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+    from .cores import usable_cores
+
+    return usable_cores()  # the affinity mask, within a container's CPU quota
 
 
 def _row_count(x: mx.array) -> int:
