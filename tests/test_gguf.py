@@ -120,6 +120,27 @@ def test_k_quants_are_requantized_for_metal_and_cuda(tmp_path):
     assert len(run(engine_for(lm), PROMPT, max_tokens=4)[0]) == 4
 
 
+def test_q4_k_blocks_become_4_bit_affine_layers_directly(tmp_path):
+    """Q4_K is affine 4-bit in groups of 32: on the CPU its layers are stored as MLX 4-bit (for the
+    row-exact kernel) instead of float32 re-quantized to 8 bits, and decode to gguf-py's values."""
+    path = tmp_path / "m.gguf"
+    _, _, names = gguf_files.write(path, "qwen3", [Q.Q4_K, Q.Q6_K, Q.F16])
+    folder = importer.convert(path, tmp_path / "converted", for_cpu=True)
+    cfg = gguf_files.read_json(folder / "config.json")
+    w = mx.load(str(folder / "model.safetensors"))
+    want = gguf_files.expected(path, "qwen3", names)
+    kinds = {t.name: t.tensor_type for t in importer.read(path).tensors}
+    q4k = [names[n].rsplit(".", 1)[0] for n, k in kinds.items() if k == Q.Q4_K and n.endswith(".weight")]
+    assert q4k
+    for module in q4k:
+        bits = cfg["quantization"].get(module, {}).get("bits", cfg["quantization"]["bits"])
+        assert bits == 4 and w[f"{module}.scales"].dtype == mx.float32
+        got = mx.dequantize(w[f"{module}.weight"], w[f"{module}.scales"], w[f"{module}.biases"], group_size=32, bits=4)
+        assert np.array_equal(np.array(got), want[f"{module}.weight"]), module
+    lm = loading.load(loading.resolve(str(folder)))
+    assert len(run(engine_for(lm), PROMPT, max_tokens=4)[0]) == 4
+
+
 def _raw_gguf(path, arch="llama", tensors=None):
     import gguf
 

@@ -5,9 +5,13 @@ tensor table, so the architecture and every tensor type are known before anythin
 an unmapped architecture (`gguf_arch`), an unmapped tensor or a type nobody can decode is refused
 there, naming it. Decoding: a file whose tensors are all types MLX reads itself (F32, F16, Q4_0,
 Q4_1, Q8_0) goes through `mx.load`, which hands back Q4_0/Q4_1/Q8_0 as MLX affine triples
-(group 32; on the CPU the scales are widened to float32); any other file (K-quants, i-quants, Q5_x, BF16...) is decoded tensor by tensor with
-gguf-py's dequantizers. On the CPU those tensors are stored as float32 (the loader's CPU dtype
-anyway); on Metal/CUDA they are re-quantized to MLX's affine 4- or 8-bit so weights stay small.
+(group 32; on the CPU the scales are widened to float32); any other file (K-quants, i-quants, Q5_x, BF16...) is decoded tensor by tensor.
+Q4_K, the bulk of a Q4_K_M file, is itself affine 4-bit in groups of 32 (each sub-block's
+w = d*sc*q - dmin*m), so its blocks become an MLX affine triple directly (`_q4k_affine`): the same
+values as gguf-py's dequantizer bit for bit, 4 bits a weight in the cache and on the row-exact
+kernel instead of float32 re-quantized to 8 bits. Other types go through gguf-py's dequantizers;
+on the CPU they are stored as float32 (the loader's CPU dtype anyway); on Metal/CUDA they are
+re-quantized to MLX's affine 4- or 8-bit so weights stay small.
 Then the architecture's quirks are undone (`gguf_arch`), a `config.json` written (with per-module
 bit widths), and the tokenizer rebuilt from the metadata (`gguf_tokenizer`).
 
@@ -31,7 +35,7 @@ from . import tokenizer as gguf_tokenizer
 from .cache import COMPLETE
 
 GROUP_SIZE = 32  # every GGUF block quant MLX reads has 32 values per block
-FORMAT = "v2"  # bump when the folder layout changes, so old cache entries are not re-used
+FORMAT = "v3"  # bump when the folder layout changes, so old cache entries are not re-used (v3: Q4_K direct)
 MLX_NATIVE = frozenset({"F32", "F16", "Q4_0", "Q4_1", "Q8_0"})
 _FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
 # MLX affine bits for re-quantizing a decoded tensor off the CPU: at least the source's precision
@@ -90,6 +94,32 @@ def _decode(tensor):
     if name == "F16":
         return np.asarray(tensor.data).view(np.float16).reshape(shape)
     return quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+
+
+def _q4k_affine(tensor):
+    """A Q4_K tensor as MLX affine 4-bit, group 32: (packed uint32 [rows, cols/8], scales and
+    biases float32 [rows, cols/32]). Each 256-value block holds 8 sub-blocks of 32 with a 6-bit
+    scale and min: scale = d*sc and bias = -dmin*m are exact in float32 (an fp16 times a 6-bit
+    integer), so dequantizing gives gguf-py's values bit for bit. The block fields are read with
+    gguf-py's own Q4_K helpers."""
+    import numpy as np
+    from gguf.quants import Q4_K
+
+    rows, cols = _shape(tensor)
+    blocks = np.asarray(tensor.data, dtype=np.uint8).reshape(-1, Q4_K.type_size)
+    n = blocks.shape[0]
+    d, rest = np.hsplit(blocks, [2])
+    dmin, rest = np.hsplit(rest, [2])
+    scales, qs = np.hsplit(rest, [Q4_K.K_SCALE_SIZE])
+    sc, m = Q4_K.get_scale_min(scales)
+    scale = d.view(np.float16).astype(np.float32) * sc.astype(np.float32)  # [n, 8]
+    bias = -(dmin.view(np.float16).astype(np.float32) * m.astype(np.float32))
+    # each 32 bytes of qs hold two sub-blocks: low nibbles the first, high nibbles the second
+    q = (qs.reshape(n, -1, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & np.uint8(0x0F)
+    q = q.reshape(rows, cols).astype(np.uint32)
+    shifts = (np.arange(8, dtype=np.uint32) * 4).reshape(1, 1, 8)
+    packed = np.bitwise_or.reduce(q.reshape(rows, cols // 8, 8) << shifts, axis=-1).astype(np.uint32)
+    return packed, scale.reshape(rows, cols // GROUP_SIZE), bias.reshape(rows, cols // GROUP_SIZE)
 
 
 def convert(gguf_path: Path, out_dir: Path, *, for_cpu: bool | None = None) -> Path:
@@ -155,8 +185,15 @@ def convert(gguf_path: Path, out_dir: Path, *, for_cpu: bool | None = None) -> P
             mlx_name = arch.mlx_name(name)
             if mlx_name is None:
                 continue
-            value = _undo_quirks(arch, mlx_name, mx.array(_decode(tensor)), config)
             kind = tensor.tensor_type.name
+            if kind == "Q4_K" and len(tensor.shape) == 2 and mlx_name.endswith(".weight"):
+                module = mlx_name.rsplit(".", 1)[0]
+                for part, value in zip(("weight", "scales", "biases"), _q4k_affine(tensor)):
+                    value = mx.array(value if for_cpu or part == "weight" else value.astype("float16"))
+                    out[f"{module}.{part}"] = _undo_quirks(arch, f"{module}.{part}", value, config)
+                quant[module] = {"group_size": GROUP_SIZE, "bits": 4}
+                continue
+            value = _undo_quirks(arch, mlx_name, mx.array(_decode(tensor)), config)
             if not for_cpu and kind not in _FLOAT_TYPES and value.ndim >= 2 and value.shape[-1] % GROUP_SIZE == 0:
                 bits = 8 if kind in _EIGHT_BIT else 4
                 w, scales, biases = mx.quantize(value, group_size=GROUP_SIZE, bits=bits)
