@@ -478,3 +478,15 @@ def test_a_required_call_is_decoded_in_each_templates_own_format(tiny_dir, tmp_p
         params = {t["function"]["name"]: t["function"]["parameters"] for t in [WEATHER, TIME]}
         jsonschema.validate(calls[0].arguments, params[calls[0].name])
     assert len(seen) == 7
+
+
+def test_tag_markups_parse_long_and_cut_off_calls_without_backtracking_blowups():
+    # a reply cut off by max_tokens inside a call with many arguments (a nested-repeat regex took
+    # seconds at 20 pairs and doubled per pair)
+    pairs = "".join(f"<arg_key>k{i}</arg_key>\n<arg_value>{i}</arg_value>\n" for i in range(40))
+    params = {"type": "object", "properties": {f"k{i}": {"type": "integer"} for i in range(40)}}
+    tool = {"type": "function", "function": {"name": "many", "parameters": params}}
+    _, calls = tc.parse("<tool_call>many\n" + pairs, [tool])  # unclosed
+    assert calls and calls[0].arguments == {f"k{i}": i for i in range(40)}
+    _, calls = tc.parse("<tool_call>many\n" + pairs + "</tool_call>", [tool])
+    assert calls and len(calls[0].arguments) == 40

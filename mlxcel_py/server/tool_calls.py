@@ -386,6 +386,7 @@ def _json(text: str) -> Any:
 _OPENERS = ("<tool_call>", *tool_formats.OPENERS)  # a call's markup may also follow some text
 _CALL_STARTS = (*_OPENERS, "[TOOL_CALLS]", "<|python_tag|>", "{")
 ARGUMENT_FRAGMENT = 24  # characters of a call's arguments per streamed delta
+HEAD_REACH = 256  # characters a call's head ("name": ..., "arguments": ) can span
 
 
 # where a call's arguments begin, in every JSON call format above: its name, then its arguments
@@ -416,6 +417,9 @@ class LiveArguments:
             if not self.open:
                 m = _CALL_HEAD.search(self.text, self.pos)
                 if m is None:
+                    # a head is short (a name is at most 64 characters): later searches need not
+                    # rescan what is far behind, so a long reply is not scanned once per piece
+                    self.pos = max(self.pos, len(self.text) - HEAD_REACH)
                     break
                 rest = self.text[m.end() :]
                 if not rest:

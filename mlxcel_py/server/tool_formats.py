@@ -49,7 +49,7 @@ _KIMI_SECTION = re.compile(r"<\|tool_calls_section_begin\|>|<\|tool_calls_sectio
 _PHI4 = re.compile(r"<\|tool_call\|>\s*(.*?)\s*(?:<\|/tool_call\|>|$)", re.S)
 _QWEN_XML = re.compile(r"<tool_call>\s*<function=([^>\s]+)>(.*?)</function>\s*(?:</tool_call>|$)", re.S)
 _QWEN_PARAM = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", re.S)
-_GLM = re.compile(r"<tool_call>\s*([^\n<{]+?)\s*\n((?:\s*<arg_key>.*?</arg_value>)*)\s*</tool_call>", re.S)
+_GLM = re.compile(r"<tool_call>([^\n<{]*)\n?(.*?)(?:</tool_call>|$)", re.S)  # flat: no nested repeats
 _GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
 _MINIMAX_BLOCK = re.compile(r"<minimax:tool_call>(.*?)(?:</minimax:tool_call>|$)", re.S)
 _MINIMAX_INVOKE = re.compile(r'<invoke name="([^"]+)">(.*?)</invoke>', re.S)
@@ -142,10 +142,12 @@ def glm(text: str, params: dict[str, dict]) -> Parsed:
     """GLM-4.5: `<tool_call>name` then `<arg_key>k</arg_key><arg_value>v</arg_value>` pairs."""
     if "<arg_key>" not in text and not re.search(r"<tool_call>\s*[\w.-]+\s*</tool_call>", text):
         return None
-    calls = [
-        (m.group(1).strip(), _args(_GLM_ARG.findall(m.group(2)), params.get(m.group(1).strip(), {})), "")
-        for m in _GLM.finditer(text)
-    ]
+    calls = []
+    for m in _GLM.finditer(text):
+        name, body = m.group(1).strip(), m.group(2)
+        if not name or (body.strip() and "<arg_key>" not in body):
+            continue  # not this markup (a Hermes block's JSON, say)
+        calls.append((name, _args(_GLM_ARG.findall(body), params.get(name, {})), ""))
     return _GLM.sub("", text), calls
 
 
