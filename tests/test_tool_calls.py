@@ -229,6 +229,7 @@ def test_generic_format_on_the_default_model_with_the_openai_client(cli_env):
         ),
         ({"tools": [WEATHER], "tool_choice": "sometimes"}, "'tool_choice'"),
         ({"tool_choice": "required"}, "'tool_choice' needs 'tools'"),
+        ({"tools": [WEATHER, TIME, WEATHER]}, "'tools': function names must be unique; get_weather appears"),
         (
             {"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
             "'tools' and 'response_format' both constrain the reply",

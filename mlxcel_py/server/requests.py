@@ -212,6 +212,12 @@ class RequestReader:
         except ValueError as exc:
             raise ApiError(str(exc)) from None
         listed = req.tool_list()
+        names = [
+            t["function"]["name"] for t in listed if isinstance(t.get("function"), dict) and "name" in t["function"]
+        ]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:  # a call names its tool: two with one name could not be told apart
+            raise ApiError(f"'tools': function names must be unique; {', '.join(repeated[:3])} appears more than once")
         return listed, self.tools_grammar(listed, choice)
 
     def tools_grammar(self, listed: list[dict], choice: Any):
