@@ -156,59 +156,51 @@ class ServerContext:
         on_error: Callable[[str, str], dict] = error_body,
         on_progress: Callable[[dict], dict] | None = None,
     ) -> StreamingResponse:
-        """SSE for one job: optional head frames, frames per text piece (and per prompt chunk
-        with `on_progress`, for a job that asked for progress), the final frames. Each
-        callback returns one frame or a list; `frame` spells a frame (OpenAI's bare `data:`
-        lines by default, Anthropic's `event:` + `data:`), `on_error` an error frame."""
-        self.admit(job)
-
-        def frames(objs: dict | list[dict]) -> str:
-            return "".join(frame(o) for o in (objs if isinstance(objs, list) else [objs]))
-
-        async def events():
-            if head is not None:
-                yield frames(head)
-            lps: list = []
-            async for kind, payload in self.worker.submit(job):
-                if kind == "logprobs":
-                    lps = payload
-                elif kind == "progress":
-                    if on_progress is not None:
-                        yield frames(on_progress(prompt_progress(payload)))
-                elif kind == "text":
-                    yield frames(on_text(payload, lps))
-                    lps = []
-                elif kind == "error" and isinstance(payload, ShuttingDown):
-                    yield frames(on_error(str(payload), "unavailable_error"))
-                elif kind == "error":
-                    yield frames(on_error(self.failed(payload), "server_error"))
-                else:
-                    request.state.tokens = payload.stats.generated_tokens
-                    yield frames(on_done(payload))
-            if done_sentinel:
-                yield "data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
+        """SSE for one job: `stream_many` with one job and callbacks that take no index."""
+        return self.stream_many(
+            [job],
+            request,
+            lambda i, piece, lps: on_text(piece, lps),
+            lambda i, r: on_done(r),
+            lambda results: [],
+            head=head,
+            done_sentinel=done_sentinel,
+            frame=frame,
+            on_error=on_error,
+            on_progress=on_progress,
+        )
 
     def stream_many(
         self,
         jobs: list[Job],
         request: Request,
-        on_text: Callable[[int, TextPiece, list], list[dict]],
-        on_done: Callable[[int, Result], list[dict]],
-        on_all: Callable[[list[Result]], list[dict]],
+        on_text: Callable[[int, TextPiece, list], dict | list[dict]],
+        on_done: Callable[[int, Result], dict | list[dict]],
+        on_all: Callable[[list[Result]], dict | list[dict]],
         *,
-        head: list[dict] | None = None,
+        head: dict | list[dict] | None = None,
         done_sentinel: bool = True,
+        frame: Callable[[dict], str] = sse,
+        on_error: Callable[[str, str], dict] = error_body,
+        on_progress: Callable[[dict], dict] | None = None,
     ) -> StreamingResponse:
-        """SSE for one request's several jobs (`n` choices, a prompt batch): their frames as each
-        job's pieces arrive, tagged by the callbacks with the job's index; `on_all` once all are
-        done. An error ends the whole stream with an error frame; leaving cancels every job."""
+        """SSE for one request's jobs (one, or `n` choices, a prompt batch): optional head frames,
+        frames per text piece (and per prompt chunk with `on_progress`, for a job that asked for
+        progress), each job's final frames, and `on_all`'s once every job is done; the callbacks
+        get the job's index. Each returns one frame or a list; `frame` spells a frame (OpenAI's
+        bare `data:` lines by default, Anthropic's `event:` + `data:`), `on_error` an error frame.
+        An error ends the whole stream with an error frame; a client leaving cancels every job."""
         self.admit_all(jobs)
 
-        async def events():
-            if head:
-                yield "".join(sse(o) for o in head)
+        def frames(objs: dict | list[dict]) -> str:
+            return "".join(frame(o) for o in (objs if isinstance(objs, list) else [objs]))
+
+        async def job_events():
+            """(index, kind, payload) of every job's events, as they come."""
+            if len(jobs) == 1:  # straight from the worker: no task or queue in between
+                async for kind, payload in self.worker.submit(jobs[0]):
+                    yield 0, kind, payload
+                return
             queue: asyncio.Queue = asyncio.Queue()
 
             async def pump(i: int, job: Job) -> None:
@@ -219,36 +211,49 @@ class ServerContext:
                     queue.put_nowait((i, "end", None))
 
             tasks = [asyncio.create_task(pump(i, j)) for i, j in enumerate(jobs)]
-            results: dict[int, Result] = {}
-            lps: dict[int, list] = {}
             try:
                 ended = 0
                 while ended < len(jobs):
-                    i, kind, payload = await queue.get()
-                    if kind == "end":
+                    item = await queue.get()
+                    if item[1] == "end":
                         ended += 1
-                    elif kind == "progress":
-                        continue  # several jobs' prompts: no progress frames
-                    elif kind == "logprobs":
-                        lps[i] = payload
-                    elif kind == "text":
-                        yield "".join(sse(o) for o in on_text(i, payload, lps.pop(i, [])))
-                    elif kind == "error":
-                        why = str(payload) if isinstance(payload, ShuttingDown) else self.failed(payload)
-                        kind = "unavailable_error" if isinstance(payload, ShuttingDown) else "server_error"
-                        yield sse(error_body(why, kind))
-                        break
                     else:
-                        results[i] = payload
-                        yield "".join(sse(o) for o in on_done(i, payload))
-                if len(results) == len(jobs):
-                    ordered = [results[i] for i in range(len(jobs))]
-                    request.state.tokens = sum(r.stats.generated_tokens for r in ordered)
-                    yield "".join(sse(o) for o in on_all(ordered))
+                        yield item
             finally:
                 for task, job in zip(tasks, jobs):
                     task.cancel()
                     job.cancel()
+
+        async def events():
+            if head:
+                yield frames(head)
+            results: dict[int, Result] = {}
+            lps: dict[int, list] = {}
+            source = job_events()
+            try:
+                async for i, kind, payload in source:
+                    if kind == "logprobs":
+                        lps[i] = payload
+                    elif kind == "progress":
+                        if on_progress is not None:
+                            yield frames(on_progress(prompt_progress(payload)))
+                    elif kind == "text":
+                        yield frames(on_text(i, payload, lps.pop(i, [])))
+                    elif kind == "error":
+                        shutdown = isinstance(payload, ShuttingDown)
+                        why = str(payload) if shutdown else self.failed(payload)
+                        yield frames(on_error(why, "unavailable_error" if shutdown else "server_error"))
+                        break
+                    else:
+                        results[i] = payload
+                        request.state.tokens = sum(r.stats.generated_tokens for r in results.values())
+                        yield frames(on_done(i, payload))
+                if len(results) == len(jobs):
+                    tail = on_all([results[i] for i in range(len(jobs))])
+                    if tail:
+                        yield frames(tail)
+            finally:
+                await source.aclose()
             if done_sentinel:
                 yield "data: [DONE]\n\n"
 

@@ -159,28 +159,19 @@ class RequestReader:
             if prompt.multimodal_data:
                 raise ApiError("'prompt.multimodal_data': this server takes text prompts only")
             prompt = prompt.prompt_string
-        if isinstance(prompt, str):
-            return self.text_prompt(prompt)
         if not prompt:
             raise ApiError("'prompt' must be a non-empty string (or a list of token ids)")
+        if isinstance(prompt, str):
+            self.fits(len(prompt))
+            return list(self.tokenizer.encode(prompt))
         ids: list[int] = []
         for part in prompt:  # ids and strings in one sequence: each string tokenized in place
             if isinstance(part, str):
                 self.fits(len(part))
                 ids += self.tokenizer.encode(part, add_special_tokens=False) if part else []
             else:
-                ids += self.token_ids([part], "prompt")
-        return ids
-
-    def text_prompt(self, prompt: str | list) -> list[int]:
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            return self.token_ids(prompt, "prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str) or not prompt:
-            raise ApiError("'prompt' must be a non-empty string (or a list of token ids)")
-        self.fits(len(prompt))
-        return list(self.tokenizer.encode(prompt))
+                ids.append(part)
+        return self.token_ids(ids, "prompt")
 
     def chat_prompt(self, messages: list[schemas.Message], tools: list[schemas.Tool] | None = None) -> list[int]:
         turns = [

@@ -204,7 +204,6 @@ class PromptObject(_Body):
 
 # a prompt, or a batch of them (llama-server's forms): a string, token ids, ids and strings mixed
 # in one sequence, an object, or a list of any of these
-PromptItem = Union[str, PromptObject, list[Union[int, str]]]
 PromptField = Union[str, PromptObject, list[Union[int, str, PromptObject, list[Union[int, str]]]]]
 
 
