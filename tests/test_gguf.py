@@ -97,13 +97,18 @@ def test_tokenizer_round_trips_the_vocabulary(tmp_path, family):
     assert tokens.index(merged) in tok.encode(" the", add_special_tokens=False).ids
 
 
-def test_k_quants_are_requantized_for_metal_and_cuda(tmp_path):
+def _k_quant_import(tmp_path, for_cpu: bool):
+    """A qwen3 file of Q4_K, Q6_K and F16 tensors, converted: (file, names, folder, config, weights, expected)."""
     path = tmp_path / "m.gguf"
     _, _, names = gguf_files.write(path, "qwen3", [Q.Q4_K, Q.Q6_K, Q.F16])
-    folder = importer.convert(path, tmp_path / "converted", for_cpu=False)
+    folder = importer.convert(path, tmp_path / "converted", for_cpu=for_cpu)
     cfg = gguf_files.read_json(folder / "config.json")
     w = mx.load(str(folder / "model.safetensors"))
-    want = gguf_files.expected(path, "qwen3", names)
+    return path, names, folder, cfg, w, gguf_files.expected(path, "qwen3", names)
+
+
+def test_k_quants_are_requantized_for_metal_and_cuda(tmp_path):
+    _, _, folder, cfg, w, want = _k_quant_import(tmp_path, for_cpu=False)
     quantized = {k.rsplit(".", 1)[0] for k in w if k.endswith(".scales")}
     assert quantized and cfg["quantization"]["group_size"] == 32
     bits = {m: cfg["quantization"].get(m, {}).get("bits", cfg["quantization"]["bits"]) for m in quantized}
@@ -123,12 +128,7 @@ def test_k_quants_are_requantized_for_metal_and_cuda(tmp_path):
 def test_q4_k_blocks_become_4_bit_affine_layers_directly(tmp_path):
     """Q4_K is affine 4-bit in groups of 32: on the CPU its layers are stored as MLX 4-bit (for the
     row-exact kernel) instead of float32 re-quantized to 8 bits, and decode to gguf-py's values."""
-    path = tmp_path / "m.gguf"
-    _, _, names = gguf_files.write(path, "qwen3", [Q.Q4_K, Q.Q6_K, Q.F16])
-    folder = importer.convert(path, tmp_path / "converted", for_cpu=True)
-    cfg = gguf_files.read_json(folder / "config.json")
-    w = mx.load(str(folder / "model.safetensors"))
-    want = gguf_files.expected(path, "qwen3", names)
+    path, names, folder, cfg, w, want = _k_quant_import(tmp_path, for_cpu=True)
     kinds = {t.name: t.tensor_type for t in importer.read(path).tensors}
     q4k = [names[n].rsplit(".", 1)[0] for n, k in kinds.items() if k == Q.Q4_K and n.endswith(".weight")]
     assert q4k

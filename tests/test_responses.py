@@ -94,7 +94,7 @@ def test_instructions_input_items_and_structured_output(server):
 
 def test_function_tools_and_a_conversation_with_a_call(server):
     c = client(server)
-    r = c.responses.create(
+    required = dict(
         model="m",
         input="Weather in Oslo?",
         tools=[WEATHER],
@@ -102,6 +102,7 @@ def test_function_tools_and_a_conversation_with_a_call(server):
         max_output_tokens=60,
         temperature=0,
     )
+    r = c.responses.create(**required)
     calls = [o for o in r.output if o.type == "function_call"]
     assert calls and calls[0].name == "get_weather" and calls[0].call_id
     jsonschema.validate(json.loads(calls[0].arguments), WEATHER["parameters"])
@@ -124,14 +125,7 @@ def test_function_tools_and_a_conversation_with_a_call(server):
     assert follow.output  # a message, or another call
     # streamed with tools: the call arrives with its argument events
     types = []
-    with c.responses.stream(
-        model="m",
-        input="Weather in Oslo?",
-        tools=[WEATHER],
-        tool_choice="required",
-        max_output_tokens=60,
-        temperature=0,
-    ) as stream:
+    with c.responses.stream(**required) as stream:
         for e in stream:
             types.append(e.type)
         final = stream.get_final_response()
