@@ -1,5 +1,5 @@
-// Row-exact attention: see attention_kernel.h. Compiled with -mavx512f (CMakeLists.txt); only
-// called after cpu_supported().
+// Row-exact attention: see attention_kernel.h. Built once per ISA (isa_begin.h, simd.h: the same
+// bits on each); only called after isa.cpp chose the build.
 //
 // Per query row: scores s_j = (q . k_j) * scale for its visible keys (the dot product is 16-lane
 // FMAs over D in order, then one fixed 16-lane sum, 16 keys' sums at a time), m = max s_j,
@@ -7,19 +7,19 @@
 // masked), l = the 16-lane sum of p, out = (sum_j p_j v_j, key j into accumulator set j % SETS,
 // the sets added in a fixed order) / l. Nothing depends on L, on the row's place in the block,
 // on which queries go through together or on the threads, which split the queries by their keys.
-#include "attention_kernel.h"
-
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <functional>
 #include <vector>
 
-#include "simd_exp.h"
+#include "attention_kernel.h"
 #include "thread_pool.h"
+// after every other header: the ISA's target applies to this file's own code only
+#include "isa_begin.h"
+#include "simd.h"
 
 namespace mlxcel {
+namespace MLXCEL_ISA {
 
 namespace {
 // Queries of one KV head taken together (kv_unit): their value accumulators and scores stay in L1
@@ -29,41 +29,38 @@ namespace {
 constexpr int QUERY_GROUP = 24;
 
 // exp(x) for x <= 0 (scores minus their max); below -88 the result is 0, as MLX's is
-inline __m512 exp_le0(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-88.0f));
-  const __m512 r = exp_poly_ps(x);
+inline vf exp_le0(vf x) {
+  x = max(x, set1(-88.0f));
+  const vf r = exp_poly(x);
   // n = -127 would be a denormal exponent field of 0: flush those to exactly 0
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33f), _CMP_GE_OQ), r);
+  return keep_ge(x, -87.33f, r);
 }
 
 inline float dot(const float* a, const float* b, int D) {
-  __m512 acc = _mm512_setzero_ps();
+  vf acc = zero();
   int d = 0;
-  for (; d + 16 <= D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
-  if (d < D) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (D - d)) - 1);
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + d), _mm512_maskz_loadu_ps(m, b + d), acc);
-  }
-  return _mm512_reduce_add_ps(acc);
+  for (; d + 16 <= D; d += 16) acc = fmadd(load(a + d), load(b + d), acc);
+  if (d < D) acc = fmadd(load_n(a + d, D - d), load_n(b + d, D - d), acc);
+  return reduce_add(acc);
 }
 
 // p_j = exp(s_j - m) in place, 16 at a time (the last group masked); returns the fixed 16-lane sum
 inline float softmax_in_place(float* s, int visible, float m) {
-  const __m512 mv = _mm512_set1_ps(m);
-  __m512 lsum = _mm512_setzero_ps();
+  const vf mv = set1(m);
+  vf lsum = zero();
   int j = 0;
   for (; j + 16 <= visible; j += 16) {
-    const __m512 p = exp_le0(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv));
-    _mm512_storeu_ps(s + j, p);
-    lsum = _mm512_add_ps(lsum, p);
+    const vf p = exp_le0(sub(load(s + j), mv));
+    store(s + j, p);
+    lsum = add(lsum, p);
   }
   if (j < visible) {
-    const __mmask16 mk = static_cast<__mmask16>((1u << (visible - j)) - 1);
-    const __m512 p = _mm512_maskz_mov_ps(mk, exp_le0(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), mv)));
-    _mm512_mask_storeu_ps(s + j, mk, p);
-    lsum = _mm512_add_ps(lsum, p);
+    const int n = visible - j;
+    const vf p = keep_n(exp_le0(sub(load_n(s + j, n), mv)), n);
+    store_n(s + j, p, n);
+    lsum = add(lsum, p);
   }
-  return _mm512_reduce_add_ps(lsum);
+  return reduce_add(lsum);
 }
 
 void one_row(const AttentionArgs& a, const float* q, const float* k, const float* v, float* out, int visible,
@@ -82,45 +79,18 @@ void one_row(const AttentionArgs& a, const float* q, const float* k, const float
   const float inv = 1.0f / softmax_in_place(s.data(), visible, m);
   for (int d0 = 0; d0 < D; d0 += 64) {  // up to 4 accumulators of 16 dims, keys in order
     const int width = std::min(64, D - d0);
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    __mmask16 masks[4];
-    for (int c = 0; c < 4; ++c) {
-      const int left = width - 16 * c;
-      masks[c] = left >= 16 ? 0xFFFF : left > 0 ? static_cast<__mmask16>((1u << left) - 1) : 0;
-    }
+    vf acc[4] = {zero(), zero(), zero(), zero()};
+    int lanes[4];
+    for (int c = 0; c < 4; ++c) lanes[c] = std::max(0, std::min(16, width - 16 * c));
     for (int jj = 0; jj < visible; ++jj) {
-      const __m512 p = _mm512_set1_ps(s[jj]);
+      const vf p = set1(s[jj]);
       const float* vr = v + jj * a.v_strides[2] + d0;
       for (int c = 0; c < 4; ++c)
-        if (masks[c]) acc[c] = _mm512_fmadd_ps(p, _mm512_maskz_loadu_ps(masks[c], vr + 16 * c), acc[c]);
+        if (lanes[c]) acc[c] = fmadd(p, load_n(vr + 16 * c, lanes[c]), acc[c]);
     }
     for (int c = 0; c < 4; ++c)
-      if (masks[c]) _mm512_mask_storeu_ps(out + d0 + 16 * c, masks[c], _mm512_mul_ps(acc[c], _mm512_set1_ps(inv)));
+      if (lanes[c]) store_n(out + d0 + 16 * c, mul(acc[c], set1(inv)), lanes[c]);
   }
-}
-
-// 16 vectors -> one vector whose lane j is the sum of v[j]'s 16 lanes. Every v[j] goes through
-// the same tree (lanes i + (i+8), then + the (i+4) pair, then the four partials pairwise), so a
-// key's score does not depend on which 16 keys it was summed beside.
-inline __m512 hsum16(const __m512* v) {
-  __m512 c[8], e[4], g[2];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i)
-    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i)  // quarter t of e[i]: the 4 partial sums of v[4i + t]
-    e[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-#pragma GCC unroll 2
-  for (int i = 0; i < 2; ++i)
-    g[i] = _mm512_add_ps(_mm512_shuffle_ps(e[2 * i], e[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_ps(e[2 * i], e[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-  // lane 4t + u of h holds the sum of v[4u + t]
-  const __m512 h = _mm512_add_ps(_mm512_shuffle_ps(g[0], g[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm512_shuffle_ps(g[0], g[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  return _mm512_permutexvar_ps(order, h);
 }
 
 // one query row over its `vis` visible keys (head widths other than 32, 64, 128)
@@ -157,40 +127,36 @@ void kv_unit(const Query* qs, int n, const float* k, const float* v, int64_t ks,
   sc.s.resize(stride * n);
   sc.inv.resize(n);
   sc.acc.assign(static_cast<size_t>(ACC) * n, 0.0f);
-  const __m512 scl = _mm512_set1_ps(scale);
+  const vf scl = set1(scale);
   for (int j0 = 0; j0 < maxvis; j0 += 16) {  // scores
     for (int t = 0; t < n; ++t) {
       const int left = qs[t].vis - j0;
       if (left <= 0) continue;
       const int cnt = std::min(16, left);
-      __m512 qv[NC], acc[16];
+      vf qv[NC], acc[16];
 #pragma GCC unroll 8
-      for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(qs[t].q + 16 * c);
+      for (int c = 0; c < NC; ++c) qv[c] = load(qs[t].q + 16 * c);
 #pragma GCC unroll 16
       for (int jj = 0; jj < 16; ++jj) {
         if (jj < cnt) {
           const float* kr = k + (j0 + jj) * ks;
-          __m512 x = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+          vf x = mul(qv[0], load(kr));
 #pragma GCC unroll 8
-          for (int c = 1; c < NC; ++c) x = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), x);
+          for (int c = 1; c < NC; ++c) x = fmadd(qv[c], load(kr + 16 * c), x);
           acc[jj] = x;
         } else {
-          acc[jj] = _mm512_setzero_ps();
+          acc[jj] = zero();
         }
       }
-      const __mmask16 m = static_cast<__mmask16>(cnt == 16 ? 0xFFFF : (1u << cnt) - 1);
-      _mm512_mask_storeu_ps(sc.s.data() + stride * t + j0, m, _mm512_mul_ps(hsum16(acc), scl));
+      store_n(sc.s.data() + stride * t + j0, mul(hsum16(acc), scl), cnt);
     }
   }
   for (int t = 0; t < n; ++t) {  // softmax
     float* sp = sc.s.data() + stride * t;
     const int vis = qs[t].vis;
-    __m512 mv = _mm512_set1_ps(-INFINITY);
-    for (int j = 0; j < vis; j += 16) {
-      const __mmask16 m = static_cast<__mmask16>(vis - j >= 16 ? 0xFFFF : (1u << (vis - j)) - 1);
-      mv = _mm512_mask_max_ps(mv, m, mv, _mm512_maskz_loadu_ps(m, sp + j));
-    }
-    sc.inv[t] = 1.0f / softmax_in_place(sp, vis, _mm512_reduce_max_ps(mv));
+    vf mv = set1(-INFINITY);
+    for (int j = 0; j < vis; j += 16) mv = max_n(mv, load_n(sp + j, vis - j), vis - j);
+    sc.inv[t] = 1.0f / softmax_in_place(sp, vis, reduce_max(mv));
   }
   for (int j0 = 0; j0 < maxvis; j0 += 16) {  // weighted values
     for (int t = 0; t < n; ++t) {
@@ -199,51 +165,49 @@ void kv_unit(const Query* qs, int n, const float* k, const float* v, int64_t ks,
       const int cnt = std::min(16, left);
       const float* sp = sc.s.data() + stride * t + j0;
       float* ap = sc.acc.data() + static_cast<size_t>(ACC) * t;
-      __m512 acc[SETS][NC];
+      vf acc[SETS][NC];
 #pragma GCC unroll 4
       for (int e = 0; e < SETS; ++e)
 #pragma GCC unroll 8
-        for (int c = 0; c < NC; ++c) acc[e][c] = _mm512_loadu_ps(ap + (e * NC + c) * 16);
+        for (int c = 0; c < NC; ++c) acc[e][c] = load(ap + (e * NC + c) * 16);
       if (cnt == 16) {
 #pragma GCC unroll 16
         for (int jj = 0; jj < 16; ++jj) {
-          const __m512 p = _mm512_set1_ps(sp[jj]);
+          const vf p = set1(sp[jj]);
           const float* vr = v + (j0 + jj) * vs;
 #pragma GCC unroll 8
-          for (int c = 0; c < NC; ++c)
-            acc[jj % SETS][c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), acc[jj % SETS][c]);
+          for (int c = 0; c < NC; ++c) acc[jj % SETS][c] = fmadd(p, load(vr + 16 * c), acc[jj % SETS][c]);
         }
       } else {
         for (int jj = 0; jj < cnt; jj += SETS) {
 #pragma GCC unroll 4
           for (int e = 0; e < SETS; ++e) {
             if (jj + e >= cnt) break;
-            const __m512 p = _mm512_set1_ps(sp[jj + e]);
+            const vf p = set1(sp[jj + e]);
             const float* vr = v + (j0 + jj + e) * vs;
 #pragma GCC unroll 8
-            for (int c = 0; c < NC; ++c) acc[e][c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), acc[e][c]);
+            for (int c = 0; c < NC; ++c) acc[e][c] = fmadd(p, load(vr + 16 * c), acc[e][c]);
           }
         }
       }
 #pragma GCC unroll 4
       for (int e = 0; e < SETS; ++e)
 #pragma GCC unroll 8
-        for (int c = 0; c < NC; ++c) _mm512_storeu_ps(ap + (e * NC + c) * 16, acc[e][c]);
+        for (int c = 0; c < NC; ++c) store(ap + (e * NC + c) * 16, acc[e][c]);
     }
   }
   for (int t = 0; t < n; ++t) {
     const float* ap = sc.acc.data() + static_cast<size_t>(ACC) * t;
-    const __m512 iv = _mm512_set1_ps(sc.inv[t]);
+    const vf iv = set1(sc.inv[t]);
     if (qs[t].vis == 0) {  // no key to attend to (never in a causal block; kept well-defined)
       std::fill(qs[t].out, qs[t].out + 16 * NC, 0.0f);
       continue;
     }
 #pragma GCC unroll 8
     for (int c = 0; c < NC; ++c) {
-      __m512 x = _mm512_add_ps(_mm512_loadu_ps(ap + c * 16), _mm512_loadu_ps(ap + (NC + c) * 16));
-      if constexpr (SETS == 4)
-        x = _mm512_add_ps(x, _mm512_add_ps(_mm512_loadu_ps(ap + (2 * NC + c) * 16), _mm512_loadu_ps(ap + (3 * NC + c) * 16)));
-      _mm512_storeu_ps(qs[t].out + 16 * c, _mm512_mul_ps(x, iv));
+      vf x = add(load(ap + c * 16), load(ap + (NC + c) * 16));
+      if constexpr (SETS == 4) x = add(x, add(load(ap + (2 * NC + c) * 16), load(ap + (3 * NC + c) * 16)));
+      store(qs[t].out + 16 * c, mul(x, iv));
     }
   }
 }
@@ -382,4 +346,5 @@ void attention_rows(const RowsAttentionArgs& r, int threads) {
   run_items(a, items, work, threads);
 }
 
+}  // namespace MLXCEL_ISA
 }  // namespace mlxcel

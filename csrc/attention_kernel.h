@@ -1,4 +1,5 @@
-// Row-exact attention for decode and verify blocks (AVX-512): plain pointers, no MLX types.
+// Row-exact attention for decode and verify blocks (AVX-512 or AVX2, the same bits): plain
+// pointers, no MLX types.
 #pragma once
 #include <cstdint>
 
@@ -15,15 +16,15 @@ struct AttentionArgs {
   bool causal;  // row i sees keys 0..S-L+i; otherwise every row sees all S keys
 };
 
-// softmax(scale * q k^T) v per query row. Each row is computed alone, over its visible keys in
-// order, so its result depends only on those keys: row i of a verify block equals the one-row
-// decode step at the same position bit for bit. Query heads map to KV heads as h / (Hq / Hkv).
-void attention(const AttentionArgs& a, int threads);
+// attention(): softmax(scale * q k^T) v per query row. Each row is computed alone, over its
+// visible keys in order, so its result depends only on those keys: row i of a verify block equals
+// the one-row decode step at the same position bit for bit. Query heads map to KV heads as
+// h / (Hq / Hkv).
 
 // A batched block whose sequences each keep their own cache buffer (serve's batched steps):
 // sequence b's L query rows follow offset[b] cached keys, row i sees keys 0..offset[b]+i of its
 // own buffer [Hkv, cap_b, D]. Each row goes through the same one-row code as attention(), so it
-// equals that sequence's own call bit for bit.
+// equals that sequence's own call bit for bit (attention_rows()).
 struct RowsAttentionArgs {
   const float* q;  // [B, Hq, L, D] with q_strides for B, H, L; D contiguous
   int64_t q_strides[3];
@@ -35,6 +36,17 @@ struct RowsAttentionArgs {
   int B, Hq, Hkv, L, D;
   float scale;
 };
-void attention_rows(const RowsAttentionArgs& a, int threads);
+
+// One build per ISA (isa_begin.h), and the dispatchers under the same names (isa.cpp).
+#define MLXCEL_ATTENTION_KERNELS                     \
+  void attention(const AttentionArgs& a, int threads); \
+  void attention_rows(const RowsAttentionArgs& a, int threads);
+namespace avx512 {
+MLXCEL_ATTENTION_KERNELS
+}
+namespace avx2 {
+MLXCEL_ATTENTION_KERNELS
+}
+MLXCEL_ATTENTION_KERNELS
 
 }  // namespace mlxcel

@@ -13,6 +13,7 @@
 #include "cache_attention_primitive.h"
 #include "cpu_features.h"
 #include "dequantize_primitive.h"
+#include "isa.h"
 #include "layer_primitive.h"
 #include "layout.h"
 #include "qmm_kernel.h"
@@ -25,7 +26,7 @@ namespace nb = nanobind;
 using namespace nb::literals;
 
 NB_MODULE(_qmm, m) {
-  m.doc() = "Row-exact int8 x 4/8-bit affine matmul for MLX on x86 CPUs (AVX-512 VNNI)";
+  m.doc() = "Row-exact int8 x 4/8-bit affine matmul for MLX on x86 CPUs (AVX-512 VNNI or AVX2)";
   m.def("row_exact_qmm", &mlxcel::row_exact_qmm, "x"_a, "w"_a, "scales"_a, "biases"_a, "bits"_a,
         "x @ W.T for W = scales * q + biases per block of 32 (w from repack); each output row is "
         "bit-identical whatever the number of rows");
@@ -54,10 +55,22 @@ NB_MODULE(_qmm, m) {
         "per-block scales or biases float32 [N, K/32] -> the kernel's order (16 rows side by side per block; eager)");
   m.def("unpack", &mlxcel::unpack_weight, "w"_a, "bits"_a, "the kernel's layout -> uint8 values [N, K] (eager)");
   m.def("cpu_supported", &mlxcel::cpu_supported, "whether this CPU has AVX-512 F/BW/VL and VNNI");
+  m.def("isa_supported", [](const std::string& name) {
+          if (name == "avx512") return mlxcel::isa_supported(mlxcel::Isa::avx512);
+          if (name == "avx2") return mlxcel::isa_supported(mlxcel::Isa::avx2);
+          return false;
+        }, "name"_a, "whether this CPU runs the kernels' build for 'avx512' or 'avx2'");
+  m.def("set_isa", [](const std::string& name) {
+          if (name != "avx512" && name != "avx2") return false;
+          return mlxcel::set_isa(name == "avx512" ? mlxcel::Isa::avx512 : mlxcel::Isa::avx2);
+        }, "name"_a, "run the 'avx512' or 'avx2' build of the kernels (same bits); False where this CPU cannot");
+  m.def("isa", []() { return std::string(mlxcel::active_isa() == mlxcel::Isa::avx512 ? "avx512" : "avx2"); },
+        "the build of the kernels in use");
   m.def("amx_supported", &mlxcel::amx_supported,
         "whether AMX int8 tiles are usable here (CPU and OS; the extension built with them)");
   m.def("set_amx_rows", [](int n) {
-          mlxcel::amx_rows.store(n > 0 && mlxcel::amx_supported() ? n : INT_MAX);
+          const bool on = n > 0 && mlxcel::amx_supported() && mlxcel::active_isa() == mlxcel::Isa::avx512;
+          mlxcel::amx_rows.store(on ? n : INT_MAX);
           return mlxcel::amx_rows.load() != INT_MAX;
         }, "n"_a, "blocks of at least n rows go through AMX tiles (0: never); returns whether AMX is on");
   m.def("amx_rows", []() { const int n = mlxcel::amx_rows.load(); return n == INT_MAX ? 0 : n; });

@@ -10,7 +10,12 @@ namespace mlxcel {
 bool cpu_supported() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") && avx2_supported();
+}
+
+bool avx2_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
 bool amx_supported() {

@@ -4,8 +4,11 @@
 
 namespace mlxcel {
 
-// Whether this CPU runs the kernels (AVX-512 F/BW/VL + VNNI).
+// Whether this CPU runs the AVX-512 build of the kernels (AVX-512 F/BW/VL + VNNI, F16C, FMA).
 bool cpu_supported();
+
+// Whether this CPU runs the AVX2 build (AVX2, FMA, F16C: Intel since Haswell, AMD since Zen).
+bool avx2_supported();
 
 // Whether this CPU has AMX tiles for int8, the extension was built with them, and the OS granted
 // this process their state (asked once).

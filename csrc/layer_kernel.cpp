@@ -1,5 +1,5 @@
-// The llama-family decoder layer in one call (layer_kernel.h). Compiled with -mavx512f/bw/vl
-// (CMakeLists.txt); only called after cpu_supported().
+// The llama-family decoder layer in one call (layer_kernel.h). Built once per ISA (isa_begin.h);
+// only called after isa.cpp chose the build, and calls that build's kernels.
 //
 // Why: through mlx-lm's model code a decode step of the default model is ~1,200 MLX ops (about
 // 40 a layer) whose Python graph building and per-op dispatch cost as much as the matmuls. Here a
@@ -7,19 +7,21 @@
 // region, work taken by whichever thread is free: thread_pool.h), and everything between them
 // (norms, rope, cache writes, residuals) is a few microseconds of row-wise work on the calling
 // thread.
-#include "layer_kernel.h"
-
-#include <immintrin.h>
-
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "attention_kernel.h"
+#include "layer_kernel.h"
 #include "qmm_kernel.h"
 #include "rowwise_kernel.h"
+// after every other header: the ISA's target applies to this file's own code only
+#include "isa_begin.h"
+#include "simd.h"
 
 namespace mlxcel {
+namespace MLXCEL_ISA {
+// (calls say MLXCEL_ISA:: because argument-dependent lookup also finds the dispatchers)
 
 void rms_norm_rows(const float* x, const float* w, float eps, int R, int n, float* out) {
   // MLX's own arithmetic (mx.fast.rms_norm on the CPU falls back to x * rsqrt(mean(x^2) + eps) * w:
@@ -30,12 +32,8 @@ void rms_norm_rows(const float* x, const float* w, float eps, int R, int n, floa
     float* o = out + static_cast<int64_t>(r) * n;
     float sum = 0.0f;
     for (int j = 0; j < n; ++j) sum += xr[j] * xr[j];
-    const __m512 inv = _mm512_set1_ps(1.0f / std::sqrt(sum * inv_n + eps));
-    for (int j = 0; j < n; j += 16) {
-      const __mmask16 m = n - j >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
-      const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + j), inv);
-      _mm512_mask_storeu_ps(o + j, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + j)));
-    }
+    const vf inv = set1(1.0f / std::sqrt(sum * inv_n + eps));
+    for (int j = 0; j < n; j += 16) store_n(o + j, mul(mul(load_n(xr + j, n - j), inv), load_n(w + j, n - j)), n - j);
   }
 }
 
@@ -44,7 +42,7 @@ namespace {
 void add_rows(const float* a, const float* b, float* out, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(out + i, _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+    store(out + i, add(load(a + i), load(b + i)));
   for (; i < n; ++i) out[i] = a[i] + b[i];
 }
 
@@ -62,9 +60,9 @@ void project(const float* x, int T, const LinearView* const* lin, float* const* 
   for (int i = 0; i < count; ++i)
     refs.push_back({lin[i]->w, lin[i]->scales, lin[i]->biases, out[i], lin[i]->N, lin[i]->half});
   if (same) {
-    qmm_multi(x, refs.data(), count, T, lin[0]->K, lin[0]->bits, threads);
+    MLXCEL_ISA::qmm_multi(x, refs.data(), count, T, lin[0]->K, lin[0]->bits, threads);
   } else {
-    for (int i = 0; i < count; ++i) qmm_multi(x, &refs[i], 1, T, lin[i]->K, lin[i]->bits, threads);
+    for (int i = 0; i < count; ++i) MLXCEL_ISA::qmm_multi(x, &refs[i], 1, T, lin[i]->K, lin[i]->bits, threads);
   }
   for (int i = 0; i < count; ++i) add_bias(out[i], lin[i]->bias, T, lin[i]->N);
 }
@@ -98,17 +96,17 @@ void decoder_layer(const DecoderLayerView& L, const LayerRows& R, int threads) {
   s.size(T, hidden, qd, kvd, inter);
 
   // attention
-  rms_norm_rows(R.h, L.attn_norm, L.eps, T, hidden, s.xn.data());
+  MLXCEL_ISA::rms_norm_rows(R.h, L.attn_norm, L.eps, T, hidden, s.xn.data());
   {
     const LinearView* lin[3] = {&L.q, &L.k, &L.v};
     float* out[3] = {s.q.data(), s.k.data(), s.v.data()};
     project(s.xn.data(), T, lin, out, 3, threads);
   }
-  if (L.q_norm != nullptr) rms_norm_rows(s.q.data(), L.q_norm, L.qk_eps, T * Hq, D, s.q.data());
-  if (L.k_norm != nullptr) rms_norm_rows(s.k.data(), L.k_norm, L.qk_eps, T * Hkv, D, s.k.data());
+  if (L.q_norm != nullptr) MLXCEL_ISA::rms_norm_rows(s.q.data(), L.q_norm, L.qk_eps, T * Hq, D, s.q.data());
+  if (L.k_norm != nullptr) MLXCEL_ISA::rms_norm_rows(s.k.data(), L.k_norm, L.qk_eps, T * Hkv, D, s.k.data());
   const int64_t qst[3] = {qd, D, D}, kst[3] = {kvd, D, D};
-  rope(s.q.data(), qst, s.qr.data(), T, Hq, 1, D, L.rope_dims, L.rope_traditional, R.cos_sin, 1);
-  rope(s.k.data(), kst, s.kr.data(), T, Hkv, 1, D, L.rope_dims, L.rope_traditional, R.cos_sin, 1);
+  MLXCEL_ISA::rope(s.q.data(), qst, s.qr.data(), T, Hq, 1, D, L.rope_dims, L.rope_traditional, R.cos_sin, 1);
+  MLXCEL_ISA::rope(s.k.data(), kst, s.kr.data(), T, Hkv, 1, D, L.rope_dims, L.rope_traditional, R.cos_sin, 1);
   // every row's key and value first: a row of a verify block attends the rows before it
   for (int t = 0; t < T; ++t) {
     const int b = R.seq[t];
@@ -142,7 +140,7 @@ void decoder_layer(const DecoderLayerView& L, const LayerRows& R, int threads) {
     a.L = 1;
     a.D = D;
     a.scale = L.attn_scale;
-    attention_rows(a, threads);
+    MLXCEL_ISA::attention_rows(a, threads);
   }
   {
     const LinearView* lin[1] = {&L.o};
@@ -152,13 +150,13 @@ void decoder_layer(const DecoderLayerView& L, const LayerRows& R, int threads) {
   add_rows(R.h, s.dn.data(), s.h1.data(), static_cast<int64_t>(T) * hidden);
 
   // MLP
-  rms_norm_rows(s.h1.data(), L.mlp_norm, L.eps, T, hidden, s.xn.data());
+  MLXCEL_ISA::rms_norm_rows(s.h1.data(), L.mlp_norm, L.eps, T, hidden, s.xn.data());
   {
     const LinearView* lin[2] = {&L.gate, &L.up};
     float* out[2] = {s.g.data(), s.u.data()};
     project(s.xn.data(), T, lin, out, 2, threads);
   }
-  swiglu(s.g.data(), s.u.data(), s.g.data(), static_cast<int64_t>(T) * inter);
+  MLXCEL_ISA::swiglu(s.g.data(), s.u.data(), s.g.data(), static_cast<int64_t>(T) * inter);
   {
     const LinearView* lin[1] = {&L.down};
     float* out[1] = {s.dn.data()};
@@ -167,4 +165,5 @@ void decoder_layer(const DecoderLayerView& L, const LayerRows& R, int threads) {
   add_rows(s.h1.data(), s.dn.data(), R.out, static_cast<int64_t>(T) * hidden);
 }
 
+}  // namespace MLXCEL_ISA
 }  // namespace mlxcel

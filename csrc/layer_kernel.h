@@ -44,12 +44,20 @@ struct LayerRows {
   const int64_t* head_stride;  // per sequence
 };
 
-// Every step works on each row alone (RMSNorm, the row-exact matmuls, rope, the one-row
-// attention, SwiGLU, the residual adds), so row t's output depends only on its own input, its
-// position and its sequence's keys: any block, batch or thread count gives it the same bits.
-void decoder_layer(const DecoderLayerView& layer, const LayerRows& rows, int threads);
-
-// out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for R rows of n values (the sum in a fixed order)
-void rms_norm_rows(const float* x, const float* w, float eps, int R, int n, float* out);
+// decoder_layer: every step works on each row alone (RMSNorm, the row-exact matmuls, rope, the
+// one-row attention, SwiGLU, the residual adds), so row t's output depends only on its own input,
+// its position and its sequence's keys: any block, batch, thread count or ISA gives it the same bits.
+// rms_norm_rows: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for R rows of n values (the sum
+// in a fixed order).
+#define MLXCEL_LAYER_KERNELS                                                              \
+  void decoder_layer(const DecoderLayerView& layer, const LayerRows& rows, int threads); \
+  void rms_norm_rows(const float* x, const float* w, float eps, int R, int n, float* out);
+namespace avx512 {
+MLXCEL_LAYER_KERNELS
+}
+namespace avx2 {
+MLXCEL_LAYER_KERNELS
+}
+MLXCEL_LAYER_KERNELS
 
 }  // namespace mlxcel

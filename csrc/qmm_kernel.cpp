@@ -1,7 +1,7 @@
-// Row-exact quantized matmul: int8 activations x 4/8-bit weights with AVX-512 VNNI.
+// Row-exact quantized matmul: int8 activations x 4/8-bit weights, with AVX-512 VNNI or AVX2.
 //
-// This file is compiled with -mavx512f/bw/vl/vnni (CMakeLists.txt): nothing in it may run before
-// cpu_supported() (cpu_features.cpp, built for the baseline ISA) said yes.
+// Built twice (isa_begin.h: once for AVX-512 F/BW/VL/VNNI, once for AVX2/FMA/F16C); nothing in
+// either build runs before isa.cpp chose it for this CPU.
 //
 // Layout. Weight rows go in groups of 16 (the last group holds N % 16 rows when that is not 0;
 // call a group's row count r). Within a group, block by block (32 values of K), the values go in
@@ -21,8 +21,13 @@
 // activation rows (up to 8 share each weight load), splitting N over threads and the number of
 // rows never change that sequence, so row i of an M-row product is bit-identical to the one-row
 // product of row i.
-#include "qmm_kernel.h"
-
+// AVX2. A 64-byte run is two 32-byte halves (rows 0-7, 8-15). Without vpdpbusd, vpmaddubsw
+// multiplies unsigned weight bytes by signed activation bytes and adds neighbours into int16: a
+// 4-bit value (0..15) times an int8 (|q| <= 127), two at a time, is at most 3,810, so a block's 8
+// runs sum in int16 without saturating (30,480), and vpmaddwd with ones makes each row's int32.
+// An 8-bit weight goes as its two nibbles (w = lo + 16 hi), each summed that way. These are the
+// same exact integers vpdpbusd gives, and the float steps after them are the same lane-wise
+// operations (simd.h), so an AVX2 row is bit-identical to an AVX-512 row.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -31,31 +36,21 @@
 #include <new>
 #include <vector>
 
+#include "qmm_kernel.h"
 #include "thread_pool.h"
+// after every other header: the ISA's target applies to this file's own code only
+#include "isa_begin.h"
+#include "simd.h"
+
+// AMX tiles only in the AVX-512 build, and only where the compiler knows them
+#define MLXCEL_USE_AMX (MLXCEL_AMX && MLXCEL_ISA_AVX512)
 
 namespace mlxcel {
-
-std::atomic<int> amx_rows{INT_MAX};
+namespace MLXCEL_ISA {
 
 namespace {
 
-constexpr int kBlock = 32;
-constexpr int kGroup = 16;
 constexpr int kPrefetch = 8;  // blocks ahead
-
-inline int group_rows(int N, int g) { return std::min(kGroup, N - g * kGroup); }
-inline size_t block_bytes(int r, int bits) { return static_cast<size_t>(r) * (bits == 8 ? 32 : 16); }
-
-// the byte holding value k of row i of a group of r rows, and whether it is the high nibble
-inline size_t value_offset(int i, int k, int r, int bits, bool* high) {
-  const int blk = k / kBlock, kk = k % kBlock, run = kk / 4, e = kk % 4;
-  if (bits == 8) {
-    *high = false;
-    return blk * block_bytes(r, 8) + static_cast<size_t>(run) * 4 * r + 4 * i + e;
-  }
-  *high = (run % 2) == 1;
-  return blk * block_bytes(r, 4) + static_cast<size_t>(run / 2) * 4 * r + 4 * i + e;
-}
 
 // 64-byte aligned storage for what AMX tiles load and store: a tile row that straddles two cache
 // lines is a split access, and with the 16-byte alignment of malloc every row of a weight tile
@@ -82,18 +77,14 @@ struct Act {
 
 // int8 values of one block of 32, its scale and its integer sum
 inline void quantize_block(const float* xb, int8_t* qb, float* d, int* sum) {
-  const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
-  const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
-  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  const vf v0 = load(xb), v1 = load(xb + 16);
+  const float amax = reduce_max(max(abs(v0), abs(v1)));
   *d = amax / 127.0f;
-  const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-  __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));  // MXCSR: round to nearest even
-  __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
-  q0 = _mm512_max_epi32(_mm512_min_epi32(q0, lim), nlim);
-  q1 = _mm512_max_epi32(_mm512_min_epi32(q1, lim), nlim);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm512_cvtepi32_epi8(q0));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16), _mm512_cvtepi32_epi8(q1));
-  *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+  const vf id = set1(amax > 0.0f ? 127.0f / amax : 0.0f);
+  const vi q0 = clamp(to_int(mul(v0, id)), -127, 127);  // MXCSR: round to nearest even
+  const vi q1 = clamp(to_int(mul(v1, id)), -127, 127);
+  store_i8(qb, q0, q1);
+  *sum = reduce_add(add(q0, q1));
 }
 
 void quantize_rows(const float* x, int M, int K, Act& a) {
@@ -116,16 +107,16 @@ void quantize_rows(const float* x, int M, int K, Act& a) {
 // products scaled by weight scale x activation scale, plus bias x (activation scale x sum of the
 // row's quantized block). The VNNI tiles and the AMX tiles both go through this, in this order, so
 // their outputs are bit-identical.
-inline __m512 block_term(__m512i dot, __m512 sv, __m512 bv, float d, float ds) {
-  const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sv, _mm512_set1_ps(d)));
-  return _mm512_fmadd_ps(bv, _mm512_set1_ps(ds), t);
+inline vf block_term(vi dot, vf sv, vf bv, float d, float ds) {
+  const vf t = mul(to_float(dot), mul(sv, set1(d)));
+  return fmadd(bv, set1(ds), t);
 }
 
-// 16 (or r < 16) per-row scales or biases of one block, as float32: stored as float32, or as
-// float16 where every value of the weight is one exactly (a GGUF's own d and m), which reads 2
-// fewer bytes a block and row and gives the same float32 values
-inline __m512 load_scales(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 load_scales(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+// r <= 16 per-row scales or biases of one block, as float32: stored as float32, or as float16
+// where every value of the weight is one exactly (a GGUF's own d and m), which reads 2 fewer bytes
+// a block and row and gives the same float32 values
+inline vf load_scales(const float* p, int r) { return load_n(p, r); }
+inline vf load_scales(const uint16_t* p, int r) { return load_half_n(p, r); }
 
 inline int32_t load4(const int8_t* p) {
   int32_t v;
@@ -133,57 +124,132 @@ inline int32_t load4(const int8_t* p) {
   return v;
 }
 
-// activation rows m0..m0+NR-1 against one group of r weight rows; CH independent integer chains
-// per row (integer sums: their order cannot change a bit) keep the vpdpbusd latency hidden when
-// few rows share the weights
+#if MLXCEL_ISA_AVX512
+// One block's exact integer dot products of 16 weight rows with one activation row, from the
+// block's weight vectors (w: 8 runs of 4 values x 16 rows); CH independent integer chains (integer
+// sums: their order cannot change a bit) keep the vpdpbusd latency hidden when few rows share
+// the weights.
+struct BlockWeights {
+  __m512i w[8];
+};
+
+template <int BITS>
+inline void load_block(const uint8_t* wb, size_t run, int r, BlockWeights& bw) {
+  const __mmask64 bm = r == kGroup ? ~0ULL : ((1ULL << (4 * r)) - 1);
+  if (BITS == 8) {
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) bw.w[c] = _mm512_maskz_loadu_epi8(bm, wb + c * run);
+  } else {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m512i p = _mm512_maskz_loadu_epi8(bm, wb + j * run);
+      bw.w[2 * j] = _mm512_and_si512(p, low);
+      bw.w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
+    }
+  }
+}
+
+template <int BITS, int CH>
+inline vi block_dot(const BlockWeights& bw, const int8_t* xq) {
+  __m512i s[CH];
+#pragma GCC unroll 4
+  for (int c = 0; c < CH; ++c) s[c] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+  for (int c = 0; c < 8; ++c) s[c % CH] = _mm512_dpbusd_epi32(s[c % CH], bw.w[c], _mm512_set1_epi32(load4(xq + 4 * c)));
+  __m512i dot = s[0];
+#pragma GCC unroll 4
+  for (int c = 1; c < CH; ++c) dot = _mm512_add_epi32(dot, s[c]);
+  return {dot};
+}
+#else
+// AVX2: the block's runs stay where they are (one 64-byte run is two 32-byte halves, rows 0-7
+// and 8-15; a partial group reads only its own 4r bytes) and each activation row reads them
+// from L1: 16 ymm registers cannot hold a block's weights beside the accumulators.
+struct BlockWeights {
+  const uint8_t* wb;
+  size_t run;
+  __m256i mask[2];  // the dwords (rows) of each half this group has
+  bool full;
+};
+
+template <int BITS>
+inline void load_block(const uint8_t* wb, size_t run, int r, BlockWeights& bw) {
+  bw.wb = wb;
+  bw.run = run;
+  bw.full = r == kGroup;
+  bw.mask[0] = first8(r);
+  bw.mask[1] = first8(r - 8);
+}
+
+inline __m256i run_half(const BlockWeights& bw, int c, int h) {
+  const uint8_t* p = bw.wb + c * bw.run + 32 * h;
+  if (bw.full) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm256_maskload_epi32(reinterpret_cast<const int*>(p), bw.mask[h]);
+}
+
+template <int BITS, int CH>
+inline vi block_dot(const BlockWeights& bw, const int8_t* xq) {
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256i x[8];
+#pragma GCC unroll 8
+  for (int c = 0; c < 8; ++c) x[c] = _mm256_set1_epi32(load4(xq + 4 * c));
+  __m256i out[2];
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    if (BITS == 4) {
+      __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const __m256i p = run_half(bw, j, h);
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(_mm256_and_si256(p, low), x[2 * j]));
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(p, 4), low), x[2 * j + 1]));
+      }
+      out[h] = _mm256_madd_epi16(s, ones);
+    } else {
+      __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        const __m256i p = run_half(bw, c, h);
+        lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(_mm256_and_si256(p, low), x[c]));
+        hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(p, 4), low), x[c]));
+      }
+      out[h] = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_slli_epi32(_mm256_madd_epi16(hi, ones), 4));
+    }
+  }
+  return {out[0], out[1]};
+}
+#endif
+
+// activation rows m0..m0+NR-1 against one group of r weight rows
 template <int BITS, int NR, int CH, typename S>
 inline void tile(const Act& a, int m0, int K, const uint8_t* wg, const S* sg, const S* bg, int r,
                  float* out, int ldo) {
   const int nb = K / kBlock;
-  const __mmask64 bm = r == kGroup ? ~0ULL : ((1ULL << (4 * r)) - 1);
-  const __mmask16 fm = static_cast<__mmask16>((1u << r) - 1);
   const size_t bb = block_bytes(r, BITS), run = static_cast<size_t>(4) * r;
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  __m512 acc[NR];
+  vf acc[NR];
 #pragma GCC unroll 8
-  for (int i = 0; i < NR; ++i) acc[i] = _mm512_setzero_ps();
+  for (int i = 0; i < NR; ++i) acc[i] = zero();
   for (int b = 0; b < nb; ++b) {
     const uint8_t* wb = wg + b * bb;
     // the weight stream runs ahead of the hardware prefetcher on small matrices (a layer's
     // q/k/v, o, MLP are 0.1-0.7 MB each): ask for the lines kPrefetch blocks on
     for (size_t off = 0; off < bb; off += 64) _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetch * bb + off), _MM_HINT_T0);
-    __m512i w[8];
-    if (BITS == 8) {
-#pragma GCC unroll 8
-      for (int c = 0; c < 8; ++c) w[c] = _mm512_maskz_loadu_epi8(bm, wb + c * run);
-    } else {
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) {
-        const __m512i p = _mm512_maskz_loadu_epi8(bm, wb + j * run);
-        w[2 * j] = _mm512_and_si512(p, low);
-        w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
-      }
-    }
-    const __m512 sv = load_scales(sg + static_cast<size_t>(b) * r, fm);
-    const __m512 bv = load_scales(bg + static_cast<size_t>(b) * r, fm);
+    BlockWeights bw;
+    load_block<BITS>(wb, run, r, bw);
+    const vf sv = load_scales(sg + static_cast<size_t>(b) * r, r);
+    const vf bv = load_scales(bg + static_cast<size_t>(b) * r, r);
 #pragma GCC unroll 8
     for (int i = 0; i < NR; ++i) {
       const int m = m0 + i;
       const int8_t* xq = a.q.data() + static_cast<size_t>(m) * K + static_cast<size_t>(b) * kBlock;
-      __m512i s[CH];
-#pragma GCC unroll 4
-      for (int c = 0; c < CH; ++c) s[c] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-      for (int c = 0; c < 8; ++c) s[c % CH] = _mm512_dpbusd_epi32(s[c % CH], w[c], _mm512_set1_epi32(load4(xq + 4 * c)));
-      __m512i dot = s[0];
-#pragma GCC unroll 4
-      for (int c = 1; c < CH; ++c) dot = _mm512_add_epi32(dot, s[c]);
+      const vi dot = block_dot<BITS, CH>(bw, xq);
       const size_t f = static_cast<size_t>(m) * nb + b;
-      acc[i] = _mm512_add_ps(acc[i], block_term(dot, sv, bv, a.d[f], a.ds[f]));
+      acc[i] = add(acc[i], block_term(dot, sv, bv, a.d[f], a.ds[f]));
     }
   }
 #pragma GCC unroll 8
-  for (int i = 0; i < NR; ++i) _mm512_mask_storeu_ps(out + static_cast<size_t>(m0 + i) * ldo, fm, acc[i]);
+  for (int i = 0; i < NR; ++i) store_n(out + static_cast<size_t>(m0 + i) * ldo, acc[i], r);
 }
 
 template <int BITS, typename S>
@@ -203,7 +269,7 @@ void group(const Act& a, int M, int K, const uint8_t* wg, const S* sg, const S* 
   }
 }
 
-#if MLXCEL_AMX
+#if MLXCEL_USE_AMX
 // ---- AMX tiles (Sapphire Rapids and later) ------------------------------------------------
 // TDPBSUD multiplies an int8 activation tile (A: 16 rows x one block of 32 values, straight from
 // the quantized rows, padded with zero rows to a multiple of 16) by a uint8 weight tile (B: 8
@@ -270,15 +336,14 @@ const uint8_t* weight_tiles(const uint8_t* wg, int K, int r, uint8_t* buf) {
 // the block's 16 x 16 dot products (in cbuf) into the rows' accumulators
 template <typename S>
 inline void block_floats(const Act& a, int m0, int rows, int nb, int b, const int32_t* cbuf, const S* sg,
-                         const S* bg, int r, __m512* acc) {
-  const __mmask16 fm = static_cast<__mmask16>((1u << r) - 1);
-  const __m512 sv = load_scales(sg + static_cast<size_t>(b) * r, fm);
-  const __m512 bv = load_scales(bg + static_cast<size_t>(b) * r, fm);
+                         const S* bg, int r, vf* acc) {
+  const vf sv = load_scales(sg + static_cast<size_t>(b) * r, r);
+  const vf bv = load_scales(bg + static_cast<size_t>(b) * r, r);
 #pragma GCC unroll 16
   for (int i = 0; i < kGroup; ++i) {
     if (i < rows) {
       const size_t f = static_cast<size_t>(m0 + i) * nb + b;
-      acc[i] = _mm512_add_ps(acc[i], block_term(_mm512_loadu_si512(cbuf + 16 * i), sv, bv, a.d[f], a.ds[f]));
+      acc[i] = add(acc[i], block_term({_mm512_loadu_si512(cbuf + 16 * i)}, sv, bv, a.d[f], a.ds[f]));
     }
   }
 }
@@ -289,9 +354,9 @@ template <typename S>
 void amx_tile_rows(const Act& a, int m0, int rows, int K, const uint8_t* bt, const S* sg, const S* bg,
                    int r, float* out, int ldo, int32_t* cbuf) {
   const int nb = K / kBlock;
-  __m512 acc[kGroup];
+  vf acc[kGroup];
 #pragma GCC unroll 16
-  for (int i = 0; i < kGroup; ++i) acc[i] = _mm512_setzero_ps();
+  for (int i = 0; i < kGroup; ++i) acc[i] = zero();
   const int8_t* aq = a.q.data() + static_cast<size_t>(m0) * K;
   int32_t* c0 = cbuf;
   int32_t* c1 = cbuf + 256;
@@ -307,10 +372,9 @@ void amx_tile_rows(const Act& a, int m0, int rows, int K, const uint8_t* bt, con
       block_floats(a, m0, rows, nb, b + 1, c1, sg, bg, r, acc);
     }
   }
-  const __mmask16 fm = static_cast<__mmask16>((1u << r) - 1);
 #pragma GCC unroll 16
   for (int i = 0; i < kGroup; ++i)
-    if (i < rows) _mm512_mask_storeu_ps(out + static_cast<size_t>(m0 + i) * ldo, fm, acc[i]);
+    if (i < rows) store_n(out + static_cast<size_t>(m0 + i) * ldo, acc[i], r);
 }
 #undef MLXCEL_DOTS
 
@@ -320,46 +384,9 @@ void amx_group(const Act& a, int M, int K, const uint8_t* wg, const S* sg, const
   const uint8_t* bt = weight_tiles<BITS>(wg, K, r, buf);
   for (int m0 = 0; m0 < M; m0 += kGroup) amx_tile_rows(a, m0, std::min(kGroup, M - m0), K, bt, sg, bg, r, out, ldo, cbuf);
 }
-#endif  // MLXCEL_AMX
+#endif  // MLXCEL_USE_AMX
 
 }  // namespace
-
-void repack(const uint8_t* mlx_rows, uint8_t* out, int N, int K, int bits) {
-  const size_t rb = row_bytes(K, bits);
-  std::memset(out, 0, rb * N);
-  for (int n = 0; n < N; ++n) {
-    const int g = n / kGroup, r = group_rows(N, g), i = n % kGroup;
-    uint8_t* base = out + static_cast<size_t>(g) * kGroup * rb;
-    const uint8_t* src = mlx_rows + static_cast<size_t>(n) * rb;
-    for (int k = 0; k < K; ++k) {
-      const uint8_t q = bits == 8 ? src[k] : (k % 2 ? src[k / 2] >> 4 : src[k / 2] & 0x0F);
-      bool high;
-      uint8_t* byte = base + value_offset(i, k, r, bits, &high);
-      *byte |= high ? static_cast<uint8_t>(q << 4) : q;
-    }
-  }
-}
-
-void unpack(const uint8_t* packed, uint8_t* q, int N, int K, int bits) {
-  const size_t rb = row_bytes(K, bits);
-  for (int n = 0; n < N; ++n) {
-    const int g = n / kGroup, r = group_rows(N, g), i = n % kGroup;
-    const uint8_t* base = packed + static_cast<size_t>(g) * kGroup * rb;
-    for (int k = 0; k < K; ++k) {
-      bool high;
-      const uint8_t byte = base[value_offset(i, k, r, bits, &high)];
-      q[static_cast<size_t>(n) * K + k] = bits == 8 ? byte : (high ? byte >> 4 : byte & 0x0F);
-    }
-  }
-}
-
-void interleave(const float* rows, float* out, int N, int nb) {
-  for (int n = 0; n < N; ++n) {
-    const int g = n / kGroup, r = group_rows(N, g), i = n % kGroup;
-    for (int b = 0; b < nb; ++b)
-      out[static_cast<size_t>(g) * kGroup * nb + static_cast<size_t>(b) * r + i] = rows[static_cast<size_t>(n) * nb + b];
-  }
-}
 
 namespace {
 // f(scales, biases) with a weight's scales and biases from block offset fo, at their stored type
@@ -371,7 +398,7 @@ inline void with_scales(const WeightRef& wr, size_t fo, F&& f) {
 
 inline float scale_at(const void* p, size_t i, bool half) {
   if (!half) return static_cast<const float*>(p)[i];
-  return _mm512_cvtss_f32(_mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(static_cast<const uint16_t*>(p)[i]))));
+  return _cvtsh_ss(static_cast<const uint16_t*>(p)[i]);
 }
 }  // namespace
 
@@ -398,7 +425,7 @@ void dequantize_rows(const uint8_t* w, const void* scales, const void* biases, b
 void qmm_multi(const float* x, const WeightRef* weights, int count, int M, int K, int bits, int threads) {
   Act a;
   quantize_rows(x, M, K, a);
-#if MLXCEL_AMX
+#if MLXCEL_USE_AMX
   const bool amx = M >= amx_rows.load(std::memory_order_relaxed);
   if (amx) a.q.resize(static_cast<size_t>((M + kGroup - 1) / kGroup * kGroup) * K, 0);  // whole A tiles
 #endif
@@ -409,7 +436,7 @@ void qmm_multi(const float* x, const WeightRef* weights, int count, int M, int K
   for (int i = 0; i < count; ++i) starts[i + 1] = starts[i] + (weights[i].N + kGroup - 1) / kGroup;
   const int total = starts[count];
   auto run = [&](int g0, int g1) {
-#if MLXCEL_AMX
+#if MLXCEL_USE_AMX
     thread_local std::vector<uint8_t, Aligned64<uint8_t>> buf;
     thread_local std::vector<int32_t, Aligned64<int32_t>> cbuf(2 * 16 * kGroup);
     if (amx) {
@@ -426,7 +453,7 @@ void qmm_multi(const float* x, const WeightRef* weights, int count, int M, int K
         const size_t fo = static_cast<size_t>(g) * kGroup * nb;
         float* out = wr.out + static_cast<size_t>(g) * kGroup;
         with_scales(wr, fo, [&](auto sg, auto bg) {
-#if MLXCEL_AMX
+#if MLXCEL_USE_AMX
           if (amx) {
             if (bits == 8) amx_group<8>(a, M, K, wg, sg, bg, r, out, wr.N, buf.data(), cbuf.data());
             else amx_group<4>(a, M, K, wg, sg, bg, r, out, wr.N, buf.data(), cbuf.data());
@@ -438,7 +465,7 @@ void qmm_multi(const float* x, const WeightRef* weights, int count, int M, int K
         });
       }
     }
-#if MLXCEL_AMX
+#if MLXCEL_USE_AMX
     if (amx) _tile_release();
 #endif
   };
@@ -448,10 +475,5 @@ void qmm_multi(const float* x, const WeightRef* weights, int count, int M, int K
              [&](int64_t g0, int64_t g1) { run(static_cast<int>(g0), static_cast<int>(g1)); });
 }
 
-void qmm(const float* x, const uint8_t* w, const float* scales, const float* biases, float* out,
-         int M, int N, int K, int bits, int threads) {
-  const WeightRef one{w, scales, biases, out, N};
-  qmm_multi(x, &one, 1, M, K, bits, threads);
-}
-
+}  // namespace MLXCEL_ISA
 }  // namespace mlxcel

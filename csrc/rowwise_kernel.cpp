@@ -1,56 +1,39 @@
-// Row-wise kernels: see rowwise_kernel.h. Compiled with -mavx512f (CMakeLists.txt); only called
-// after cpu_supported(). Each output element depends on its own inputs (and, for rope, its row's
+// Row-wise kernels: see rowwise_kernel.h. Built once per ISA (isa_begin.h, simd.h: the same bits
+// on each); only called after isa.cpp chose the build. Each output element depends on its own inputs (and, for rope, its row's
 // position) alone, so a row comes out the same in any block.
-#include "rowwise_kernel.h"
-
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "simd_exp.h"
+#include "rowwise_kernel.h"
 #include "thread_pool.h"
+// after every other header: the ISA's target applies to this file's own code only
+#include "isa_begin.h"
+#include "simd.h"
 
 namespace mlxcel {
+namespace MLXCEL_ISA {
 
 namespace {
 
 // exp(x), x clipped to [-88, 88] (0 below about -87.3, as MLX's exp)
-inline __m512 exp_ps(__m512 x) {
-  return exp_poly_ps(_mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.0f)), _mm512_set1_ps(88.0f)));
-}
+inline vf exp_ps(vf x) { return exp_poly(min(max(x, set1(-88.0f)), set1(88.0f))); }
 
 }  // namespace
 
 void swiglu(const float* gate, const float* up, float* out, int64_t n) {
-  const __m512 one = _mm512_set1_ps(1.0f);
+  const vf one = set1(1.0f);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m512 g = _mm512_loadu_ps(gate + i);
-    const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(g, s), _mm512_loadu_ps(up + i)));
+    const vf g = load(gate + i);
+    const vf s = div(one, add(one, exp_ps(sub(zero(), g))));
+    store(out + i, mul(mul(g, s), load(up + i)));
   }
   if (i < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
-    const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-    _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(_mm512_mul_ps(g, s), _mm512_maskz_loadu_ps(m, up + i)));
-  }
-}
-
-void rope_table(const int32_t* pos, int count, int dims, float base, float scale, float* out) {
-  const int half = dims / 2;
-  float* cs = out;
-  float* sn = out + static_cast<int64_t>(count) * half;
-  for (int i = 0; i < half; ++i) {
-    // MLX's frequencies: base ** (-2i / dims) in float32
-    const float freq = std::pow(base, -static_cast<float>(2 * i) / static_cast<float>(dims));
-    for (int r = 0; r < count; ++r) {
-      const float theta = static_cast<float>(pos[r]) * scale * freq;
-      cs[static_cast<int64_t>(r) * half + i] = static_cast<float>(std::cos(static_cast<double>(theta)));
-      sn[static_cast<int64_t>(r) * half + i] = static_cast<float>(std::sin(static_cast<double>(theta)));
-    }
+    const int left = static_cast<int>(n - i);
+    const vf g = load_n(gate + i, left);
+    const vf s = div(one, add(one, exp_ps(sub(zero(), g))));
+    store_n(out + i, mul(mul(g, s), load_n(up + i, left)), left);
   }
 }
 
@@ -70,10 +53,10 @@ void rope(const float* x, const int64_t* st, float* out, int B, int H, int L, in
         if (!traditional) {
           int i = 0;
           for (; i + 16 <= half; i += 16) {
-            const __m512 a = _mm512_loadu_ps(xr + i), c = _mm512_loadu_ps(xr + half + i);
-            const __m512 co = _mm512_loadu_ps(cs + i), si = _mm512_loadu_ps(sn + i);
-            _mm512_storeu_ps(o + i, _mm512_sub_ps(_mm512_mul_ps(a, co), _mm512_mul_ps(c, si)));
-            _mm512_storeu_ps(o + half + i, _mm512_add_ps(_mm512_mul_ps(a, si), _mm512_mul_ps(c, co)));
+            const vf a = load(xr + i), c = load(xr + half + i);
+            const vf co = load(cs + i), si = load(sn + i);
+            store(o + i, sub(mul(a, co), mul(c, si)));
+            store(o + half + i, add(mul(a, si), mul(c, co)));
           }
           for (; i < half; ++i) {
             const float a = xr[i], c = xr[half + i];
@@ -98,4 +81,5 @@ void rope(const float* x, const int64_t* st, float* out, int B, int H, int L, in
              run);
 }
 
+}  // namespace MLXCEL_ISA
 }  // namespace mlxcel

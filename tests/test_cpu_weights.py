@@ -1,6 +1,6 @@
 """The row-exact quantized matmul and attention (csrc/, `mlxcel_py._qmm`) and `--cpu-weights`.
 
-Kernel tests need the extension built and a CPU with AVX-512 VNNI; `make test` prints which path
+Kernel tests need the extension built and a CPU with AVX-512 VNNI or AVX2 (MLXCEL_KERNEL_ISA picks one); `make test` prints which path
 this machine has in its header line, and those tests are skipped (not passed) without it.
 """
 

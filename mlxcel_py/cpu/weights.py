@@ -3,7 +3,8 @@
 Why: plain decoding on the CPU streams every weight once per token. As float32 the default model
 is 540 MB a token, the bandwidth wall; MLX's own CPU quantized matmul is slower still. The
 `_qmm` extension (csrc/, built at install) multiplies int8-quantized activations by 4- or 8-bit
-weights with AVX-512 VNNI, reading 3-5x fewer bytes. Weights come from MLX's affine layout
+weights with AVX-512 VNNI, or AVX2 where a CPU has no AVX-512 (the same bits: csrc/simd.h),
+reading 3-5x fewer bytes. Weights come from MLX's affine layout
 (q = round((w - bias) / scale) per group) and are repacked once at load into the kernel's own
 interleaved layout, with one float32 scale and bias per 32 values.
 
@@ -24,9 +25,10 @@ Modes (only where MLX runs on the CPU; elsewhere weights stay as stored):
   f32   every weight dequantized to float32 (the path before the kernel; the fallback)
   q8    every eligible linear layer 8-bit, group 32 (float and 4-bit layers re-quantized)
   q4    every eligible linear layer 4-bit, group 32 (float and 8-bit layers re-quantized)
-  auto  the kernel where it built and this CPU has the instructions: layers stored quantized
-        keep their own 4 or 8 bits (re-quantizing a GGUF's 4-bit blocks to 8 bits costs twice
-        the bytes and adds rounding), float layers become 8-bit; otherwise f32.
+  auto  the kernel where it built and this CPU has the instructions (AVX-512 VNNI or AVX2):
+        layers stored quantized keep their own 4 or 8 bits (re-quantizing a GGUF's 4-bit blocks
+        to 8 bits costs twice the bytes and adds rounding), float layers become 8-bit; otherwise
+        f32.
 Eligible: nn.Linear / QuantizedLinear (affine, 2-8 bits) and tied embeddings used as the output
 layer, with input width a multiple of 64. Anything else (mixture-of-experts switch layers, odd
 widths, norms) is float32, as before; `describe()` counts both.
@@ -43,6 +45,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..errors import UsageError
 from ..options import MAX_DRAFT_LIMIT
 
 MAX_ROWS = MAX_DRAFT_LIMIT + 1  # the widest verify block; decode steps are 1 row
@@ -61,25 +64,43 @@ GROUP = 32  # the group size of layers this module quantizes (GGUF's block size)
 KERNEL_GROUPS = (32, 64, 128)
 
 
+KERNEL_ISAS = ("avx512", "avx2", "f32")  # MLXCEL_KERNEL_ISA: the kernel's build, or none
+_ISA_NAMES = {"avx512": "AVX-512 VNNI", "avx2": "AVX2"}
+
+
 @functools.cache
 def kernel_status() -> tuple[Any, str]:
-    """(the _qmm module or None, a one-line description of why it is or is not in use)."""
+    """(the _qmm module or None, a one-line description of why it is or is not in use).
+
+    MLXCEL_KERNEL_ISA picks the kernel's build: `avx512`, `avx2` (both give the same bits, so an
+    AVX-512 machine tests the AVX2 path) or `f32` (no kernel); unset, the best this CPU runs."""
     if mx.default_device() != mx.cpu:
         return None, "not needed (MLX runs on the GPU)"
     if os.environ.get("MLXCEL_NO_KERNEL"):
         return None, "turned off by MLXCEL_NO_KERNEL"
+    asked = os.environ.get("MLXCEL_KERNEL_ISA", "").strip().lower()
+    if asked and asked not in KERNEL_ISAS:
+        raise UsageError(
+            f"MLXCEL_KERNEL_ISA={asked!r} is not one of {', '.join(KERNEL_ISAS)}",
+            hint="unset it to use the best kernel this CPU runs",
+        )
+    if asked == "f32":
+        return None, "turned off by MLXCEL_KERNEL_ISA=f32"
     try:
         from . import _qmm  # type: ignore[attr-defined]
     except ImportError as exc:
         note = Path(__file__).with_name("KERNEL_NOT_BUILT")  # setup.py's reason, when the build failed
         why = note.read_text().strip() if note.is_file() else (str(exc).splitlines()[0] if str(exc) else "ImportError")
         return None, f"not built ({why}; reinstall with a C++ compiler and CMake)"
-    if not _qmm.cpu_supported():
-        return None, "this CPU lacks AVX-512 VNNI"
+    if asked and not _qmm.set_isa(asked):
+        return None, f"MLXCEL_KERNEL_ISA={asked}: this CPU lacks {_ISA_NAMES[asked]}"
+    if not asked and not _qmm.set_isa("avx512") and not _qmm.set_isa("avx2"):
+        return None, "this CPU lacks AVX2 (and AVX-512 VNNI)"
+    name = f"row-exact {_ISA_NAMES[_qmm.isa()]} kernel"
     _qmm.set_threads(default_threads())
     if _qmm.set_amx_rows(0 if os.environ.get("MLXCEL_NO_AMX") else AMX_ROWS):
-        return _qmm, f"row-exact AVX-512 VNNI kernel, AMX tiles from {AMX_ROWS} rows"
-    return _qmm, "row-exact AVX-512 VNNI kernel"
+        return _qmm, f"{name}, AMX tiles from {AMX_ROWS} rows"
+    return _qmm, name
 
 
 def default_threads() -> int:

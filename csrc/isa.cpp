@@ -1,0 +1,61 @@
+// The kernels' dispatch (isa.h): each public kernel entry (qmm_kernel.h, attention_kernel.h,
+// rowwise_kernel.h, layer_kernel.h) calls the chosen build. Built for the baseline ISA. A decode
+// step makes ~100 of these calls; one relaxed load and a branch each.
+#include "isa.h"
+
+#include <atomic>
+#include <climits>
+
+#include "attention_kernel.h"
+#include "cpu_features.h"
+#include "layer_kernel.h"
+#include "qmm_kernel.h"
+#include "rowwise_kernel.h"
+
+namespace mlxcel {
+
+std::atomic<int> amx_rows{INT_MAX};
+
+namespace {
+std::atomic<int>& active() {
+  static std::atomic<int> isa{static_cast<int>(isa_supported(Isa::avx512) ? Isa::avx512 : Isa::avx2)};
+  return isa;
+}
+inline bool on_avx2() { return active().load(std::memory_order_relaxed) == static_cast<int>(Isa::avx2); }
+}  // namespace
+
+bool isa_supported(Isa isa) { return isa == Isa::avx512 ? cpu_supported() : avx2_supported(); }
+
+Isa active_isa() { return static_cast<Isa>(active().load()); }
+
+bool set_isa(Isa isa) {
+  if (!isa_supported(isa)) return false;
+  active().store(static_cast<int>(isa));
+  return true;
+}
+
+#define MLXCEL_DISPATCH(name, ...) \
+  if (on_avx2()) avx2::name(__VA_ARGS__); else avx512::name(__VA_ARGS__)
+
+void dequantize_rows(const uint8_t* w, const void* scales, const void* biases, bool half, const uint32_t* ids, int R,
+                     int N, int K, int bits, float* out) {
+  MLXCEL_DISPATCH(dequantize_rows, w, scales, biases, half, ids, R, N, K, bits, out);
+}
+void qmm_multi(const float* x, const WeightRef* weights, int count, int M, int K, int bits, int threads) {
+  MLXCEL_DISPATCH(qmm_multi, x, weights, count, M, K, bits, threads);
+}
+void attention(const AttentionArgs& a, int threads) { MLXCEL_DISPATCH(attention, a, threads); }
+void attention_rows(const RowsAttentionArgs& a, int threads) { MLXCEL_DISPATCH(attention_rows, a, threads); }
+void swiglu(const float* gate, const float* up, float* out, int64_t n) { MLXCEL_DISPATCH(swiglu, gate, up, out, n); }
+void rope(const float* x, const int64_t* strides, float* out, int B, int H, int L, int D, int dims, bool traditional,
+          const float* cos_sin, int threads) {
+  MLXCEL_DISPATCH(rope, x, strides, out, B, H, L, D, dims, traditional, cos_sin, threads);
+}
+void decoder_layer(const DecoderLayerView& layer, const LayerRows& rows, int threads) {
+  MLXCEL_DISPATCH(decoder_layer, layer, rows, threads);
+}
+void rms_norm_rows(const float* x, const float* w, float eps, int R, int n, float* out) {
+  MLXCEL_DISPATCH(rms_norm_rows, x, w, eps, R, n, out);
+}
+
+}  // namespace mlxcel

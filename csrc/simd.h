@@ -1,0 +1,222 @@
+// 16 float lanes for the kernels, on AVX-512 (one zmm) or AVX2 (two ymm), with the same
+// arithmetic: every op is lane-wise IEEE float32 (add, mul, fma, div, max, round-to-nearest-even
+// conversions), and the two horizontal sums (reduce_add, hsum16) add in one fixed tree written out
+// here for both ISAs. So a kernel written once against these types gives the same bits on either
+// ISA, and its row-exactness (a row's sums in an order fixed by its own sizes) holds on both.
+//
+// Included by the kernel files after isa_begin.h (which picks the ISA and its target pragma);
+// everything is in namespace mlxcel::MLXCEL_ISA, so the two builds of a kernel file never share an
+// inline function compiled for the other ISA.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace mlxcel {
+namespace MLXCEL_ISA {
+
+#if MLXCEL_ISA_AVX512
+struct vf {
+  __m512 v;
+};
+struct vi {
+  __m512i v;
+};
+inline vf zero() { return {_mm512_setzero_ps()}; }
+inline vf set1(float x) { return {_mm512_set1_ps(x)}; }
+inline vf load(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline void store(float* p, vf a) { _mm512_storeu_ps(p, a.v); }
+inline __mmask16 first(int n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : n <= 0 ? static_cast<__mmask16>(0) : static_cast<__mmask16>((1u << n) - 1);
+}
+// the first n lanes (n <= 16), the others 0; nothing past them is read
+inline vf load_n(const float* p, int n) { return {_mm512_maskz_loadu_ps(first(n), p)}; }
+inline void store_n(float* p, vf a, int n) { _mm512_mask_storeu_ps(p, first(n), a.v); }
+inline vf load_half_n(const uint16_t* p, int n) { return {_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(first(n), p))}; }
+inline vf add(vf a, vf b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline vf sub(vf a, vf b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline vf mul(vf a, vf b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline vf div(vf a, vf b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline vf fmadd(vf a, vf b, vf c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }  // a * b + c, one rounding
+inline vf max(vf a, vf b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline vf min(vf a, vf b) { return {_mm512_min_ps(a.v, b.v)}; }
+inline vf abs(vf a) { return {_mm512_abs_ps(a.v)}; }
+inline vf round_even(vf a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+inline vi to_int(vf a) { return {_mm512_cvtps_epi32(a.v)}; }  // MXCSR: round to nearest even
+inline vf to_float(vi a) { return {_mm512_cvtepi32_ps(a.v)}; }
+inline vf bits_float(vi a) { return {_mm512_castsi512_ps(a.v)}; }
+inline vi add(vi a, vi b) { return {_mm512_add_epi32(a.v, b.v)}; }
+inline vi set1i(int x) { return {_mm512_set1_epi32(x)}; }
+template <int S>
+inline vi shl(vi a) { return {_mm512_slli_epi32(a.v, S)}; }
+inline vi clamp(vi a, int lo, int hi) { return {_mm512_max_epi32(_mm512_min_epi32(a.v, _mm512_set1_epi32(hi)), _mm512_set1_epi32(lo))}; }
+// lanes where x >= t keep r, the others are 0
+inline vf keep_ge(vf x, float t, vf r) { return {_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x.v, _mm512_set1_ps(t), _CMP_GE_OQ), r.v)}; }
+// the first n lanes of a, the others 0
+inline vf keep_n(vf a, int n) { return {_mm512_maskz_mov_ps(first(n), a.v)}; }
+// lanes < n: max(acc, x); the others acc
+inline vf max_n(vf acc, vf x, int n) { return {_mm512_mask_max_ps(acc.v, first(n), acc.v, x.v)}; }
+inline float lane0(vf a) { return _mm512_cvtss_f32(a.v); }
+// the two 8-lane halves (lanes 0-7, 8-15)
+inline __m256 lo8(vf a) { return _mm512_castps512_ps256(a.v); }
+inline __m256 hi8(vf a) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.v), 1)); }
+inline int reduce_add(vi a) { return _mm512_reduce_add_epi32(a.v); }  // integers: any order
+inline float reduce_max(vf a) { return _mm512_reduce_max_ps(a.v); }   // max: any order
+// 32 int32 values (each within int8) to 32 int8, in order
+inline void store_i8(int8_t* p, vi a, vi b) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(a.v));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 16), _mm512_cvtepi32_epi8(b.v));
+}
+#else
+struct vf {
+  __m256 lo, hi;
+};
+struct vi {
+  __m256i lo, hi;
+};
+inline vf zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline vf set1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline vf load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline void store(float* p, vf a) {
+  _mm256_storeu_ps(p, a.lo);
+  _mm256_storeu_ps(p + 8, a.hi);
+}
+// lane masks for maskload/maskstore: the first n of 8 lanes
+inline __m256i first8(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+inline vf load_n(const float* p, int n) {
+  if (n >= 16) return load(p);
+  return {_mm256_maskload_ps(p, first8(n)), _mm256_maskload_ps(p + 8, first8(n - 8))};
+}
+inline void store_n(float* p, vf a, int n) {
+  if (n >= 16) return store(p, a);
+  _mm256_maskstore_ps(p, first8(n), a.lo);
+  _mm256_maskstore_ps(p + 8, first8(n - 8), a.hi);
+}
+inline vf load_half_n(const uint16_t* p, int n) {
+  alignas(32) uint16_t buf[16] = {};
+  std::memcpy(buf, p, sizeof(uint16_t) * (n >= 16 ? 16 : n));
+  const __m256i h = _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
+  return {_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
+}
+inline vf add(vf a, vf b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline vf sub(vf a, vf b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+inline vf mul(vf a, vf b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline vf div(vf a, vf b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+inline vf fmadd(vf a, vf b, vf c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+// vmaxps/vminps: the second operand when either is NaN or both are zeros, as on AVX-512
+inline vf max(vf a, vf b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+inline vf min(vf a, vf b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+inline vf abs(vf a) {
+  const __m256 m = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  return {_mm256_and_ps(a.lo, m), _mm256_and_ps(a.hi, m)};
+}
+inline vf round_even(vf a) {
+  return {_mm256_round_ps(a.lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+          _mm256_round_ps(a.hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+}
+inline vi to_int(vf a) { return {_mm256_cvtps_epi32(a.lo), _mm256_cvtps_epi32(a.hi)}; }
+inline vf to_float(vi a) { return {_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
+inline vf bits_float(vi a) { return {_mm256_castsi256_ps(a.lo), _mm256_castsi256_ps(a.hi)}; }
+inline vi add(vi a, vi b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
+inline vi set1i(int x) { return {_mm256_set1_epi32(x), _mm256_set1_epi32(x)}; }
+template <int S>
+inline vi shl(vi a) { return {_mm256_slli_epi32(a.lo, S), _mm256_slli_epi32(a.hi, S)}; }
+inline vi clamp(vi a, int lo, int hi) {
+  const __m256i l = _mm256_set1_epi32(lo), h = _mm256_set1_epi32(hi);
+  return {_mm256_max_epi32(_mm256_min_epi32(a.lo, h), l), _mm256_max_epi32(_mm256_min_epi32(a.hi, h), l)};
+}
+inline vf keep_ge(vf x, float t, vf r) {
+  const __m256 tv = _mm256_set1_ps(t);
+  return {_mm256_and_ps(_mm256_cmp_ps(x.lo, tv, _CMP_GE_OQ), r.lo), _mm256_and_ps(_mm256_cmp_ps(x.hi, tv, _CMP_GE_OQ), r.hi)};
+}
+inline vf keep_n(vf a, int n) {
+  return {_mm256_and_ps(_mm256_castsi256_ps(first8(n)), a.lo), _mm256_and_ps(_mm256_castsi256_ps(first8(n - 8)), a.hi)};
+}
+inline vf max_n(vf acc, vf x, int n) {
+  return {_mm256_blendv_ps(acc.lo, _mm256_max_ps(acc.lo, x.lo), _mm256_castsi256_ps(first8(n))),
+          _mm256_blendv_ps(acc.hi, _mm256_max_ps(acc.hi, x.hi), _mm256_castsi256_ps(first8(n - 8)))};
+}
+inline float lane0(vf a) { return _mm256_cvtss_f32(a.lo); }
+inline __m256 lo8(vf a) { return a.lo; }
+inline __m256 hi8(vf a) { return a.hi; }
+inline int reduce_add(vi a) {
+  const __m256i s = _mm256_add_epi32(a.lo, a.hi);
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(t);
+}
+inline float reduce_max(vf a) {
+  const __m256 s = _mm256_max_ps(a.lo, a.hi);
+  __m128 t = _mm_max_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  t = _mm_max_ps(t, _mm_shuffle_ps(t, t, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = _mm_max_ps(t, _mm_shuffle_ps(t, t, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtss_f32(t);
+}
+// 8 int32 + 8 int32 (each within int16) to 16 int16 in order
+inline __m256i pack16(__m256i a, __m256i b) { return _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), _MM_SHUFFLE(3, 1, 2, 0)); }
+inline void store_i8(int8_t* p, vi a, vi b) {
+  const __m256i q = _mm256_packs_epi16(pack16(a.lo, a.hi), pack16(b.lo, b.hi));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_permute4x64_epi64(q, _MM_SHUFFLE(3, 1, 2, 0)));
+}
+#endif
+
+// The sum of a's 16 lanes in one fixed tree (h = lanes i + (i+8); then q = h_i + h_(i+4); then
+// (q0 + q2) + (q1 + q3)): GCC's _mm512_reduce_add_ps order, written out so both ISAs share it.
+inline float reduce_add(vf a) {
+  const __m256 h = _mm256_add_ps(hi8(a), lo8(a));
+  const __m128 q = _mm_add_ps(_mm256_extractf128_ps(h, 1), _mm256_castps256_ps128(h));
+  const __m128 p = _mm_add_ps(q, _mm_shuffle_ps(q, q, _MM_SHUFFLE(1, 0, 3, 2)));  // q0+q2, q1+q3
+  return _mm_cvtss_f32(p) + _mm_cvtss_f32(_mm_shuffle_ps(p, p, _MM_SHUFFLE(1, 1, 1, 1)));
+}
+
+// 16 vectors -> one whose lane j is the sum of v[j]'s 16 lanes, each in the same tree:
+// p_u = (v_u + v_(u+8)) + (v_(u+4) + v_(u+12)) for u < 4, then (p0 + p1) + (p2 + p3). So a key's
+// score does not depend on which 16 keys it was summed beside.
+inline vf hsum16(const vf* v) {
+  __m128 p[16];
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) {
+    const __m256 h = _mm256_add_ps(lo8(v[j]), hi8(v[j]));
+    p[j] = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  }
+  __m256 out[2];
+#pragma GCC unroll 2
+  for (int half = 0; half < 2; ++half) {
+    const __m128* q = p + 8 * half;
+    // hadd pairs neighbours: [a0+a1, a2+a3, b0+b1, b2+b3] per 128-bit lane
+    const __m256 y01 = _mm256_set_m128(q[1], q[0]), y23 = _mm256_set_m128(q[3], q[2]);
+    const __m256 y45 = _mm256_set_m128(q[5], q[4]), y67 = _mm256_set_m128(q[7], q[6]);
+    const __m256 s0 = _mm256_hadd_ps(y01, y23), s1 = _mm256_hadd_ps(y45, y67);
+    // lanes: v0 v2 v4 v6 | v1 v3 v5 v7 (of this half)
+    const __m256 t = _mm256_hadd_ps(s0, s1);
+    out[half] = _mm256_permutevar8x32_ps(t, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  }
+#if MLXCEL_ISA_AVX512
+  return {_mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(out[0])), _mm256_castps_pd(out[1]), 1))};
+#else
+  return {out[0], out[1]};
+#endif
+}
+
+// exp(x) for x already in [-88, 88]: x*log2(e) = n + f with |f| <= 1/2, 2^n * P(f) with MLX's
+// CPU coefficients; 2^n is built in the exponent field (n = -127 leaves it 0, so the result is 0)
+inline vf exp_poly(vf x) {
+  const vf y = mul(x, set1(1.442695f));
+  const vf n = round_even(y);
+  const vf f = sub(y, n);
+  vf p = set1(1.535336188319500e-4f);
+  p = fmadd(p, f, set1(1.339887440266574e-3f));
+  p = fmadd(p, f, set1(9.618437357674640e-3f));
+  p = fmadd(p, f, set1(5.550332471162809e-2f));
+  p = fmadd(p, f, set1(2.402264791363012e-1f));
+  p = fmadd(p, f, set1(6.931472028550421e-1f));
+  p = fmadd(p, f, set1(1.0f));
+  return mul(p, bits_float(shl<23>(add(to_int(n), set1i(127)))));
+}
+
+}  // namespace MLXCEL_ISA
+}  // namespace mlxcel
