@@ -26,8 +26,11 @@ model: install
 demo: model
 	$(MLXCEL) generate --prompt-lookup --profile -p "$$(cat examples/edit.txt)"
 
+# then the row-exact kernel tests again on the kernel's AVX2 build (the default is the best build
+# this CPU runs; tests/test_kernel_isa.py compares the two builds bit for bit)
 test: model
 	$(PY) -m pytest -q -x --durations=10
+	MLXCEL_KERNEL_ISA=avx2 $(PY) -m pytest -q -x tests/test_cpu_weights.py tests/test_decoder_layers.py
 
 # ruff's lint and format check (configured in pyproject.toml)
 lint: install
