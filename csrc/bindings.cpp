@@ -25,6 +25,15 @@
 namespace nb = nanobind;
 using namespace nb::literals;
 
+namespace {
+// "avx512" / "avx2" (MLXCEL_KERNEL_ISA's names), else nothing
+std::optional<mlxcel::Isa> isa_named(const std::string& name) {
+  if (name == "avx512") return mlxcel::Isa::avx512;
+  if (name == "avx2") return mlxcel::Isa::avx2;
+  return std::nullopt;
+}
+}  // namespace
+
 NB_MODULE(_qmm, m) {
   m.doc() = "Row-exact int8 x 4/8-bit affine matmul for MLX on x86 CPUs (AVX-512 VNNI or AVX2)";
   m.def("row_exact_qmm", &mlxcel::row_exact_qmm, "x"_a, "w"_a, "scales"_a, "biases"_a, "bits"_a,
@@ -54,16 +63,10 @@ NB_MODULE(_qmm, m) {
   m.def("interleave", &mlxcel::interleave_blocks, "a"_a,
         "per-block scales or biases float32 [N, K/32] -> the kernel's order (16 rows side by side per block; eager)");
   m.def("unpack", &mlxcel::unpack_weight, "w"_a, "bits"_a, "the kernel's layout -> uint8 values [N, K] (eager)");
-  m.def("cpu_supported", &mlxcel::cpu_supported, "whether this CPU has AVX-512 F/BW/VL and VNNI");
-  m.def("isa_supported", [](const std::string& name) {
-          if (name == "avx512") return mlxcel::isa_supported(mlxcel::Isa::avx512);
-          if (name == "avx2") return mlxcel::isa_supported(mlxcel::Isa::avx2);
-          return false;
-        }, "name"_a, "whether this CPU runs the kernels' build for 'avx512' or 'avx2'");
-  m.def("set_isa", [](const std::string& name) {
-          if (name != "avx512" && name != "avx2") return false;
-          return mlxcel::set_isa(name == "avx512" ? mlxcel::Isa::avx512 : mlxcel::Isa::avx2);
-        }, "name"_a, "run the 'avx512' or 'avx2' build of the kernels (same bits); False where this CPU cannot");
+  m.def("isa_supported", [](const std::string& name) { const auto isa = isa_named(name); return isa && mlxcel::isa_supported(*isa); },
+        "name"_a, "whether this CPU runs the kernels' build for 'avx512' or 'avx2'");
+  m.def("set_isa", [](const std::string& name) { const auto isa = isa_named(name); return isa && mlxcel::set_isa(*isa); },
+        "name"_a, "run the 'avx512' or 'avx2' build of the kernels (same bits); False where this CPU cannot");
   m.def("isa", []() { return std::string(mlxcel::active_isa() == mlxcel::Isa::avx512 ? "avx512" : "avx2"); },
         "the build of the kernels in use");
   m.def("amx_supported", &mlxcel::amx_supported,

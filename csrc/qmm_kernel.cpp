@@ -296,30 +296,20 @@ void load_tiles() {
   _tile_loadconfig(&c);
 }
 
-// the group's weight tiles, block after block (512 bytes each): 8-bit full groups are already
-// in that form (used in place when 64-byte aligned); 4-bit runs are split into their low and high
-// nibbles, partial groups padded
+// the group's weight tiles, block after block (512 bytes each: load_block's 8 vectors, so 4-bit
+// runs split into their low and high nibbles and partial groups padded); 8-bit full groups are
+// already in that form (used in place when 64-byte aligned)
 template <int BITS>
 const uint8_t* weight_tiles(const uint8_t* wg, int K, int r, uint8_t* buf) {
   if (BITS == 8 && r == kGroup && reinterpret_cast<uintptr_t>(wg) % 64 == 0) return wg;
   const int nb = K / kBlock;
   const size_t bb = block_bytes(r, BITS), run = static_cast<size_t>(4) * r;
-  const __mmask64 bm = r == kGroup ? ~0ULL : ((1ULL << (4 * r)) - 1);
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  for (int b = 0; b < nb; ++b) {
-    const uint8_t* wb = wg + b * bb;
+  for (int b = 0; b < nb; ++b) {  // the VNNI tile's block vectors, one after the other
+    BlockWeights bw;
+    load_block<BITS>(wg + b * bb, run, r, bw);
     uint8_t* o = buf + static_cast<size_t>(b) * 512;
-    if (BITS == 8) {
 #pragma GCC unroll 8
-      for (int c = 0; c < 8; ++c) _mm512_storeu_si512(o + 64 * c, _mm512_maskz_loadu_epi8(bm, wb + c * run));
-    } else {
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) {
-        const __m512i p = _mm512_maskz_loadu_epi8(bm, wb + j * run);
-        _mm512_storeu_si512(o + 128 * j, _mm512_and_si512(p, low));
-        _mm512_storeu_si512(o + 128 * j + 64, _mm512_and_si512(_mm512_srli_epi16(p, 4), low));
-      }
-    }
+    for (int c = 0; c < 8; ++c) _mm512_storeu_si512(o + 64 * c, bw.w[c]);
   }
   return buf;
 }

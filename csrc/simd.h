@@ -96,9 +96,14 @@ inline void store_n(float* p, vf a, int n) {
   _mm256_maskstore_ps(p + 8, first8(n - 8), a.hi);
 }
 inline vf load_half_n(const uint16_t* p, int n) {
-  alignas(32) uint16_t buf[16] = {};
-  std::memcpy(buf, p, sizeof(uint16_t) * (n >= 16 ? 16 : n));
-  const __m256i h = _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
+  __m256i h;
+  if (n >= 16) {  // every block of a full row group: no copy
+    h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  } else {  // no 16-bit masked load in AVX2: the last partial group goes through a zeroed copy
+    alignas(32) uint16_t buf[16] = {};
+    std::memcpy(buf, p, sizeof(uint16_t) * (n > 0 ? n : 0));
+    h = _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
+  }
   return {_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
 }
 inline vf add(vf a, vf b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
