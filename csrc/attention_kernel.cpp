@@ -63,8 +63,12 @@ inline float softmax_in_place(float* s, int visible, float m) {
   return reduce_add(lsum);
 }
 
+// Key j of a query: row j of the buffer below `base`, else row tail[j - base] (tree rows: the
+// context, then the node's ancestors and itself). Plain rows have base == their visible count.
+inline int64_t key_at(int j, int base, const int* tail) { return j < base ? j : tail[j - base]; }
+
 void one_row(const AttentionArgs& a, const float* q, const float* k, const float* v, float* out, int visible,
-             std::vector<float>& s) {
+             int base, const int* tail, std::vector<float>& s) {
   const int D = a.D;
   if (visible == 0) {  // no key to attend to (never in a causal block; kept well-defined)
     std::fill(out, out + D, 0.0f);
@@ -73,7 +77,7 @@ void one_row(const AttentionArgs& a, const float* q, const float* k, const float
   s.resize(visible);
   float m = -INFINITY;
   for (int j = 0; j < visible; ++j) {
-    s[j] = dot(q, k + j * a.k_strides[2], D) * a.scale;
+    s[j] = dot(q, k + key_at(j, base, tail) * a.k_strides[2], D) * a.scale;
     m = std::max(m, s[j]);
   }
   const float inv = 1.0f / softmax_in_place(s.data(), visible, m);
@@ -84,7 +88,7 @@ void one_row(const AttentionArgs& a, const float* q, const float* k, const float
     for (int c = 0; c < 4; ++c) lanes[c] = std::max(0, std::min(16, width - 16 * c));
     for (int jj = 0; jj < visible; ++jj) {
       const vf p = set1(s[jj]);
-      const float* vr = v + jj * a.v_strides[2] + d0;
+      const float* vr = v + key_at(jj, base, tail) * a.v_strides[2] + d0;
       for (int c = 0; c < 4; ++c)
         if (lanes[c]) acc[c] = fmadd(p, load_n(vr + 16 * c, lanes[c]), acc[c]);
     }
@@ -95,15 +99,17 @@ void one_row(const AttentionArgs& a, const float* q, const float* k, const float
 
 // one query row over its `vis` visible keys (head widths other than 32, 64, 128)
 inline void row(const AttentionArgs& a, const float* q, const float* k, const float* v, float* out, int vis,
-                std::vector<float>& s) {
+                int base, const int* tail, std::vector<float>& s) {
   if (vis == 0) std::fill(out, out + a.D, 0.0f);  // no key to attend to (never in a causal block)
-  else one_row(a, q, k, v, out, vis, s);
+  else one_row(a, q, k, v, out, vis, base, tail, s);
 }
 
 struct Query {
   const float* q;
   float* out;
   int vis;
+  int base;                    // keys 0..base-1 are the buffer's rows 0..base-1 (== vis: all of them)
+  const int* tail = nullptr;   // then buffer rows tail[0..vis-base-1] (tree rows; key_at)
 };
 
 struct Scratch {
@@ -116,7 +122,9 @@ struct Scratch {
 // query from L2. Each query's arithmetic is exactly one_row_fixed's (the same hsum16 groups of
 // 16 keys, the same max, the same exp and sum, key j into value set j % SETS in key order, the
 // sets added in the same order): only the loops are interchanged, so results are bit-identical.
-template <int NC>
+// GATHER: some query sees listed rows after its prefix (tree rows, key_at); the keys each query
+// reads, and their order, are then its own, with the same arithmetic over them.
+template <int NC, bool GATHER>
 void kv_unit(const Query* qs, int n, const float* k, const float* v, int64_t ks, int64_t vs, float scale,
              Scratch& sc) {
   constexpr int SETS = NC <= 4 ? 4 : 2;
@@ -139,7 +147,7 @@ void kv_unit(const Query* qs, int n, const float* k, const float* v, int64_t ks,
 #pragma GCC unroll 16
       for (int jj = 0; jj < 16; ++jj) {
         if (jj < cnt) {
-          const float* kr = k + (j0 + jj) * ks;
+          const float* kr = k + (GATHER ? key_at(j0 + jj, qs[t].base, qs[t].tail) : j0 + jj) * ks;
           vf x = mul(qv[0], load(kr));
 #pragma GCC unroll 8
           for (int c = 1; c < NC; ++c) x = fmadd(qv[c], load(kr + 16 * c), x);
@@ -174,7 +182,7 @@ void kv_unit(const Query* qs, int n, const float* k, const float* v, int64_t ks,
 #pragma GCC unroll 16
         for (int jj = 0; jj < 16; ++jj) {
           const vf p = set1(sp[jj]);
-          const float* vr = v + (j0 + jj) * vs;
+          const float* vr = v + (GATHER ? key_at(j0 + jj, qs[t].base, qs[t].tail) : j0 + jj) * vs;
 #pragma GCC unroll 8
           for (int c = 0; c < NC; ++c) acc[jj % SETS][c] = fmadd(p, load(vr + 16 * c), acc[jj % SETS][c]);
         }
@@ -184,7 +192,7 @@ void kv_unit(const Query* qs, int n, const float* k, const float* v, int64_t ks,
           for (int e = 0; e < SETS; ++e) {
             if (jj + e >= cnt) break;
             const vf p = set1(sp[jj + e]);
-            const float* vr = v + (j0 + jj + e) * vs;
+            const float* vr = v + (GATHER ? key_at(j0 + jj + e, qs[t].base, qs[t].tail) : j0 + jj + e) * vs;
 #pragma GCC unroll 8
             for (int c = 0; c < NC; ++c) acc[e][c] = fmadd(p, load(vr + 16 * c), acc[e][c]);
           }
@@ -219,10 +227,18 @@ void unit(const AttentionArgs& a, const Query* qs, int n, const float* k, const 
     for (int i = 0; i < n; i += QUERY_GROUP) unit(a, qs + i, std::min(QUERY_GROUP, n - i), k, v, sc);
     return;
   }
-  if (a.D == 64) return kv_unit<4>(qs, n, k, v, ks, vs, a.scale, sc);
-  if (a.D == 128) return kv_unit<8>(qs, n, k, v, ks, vs, a.scale, sc);
-  if (a.D == 32) return kv_unit<2>(qs, n, k, v, ks, vs, a.scale, sc);
-  for (int t = 0; t < n; ++t) row(a, qs[t].q, k, v, qs[t].out, qs[t].vis, sc.s);
+  bool gather = false;
+  for (int t = 0; t < n; ++t) gather = gather || qs[t].tail != nullptr;
+  if (gather) {
+    if (a.D == 64) return kv_unit<4, true>(qs, n, k, v, ks, vs, a.scale, sc);
+    if (a.D == 128) return kv_unit<8, true>(qs, n, k, v, ks, vs, a.scale, sc);
+    if (a.D == 32) return kv_unit<2, true>(qs, n, k, v, ks, vs, a.scale, sc);
+  } else {
+    if (a.D == 64) return kv_unit<4, false>(qs, n, k, v, ks, vs, a.scale, sc);
+    if (a.D == 128) return kv_unit<8, false>(qs, n, k, v, ks, vs, a.scale, sc);
+    if (a.D == 32) return kv_unit<2, false>(qs, n, k, v, ks, vs, a.scale, sc);
+  }
+  for (int t = 0; t < n; ++t) row(a, qs[t].q, k, v, qs[t].out, qs[t].vis, qs[t].base, qs[t].tail, sc.s);
 }
 
 // One KV head's queries, or a part of them (a query's result never depends on the others).
@@ -304,7 +320,8 @@ void attention(const AttentionArgs& a, int threads) {
         for (int i = 0; i < a.L; ++i) {
           const int visible = a.causal ? a.S - a.L + i + 1 : a.S;
           it.queries.push_back({a.q + b * a.q_strides[0] + h * a.q_strides[1] + i * a.q_strides[2],
-                                a.out + ((static_cast<int64_t>(b) * a.Hq + h) * a.L + i) * a.D, std::max(visible, 0)});
+                                a.out + ((static_cast<int64_t>(b) * a.Hq + h) * a.L + i) * a.D, std::max(visible, 0),
+                                std::max(visible, 0)});
         }
       items.push_back(std::move(it));
     }
@@ -325,8 +342,11 @@ void attention_rows(const RowsAttentionArgs& r, int threads) {
       seqs[it - seen.begin()].push_back(e);
     }
   }
+  // what entry e's row i sees: keys 0..offset+i, or (tree rows) a prefix and then listed rows
+  const auto visible = [&](int e, int i) { return r.vis_base ? r.vis_base[e] + r.vis_tail_n[e] : r.offset[e] + i + 1; };
   double work = 0;
-  for (int e = 0; e < r.B; ++e) work += static_cast<double>(r.Hq) * r.L * (r.offset[e] + r.L) * r.D;
+  for (int e = 0; e < r.B; ++e)
+    work += static_cast<double>(r.Hq) * r.L * (r.vis_base ? visible(e, 0) : r.offset[e] + r.L) * r.D;
   AttentionArgs a{};  // what the kernels read: D, scale and the key/value row strides
   a.D = r.D;
   a.scale = r.scale;
@@ -338,9 +358,12 @@ void attention_rows(const RowsAttentionArgs& r, int threads) {
       Item it{r.k[e0] + kvh * r.head_stride[e0], r.v[e0] + kvh * r.head_stride[e0], {}};
       for (int e : entries)
         for (int h = kvh * group; h < (kvh + 1) * group; ++h)
-          for (int i = 0; i < r.L; ++i)
+          for (int i = 0; i < r.L; ++i) {
+            const bool tree = r.vis_base != nullptr && r.vis_tail_n[e] > 0;
             it.queries.push_back({r.q + e * r.q_strides[0] + h * r.q_strides[1] + i * r.q_strides[2],
-                                  r.out + ((static_cast<int64_t>(e) * r.Hq + h) * r.L + i) * r.D, r.offset[e] + i + 1});
+                                  r.out + ((static_cast<int64_t>(e) * r.Hq + h) * r.L + i) * r.D, visible(e, i),
+                                  r.vis_base ? r.vis_base[e] : visible(e, i), tree ? r.vis_tail[e] : nullptr});
+          }
       items.push_back(std::move(it));
     }
   run_items(a, items, work, threads);

@@ -35,6 +35,13 @@ struct RowsAttentionArgs {
   float* out;                  // [B, Hq, L, D], contiguous
   int B, Hq, Hkv, L, D;
   float scale;
+  // Tree rows (L == 1 only; null: every row sees the prefix above). Entry e sees the buffer's rows
+  // 0..vis_base[e]-1 and then rows vis_tail[e][0..vis_tail_n[e]-1], in that order: a draft-tree
+  // node sees the context and its own ancestors, as key 0..n of the one-row step for its path
+  // (the same keys in the same order, so the same bits).
+  const int* vis_base = nullptr;
+  const int* const* vis_tail = nullptr;
+  const int* vis_tail_n = nullptr;
 };
 
 // One build per ISA (isa_begin.h), and the dispatchers under the same names (isa.cpp).

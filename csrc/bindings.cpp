@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <climits>
+#include <stdexcept>
 
 #include "attention_primitive.h"
 #include "cache_attention_primitive.h"
@@ -16,11 +17,13 @@
 #include "isa.h"
 #include "layer_primitive.h"
 #include "layout.h"
+#include "move_rows_primitive.h"
 #include "qmm_kernel.h"
 #include "qmm_primitive.h"
 #include "rope_primitive.h"
 #include "runtime.h"
 #include "swiglu_primitive.h"
+#include "tree_rows.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -31,6 +34,16 @@ std::optional<mlxcel::Isa> isa_named(const std::string& name) {
   if (name == "avx512") return mlxcel::Isa::avx512;
   if (name == "avx2") return mlxcel::Isa::avx2;
   return std::nullopt;
+}
+
+using Rows = std::optional<std::vector<int>>;
+using Tails = std::optional<std::vector<std::vector<int>>>;
+
+// draft-tree rows from Python's three optional lists (all or none)
+mlxcel::TreeRows tree_rows(const Rows& slot, const Rows& base, const Tails& tail) {
+  if (!slot && !base && !tail) return {};
+  if (!slot || !base || !tail) throw std::invalid_argument("tree rows need slot, base and tail together");
+  return {*slot, *base, *tail};
 }
 }  // namespace
 
@@ -44,12 +57,24 @@ NB_MODULE(_qmm, m) {
   m.def("row_exact_attention", &mlxcel::row_exact_attention, "q"_a, "k"_a, "v"_a, "scale"_a, "causal"_a,
         "softmax(scale q k^T) v computed one query row at a time (row i of a causal block sees keys "
         "0..S-L+i): each row bit-identical to a one-row call at the same position");
-  m.def("row_exact_cache_attention", &mlxcel::row_exact_cache_attention, "q"_a, "k_new"_a, "v_new"_a, "k_bufs"_a,
-        "v_bufs"_a, "seq"_a, "pos"_a, "scale"_a,
+  m.def("row_exact_cache_attention",
+        [](const mlx::core::array& q, const mlx::core::array& k_new, const mlx::core::array& v_new,
+           const std::vector<mlx::core::array>& k_bufs, const std::vector<mlx::core::array>& v_bufs,
+           const std::vector<int>& seq, const std::vector<int>& pos, float scale, const Rows& slot, const Rows& base,
+           const Tails& tail) {
+          return mlxcel::row_exact_cache_attention(q, k_new, v_new, k_bufs, v_bufs, seq, pos, scale,
+                                                   tree_rows(slot, base, tail));
+        },
+        "q"_a, "k_new"_a, "v_new"_a, "k_bufs"_a, "v_bufs"_a, "seq"_a, "pos"_a, "scale"_a, "slot"_a = nb::none(),
+        "base"_a = nb::none(), "tail"_a = nb::none(),
         "entries of L rows, entry e of sequence seq[e] at positions pos[e]..: their new keys/values "
         "written into that sequence's buffers and each row attended over keys 0..its position of its "
         "own sequence: [attention, k_bufs..., v_bufs...]; rows equal row_exact_attention over each "
-        "sequence alone");
+        "sequence alone. Draft-tree rows (entries of one row; slot, base and tail together): entry e "
+        "written at row slot[e] of its buffers and attending rows 0..base[e]-1, then the rows tail[e]");
+  m.def("move_rows", &mlxcel::move_rows, "bufs"_a, "rows"_a, "first"_a,
+        "KV buffers [1, heads, capacity, dim] with row rows[j] moved to row first + j (a draft tree's "
+        "accepted path), in place where only this op holds them");
   m.def("buffer_updates", []() { return std::make_pair(mlxcel::buffers_donated.load(), mlxcel::buffers_copied.load()); },
         "(buffers updated in place, buffers copied first) by row_exact_cache_attention so far");
   m.def("row_swiglu", &mlxcel::row_swiglu, "gate"_a, "up"_a, "silu(gate) * up, elementwise (vectorised exp)");
@@ -94,8 +119,17 @@ NB_MODULE(_qmm, m) {
            "k_norm"_a.none(), "eps"_a, "qk_eps"_a, "heads"_a, "kv_heads"_a, "head_dim"_a, "rope_dims"_a,
            "rope_traditional"_a, "rope_base"_a, "rope_scale"_a, "attn_scale"_a,
            "linears in the order q, k, v, o, gate, up, down (the kernel's layout, as RowExactLinear holds them)")
-      .def("__call__", &mlxcel::DecoderLayer::operator(), "h"_a, "k_bufs"_a, "v_bufs"_a, "seq"_a, "pos"_a,
-           "[h out, key buffers..., value buffers...]: row t of sequence seq[t] at position pos[t]");
+      .def("__call__",
+           [](const mlxcel::DecoderLayer& self, const mlx::core::array& h, const std::vector<mlx::core::array>& k_bufs,
+              const std::vector<mlx::core::array>& v_bufs, const std::vector<int>& seq, const std::vector<int>& pos,
+              const Rows& slot, const Rows& base, const Tails& tail) {
+             return self(h, k_bufs, v_bufs, seq, pos, tree_rows(slot, base, tail));
+           },
+           "h"_a, "k_bufs"_a, "v_bufs"_a, "seq"_a, "pos"_a, "slot"_a = nb::none(), "base"_a = nb::none(),
+           "tail"_a = nb::none(),
+           "[h out, key buffers..., value buffers...]: row t of sequence seq[t] at position pos[t]; draft-tree "
+           "rows (slot, base and tail together): row t rotated at pos[t], written at row slot[t] and attending "
+           "rows 0..base[t]-1, then the rows tail[t]");
   m.def("attention_time", []() { return mlxcel::attention_ns.load() * 1e-9; },
         "seconds spent in the row-exact attention kernels since the process started");
 }

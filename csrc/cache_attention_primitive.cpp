@@ -2,6 +2,7 @@
 // sequences that each keep their own KV buffers (serve -np N), in one op.
 #include "cache_attention_primitive.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -14,6 +15,7 @@
 #include "mlx/primitives.h"
 #include "runtime.h"
 #include "attention_kernel.h"
+#include "tree_rows.h"
 
 namespace mx = mlx::core;
 
@@ -36,8 +38,8 @@ namespace {
 
 class RowExactCacheAttention : public mx::Primitive {
  public:
-  RowExactCacheAttention(mx::Stream s, std::vector<int> seq, std::vector<int> pos, float scale)
-      : mx::Primitive(s), seq_(std::move(seq)), pos_(std::move(pos)), scale_(scale) {}
+  RowExactCacheAttention(mx::Stream s, std::vector<int> seq, std::vector<int> pos, float scale, TreeRows tree)
+      : mx::Primitive(s), seq_(std::move(seq)), pos_(std::move(pos)), scale_(scale), tree_(std::move(tree)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const auto& q = inputs[0];
@@ -55,10 +57,11 @@ class RowExactCacheAttention : public mx::Primitive {
     std::vector<int64_t> head_stride(S);
     for (int b = 0; b < S; ++b) head_stride[b] = static_cast<int64_t>(outputs[1 + b].shape(2)) * D;
     enc.dispatch([q, kn = inputs[1], vn = inputs[2], writes, bufs = std::move(bufs),
-                  head_stride = std::move(head_stride), seq = seq_, pos = pos_, scale = scale_,
+                  head_stride = std::move(head_stride), seq = seq_, pos = pos_, scale = scale_, tree = tree_,
                   op = out.data<float>(), E, S, Hq, Hkv, L, D, threads = kernel_threads.load()]() {
       writes.copy();
       // every row's key and value into its sequence's buffers: [h, pos_e + i, :] = new[e, h, i, :]
+      // (tree rows, L == 1: at the entry's slot)
       for (int which = 0; which < 2; ++which) {
         const auto& src = which == 0 ? kn : vn;
         const float* base = src.data<float>();
@@ -67,7 +70,7 @@ class RowExactCacheAttention : public mx::Primitive {
           float* dst = bufs[which * S + seq[e]];
           for (int h = 0; h < Hkv; ++h)
             for (int i = 0; i < L; ++i)
-              std::memcpy(dst + h * head_stride[seq[e]] + static_cast<int64_t>(pos[e] + i) * D,
+              std::memcpy(dst + h * head_stride[seq[e]] + static_cast<int64_t>(tree.empty() ? pos[e] + i : tree.slot[e]) * D,
                           base + e * st[0] + h * st[1] + i * st[2], sizeof(float) * D);
         }
       }
@@ -92,6 +95,12 @@ class RowExactCacheAttention : public mx::Primitive {
       a.L = L;
       a.D = D;
       a.scale = scale;
+      const TreeTails tails(tree);
+      if (!tree.empty()) {
+        a.vis_base = tree.base.data();
+        a.vis_tail = tails.ptr.data();
+        a.vis_tail_n = tails.n.data();
+      }
       auto t0 = std::chrono::steady_clock::now();
       attention_rows(a, threads);
       attention_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
@@ -106,7 +115,7 @@ class RowExactCacheAttention : public mx::Primitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const RowExactCacheAttention&>(other);
-    return seq_ == o.seq_ && pos_ == o.pos_ && scale_ == o.scale_;
+    return seq_ == o.seq_ && pos_ == o.pos_ && scale_ == o.scale_ && tree_ == o.tree_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -118,6 +127,7 @@ class RowExactCacheAttention : public mx::Primitive {
  private:
   std::vector<int> seq_, pos_;
   float scale_;
+  TreeRows tree_;
 };
 
 }  // namespace
@@ -125,7 +135,7 @@ class RowExactCacheAttention : public mx::Primitive {
 std::vector<mx::array> row_exact_cache_attention(const mx::array& q, const mx::array& k_new, const mx::array& v_new,
                                                  const std::vector<mx::array>& k_bufs,
                                                  const std::vector<mx::array>& v_bufs, const std::vector<int>& seq,
-                                                 const std::vector<int>& pos, float scale) {
+                                                 const std::vector<int>& pos, float scale, const TreeRows& tree) {
   const char* what = "row_exact_cache_attention: ";
   if (q.ndim() != 4 || k_new.ndim() != 4 || v_new.ndim() != 4)
     throw std::invalid_argument(std::string(what) + "q, k_new, v_new must be [entries, heads, length, dim]");
@@ -143,12 +153,19 @@ std::vector<mx::array> row_exact_cache_attention(const mx::array& q, const mx::a
       if (buf->dtype() != mx::float32 || buf->ndim() != 4 || buf->shape(0) != 1 || buf->shape(1) != Hkv ||
           buf->shape(3) != D)
         throw std::invalid_argument(std::string(what) + "buffer " + std::to_string(b) + " must be float32 [1, Hkv, capacity, D]");
+  if (!tree.empty() && L != 1)
+    throw std::invalid_argument(std::string(what) + "tree rows are entries of one row each");
   for (int e = 0; e < E; ++e)
-    if (seq[e] < 0 || seq[e] >= S || pos[e] < 0 || k_bufs[seq[e]].shape(2) < pos[e] + L ||
-        v_bufs[seq[e]].shape(2) < pos[e] + L)
+    if (seq[e] < 0 || seq[e] >= S || pos[e] < 0 ||
+        (tree.empty() && (k_bufs[seq[e]].shape(2) < pos[e] + L || v_bufs[seq[e]].shape(2) < pos[e] + L)))
       throw std::invalid_argument(std::string(what) + "entry " + std::to_string(e) +
                                   ": no such sequence, or its buffer " + std::to_string(seq[e]) +
                                   " has no room for positions up to pos + L");
+  if (!tree.empty()) {
+    std::vector<int> capacity;
+    for (int b = 0; b < S; ++b) capacity.push_back(std::min(k_bufs[b].shape(2), v_bufs[b].shape(2)));
+    tree.check(what, seq, capacity);
+  }
   auto s = mx::default_stream(mx::Device::cpu);
   // the kernel reads rows with a contiguous last axis; rope's and the projections' outputs are
   std::vector<mx::array> inputs{mx::contiguous(q, false, s), mx::contiguous(k_new, false, s),
@@ -161,7 +178,7 @@ std::vector<mx::array> row_exact_cache_attention(const mx::array& q, const mx::a
     }
   std::vector<mx::Dtype> dtypes(shapes.size(), mx::float32);
   return mx::array::make_arrays(std::move(shapes), dtypes,
-                                std::make_shared<RowExactCacheAttention>(s, seq, pos, scale), inputs);
+                                std::make_shared<RowExactCacheAttention>(s, seq, pos, scale, tree), inputs);
 }
 
 }  // namespace mlxcel

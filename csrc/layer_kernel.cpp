@@ -111,7 +111,7 @@ void decoder_layer(const DecoderLayerView& L, const LayerRows& R, int threads) {
   for (int t = 0; t < T; ++t) {
     const int b = R.seq[t];
     for (int h = 0; h < Hkv; ++h) {
-      const int64_t at = h * R.head_stride[b] + static_cast<int64_t>(R.pos[t]) * D;
+      const int64_t at = h * R.head_stride[b] + static_cast<int64_t>(R.slot ? R.slot[t] : R.pos[t]) * D;
       std::memcpy(R.k_bufs[b] + at, s.kr.data() + (static_cast<int64_t>(t) * Hkv + h) * D, sizeof(float) * D);
       std::memcpy(R.v_bufs[b] + at, s.v.data() + (static_cast<int64_t>(t) * Hkv + h) * D, sizeof(float) * D);
     }
@@ -140,6 +140,11 @@ void decoder_layer(const DecoderLayerView& L, const LayerRows& R, int threads) {
     a.L = 1;
     a.D = D;
     a.scale = L.attn_scale;
+    if (R.slot != nullptr) {
+      a.vis_base = R.vis_base;
+      a.vis_tail = R.vis_tail;
+      a.vis_tail_n = R.vis_tail_n;
+    }
     MLXCEL_ISA::attention_rows(a, threads);
   }
   {

@@ -32,6 +32,10 @@ struct DecoderLayerView {
 // and value go into that sequence's buffers ([Hkv, capacity, D], head_stride = capacity * D) at
 // pos[t], and it attends keys 0..pos[t] of its sequence. A sequence's rows in one call must be
 // at consecutive positions in order (a verify block, a prompt chunk).
+// Tree rows (a draft tree verified in one forward; slot non-null): row t is rotated at pos[t] (its
+// depth after the context) but written at buffer row slot[t], and attends rows 0..vis_base[t]-1
+// and then rows vis_tail[t][0..vis_tail_n[t]-1] (its ancestors and itself): the keys, in the
+// order, that the one-row step of its path attends, so its output is that step's bit for bit.
 struct LayerRows {
   const float* h;  // [T, hidden] in
   float* out;      // [T, hidden] out (h + attention + MLP)
@@ -42,6 +46,10 @@ struct LayerRows {
   float* const* k_bufs;  // per sequence
   float* const* v_bufs;
   const int64_t* head_stride;  // per sequence
+  const int* slot = nullptr;   // tree rows (above); null: rows write and see as plain rows
+  const int* vis_base = nullptr;
+  const int* const* vis_tail = nullptr;
+  const int* vis_tail_n = nullptr;
 };
 
 // decoder_layer: every step works on each row alone (RMSNorm, the row-exact matmuls, rope, the

@@ -16,6 +16,7 @@
 #include "qmm_kernel.h"
 #include "rope_primitive.h"
 #include "runtime.h"
+#include "tree_rows.h"
 
 namespace mlxcel {
 
@@ -31,8 +32,8 @@ namespace {
 class RowExactDecoderLayer : public mx::Primitive {
  public:
   RowExactDecoderLayer(mx::Stream s, std::shared_ptr<const DecoderLayerState> st, std::vector<int> seq,
-                       std::vector<int> pos)
-      : mx::Primitive(s), st_(std::move(st)), seq_(std::move(seq)), pos_(std::move(pos)) {}
+                       std::vector<int> pos, TreeRows tree)
+      : mx::Primitive(s), st_(std::move(st)), seq_(std::move(seq)), pos_(std::move(pos)), tree_(std::move(tree)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const int S = static_cast<int>(inputs.size() - 1) / 2;
@@ -47,7 +48,7 @@ class RowExactDecoderLayer : public mx::Primitive {
     for (int j = 0; j < 2 * S; ++j) bufs[j] = outputs[1 + j].data<float>();
     for (int b = 0; b < S; ++b) head_stride[b] = static_cast<int64_t>(outputs[1 + b].shape(2)) * st_->view.D;
     enc.dispatch([h = inputs[0], writes, bufs = std::move(bufs), head_stride = std::move(head_stride), st = st_,
-                  seq = seq_, pos = pos_, op = out.data<float>(), S, threads = kernel_threads.load()]() {
+                  seq = seq_, pos = pos_, tree = tree_, op = out.data<float>(), S, threads = kernel_threads.load()]() {
       writes.copy();
       std::vector<float> scratch;
       const float* hp = contiguous_rows(h, scratch);
@@ -63,6 +64,13 @@ class RowExactDecoderLayer : public mx::Primitive {
       rows.k_bufs = bufs.data();
       rows.v_bufs = bufs.data() + S;
       rows.head_stride = head_stride.data();
+      const TreeTails tails(tree);
+      if (!tree.empty()) {
+        rows.slot = tree.slot.data();
+        rows.vis_base = tree.base.data();
+        rows.vis_tail = tails.ptr.data();
+        rows.vis_tail_n = tails.n.data();
+      }
       auto t0 = std::chrono::steady_clock::now();
       decoder_layer(st->view, rows, threads);
       layer_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
@@ -78,7 +86,7 @@ class RowExactDecoderLayer : public mx::Primitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const RowExactDecoderLayer&>(other);
-    return st_ == o.st_ && seq_ == o.seq_ && pos_ == o.pos_;
+    return st_ == o.st_ && seq_ == o.seq_ && pos_ == o.pos_ && tree_ == o.tree_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -90,6 +98,7 @@ class RowExactDecoderLayer : public mx::Primitive {
  private:
   std::shared_ptr<const DecoderLayerState> st_;
   std::vector<int> seq_, pos_;
+  TreeRows tree_;
 };
 
 const float* floats(const mx::array& a, int n, const char* what) {
@@ -169,7 +178,7 @@ DecoderLayer::DecoderLayer(const std::vector<mx::array>& ws, const std::vector<m
 
 std::vector<mx::array> DecoderLayer::operator()(const mx::array& h, const std::vector<mx::array>& k_bufs,
                                                 const std::vector<mx::array>& v_bufs, const std::vector<int>& seq,
-                                                const std::vector<int>& pos) const {
+                                                const std::vector<int>& pos, const TreeRows& tree) const {
   const char* what = "decoder_layer: ";
   const auto& v = state_->view;
   if (h.dtype() != mx::float32 || h.ndim() < 1 || h.shape(-1) != state_->hidden)
@@ -185,9 +194,14 @@ std::vector<mx::array> DecoderLayer::operator()(const mx::array& h, const std::v
         throw std::invalid_argument(std::string(what) + "buffer " + std::to_string(b) +
                                     " must be float32 [1, kv_heads, capacity, head_dim]");
   for (int t = 0; t < T; ++t)
-    if (seq[t] < 0 || seq[t] >= S || pos[t] < 0 || pos[t] >= k_bufs[seq[t]].shape(2))
+    if (seq[t] < 0 || seq[t] >= S || pos[t] < 0 || (tree.empty() && pos[t] >= k_bufs[seq[t]].shape(2)))
       throw std::invalid_argument(std::string(what) + "row " + std::to_string(t) +
                                   ": no such sequence, or its buffer has no room at its position");
+  if (!tree.empty()) {
+    std::vector<int> capacity;
+    for (const auto& b : k_bufs) capacity.push_back(b.shape(2));
+    tree.check(what, seq, capacity);
+  }
   auto s = mx::default_stream(mx::Device::cpu);
   std::vector<mx::array> inputs{mx::astype(h, mx::float32, s)};
   for (const auto* bufs : {&k_bufs, &v_bufs})
@@ -196,7 +210,7 @@ std::vector<mx::array> DecoderLayer::operator()(const mx::array& h, const std::v
   for (const auto& a : inputs) shapes.push_back(a.shape());
   std::vector<mx::Dtype> dtypes(shapes.size(), mx::float32);
   return mx::array::make_arrays(std::move(shapes), dtypes,
-                                std::make_shared<RowExactDecoderLayer>(s, state_, seq, pos), inputs);
+                                std::make_shared<RowExactDecoderLayer>(s, state_, seq, pos, tree), inputs);
 }
 
 }  // namespace mlxcel

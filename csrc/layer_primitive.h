@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "mlx/mlx.h"
+#include "tree_rows.h"
 
 namespace mlxcel {
 
@@ -26,10 +27,11 @@ class DecoderLayer {
 
   // h [..., hidden] (T rows in all); row t of sequence seq[t] at position pos[t]; the key and
   // value buffers [1, kv_heads, capacity, head_dim] of the S sequences. Returns [h out, the S key
-  // buffers, the S value buffers] (a buffer only this op holds is written in place).
+  // buffers, the S value buffers] (a buffer only this op holds is written in place). `tree`
+  // (optional): the rows are a draft tree's (layer_kernel.h, "Tree rows").
   std::vector<mx::array> operator()(const mx::array& h, const std::vector<mx::array>& k_bufs,
                                     const std::vector<mx::array>& v_bufs, const std::vector<int>& seq,
-                                    const std::vector<int>& pos) const;
+                                    const std::vector<int>& pos, const TreeRows& tree = {}) const;
 
  private:
   std::shared_ptr<const DecoderLayerState> state_;

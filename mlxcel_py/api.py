@@ -226,12 +226,15 @@ def load(
     cpu_weights: str = "auto",
     suffix_cache_tokens: int | None = None,
     suffix_store: str | None = None,
+    draft_tree_budget: int | None = None,
     warmup: bool = True,
 ) -> Model:
     """Load a model as `mlxcel generate -m MODEL` does: a folder, a .gguf file, an owner/name repo id
     in the local Hugging Face cache, or None for the default model. `draft`: a drafter checkpoint
     (a small LM, an MTP head); `draft_kind`: mtp, dflash, suffix or full-model (prompt lookup needs no load:
-    pass prompt_lookup=True per call). Refusals are the CLI's, as MlxcelError subclasses."""
+    pass prompt_lookup=True per call). `draft_tree_budget`: the drafter's rounds verify draft trees
+    of up to that many more nodes (--draft-tree-budget; greedy calls only, sampled calls verify
+    chains). Refusals are the CLI's, as MlxcelError subclasses."""
     opts = CommandOptions(
         command="generate",
         model=ModelOptions(model=model, revision=revision, draft_model=draft, cpu_weights=cpu_weights),
@@ -242,6 +245,7 @@ def load(
             draft_block_size=draft_block_size,
             suffix_cache_tokens=suffix_cache_tokens,
             suffix_store=suffix_store,
+            tree_budget=draft_tree_budget,
         ),
     )
     run = validate(opts)
@@ -274,7 +278,8 @@ def _request(model: Model, options: GenerateOptions, *, prompt_lookup: bool = Fa
             repetition_penalty=g["repetition_penalty"],
             repeat_last_n=g["repeat_last_n"],
         ),
-        spec=replace(base.spec, lookup=PromptLookupOptions(enabled=prompt_lookup)),
+        # a call's own flags: draft trees were checked at load, and a sampled call verifies chains
+        spec=replace(base.spec, lookup=PromptLookupOptions(enabled=prompt_lookup), tree_budget=None),
     )
     return validate(opts)
 

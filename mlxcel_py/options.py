@@ -36,6 +36,12 @@ DEFAULT_SUFFIX_BLOCK = 16  # the longest suffix draft; the cost policy sizes eac
 DEFAULT_SUFFIX_CACHE_TOKENS = 50_000
 DEFAULT_SERVER_LOOKUP_BLOCK = 7
 DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 2
+# --draft-tree-budget: nodes a round's draft tree may add beside its chain; 0 verifies chains
+# (engine/tree.py). Off by default: measured slower than chains here (docs/bench/trees.md)
+DEFAULT_TREE_BUDGET = 0
+# --draft-tree-margin: a model drafter adds its runner-up as a branch where the top-two logits are
+# closer than this (inf: at every step; mlxcel's MLXCEL_MTP_TREE_MARGIN)
+DEFAULT_TREE_MARGIN = float("inf")
 
 POLICIES = ("auto", "graded", "gated", "cost")
 
@@ -134,6 +140,11 @@ class SpecOptions:
     lookup: PromptLookupOptions = field(default_factory=PromptLookupOptions)
     suffix_cache_tokens: int | None = None
     suffix_store: str | None = None
+    tree_budget: int | None = None  # --draft-tree-budget
+    tree_margin: float | None = None  # --draft-tree-margin
+    # mlxcel's MTP tree settings, read from its environment variables (mtp only)
+    mtp_tree_branches: int | None = None  # MLXCEL_MTP_TREE_BRANCHES
+    mtp_tree_margin: float | None = None  # MLXCEL_MTP_TREE_MARGIN
 
 
 @dataclass(frozen=True)
@@ -237,6 +248,10 @@ class DraftConfig:
     kind_explicit: bool = False  # --draft-kind given (else an MTP checkpoint as --draft-model means mtp)
     suffix_cache_tokens: int = DEFAULT_SUFFIX_CACHE_TOKENS  # suffix: the store's token budget
     suffix_store: str | None = None  # suffix: the file the store is loaded from and saved to
+    tree_budget: int = (
+        DEFAULT_TREE_BUDGET  # branch nodes a round may verify beside its chain (engine/tree.py); 0: chains
+    )
+    tree_margin: float = DEFAULT_TREE_MARGIN  # model drafters: branch where top-two logits are this close
 
     @property
     def enabled(self) -> bool:
@@ -277,6 +292,7 @@ class BenchOptions:
     trace: str | None = (
         None  # multi-turn traces (JSON Lines of {"turns": [...]}) instead of a workload  # timed runs per prompt and configuration (the median-speed one is kept)
     )
+    tree_budgets: str | None = None  # --draft-tree-budget as a comma list: each benchmarked
 
 
 @dataclass(frozen=True)

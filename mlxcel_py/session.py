@@ -89,6 +89,8 @@ def open_session(
     plan = registry.kind_of(run.draft.kind).prepare(run.draft, resolved, mopts) if run.draft.enabled else None
     if plan is not None:
         loading.check_rollback_config(resolved.config)
+    if run.draft.tree_budget:
+        loading.check_tree_config(resolved.config, tree_flag(run.draft))
     say(f"model: {resolved.source}")
     target = loading.load(
         resolved,
@@ -137,7 +139,14 @@ def open_session(
         drafters=drafters,
         channel=channel,
     )
+    if run.draft.tree_budget and (why := engine.why_no_trees()):
+        raise ModelError(f"{tree_flag(run.draft)}: draft trees cannot be verified here: {why}", hint="drop it")
     return Session(target, engine, state, world=world, tap=tap)
+
+
+def tree_flag(draft) -> str:
+    """What asked for draft trees, for a refusal to name."""
+    return "--draft-tree-budget" + (" (or MLXCEL_MTP_TREE_BRANCHES)" if draft.kind == "mtp" else "")
 
 
 def context_window(run: RunConfig, model_window: int, world: Any = None) -> int:

@@ -29,6 +29,7 @@ from .options import (
     DEFAULT_NGRAM_MIN,
     DEFAULT_POLICY,
     DEFAULT_SUFFIX_CACHE_TOKENS,
+    DEFAULT_TREE_MARGIN,
     MAX_BUSY,
     MAX_DRAFT_LIMIT,
     MAX_PARALLEL,
@@ -184,9 +185,70 @@ def validate(opts: CommandOptions) -> RunConfig:
     grammar = _grammar(opts)
     template = _chat_template(opts)
     run = _validate(opts)
+    run = replace(run, draft=_trees(opts, run.draft, grammar))
     notes = _server_notes(opts) if opts.command == "serve" else ()
+    notes += _tree_notes(opts, run.draft) if opts.command == "serve" else ()
     run = replace(run, grammar=grammar, chat_template=template)
     return replace(run, warnings=run.warnings + notes) if notes else run
+
+
+def _trees(opts: CommandOptions, draft: DraftConfig, grammar: GrammarSpec | None) -> DraftConfig:
+    """--draft-tree-budget / --draft-tree-margin (engine/tree.py), or on --draft-kind mtp mlxcel's
+    MLXCEL_MTP_TREE_BRANCHES / MLXCEL_MTP_TREE_MARGIN. Whether the model's caches can hold a tree
+    is checked against its config before any weight loads (session)."""
+    spec = opts.spec
+    budget, budget_flag = spec.tree_budget, "--draft-tree-budget"
+    margin, margin_flag = spec.tree_margin, "--draft-tree-margin"
+    if draft.kind == "mtp":  # mlxcel's names; a flag given wins
+        if budget is None and spec.mtp_tree_branches is not None:
+            budget, budget_flag = spec.mtp_tree_branches, "MLXCEL_MTP_TREE_BRANCHES"
+        if margin is None and spec.mtp_tree_margin is not None:
+            margin, margin_flag = spec.mtp_tree_margin, "MLXCEL_MTP_TREE_MARGIN"
+    if budget is not None:
+        check_tree_budget(budget, budget_flag)
+    if margin is not None and (math.isnan(margin) or margin < 0):
+        raise UsageError(f"{margin_flag} must be a logit gap of 0 or more (inf: branch everywhere), got {margin}")
+    if not budget:
+        if margin is not None:
+            raise UsageError(f"{margin_flag} requires --draft-tree-budget N (N > 0); add it or drop {margin_flag}")
+        return draft
+    if not draft.enabled:
+        raise UsageError(
+            f"{budget_flag} {budget} needs a drafter: add --prompt-lookup, --draft-model PATH or --draft-kind KIND"
+        )
+    if margin is not None and not registry.kind_of(draft.kind).loads_weights:
+        raise UsageError(
+            f"{margin_flag} applies to model drafters' trees (full-model, mtp, dflash, eagle3); "
+            f"{draft.kind} trees branch where earlier text did; drop {margin_flag}"
+        )
+    if opts.parallel.active:
+        raise UsageError(f"{budget_flag} does not run under {opts.parallel.flag}: draft trees verify in one process")
+    if opts.command != "serve" and not opts.sampling.greedy:
+        raise UsageError(
+            f"{budget_flag} {budget}: draft trees are verified greedily only (the lossless rule for sampled "
+            f"drafts covers one candidate per position)",
+            hint="use --temp 0, or drop the flag to verify chains",
+        )
+    if grammar is not None:
+        raise UsageError(
+            f"{budget_flag} does not combine with a grammar or JSON schema (constrained rounds verify chains); drop one"
+        )
+    return replace(draft, tree_budget=budget, tree_margin=margin if margin is not None else DEFAULT_TREE_MARGIN)
+
+
+def check_tree_budget(budget: int, flag: str = "--draft-tree-budget") -> None:
+    if not 0 <= budget <= MAX_DRAFT_LIMIT:
+        raise UsageError(f"{flag} must be between 0 (chains) and {MAX_DRAFT_LIMIT} nodes, got {budget}")
+
+
+def _tree_notes(opts: CommandOptions, draft: DraftConfig) -> tuple[str, ...]:
+    """serve: a request that samples verifies chains; say so where the server's default samples."""
+    if draft.tree_budget and (opts.sampling.temp != 0 or "temp" not in opts.server.sampling_given):
+        return (
+            "--draft-tree-budget: draft trees apply to greedy requests (temperature 0); requests that "
+            "sample (the server's default unless --temp 0) verify chains",
+        )
+    return ()
 
 
 def _chat_template(opts: CommandOptions) -> str | None:
@@ -553,8 +615,30 @@ def validate_bench(opts: CommandOptions, bench: BenchOptions) -> BenchPlan:
         runs.append(validate(only_lookup))
     drafters = [r.draft for r in runs]
     drafts = tuple(registry.with_width(d, w) for d in drafters for w in widths) if widths else tuple(drafters)
+    if bench.tree_budgets is not None:  # each drafter at each tree budget (0: its chains)
+        drafts = tuple(
+            _trees(
+                replace(opts, spec=replace(opts.spec, tree_budget=b, tree_margin=opts.spec.tree_margin if b else None)),
+                d,
+                None,
+            )
+            for d in drafts
+            for b in _parse_tree_budgets(bench.tree_budgets)
+        )
     primary = next((r for r in runs if r.draft.enabled and registry.kind_of(r.draft.kind).loads_weights), runs[0])
     return BenchPlan(run=primary, drafts=drafts, widths=widths, bench=bench, weights=weights)
+
+
+def _parse_tree_budgets(raw: str) -> tuple[int, ...]:
+    try:
+        budgets = tuple(int(b) for b in raw.split(","))
+    except ValueError:
+        raise UsageError(f"--draft-tree-budget {raw}: a comma list of node counts (0: chains), e.g. 0,8") from None
+    for b in budgets:
+        check_tree_budget(b)
+    if len(set(budgets)) != len(budgets):
+        raise UsageError(f"--draft-tree-budget {raw}: a budget is listed twice")
+    return budgets
 
 
 def _parse_weights(raw: str) -> tuple[str, ...]:

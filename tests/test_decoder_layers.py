@@ -8,6 +8,7 @@ steps, verify blocks and batched steps alike.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import mlx.core as mx
@@ -18,7 +19,9 @@ from tiny_models import build
 from mlxcel_py.cpu import weights as cpu_weights
 from mlxcel_py.engine import batch
 from mlxcel_py.engine.cache import SequenceCache
+from mlxcel_py.engine.tree import merge
 from mlxcel_py.models import decoder_layers, loading
+from mlxcel_py.models.taps import layer_tap
 
 QMM, WHY = cpu_weights.kernel_status()
 needs_kernel = pytest.mark.skipif(QMM is None, reason=f"row-exact kernel: {WHY}")
@@ -149,6 +152,106 @@ def test_the_op_refuses_bad_shapes_and_positions_with_a_message(family):
         op(h, [mx.zeros((1, 2, 256, 16))], [k], [0, 0, 0], [0, 1, 2])
     with pytest.raises(ValueError, match="h must be float32"):
         op(mx.zeros((1, 3, 64)), [k], [k], [0, 0, 0], [0, 1, 2])
+
+
+# ---- draft trees (engine/tree.py): tree rows in the same op --------------------------------------
+TREE = merge([[5, 6, 7, 8], [5, 9, 10], [11, 12], [5, 6, 13], [14]])  # a trie: chain, then branches
+
+
+def _path_steps(model, context: list[int], path: list[int]) -> mx.array:
+    """The logits of the path's last token, fed one token at a time after `context`."""
+    c = SequenceCache(model)
+    c.feed(context[:-1])
+    for t in [context[-1], *path][:-1]:
+        c.feed([t])
+    return c.feed([[context[-1], *path][-1]])[0]
+
+
+@needs_kernel
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "mlx-lm-layers"])
+def test_tree_rows_equal_their_paths_one_token_steps_bit_for_bit(family, fused):
+    """Every node of a draft tree verified in one forward gives the logits of the one-token step
+    of its own path: its ancestors' keys only, at its depth's position (the fused op, and
+    mlx-lm's layers over the batched cache attention)."""
+    _, loaded = family
+    model, context = loaded.model, list(range(60, 100))
+    with contextlib.nullcontext() if fused else decoder_layers.unfused(model):
+        c = SequenceCache(model)
+        c.feed(context[:-1])
+        got = batch.batched_forward(model, [c], [[context[-1], *TREE.tokens]], trees=[TREE])[0]
+        for row in range(len(TREE) + 1):
+            path = [TREE.tokens[n] for n in TREE.path(row - 1)] if row else []
+            assert mx.array_equal(got[row], _path_steps(model, context, path)).item(), (row, path)
+
+
+@needs_kernel
+def test_a_tree_round_leaves_the_cache_a_chain_of_its_path_leaves(family):
+    """The accepted path runs through branches (not the tree's first chain): its rows move down
+    after the root, and the cache (keys, values, tokens, offset) equals one fed that chain."""
+    from mlxcel_py.engine.sampling import Decider
+    from mlxcel_py.engine.verify import judge_tree
+    from mlxcel_py.options import SamplingOptions
+
+    _, loaded = family
+    model, context = loaded.model, list(range(60, 100))
+    greedy, _ = _greedy_logits(model, context, 3)  # g1 g2 g3: what the target picks
+    g1, g2, g3 = greedy
+    wrong = [t for t in range(200, 260) if t not in greedy]
+    tree = merge([[wrong[0], wrong[1]], [g1, wrong[2]], [g1, g2, wrong[3]], [wrong[4]]])
+    assert not tree.is_chain and tree.tokens[0] != g1
+    tap = layer_tap(model, (1,))  # a drafter's tap (DFlash): its rows follow the path too
+    c = SequenceCache(model)
+    c.keep_hidden(tap)
+    c.feed(context[:-1])
+    logits = batch.batched_forward(model, [c], [[context[-1], *tree.tokens]], trees=[tree])[0]
+    verdict = judge_tree(c, context, tree, Decider(SamplingOptions(), prompt_len=len(context)), logits)
+    assert verdict.tokens == [g1, g2, g3] and verdict.accepted == 2
+    chain = SequenceCache(model)
+    chain.keep_hidden(tap)
+    chain.feed(context + [g1, g2])
+    assert c.tokens == chain.tokens
+    assert c.hidden_start == chain.hidden_start == 0
+    assert mx.array_equal(c.hidden, chain.hidden).item()
+    for a, b in zip(c.layers, chain.layers):
+        assert a.offset == b.offset == len(context) + 2
+        assert mx.array_equal(a.keys[..., : a.offset, :], b.keys[..., : b.offset, :]).item()
+        assert mx.array_equal(a.values[..., : a.offset, :], b.values[..., : b.offset, :]).item()
+    assert mx.array_equal(c.feed([g3]), chain.feed([g3])).item()  # and the next step agrees
+
+
+@needs_kernel
+def test_tree_rows_and_row_moves_refuse_bad_rows_with_a_message(family):
+    _, loaded = family
+    op = decoder_layers._FUSED[id(loaded.model.model)][0].op
+    k = mx.zeros((1, 2, 256, 32))
+    h = mx.zeros((1, 2, 128))
+    rows = dict(slot=[0, 1], base=[1, 1], tail=[[], [1]])
+    op(h, [k], [k], [0, 0], [0, 1], **rows)  # well-formed
+    with pytest.raises(ValueError, match="slot is outside its buffer"):
+        op(h, [k], [k], [0, 0], [0, 1], **dict(rows, slot=[0, 256]))
+    with pytest.raises(ValueError, match="tail must be increasing"):
+        op(h, [k], [k], [0, 0], [0, 1], **dict(rows, tail=[[], [1, 1]]))
+    with pytest.raises(ValueError, match="tail must be increasing"):
+        op(h, [k], [k], [0, 0], [0, 1], **dict(rows, tail=[[], [300]]))
+    with pytest.raises(ValueError, match="slot, base and tail together"):
+        op(h, [k], [k], [0, 0], [0, 1], slot=[0, 1])
+    with pytest.raises(ValueError, match="a slot, a base and a tail for every row"):
+        op(h, [k], [k], [0, 0], [0, 1], **dict(rows, base=[1]))
+    with pytest.raises(ValueError, match="rows must be increasing"):
+        QMM.move_rows([k], [5, 4], 2)
+    with pytest.raises(ValueError, match="rows must be increasing"):
+        QMM.move_rows([k], [1], 2)  # a row can only move down
+
+
+@needs_kernel
+def test_move_rows_moves_rows_down_in_place_like_a_gather():
+    buf = mx.random.normal((1, 2, 64, 8))
+    rows, first = [12, 15, 20], 10
+    want = mx.array(buf)
+    want[..., first : first + 3, :] = buf[..., mx.array(rows), :]
+    mx.eval(want)
+    (got,) = QMM.move_rows([buf], rows, first)
+    assert mx.array_equal(got, want).item()
 
 
 @needs_kernel

@@ -20,7 +20,7 @@ FP = "260:test"
 
 
 def draft(store, context, limit=16, factor=1.0, min_prob=0.1):
-    return store.propose(context, limit, factor=factor, min_prob=min_prob)
+    return store.propose(context, limit, factor=factor, min_prob=min_prob)[:3]  # (draft, score, match)
 
 
 # ---- the store -------------------------------------------------------------------------------------
@@ -118,7 +118,7 @@ def test_corrupt_or_foreign_store_is_refused(tmp_path, content, reason):
 def test_live_context_never_matches_its_own_suffix():
     d = SuffixDrafter(SuffixStore(100))
     d.begin([1, 2, 3, 9, 1, 2, 3])
-    toks, match = d._best(d.tokens, 8)
+    toks, match, _ = d._best(d.tokens, 8)
     assert toks[:1] == [9] and match == 3
     assert draft_from([4, 5, 6], d.live, {0: d.tokens}, 8, factor=1.0, min_prob=0.1)[0] == []
 

@@ -208,6 +208,45 @@ RULES = [
     (["serve", "--prompt-lookup-max-batch", "0"], "--prompt-lookup-max-batch must be at least 1"),
     (["serve", "--draft-model", "d", "--prompt-lookup-max-batch", "0"], "--prompt-lookup-max-batch must be at least 1"),
     (["generate", "-p", "x", "--seed", "-2"], "--seed must be -1 (random) or >= 0"),
+    # draft trees (engine/tree.py)
+    (["generate", "-p", "x", "--draft-tree-budget", "4"], "--draft-tree-budget 4 needs a drafter"),
+    (
+        ["generate", "-p", "x", "--prompt-lookup", "--draft-tree-budget", "65"],
+        "--draft-tree-budget must be between 0 (chains) and 64 nodes",
+    ),
+    (
+        ["generate", "-p", "x", "--prompt-lookup", "--draft-tree-budget", "4", "--temp", "0.7"],
+        "--draft-tree-budget 4: draft trees are verified greedily only",
+    ),
+    (
+        ["run", "-p", "x", "--draft-model", "d", "--draft-tree-budget", "4", "--json-schema", "{}"],
+        "--draft-tree-budget does not combine with a grammar or JSON schema",
+    ),
+    (
+        ["generate", "-p", "x", "--prompt-lookup", "--draft-tree-margin", "1"],
+        "--draft-tree-margin requires --draft-tree-budget N",
+    ),
+    (
+        ["serve", "--draft-kind", "suffix", "--draft-tree-budget", "4", "--draft-tree-margin", "1"],
+        "--draft-tree-margin applies to model drafters' trees",
+    ),
+    (
+        ["chat", "--draft-model", "d", "--draft-tree-budget", "4", "--draft-tree-margin", "-1"],
+        "--draft-tree-margin must be a logit gap of 0 or more",
+    ),
+    (
+        ["serve", "--draft-kind", "prompt-lookup", "--draft-tree-budget", "4", "--tp-size", "2"],
+        "--draft-tree-budget does not run under --tp-size 2",
+    ),
+    (
+        ["generate", "-p", "x", "--draft-kind", "mtp", "--mtp-tree-branches", "99"],
+        "MLXCEL_MTP_TREE_BRANCHES must be between 0 (chains) and 64 nodes",
+    ),
+    (
+        ["bench", "--prompt-lookup", "--draft-tree-budget", "0,x"],
+        "--draft-tree-budget 0,x: a comma list of node counts",
+    ),
+    (["bench", "--prompt-lookup", "--draft-tree-budget", "4,4"], "--draft-tree-budget 4,4: a budget is listed twice"),
 ]
 
 

@@ -67,6 +67,12 @@ DraftKindOpt = Annotated[Optional[str], typer.Option("--draft-kind", envvar="MLX
 DraftBlockSizeOpt = Annotated[Optional[int], typer.Option("--draft-block-size", "--draft-max", metavar="N", help="Proposal width (full-model default 4; mtp: the head checkpoint's width, else 4; dflash: block rows, the checkpoint's block_size, else 16; eagle3: its num_speculative_tokens, else 4; suffix at most 16; serve prompt lookup default 7).", rich_help_panel=SPEC)]
 SpecTypeOpt = Annotated[Optional[str], typer.Option("--spec-type", metavar="TYPE", help="llama-server selector: none turns speculation off; draft-simple = full-model; draft-mtp = mtp.", rich_help_panel=SPEC)]
 SuffixCacheTokensOpt = Annotated[Optional[int], typer.Option("--suffix-cache-tokens", metavar="N", help=f"Suffix drafter: tokens of earlier sequences kept (default {O.DEFAULT_SUFFIX_CACHE_TOKENS}), least recently used first out.", rich_help_panel=SPEC)]
+DraftTreeBudgetOpt = Annotated[Optional[int], typer.Option("--draft-tree-budget", metavar="N", help="Draft trees: up to N more nodes a round beside the drafter's chain (other earlier matches' continuations, runner-up tokens), verified in the same forward; 0 (default) verifies chains. Greedy only; plain KV-cache models on the row-exact CPU kernel.", rich_help_panel=SPEC)]
+DraftTreeMarginOpt = Annotated[Optional[float], typer.Option("--draft-tree-margin", metavar="LOGITS", help="Model drafters' trees: branch only where the drafter's top-two logits are closer than this (default: everywhere).", rich_help_panel=SPEC)]
+BenchTreeBudgetOpt = Annotated[Optional[str], typer.Option("--draft-tree-budget", metavar="N,N,...", help="Draft-tree budgets to benchmark each drafter at (0: chains), e.g. 0,8.", rich_help_panel=SPEC)]
+# mlxcel's environment variables for its MTP trees: aliases of the two above on --draft-kind mtp
+MtpTreeBranchesOpt = Annotated[Optional[int], typer.Option("--mtp-tree-branches", envvar="MLXCEL_MTP_TREE_BRANCHES", hidden=True, help="mlxcel's MLXCEL_MTP_TREE_BRANCHES: --draft-tree-budget on --draft-kind mtp.")]
+MtpTreeMarginOpt = Annotated[Optional[float], typer.Option("--mtp-tree-margin", envvar="MLXCEL_MTP_TREE_MARGIN", hidden=True, help="mlxcel's MLXCEL_MTP_TREE_MARGIN: --draft-tree-margin on --draft-kind mtp.")]
 SuffixStoreOpt = Annotated[Optional[str], typer.Option("--suffix-store", metavar="FILE", help="Suffix drafter: load the store from FILE at start (if it exists) and save it there at exit.", rich_help_panel=SPEC)]
 PpSizeOpt = Annotated[int, typer.Option("--pp-size", metavar="N", help="Pipeline-parallel stages: each rank runs a contiguous run of layers (start the ranks with `mlxcel launch`).", rich_help_panel=DISTRIBUTED)]
 TpSizeOpt = Annotated[int, typer.Option("--tp-size", metavar="N", help="Tensor-parallel ranks: each holds 1/N of every layer's heads and feed-forward width (start the ranks with `mlxcel launch`).", rich_help_panel=DISTRIBUTED)]
@@ -178,6 +184,10 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             spec_type=g("spec_type"),
             suffix_cache_tokens=g("suffix_cache_tokens"),
             suffix_store=g("suffix_store"),
+            tree_budget=g("draft_tree_budget") if command != "bench" else None,  # bench: a list (BenchOptions)
+            tree_margin=g("draft_tree_margin"),
+            mtp_tree_branches=g("mtp_tree_branches"),
+            mtp_tree_margin=g("mtp_tree_margin"),
             lookup=O.PromptLookupOptions(
                 enabled=g("prompt_lookup", False),
                 ngram_max=g("prompt_lookup_ngram_max"),
@@ -243,6 +253,7 @@ def build_bench_options(params: dict[str, Any]) -> O.BenchOptions:
         repeats=g("repeats", 1),
         busy=g("busy", 0),
         trace=g("trace"),
+        tree_budgets=g("draft_tree_budget"),
     )
 
 
@@ -304,6 +315,10 @@ SPEC_PARAMS = [
     _kw("verify_exact", VerifyExactOpt, False),
     _kw("suffix_cache_tokens", SuffixCacheTokensOpt, None),
     _kw("suffix_store", SuffixStoreOpt, None),
+    _kw("draft_tree_budget", DraftTreeBudgetOpt, None),
+    _kw("draft_tree_margin", DraftTreeMarginOpt, None),
+    _kw("mtp_tree_branches", MtpTreeBranchesOpt, None),
+    _kw("mtp_tree_margin", MtpTreeMarginOpt, None),
 ]
 LOOKUP_PARAMS = [
     _kw("prompt_lookup", PromptLookupOpt, False),
@@ -371,6 +386,8 @@ BENCH_PARAMS = (
         _kw("draft_kind", DraftKindOpt, None),
         _kw("draft_block_size", DraftBlockSizeOpt, None),
         _kw("suffix_cache_tokens", SuffixCacheTokensOpt, None),
+        _kw("draft_tree_budget", BenchTreeBudgetOpt, None),
+        _kw("draft_tree_margin", DraftTreeMarginOpt, None),
     ]
     + LOOKUP_PARAMS
     + [

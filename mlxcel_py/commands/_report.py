@@ -48,6 +48,8 @@ def print_profile(st: GenerationStats, session, *, finish_reason: str | None) ->
             ("Verify", ms(st.verify_s)),
             ("Rollback", ms(st.rollback_s)),
         ]
+        if st.tree_rounds:  # draft trees (engine/tree.py): rounds that verified one, and took a branch
+            rows += [("Tree rounds", str(st.tree_rounds)), ("Branch accepts", str(st.branch_accepts))]
     rows += [
         ("Warmup", ms(st.warmup_s)),
         ("Cached prompt tokens", str(st.cached_tokens)),

@@ -172,13 +172,26 @@ def cache_attention(
     seq: list[int],
     pos: list[int],
     scale: float,
+    tree: Any = None,
 ) -> list[mx.array]:
     """One layer of a batched forward (batch.RowCaches): entry e's new keys and values written into
     sequence seq[e]'s buffers from position pos[e] on, and each query row attended over its own
     sequence up to its position, by the same one-row code as `attention`. Returns [attention,
-    key buffers..., value buffers...]."""
+    key buffers..., value buffers...]. `tree`: draft-tree rows (engine.tree.Layout's slot, base
+    and tail for every entry): each written at its slot, attending its prefix and tail."""
     qmm, _ = kernel_status()
-    return qmm.row_exact_cache_attention(q, k_new, v_new, k_bufs, v_bufs, seq, pos, scale)
+    if tree is None:
+        return qmm.row_exact_cache_attention(q, k_new, v_new, k_bufs, v_bufs, seq, pos, scale)
+    return qmm.row_exact_cache_attention(
+        q, k_new, v_new, k_bufs, v_bufs, seq, pos, scale, slot=tree.slot, base=tree.base, tail=tree.tail
+    )
+
+
+def move_rows(bufs: list, rows: list[int], first: int) -> list[mx.array]:
+    """KV buffers [1, heads, capacity, dim] with row rows[j] moved to row first + j (rows
+    increasing, at or after first + j), in place where nothing else holds a buffer."""
+    qmm, _ = kernel_status()
+    return qmm.move_rows(bufs, rows, first)
 
 
 class RowExactLinear(nn.Module):

@@ -18,6 +18,7 @@ Each drafter module defines a `Source` and `prepare()` (see `registry`).
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ import mlx.core as mx
 
 from ..engine.policy import make_policy, on_cuda
 from ..engine.sampling import Decider
+from ..engine.tree import DraftTree
 from ..options import DraftConfig
 from . import registry
 
@@ -36,6 +38,8 @@ class Proposal:
     tokens: list[int]
     q: mx.array | None = None  # (len(tokens), V) proposal distribution, None for one-hot drafts
     match_len: int | None = None  # lookup drafters: how long the matched context is (confidence)
+    # a draft tree (engine.tree.DraftTree) whose first chain is `tokens`, nodes best first
+    tree: DraftTree | None = None
 
 
 class Drafter:
@@ -43,6 +47,7 @@ class Drafter:
 
     kind = "custom"  # what stats and `timings.draft_kind` call it
     hidden_tap = None  # a models.taps.HiddenTap when it reads the target's hidden states (MTP heads)
+    tree_margin = math.inf  # model drafters' trees: branch where the top-two logits are closer (branching.py)
 
     def draft(self, context: Sequence[int], k: int) -> Sequence[int]:
         """Up to k token ids to follow `context` (prompt and output so far); [] drafts nothing."""
@@ -68,6 +73,12 @@ class Drafter:
                 break  # outside the vocabulary: the embedding would read past its rows
             tokens.append(t)
         return Proposal(tokens)
+
+    def propose_tree(self, context: Sequence[int], limit: int, decider: Decider, nodes: int) -> Proposal:
+        """`propose`, with alternatives: a `tree` of up to `nodes` nodes at most `limit` deep whose
+        first chain is the proposal's tokens (asked only for greedy requests on an engine that
+        verifies trees). The base proposes a chain; each built-in kind builds its own tree."""
+        return self.propose(context, limit, decider)
 
     def commit(self, context: Sequence[int]) -> None:
         seen = getattr(self, "_seen", 0)
@@ -146,10 +157,14 @@ class DrafterSource:
     def make(self, private: bool = False) -> Drafter:
         """The drafter for one request (`private`: requests decode interleaved, each its own)."""
         if private or not self.shares_drafter:
-            return self.new_drafter()
+            return self._configured(self.new_drafter())
         if self._shared is None:
-            self._shared = self.new_drafter()
+            self._shared = self._configured(self.new_drafter())
         return self._shared
+
+    def _configured(self, drafter: Drafter) -> Drafter:
+        drafter.tree_margin = self.config.tree_margin
+        return drafter
 
     def make_policy(self, verify_cost: Sequence[float] | None = None):
         d = self.config

@@ -40,6 +40,7 @@ from ..models.safetensors import load_named, tensor_shapes
 from ..models.taps import layer_tap, lm_head_and_embed
 from ..options import DraftConfig
 from .base import Drafter, NetworkSource, Plan, Proposal, chain_proposal, draw
+from .branching import best_first
 from .checkpoints import check_shapes, check_sizes, fit
 from .dflash_net import DFlashNet, Spec
 
@@ -221,6 +222,14 @@ class DFlashDrafter(Drafter):
         pass  # propose() feeds the accepted positions' features
 
     def propose(self, context: Sequence[int], limit: int, decider) -> Proposal:
+        return self._draft(context, limit, decider, 0)
+
+    def propose_tree(self, context: Sequence[int], limit: int, decider, nodes: int) -> Proposal:
+        """The chain and, best first, other paths through the block's per-position top tokens
+        (branching.best_first, DDTree)."""
+        return self._draft(context, limit, decider, nodes)
+
+    def _draft(self, context: Sequence[int], limit: int, decider, nodes: int) -> Proposal:
         L = len(context)
         first = len(self.ids)  # the first position the context cache lacks; positions run to L-2
         features = self.target.hidden_rows(first, L - 1)[None] if L - 1 > first else None
@@ -235,7 +244,10 @@ class DFlashDrafter(Drafter):
             t, q = draw(logits[i : i + 1], decider, start + i)
             picks.append(t)
             rows += [q] if q is not None else []
-        return chain_proposal(picks, rows, self.target_vocab)
+        proposal = chain_proposal(picks, rows, self.target_vocab)
+        if nodes:
+            proposal.tree = best_first(proposal.tokens, logits, nodes, self.tree_margin)
+        return proposal
 
 
 class Source(NetworkSource):

@@ -36,6 +36,7 @@ from ..models.safetensors import load_named, load_tensors, tensor_shapes
 from ..models.taps import layer_tap, lm_head_and_embed
 from ..options import DraftConfig
 from .base import Drafter, NetworkSource, Plan, Proposal, chain_proposal, draw
+from .branching import runner_ups
 from .checkpoints import check_shapes, check_sizes, fit
 from .eagle3_net import Eagle3Net, Spec
 
@@ -208,6 +209,13 @@ class Eagle3Drafter(Drafter):
         return mx.put_along_axis(full, self.mapped[None], draft_logits.astype(mx.float32), axis=-1)
 
     def propose(self, context: Sequence[int], limit: int, decider) -> Proposal:
+        return self._draft(context, limit, decider, False)
+
+    def propose_tree(self, context: Sequence[int], limit: int, decider, nodes: int) -> Proposal:
+        """The chain, with each step's runner-up beside it (branching.runner_ups)."""
+        return self._draft(context, limit, decider, True)
+
+    def _draft(self, context: Sequence[int], limit: int, decider, branch: bool) -> Proposal:
         self._trim_self_fed()
         L = len(context)
         if L < 2:  # the target has no features yet (a one-token prompt)
@@ -219,16 +227,21 @@ class Eagle3Drafter(Drafter):
         logits, out = logits[:, -1:], out[:, -1:]
         self.tokens.extend(new)
         self.target.drop_hidden_before(L - 1)
-        picks, rows = [], []
+        picks, rows, steps = [], [], []
         start = L - decider.prompt_len
         for i in range(limit):
-            t, q = draw(self._target_logits(logits[0]), decider, start + i)
+            target_logits = self._target_logits(logits[0])
+            t, q = draw(target_logits, decider, start + i)
             picks.append(t)
             rows += [q] if q is not None else []
+            steps += [target_logits] if branch else []
             if i + 1 < limit:
                 logits, out = self.net.step(self.embed(t.reshape(1, 1)), out, self.cache)
                 self._self_fed += 1
-        return chain_proposal(picks, rows, self.vocab)
+        proposal = chain_proposal(picks, rows, self.vocab)
+        if branch:
+            proposal.tree = runner_ups(proposal.tokens, steps, self.tree_margin)
+        return proposal
 
 
 class Source(NetworkSource):

@@ -22,6 +22,7 @@ from ..errors import ModelError
 from ..models import loading, preflight
 from ..options import DEFAULT_DFLASH_BLOCK, DEFAULT_EAGLE3_BLOCK, DEFAULT_MTP_BLOCK, DraftConfig
 from .base import Drafter, DrafterSource, Plan, Proposal, chain_proposal, draw
+from .branching import runner_ups
 from .registry import kind_of
 
 
@@ -41,12 +42,20 @@ class FullModelDrafter(Drafter):
         pass  # propose() trims to the common prefix with the committed context
 
     def propose(self, context: Sequence[int], limit: int, decider) -> Proposal:
+        return self._draft(context, limit, decider, False)
+
+    def propose_tree(self, context: Sequence[int], limit: int, decider, nodes: int) -> Proposal:
+        """The chain, with each step's runner-up beside it (branching.runner_ups)."""
+        return self._draft(context, limit, decider, True)
+
+    def _draft(self, context: Sequence[int], limit: int, decider, branch: bool) -> Proposal:
         n = self.cache.reuse_prefix(context)  # drops the rejected drafts (see SequenceCache.truncate)
         feed = list(context[n:])
         self.cache.mark()  # the next propose rolls back to the committed context from here
         x = mx.array(feed, dtype=mx.int32)
         picks: list[mx.array] = []
         rows: list[mx.array] = []
+        steps: list[mx.array] = []  # each step's logits, for a tree's runner-ups
         start = len(context) - decider.prompt_len
         # The chain stays lazy: each step's input is the previous step's (unevaluated) pick,
         # so k draft steps cost one synchronisation instead of k.
@@ -54,10 +63,13 @@ class FullModelDrafter(Drafter):
             logits = self.cache.run(x)[-1:].astype(mx.float32)
             t, q = draw(logits, decider, start + i)
             rows += [q] if q is not None else []
+            steps += [logits] if branch else []
             picks.append(t)
             x = t.astype(mx.int32)
         proposal = chain_proposal(picks, rows, self.target_vocab)
         self.cache.appended(feed + proposal.tokens[:-1])
+        if branch:
+            proposal.tree = runner_ups(proposal.tokens, steps, self.tree_margin)
         return proposal
 
 

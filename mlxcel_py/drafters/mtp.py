@@ -41,6 +41,7 @@ from .base import (  # one sampling rule for every model drafter
     chain_proposal,
     draw,
 )
+from .branching import runner_ups
 from .checkpoints import fit
 
 FAMILIES = with_mtp_heads()
@@ -248,6 +249,13 @@ class MTPDrafter(Drafter):
             self._self_fed = 0
 
     def propose(self, context: Sequence[int], limit: int, decider):
+        return self._draft(context, limit, decider, False)
+
+    def propose_tree(self, context: Sequence[int], limit: int, decider, nodes: int):
+        """The chain, with each step's runner-up beside it (branching.runner_ups; mlxcel's MTP tree)."""
+        return self._draft(context, limit, decider, True)
+
+    def _draft(self, context: Sequence[int], limit: int, decider, branch: bool):
         self._trim_self_fed()
         L = len(context)
         if L < 2:  # the target has no hidden state yet (a one-token prompt)
@@ -259,17 +267,21 @@ class MTPDrafter(Drafter):
         out = self.head(emb, hidden[None], self.cache)[:, -1:]
         self.tokens.extend(new)
         self.target.drop_hidden_before(L - 1)  # fed: only the verify's rows are needed from now on
-        picks, rows = [], []
+        picks, rows, steps = [], [], []
         start = L - decider.prompt_len
         for i in range(limit):
             logits = self.lm_head(out)[0].astype(mx.float32)
             t, q = draw(logits, decider, start + i)
             picks.append(t)
             rows += [q] if q is not None else []
+            steps += [logits] if branch else []
             if i + 1 < limit:
                 out = self.head(self.embed(t.reshape(1, 1)), out, self.cache)
                 self._self_fed += 1
-        return chain_proposal(picks, rows, self.target_vocab)
+        proposal = chain_proposal(picks, rows, self.target_vocab)
+        if branch:
+            proposal.tree = runner_ups(proposal.tokens, steps, self.tree_margin)
+        return proposal
 
 
 class Source(DrafterSource):

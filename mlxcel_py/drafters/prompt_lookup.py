@@ -4,6 +4,10 @@ The index is pure Python over token ids (no MLX). Matching follows mlxcel: suffi
 to ngram_min, the most recent earlier occurrence that has at least one follower, never the suffix
 itself; up to `limit` followers, capped at the end of the context. An incremental index (one dict
 per n, n-gram -> latest start with a follower) answers like a rescan at O(1) per new token.
+
+Trees (`find_tree`, engine/tree.py): the chain above first, then the continuations of the other
+recent occurrences (of the longest matching n-gram first, then of shorter ones) where they differ
+from it, merged into one tree: a text that repeats a phrase with several endings offers each.
 """
 
 from __future__ import annotations
@@ -11,9 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..engine.tree import DraftTree, merge
 from .base import Drafter, DrafterSource, Plan, Proposal, stop_at_eos
 
 MATCH_CAP = 8  # how far back find_match measures a match (the cost policy buckets at 5+)
+TREE_MATCHES = 8  # recent occurrences of an n-gram whose continuations a tree offers
 
 
 class PromptLookupIndex:
@@ -24,10 +30,12 @@ class PromptLookupIndex:
         self.ngram_max = ngram_max
         self.tokens: list[int] = []
         self._latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(ngram_min, ngram_max + 1)}
+        # n -> n-gram -> the starts before its latest one (newest last, at most TREE_MATCHES - 1)
+        self._earlier: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in self._latest}
 
     def reset(self, tokens: Sequence[int]) -> None:
         self.tokens = []
-        for table in self._latest.values():
+        for table in (*self._latest.values(), *self._earlier.values()):
             table.clear()
         self.extend(tokens)
 
@@ -38,7 +46,14 @@ class PromptLookupIndex:
             toks.append(t)
             for n, table in self._latest.items():
                 if i >= n:
-                    table[tuple(toks[i - n : i])] = i - n
+                    gram = tuple(toks[i - n : i])
+                    prev = table.get(gram)
+                    if prev is not None:
+                        older = self._earlier[n].setdefault(gram, [])
+                        older.append(prev)
+                        if len(older) >= TREE_MATCHES:
+                            del older[0]
+                    table[gram] = i - n
 
     def find(self, limit: int) -> list[int]:
         """Followers of the latest earlier occurrence of the longest matching suffix (<= limit)."""
@@ -74,6 +89,31 @@ class PromptLookupIndex:
                 return out, length
         return [], 0
 
+    def find_tree(self, limit: int, *, periodic: bool = False) -> tuple[list[int], int, DraftTree | None]:
+        """`find_match`'s chain and match length, and a tree: that chain first, then the
+        continuations (up to `limit` tokens) of the other recent occurrences of each matching
+        suffix n-gram, longest n first, newest first. None when no other occurrence differs."""
+        chain, length = self.find_match(limit, periodic=periodic)
+        if not chain:
+            return chain, length, None
+        toks = self.tokens
+        size = len(toks)
+        branches = [chain]
+        seen: set[int] = set()
+        for n in range(min(self.ngram_max, size - 1), self.ngram_min - 1, -1):
+            gram = tuple(toks[size - n :])
+            latest = self._latest[n].get(gram)
+            if latest is None:
+                continue
+            for start in [latest, *reversed(self._earlier[n].get(gram, []))]:
+                begin = start + n
+                if begin in seen:
+                    continue
+                seen.add(begin)
+                branches.append(toks[begin : min(begin + limit, size)])
+        tree = merge(branches)
+        return chain, length, (None if tree.is_chain else tree)
+
 
 def find_by_scan(tokens: Sequence[int], ngram_min: int, ngram_max: int, limit: int) -> list[int]:
     """Reference implementation (a rescan) that the index must agree with; used by tests."""
@@ -108,6 +148,14 @@ class PromptLookupDrafter(Drafter):
         self.commit(context)
         tokens, match_len = self.index.find_match(limit, periodic=self.periodic)
         return Proposal(stop_at_eos(tokens, self.eos_ids, decider), match_len=match_len)
+
+    def propose_tree(self, context: Sequence[int], limit: int, decider, nodes: int) -> Proposal:
+        self.commit(context)
+        tokens, match_len, tree = self.index.find_tree(limit, periodic=self.periodic)
+        tokens = stop_at_eos(tokens, self.eos_ids, decider)
+        if tree is not None:
+            tree = tree.ended(lambda t: t in self.eos_ids and not decider.ignore_eos)
+        return Proposal(tokens, match_len=match_len, tree=tree)
 
     def shadow(self, limit: int) -> list[int]:
         return self.index.find(limit)

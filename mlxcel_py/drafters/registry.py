@@ -184,19 +184,22 @@ def describe(draft: DraftConfig, *, on_cuda: bool = False, shadow: int = 0, max_
         extra += f", max_batch={max_batch}" if max_batch is not None else ""
         return (
             f"speculative=prompt-lookup (max_draft={lk.max_draft}, ngram={lk.ngram_min}..{lk.ngram_max}, "
-            f"policy={pol}{extra})"
+            f"policy={pol}{extra}{describe_tree(draft)})"
         )
     if draft.kind == "full-model":
-        return f"speculative=full-model (draft_model={draft.draft_model}, block_size={draft.block_size})"
+        return (
+            f"speculative=full-model (draft_model={draft.draft_model}, block_size={draft.block_size}"
+            f"{describe_tree(draft)})"
+        )
     if draft.kind == "suffix":
         return (
             f"speculative=suffix (max_draft={draft.block_size}, policy=cost, "
-            f"cache_tokens={draft.suffix_cache_tokens}, store={draft.suffix_store or 'none'})"
+            f"cache_tokens={draft.suffix_cache_tokens}, store={draft.suffix_store or 'none'}{describe_tree(draft)})"
         )
     head = f"draft_model={draft.draft_model}" if draft.draft_model else "head=target checkpoint"
     return (
         f"speculative={draft.kind} ({head}, block_size={draft.block_size}, "
-        f"{'explicit' if draft.block_explicit else 'default'})"
+        f"{'explicit' if draft.block_explicit else 'default'}{describe_tree(draft)})"
     )
 
 
@@ -212,6 +215,15 @@ def resolved_line(draft: DraftConfig) -> str | None:
 
 def label(draft: DraftConfig) -> str:
     """A configuration's short name in benchmark tables."""
+    tree = f" tree={draft.tree_budget}" if draft.tree_budget else ""
     if draft.kind == "prompt-lookup":
-        return f"prompt-lookup k={draft.lookup.max_draft}"
-    return f"{draft.kind} k={width(draft)}"  # k: tokens proposed a round (a DFlash block is one wider)
+        return f"prompt-lookup k={draft.lookup.max_draft}{tree}"
+    return f"{draft.kind} k={width(draft)}{tree}"  # k: tokens proposed a round (a DFlash block is one wider)
+
+
+def describe_tree(draft: DraftConfig) -> str:
+    """What the startup line adds for a draft tree (engine/tree.py), or nothing."""
+    if not draft.tree_budget:
+        return ""
+    margin = f", margin={draft.tree_margin:g}" if draft.tree_margin != float("inf") else ""
+    return f", tree={draft.tree_budget} nodes{margin}"

@@ -12,10 +12,14 @@ That is the paper's greedy path through the suffix tree's frequency counts, comp
 from an n-gram occurrence index instead of a materialized tree (memory O(tokens x NGRAM_MAX)).
 The source whose draft has the higher score (expected accepted tokens) wins. Drafts are verified
 by the shared verify round, so output equals plain decoding whatever the store holds.
+Trees (engine/tree.py; the paper's speculation tree): the greedy path first, then the winning
+source's other continuations best first by their running probability, each at least
+`min_token_prob`.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import tempfile
@@ -24,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..engine.tree import DraftTree
 from ..errors import ModelError
 from .base import Drafter, DrafterSource, Plan, Proposal, stop_at_eos
 
@@ -73,39 +78,91 @@ def _match(context: Sequence[int], seqs, occ: list[tuple[int, int]], n: int) -> 
     return occ, best
 
 
+def _votes(seqs, live: list[tuple[int, int]]) -> dict[int, int]:
+    """How many of the live occurrences continue with each token."""
+    counts: dict[int, int] = {}
+    for sid, end in live:
+        t = seqs[sid][end]
+        counts[t] = counts.get(t, 0) + 1
+    return counts
+
+
+def _follow(seqs, live: list[tuple[int, int]], tok: int) -> list[tuple[int, int]]:
+    """The occurrences that continue with `tok`, one token further on."""
+    return [(sid, end + 1) for sid, end in live if seqs[sid][end] == tok and end + 1 < len(seqs[sid])]
+
+
+def _live(seqs, occ: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    return [(sid, end) for sid, end in occ if end < len(seqs[sid])]
+
+
 def _grow(seqs, occ: list[tuple[int, int]], limit: int, min_prob: float) -> tuple[list[int], float]:
     """The frequency-greedy path after the occurrences: tokens, and its score (the sum of the
     running probabilities: the expected number of accepted tokens if the counts are right)."""
     out: list[int] = []
     score, prob = 0.0, 1.0
-    live = [(sid, end) for sid, end in occ if end < len(seqs[sid])]
+    live = _live(seqs, occ)
     while live and len(out) < limit:
-        counts: dict[int, int] = {}
-        for sid, end in live:
-            t = seqs[sid][end]
-            counts[t] = counts.get(t, 0) + 1
-        tok, c = max(counts.items(), key=lambda kv: kv[1])
+        tok, c = max(_votes(seqs, live).items(), key=lambda kv: kv[1])
         prob *= c / len(live)
         if prob < min_prob:
             break
         out.append(tok)
         score += prob
-        live = [(sid, end + 1) for sid, end in live if seqs[sid][end] == tok and end + 1 < len(seqs[sid])]
+        live = _follow(seqs, live, tok)
     return out, score
 
 
+def _tree(
+    seqs, occ: list[tuple[int, int]], chain: Sequence[int], limit: int, min_prob: float, nodes: int
+) -> DraftTree | None:
+    """`chain` (the greedy path) and up to `nodes` other nodes at most `limit` deep: the
+    continuations the occurrences vote for, taken best first by running probability while it is
+    at least `min_prob`."""
+    parents = list(range(-1, len(chain) - 1))
+    tokens = list(chain)
+    heap: list[tuple[float, int, int, int, list]] = []  # (-prob, order, parent, token, its live occurrences)
+    order = 0
+
+    def offer(node: int, depth: int, prob: float, live: list, skip: int | None) -> None:
+        nonlocal order
+        if depth >= limit or not live:
+            return
+        for tok, c in _votes(seqs, live).items():
+            p = prob * c / len(live)
+            if tok != skip and p >= min_prob:
+                heapq.heappush(heap, (-p, order, node, tok, live))
+                order += 1
+
+    live, prob = _live(seqs, occ), 1.0
+    for d, tok in enumerate(chain):  # beside every node of the chain: the other voted tokens
+        offer(d - 1, d, prob, live, tok)
+        prob *= _votes(seqs, live)[tok] / len(live)
+        live = _follow(seqs, live, tok)
+    depth = list(range(1, len(chain) + 1))
+    while heap and len(tokens) - len(chain) < nodes:
+        neg, _, parent, tok, live = heapq.heappop(heap)
+        tokens.append(tok)
+        parents.append(parent)
+        depth.append(1 if parent < 0 else depth[parent] + 1)
+        offer(len(tokens) - 1, depth[-1], -neg, _follow(seqs, live, tok), None)
+    return DraftTree(tuple(tokens), tuple(parents)) if len(tokens) > len(chain) else None
+
+
 def draft_from(
-    context: Sequence[int], index: _Index, seqs, limit: int, *, factor: float, min_prob: float
-) -> tuple[list[int], float, int, set[int]]:
-    """(draft, score, match length, the sequences that voted) for `context` against one source."""
+    context: Sequence[int], index: _Index, seqs, limit: int, *, factor: float, min_prob: float, nodes: int = 0
+) -> tuple[list[int], float, int, set[int], DraftTree | None]:
+    """(draft, score, match length, the sequences that voted, and with `nodes` a tree of up to
+    that many more nodes, or None) for `context` against one source."""
     for n in range(min(NGRAM_MAX, len(context)), 0, -1):
         occ = [o for o in index.occurrences(tuple(context[len(context) - n :])) if o[0] in seqs]
         if occ:
             occ, match = _match(context, seqs, occ, n)
             cap = min(limit, max(1, int(factor * match)))
             toks, score = _grow(seqs, occ, cap, min_prob)
-            return toks, score, match, {sid for sid, _ in occ}
-    return [], 0.0, 0, set()
+            tree = _tree(seqs, occ, toks, cap, min_prob, nodes) if nodes and toks else None
+            return toks, score, match, {sid for sid, _ in occ}, tree
+    return [], 0.0, 0, set(), None
 
 
 class SuffixStore:
@@ -170,12 +227,14 @@ class SuffixStore:
             self.index.add(sid, self.seqs[sid])
         self.stale = 0
 
-    def propose(self, context: Sequence[int], limit: int, *, factor: float, min_prob: float):
-        """(draft, score, match length); the sequences that voted count as used (LRU)."""
-        toks, score, match, voters = draft_from(context, self.index, self.seqs, limit, factor=factor, min_prob=min_prob)
+    def propose(self, context: Sequence[int], limit: int, *, factor: float, min_prob: float, nodes: int = 0):
+        """(draft, score, match length, tree or None); the sequences that voted count as used (LRU)."""
+        toks, score, match, voters, tree = draft_from(
+            context, self.index, self.seqs, limit, factor=factor, min_prob=min_prob, nodes=nodes
+        )
         for sid in voters:
             self._order.move_to_end(sid)
-        return toks, score, match
+        return toks, score, match, tree
 
     # -- persistence -----------------------------------------------------------------------------
     def save(self, path: Path, fingerprint: str) -> None:
@@ -275,17 +334,27 @@ class SuffixDrafter(Drafter):
     def shadow(self, limit: int) -> list[int]:
         return self._best(self.tokens, limit)[0]
 
-    def _best(self, context: Sequence[int], limit: int) -> tuple[list[int], int]:
+    def _best(self, context: Sequence[int], limit: int, nodes: int = 0) -> tuple[list[int], int, DraftTree | None]:
         # the live context indexes only n-grams with a follower, so the suffix never matches itself
-        live = draft_from(context, self.live, {0: self.tokens}, limit, factor=self.factor, min_prob=self.min_prob)[:3]
-        stored = self.store.propose(context, limit, factor=self.factor, min_prob=self.min_prob)
-        toks, _, match = max((live, stored), key=lambda r: (r[1], r[2]))
-        return toks, match
+        live = draft_from(
+            context, self.live, {0: self.tokens}, limit, factor=self.factor, min_prob=self.min_prob, nodes=nodes
+        )
+        live = (live[0], live[1], live[2], live[4])
+        stored = self.store.propose(context, limit, factor=self.factor, min_prob=self.min_prob, nodes=nodes)
+        toks, _, match, tree = max((live, stored), key=lambda r: (r[1], r[2]))
+        return toks, match, tree
 
     def propose(self, context: Sequence[int], limit: int, decider) -> Proposal:
         self.commit(context)
-        toks, match = self._best(self.tokens, limit)
+        toks, match, _ = self._best(self.tokens, limit)
         return Proposal(stop_at_eos(toks, self.eos_ids, decider), match_len=match)
+
+    def propose_tree(self, context: Sequence[int], limit: int, decider, nodes: int) -> Proposal:
+        self.commit(context)
+        toks, match, tree = self._best(self.tokens, limit, nodes)
+        if tree is not None:
+            tree = tree.ended(lambda t: t in self.eos_ids and not decider.ignore_eos)
+        return Proposal(stop_at_eos(toks, self.eos_ids, decider), match_len=match, tree=tree)
 
 
 class Source(DrafterSource):

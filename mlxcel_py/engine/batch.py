@@ -44,6 +44,7 @@ from ..cpu import weights as cpu_weights
 from ..models import cache_kinds
 from ..models.taps import trunk_and_head
 from .cache import SequenceCache
+from .tree import DraftTree, Layout, layout
 
 REOPEN_TICKS = 16
 
@@ -111,6 +112,7 @@ class RowCaches:
             plan.seq,
             plan.pos,
             float(scale),
+            plan.tree,
         )
         count = len(self.caches)
         for s, (c, e) in enumerate(zip(self.caches, plan.ends)):
@@ -123,18 +125,41 @@ class RowCaches:
 class RaggedPlan:
     """A ragged forward's entries as the fused op takes them: each entry's sequence and position,
     and each sequence's end once its rows are written. The same for every layer (they all hold
-    the same positions), so a forward works it out once instead of once per layer."""
+    the same positions), so a forward works it out once instead of once per layer. `tree`: where
+    a draft tree rides in the forward, every entry's slot, prefix and tail (engine.tree.Layout;
+    a plain row writes at its position and sees the prefix up to it)."""
 
     seq: list[int]
     pos: list[int]
     ends: list[int]
+    tree: Layout | None = None
 
     @staticmethod
-    def of(entries: Sequence[tuple[int, int]], offsets: Sequence[int]) -> RaggedPlan:
+    def of(
+        entries: Sequence[tuple[int, int]], offsets: Sequence[int], trees: Sequence[Layout | None] = ()
+    ) -> RaggedPlan:
+        """`trees[b]`: sequence b's rows are a draft tree's (its layout), else consecutive rows."""
         ends = list(offsets)
         for seq, pos in entries:
             ends[seq] = max(ends[seq], pos + 1)
-        return RaggedPlan([e[0] for e in entries], [e[1] for e in entries], ends)
+        seq, pos = [e[0] for e in entries], [e[1] for e in entries]
+        if not any(t is not None for t in trees):
+            return RaggedPlan(seq, pos, ends)
+        # a tree's row i is written where a block's row i would be (its slot is the entry's
+        # position); it is rotated at its depth's position and sees its prefix and tail
+        rows: list[tuple[int, int, list[int]]] = []  # (pos, base, tail)
+        for b, p in entries:
+            t = trees[b]
+            if t is None:
+                rows.append((p, p + 1, []))
+            else:
+                i = p - offsets[b]
+                assert t.slot[i] == p, "a tree's layout is laid on its sequence's offset"
+                rows.append((t.pos[i], t.base[i], t.tail[i]))
+        pos = [r[0] for r in rows]
+        return RaggedPlan(
+            seq, pos, ends, Layout(pos, [e[1] for e in entries], [r[1] for r in rows], [r[2] for r in rows])
+        )
 
 
 def _fusable(model: Any, seqs: Sequence[SequenceCache]) -> bool:
@@ -152,12 +177,29 @@ def ragged(model: Any) -> bool:
     return _fusable(model, [SequenceCache(model)])
 
 
+def why_no_trees(model: Any) -> str | None:
+    """Why this model's forward cannot verify a draft tree (None: it can). A tree's rows go in as
+    the ragged layout's entries (engine/tree.py), which needs the row-exact kernel and plain KV
+    caches: a recurrent state or a rotating window cannot hold several branches at once."""
+    if not (cpu_kernels.row_exact(model) and cpu_weights.kernel_status()[0] is not None):
+        return "the row-exact CPU kernel does not carry this model (the float32 path has no per-row tree attention)"
+    layers = SequenceCache(model).layers
+    if not all(type(c) is KVCache for c in layers):
+        return f"its caches are not all plain KV caches ({cache_kinds.describe_kinds(layers)})"
+    return None
+
+
 def batched_forward(
-    model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]], wants: Sequence[bool] | None = None
+    model: Any,
+    seqs: Sequence[SequenceCache],
+    blocks: Sequence[Sequence[int]],
+    wants: Sequence[bool] | None = None,
+    trees: Sequence[DraftTree | None] | None = None,
 ) -> list[mx.array | None]:
     """Feed blocks[b] to seqs[b]; returns each block's logits rows (len_b, V), or None for a block
     whose logits are not wanted (wants[b] False: a prompt chunk), where the model lets the output
-    layer skip its rows.
+    layer skip its rows. `trees[b]`: block b is [last, *tree.tokens], a draft tree's rows
+    (engine/tree.py; the ragged layout only).
 
     On the kernel path the blocks go in unpadded (ragged: one entry per row), in forwards of at
     most KERNEL_ROWS rows so every matmul stays on the row-exact kernel. Elsewhere they are padded
@@ -166,10 +208,13 @@ def batched_forward(
     ragged = _fusable(model, seqs)
     limit = cpu_weights.KERNEL_ROWS if ragged else cpu_kernels.prefill_chunk(model, 1 << 30)
     wants = list(wants) if wants is not None else [True] * len(seqs)
+    trees = list(trees) if trees is not None else [None] * len(seqs)
+    if not ragged and any(t is not None for t in trees):
+        raise RuntimeError("a draft tree needs the ragged row-exact forward (engine.tree.supported)")
 
     def forward(a: int, b: int) -> list[mx.array | None]:
         if ragged:
-            return _forward_ragged(model, seqs[a:b], blocks[a:b], wants[a:b])
+            return _forward_ragged(model, seqs[a:b], blocks[a:b], wants[a:b], trees[a:b])
         return list(_forward(model, seqs[a:b], blocks[a:b]))
 
     out: list[mx.array | None] = []
@@ -185,15 +230,22 @@ def batched_forward(
 
 
 def _forward_ragged(
-    model: Any, seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]], wants: Sequence[bool]
+    model: Any,
+    seqs: Sequence[SequenceCache],
+    blocks: Sequence[Sequence[int]],
+    wants: Sequence[bool],
+    trees: Sequence[DraftTree | None] = (),
 ) -> list[mx.array | None]:
     """One forward of all blocks' rows, one batch entry per row (nothing padded): row i of
     sequence b is an entry of length 1 at position offset_b + i, so rope and the fused attention
-    see every row at its own position, and a verify block's row sees the rows before it. Rows of
+    see every row at its own position, and a verify block's row sees the rows before it. A draft
+    tree's rows stand at their depths and see their ancestors (engine.tree.layout). Rows of
     unwanted blocks skip the output layer where the model's forward is the usual trunk + head."""
     entries = [(b, s.layers[0].offset + i) for b, (s, blk) in enumerate(zip(seqs, blocks)) for i in range(len(blk))]
-    offset = mx.array([p for _, p in entries], dtype=mx.int32)
-    plan = RaggedPlan.of(entries, [s.layers[0].offset for s in seqs])
+    offsets = [s.layers[0].offset for s in seqs]
+    layouts = [layout(offsets[b], t) if t is not None else None for b, t in enumerate(trees)]
+    plan = RaggedPlan.of(entries, offsets, layouts)
+    offset = mx.array(plan.pos, dtype=mx.int32)
     layers = [RowCaches([s.layers[i] for s in seqs], offset, plan) for i in range(len(seqs[0].layers))]
     x = mx.array([[t] for blk in blocks for t in blk], dtype=mx.int32)
     split = trunk_and_head(model) if not all(wants) else None
@@ -250,9 +302,15 @@ def batched_step(model: Any, seqs: Sequence[SequenceCache], tokens: Sequence[int
     return mx.concatenate(batched_forward(model, seqs, [[t] for t in tokens]), axis=0)
 
 
-def solo_forward(seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]]) -> list[mx.array]:
-    """The fallback: one forward per sequence, in turn."""
-    return [s.feed(list(b)) for s, b in zip(seqs, blocks)]
+def solo_forward(
+    seqs: Sequence[SequenceCache], blocks: Sequence[Sequence[int]], trees: Sequence[DraftTree | None] = ()
+) -> list[mx.array]:
+    """The fallback: one forward per sequence, in turn (a draft tree's as a ragged forward of its own)."""
+    trees = list(trees) or [None] * len(seqs)
+    return [
+        s.feed(list(b)) if t is None else batched_forward(s.model, [s], [b], trees=[t])[0]
+        for s, b, t in zip(seqs, blocks, trees)
+    ]
 
 
 @dataclass(frozen=True)

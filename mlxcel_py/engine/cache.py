@@ -26,6 +26,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from ..cpu import kernels as cpu_kernels
 from ..cpu import recurrent_steps
+from ..cpu import weights as cpu_weights
 from ..models import cache_kinds
 from ..models.cache_kinds import kind_of
 
@@ -249,6 +250,27 @@ class SequenceCache:
         del self.tokens[n:]
         self._cut_hidden(n)
         return True
+
+    def keep_rows(self, first: int, rows: Sequence[int]) -> None:
+        """Keep, of the positions from `first` on, only `rows` (increasing, each at or after first),
+        moved down to first, first + 1, ...: a draft tree's accepted path after its verify forward
+        (engine/tree.py). The layers, the tokens and any kept tap rows end as a chain of the same
+        tokens would have left them. Plain KV caches only (tree.supported)."""
+        rows = list(rows)
+        n = len(rows)
+        if rows != list(range(first, first + n)):
+            layers = [c for c in self.layers if c.offset > first]
+            moved = cpu_weights.move_rows([c.keys for c in layers] + [c.values for c in layers], rows, first)
+            for i, c in enumerate(layers):
+                c.keys, c.values = moved[i], moved[len(layers) + i]
+            if self.hidden is not None:  # covers hidden_start.. (at or before the tree's root)
+                at = first - self.hidden_start
+                assert at >= 0, "kept tap rows start after a tree's first row"
+                picked = self.hidden[mx.array([r - self.hidden_start for r in rows], dtype=mx.int32)]
+                self.hidden = mx.concatenate([self.hidden[:at], picked, self.hidden[at + n :]])
+            self.tokens[first : first + n] = [self.tokens[r] for r in rows]
+        assert not self._pending, "a tree rides on caches a trim rolls back"
+        self.truncate(first + n)  # the rows after the path: the rejected nodes
 
     def reset(self) -> None:
         self.layers = make_prompt_cache(self.model)

@@ -47,6 +47,24 @@ class Engine:
         # per generation, since a drafter's own cache follows one sequence
         self.private_drafters = False
         self._cache: SequenceCache | None = None
+        self._trees: str | None | bool = (
+            False  # why this model cannot verify trees (None: it can); False: not asked yet
+        )
+
+    @property
+    def tree_nodes(self) -> int:
+        """Draft-tree nodes a round may verify (engine/tree.py): the drafter configuration's
+        budget where this model's forward verifies trees, else 0 (chains)."""
+        budget = self.draft.tree_budget
+        return budget if budget and self.why_no_trees() is None else 0
+
+    def why_no_trees(self) -> str | None:
+        """Why this engine verifies chains only (None: it can verify trees)."""
+        if self._trees is False:
+            from .batch import why_no_trees
+
+            self._trees = "a distributed run verifies chains" if self.channel is not None else why_no_trees(self.model)
+        return self._trees
 
     @property
     def draft(self) -> DraftConfig:
@@ -148,7 +166,7 @@ class Engine:
         start = time.perf_counter()
         if width is None:  # the widest proposal the engine's drafter can make
             width = self.drafters.width if self.drafters is not None else 0
-        widths = list(range(1, width + 2))
+        widths = list(range(1, width + 2 + self.tree_nodes))  # a tree's branches widen its block
         tokens = list(prompt[:32]) if prompt else [0, 1, 2, 3]
         cache = SequenceCache(self.model, self.channel)
         cache.prefill(tokens)
@@ -169,6 +187,15 @@ class Engine:
                     cache.truncate(len(cache.tokens) - w)
                     cache.release()
                 times[w] = (time.perf_counter() - t) / (3 if rep else 1)
+        if self.tree_nodes:  # a draft tree's forward (the ragged layout), its path kept as a round keeps it
+            from .batch import batched_forward
+            from .tree import DraftTree
+
+            tree = DraftTree((tokens[-1], tokens[-1]), (-1, -1))
+            logits = batched_forward(self.model, [cache], [[tokens[-1], *tree.tokens]], trees=[tree])[0]
+            mx.eval(logits)
+            cache.keep_rows(len(cache.tokens) - len(tree), [len(cache.tokens) - 1])
+            cache.truncate(len(cache.tokens) - 2)
         if self.drafters is not None:
             self.drafters.warm(tokens)  # the drafter's own forward (model drafters)
         if calibrate:

@@ -4,7 +4,8 @@ Token ids in, TokenEvents out; no CLI, UI or server imports, and nothing of any 
 drafter (drafters/base.py's contract) and a policy come from the engine's DrafterSource, or from
 the caller (the Python API). Each round: ask the policy for a budget (capped so no round passes
 max_tokens), ask the drafter for a proposal, then either a plain step (no proposal) or a verify
-round (`verify.judge`). EOS inside an accepted block ends output exactly where plain decoding
+round (`verify.judge`; a draft tree's, `verify.judge_tree`, where the engine verifies trees and the
+request decodes greedily: see engine/tree.py). EOS inside an accepted block ends output exactly where plain decoding
 would; a consumer that stops early (stop strings) simply closes the iterator, and only emitted
 tokens are counted as accepted. The cache holds every committed token except the newest, which is
 the next round's first input. Under a scheduler (`batch.Gate`, serve -np N) the loop also yields
@@ -24,7 +25,8 @@ from ..options import SamplingOptions
 from .cache import SequenceCache
 from .sampling import Decider
 from .stats import GenerationStats
-from .verify import RULE_GREEDY, RULE_PQ, RULE_SAMPLER_MATCH, judge
+from .tree import DraftTree
+from .verify import RULE_GREEDY, RULE_PQ, RULE_SAMPLER_MATCH, judge, judge_tree
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -102,7 +104,8 @@ class Generation:
         # batch.Gate when a scheduler drives this generation (serve -np N): it then yields Ticks too,
         # drafts only while the gate is open, and leaves its plain steps to the batched forward
         self.gate = gate
-        self.step_request: tuple[SequenceCache, list[int], bool] | None = None
+        # (cache, block, logits wanted, the block's draft tree or None)
+        self.step_request: tuple[SequenceCache, list[int], bool, DraftTree | None] | None = None
         self.step_result: mx.array | None = None
         # None: none; N >= 0: each emitted token's logprob and the N most likely (self.logprobs_out)
         self.logprobs = logprobs
@@ -164,13 +167,18 @@ class Generation:
             self.engine.prompt_cache.give(self._pooled)
             self._pooled = None
 
-    def _forward(self, cache: SequenceCache, block: list[int], logits: bool = True):
+    def _forward(self, cache: SequenceCache, block: list[int], logits: bool = True, tree: DraftTree | None = None):
         """`block`'s logits rows, fed to `cache` here, or (scheduled) by the scheduler's batched
         forward with the other sequences' blocks: then this yields NEED_STEP and waits for them.
-        logits=False (a prompt chunk): the rows may come back as None."""
+        logits=False (a prompt chunk): the rows may come back as None. `tree`: the block is
+        [last, *tree.tokens], a draft tree's rows."""
         if self.gate is None:
+            if tree is not None:
+                from .batch import batched_forward
+
+                return batched_forward(cache.model, [cache], [block], trees=[tree])[0]
             return cache.feed(block)
-        self.step_request = (cache, block, logits)
+        self.step_request = (cache, block, logits, tree)
         yield NEED_STEP
         logits, self.step_request, self.step_result = self.step_result, None, None
         return logits
@@ -239,6 +247,9 @@ class Generation:
         st.acceptance_rule = RULE_GREEDY if decider.greedy else RULE_SAMPLER_MATCH
         eos = set() if self.ignore_eos else set(eng.eos_ids)
         constraint = self.constraint
+        # draft-tree nodes a round may verify (0: chains): greedy requests without a grammar, on
+        # an engine whose forward verifies trees
+        tree_nodes = eng.tree_nodes if drafter is not None and decider.greedy and constraint is None else 0
         shadow: list[int] = []
         shadow_pos = 0
         t_decode = time.perf_counter()
@@ -252,11 +263,15 @@ class Generation:
                     return
                 draft: list[int] = []
                 q = None
+                tree: DraftTree | None = None
                 if drafter is not None and (self.gate is None or self.gate.open):
                     budget = min(policy.budget(), self.max_tokens - emitted - 1)
                     if budget > 0:
                         td = time.perf_counter()
-                        proposal = drafter.propose(history, budget, decider)
+                        if tree_nodes:
+                            proposal = drafter.propose_tree(history, budget, decider, tree_nodes)
+                        else:
+                            proposal = drafter.propose(history, budget, decider)
                         draft, q = proposal.tokens, proposal.q
                         k = policy.size(len(draft), proposal.match_len) if draft else 0
                         if draft and constraint is not None:  # the target would never pick a token past this
@@ -265,12 +280,37 @@ class Generation:
                             draft, q = draft[:k], (q[:k] if q is not None and k else None)
                             if not k:
                                 st.paused_rounds += 1
+                        if draft and proposal.tree is not None:
+                            # the policy sized the first chain; alternatives fill the node budget
+                            tree = proposal.tree.sized(len(draft), tree_nodes, budget)
+                            tree = None if tree.is_chain else tree
                         st.draft_s += time.perf_counter() - td
                     elif policy.paused:
                         st.paused_rounds += 1
                         if policy.shadow_len and not shadow:
                             shadow, shadow_pos = drafter.shadow(policy.shadow_len), len(history)
-                if draft:
+                if tree is not None:
+                    tv = time.perf_counter()
+                    logits = yield from self._forward(cache, [history[-1], *tree.tokens], tree=tree)
+                    verdict = judge_tree(cache, history, tree, decider, logits)
+                    dt = time.perf_counter() - tv
+                    st.verify_s += dt
+                    policy.timed(len(tree) + 1, dt)
+                    st.rollback_s += verdict.rollback_s
+                    st.drafted_rounds += 1
+                    st.tree_rounds += 1
+                    st.proposed += len(tree)
+                    st.positions_tested += min(verdict.accepted + 1, max(tree.depths))
+                    # the policy learns its own chain's acceptance: how far the path followed it
+                    on_chain = next(
+                        (i for i, t in enumerate(verdict.tokens[:-1]) if i >= len(draft) or t != draft[i]), None
+                    )
+                    policy.drafted(len(draft), verdict.accepted if on_chain is None else on_chain)
+                    if on_chain is not None:
+                        st.branch_accepts += 1
+                    new, n_from_draft = verdict.tokens, verdict.accepted
+                    rows = verdict.rows
+                elif draft:
                     tv = time.perf_counter()
                     cache.mark()  # verify.verify_round, with the forward possibly the scheduler's
                     logits = yield from self._forward(cache, [history[-1], *draft])

@@ -28,6 +28,8 @@ class GenerationStats:
     verify_s: float = 0.0
     rollback_s: float = 0.0
     shadow_confirmations: int = 0
+    tree_rounds: int = 0  # verify rounds of a draft tree (engine/tree.py); the rest verified chains
+    branch_accepts: int = 0  # tree rounds whose accepted path left the tree's first chain
     warmup_s: float = 0.0
 
     @property

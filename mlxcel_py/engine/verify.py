@@ -20,6 +20,7 @@ import mlx.core as mx
 
 from .cache import SequenceCache
 from .sampling import Decider
+from .tree import DraftTree
 
 RULE_GREEDY = "greedy-argmax"
 RULE_SAMPLER_MATCH = "sampler-match"
@@ -75,6 +76,37 @@ def judge(
     cache.release()
     assert rolled, "a verify round always has a checkpoint to roll back to"
     return Verdict(accepted, list(draft[:accepted]) + [token], rule, time.perf_counter() - t, logits[: accepted + 1])
+
+
+def judge_tree(
+    cache: SequenceCache, history: Sequence[int], tree: DraftTree, decider: Decider, logits: mx.array
+) -> Verdict:
+    """`judge` for a draft tree (engine/tree.py): `logits` are the rows of `[last, *tree.tokens]`
+    just fed to `cache` as a tree. Keeps the longest root-to-node path of the target's own greedy
+    choices and the target's token after it; the cache keeps the root and the path's rows, moved
+    to consecutive positions (SequenceCache.keep_rows), as a chain of those tokens leaves it.
+
+    Greedy only: each row is decided as plain decoding decides the token after its own path
+    (logit bias, repetition penalty over the path's history, EOS masking by its depth)."""
+    if not decider.greedy:
+        raise ValueError("a draft tree is verified greedily only (sampled requests draft chains)")
+    if decider.has_processors:  # a row's processors read its own path, not the rows before it
+
+        def choose(row: int, path: list[int]) -> int:
+            return decider.decide(logits[row : row + 1], [*history, *path], [history[-1]])[0]
+
+    else:
+        choices = decider.decide(logits, history, [history[-1], *tree.tokens])
+
+        def choose(row: int, path: list[int]) -> int:
+            return choices[row]
+
+    path, token = tree.walk(choose)
+    t = time.perf_counter()
+    first = len(cache.tokens) - len(tree)  # the row after the root
+    cache.keep_rows(first, [first + n for n in path])
+    rows = logits[mx.array([0, *(n + 1 for n in path)], dtype=mx.int32)]
+    return Verdict(len(path), [tree.tokens[n] for n in path] + [token], RULE_GREEDY, time.perf_counter() - t, rows)
 
 
 def _accept_pq(logits, history, inputs, draft, decider: Decider, q: mx.array) -> tuple[int, int]:

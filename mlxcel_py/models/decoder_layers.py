@@ -176,14 +176,16 @@ def _call(self, inputs, cache=None, input_embeddings=None, **kwargs):
     plan = _plan(inputs, cache, input_embeddings, kwargs, len(ops)) if ops is not None else None
     if plan is None:
         return self._mlxcel_base.__call__(self, inputs, cache=cache, input_embeddings=input_embeddings, **kwargs)
-    seq, pos = plan
+    seq, pos, tree = plan
+    # draft-tree rows (engine.tree): written at their slots, attending their prefix and tail
+    rows = {} if tree is None else dict(slot=tree.slot, base=tree.base, tail=tree.tail)
     h = self.embed_tokens(inputs)
     recorder = layer_recorder(self)  # drafters that read layer outputs (taps.layer_tap)
     for i, (layer, c) in enumerate(zip(ops, cache)):
         groups, ends = _sequences(c, len(seq))
         for kv, end in zip(groups, ends):
             cache_kinds.reserve(kv, end - kv.offset, layer.kv_heads, layer.head_dim)
-        out = layer.op(h, [kv.keys for kv in groups], [kv.values for kv in groups], seq, pos)
+        out = layer.op(h, [kv.keys for kv in groups], [kv.values for kv in groups], seq, pos, **rows)
         h = out[0]
         if recorder is not None:
             recorder.record(i, h)
@@ -193,9 +195,9 @@ def _call(self, inputs, cache=None, input_embeddings=None, **kwargs):
     return self.norm(h)
 
 
-def _plan(inputs, cache, input_embeddings, kwargs, n_layers: int) -> tuple[list[int], list[int]] | None:
-    """(sequence, position) of every row of this forward, or None when it is not one for the fused
-    layers."""
+def _plan(inputs, cache, input_embeddings, kwargs, n_layers: int) -> tuple[list[int], list[int], Any] | None:
+    """(sequence, position) of every row of this forward and its draft-tree rows (or None), or
+    None when it is not one for the fused layers."""
     if kwargs or input_embeddings is not None or cache is None or len(cache) != n_layers:
         return None
     if not cpu_kernels.row_exact_now() or inputs.ndim != 2 or inputs.size > cpu_weights.KERNEL_ROWS:
@@ -205,13 +207,13 @@ def _plan(inputs, cache, input_embeddings, kwargs, n_layers: int) -> tuple[list[
         if inputs.shape[0] != 1 or not all(type(c) is KVCache for c in cache):
             return None
         start = first.offset
-        return [0] * inputs.shape[1], list(range(start, start + inputs.shape[1]))
+        return [0] * inputs.shape[1], list(range(start, start + inputs.shape[1])), None
     plan = getattr(first, "plan", None)  # engine.batch.RowCaches in the ragged layout
     if plan is None or inputs.shape[1] != 1 or len(plan.seq) != inputs.shape[0]:
         return None
     if not all(type(kv) is KVCache for c in cache for kv in c.caches):
         return None
-    return list(plan.seq), list(plan.pos)
+    return list(plan.seq), list(plan.pos), plan.tree
 
 
 def _sequences(c: Any, rows: int) -> tuple[list[KVCache], list[int]]:

@@ -137,16 +137,41 @@ def check_rollback(model: Any, *, what: str = "the target model") -> None:
         )
 
 
-def check_rollback_config(config: dict, *, what: str = "the target model") -> None:
-    """The rollback check on a weightless instance, so it runs before any weight loads."""
+def _weightless(config: dict) -> Any:
+    """The model a config describes, its weights never evaluated (None where it does not build:
+    load() builds it the same way and reports the failure in its own words)."""
     from mlx_lm.utils import _get_classes
 
     try:
         model_cls, args_cls = _get_classes(config)
-        model = model_cls(args_cls.from_dict(config))
-    except Exception:  # load() builds the model the same way and reports the failure in its own words
-        return
-    check_rollback(model, what=what)
+        return model_cls(args_cls.from_dict(config))
+    except Exception:
+        return None
+
+
+def check_rollback_config(config: dict, *, what: str = "the target model") -> None:
+    """The rollback check on a weightless instance, so it runs before any weight loads."""
+    model = _weightless(config)
+    if model is not None:
+        check_rollback(model, what=what)
+
+
+def check_tree_config(config: dict, flag: str) -> None:
+    """Draft trees (engine/tree.py) need every layer to keep plain KV caches: a recurrent state
+    or a rotating window cannot hold several branches in one forward. Checked on a weightless
+    instance, before any weight loads."""
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+    from .cache_kinds import describe_kinds
+
+    model = _weightless(config)
+    layers = make_prompt_cache(model) if model is not None else []
+    if not all(type(c) is KVCache for c in layers):
+        raise ModelError(
+            f"{flag}: draft trees need a model whose every layer keeps plain keys and values; this one's "
+            f"caches are {describe_kinds(layers)} (recurrent states and sliding windows follow one branch)",
+            hint="drop the flag: its rounds verify chains",
+        )
 
 
 def load_tokenizer_only(resolved: ResolvedModel):

@@ -143,4 +143,6 @@ def timings(stats: Any) -> dict:
             draft_rounds=stats.drafted_rounds,
             draft_kind=stats.draft_kind,
         )
+    if stats.tree_rounds > 0:  # ours: rounds that verified a draft tree, and took one of its branches
+        t.update(draft_tree_rounds=stats.tree_rounds, draft_branch_accepts=stats.branch_accepts)
     return t

@@ -288,14 +288,12 @@ class Worker:
 
         if not wanting:
             return
-        seqs = [s.gen.step_request[0] for s in wanting]
-        blocks = [s.gen.step_request[1] for s in wanting]
-        wants = [s.gen.step_request[2] for s in wanting]
+        seqs, blocks, wants, trees = (list(x) for x in zip(*(s.gen.step_request for s in wanting)))
         try:
             if len(wanting) > 1 and self.probe is not None and self.probe.batches:
-                rows = batched_forward(self.engine.model, seqs, blocks, wants)
+                rows = batched_forward(self.engine.model, seqs, blocks, wants, trees)
             else:
-                rows = solo_forward(seqs, blocks)
+                rows = solo_forward(seqs, blocks, trees)
         except Exception as exc:
             for s in wanting:
                 self._fail(s, exc)

@@ -1,0 +1,94 @@
+// MoveRows (move_rows_primitive.h): after a draft tree's verify forward the caches hold every
+// node's key and value; the accepted path's rows move down to consecutive positions after the
+// root, so the cache is what a chain of the same tokens would have left. One op for every layer's
+// buffers, in place: MLX's gather and slice update would copy each whole buffer (the gather keeps
+// a reference to it), a few rows of work turned into the whole cache's bytes.
+#include "move_rows_primitive.h"
+
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/primitives.h"
+#include "runtime.h"
+
+namespace mlxcel {
+
+namespace {
+
+class MoveRows : public mx::Primitive {
+ public:
+  MoveRows(mx::Stream s, std::vector<int> rows, int first) : mx::Primitive(s), rows_(std::move(rows)), first_(first) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const BufferWrites writes = take_buffers(inputs, 0, outputs, 0, inputs.size());
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) enc.set_input_array(a);
+    for (auto& o : outputs) enc.set_output_array(o);
+    std::vector<float*> bufs;
+    std::vector<mx::Shape> shapes;
+    for (auto& o : outputs) {
+      bufs.push_back(o.data<float>());
+      shapes.push_back(o.shape());
+    }
+    enc.dispatch([writes, bufs = std::move(bufs), shapes = std::move(shapes), rows = rows_, first = first_]() {
+      writes.copy();
+      for (size_t b = 0; b < bufs.size(); ++b) {
+        const int64_t H = shapes[b][1], cap = shapes[b][2], D = shapes[b][3];
+        for (int64_t h = 0; h < H; ++h) {
+          float* head = bufs[b] + h * cap * D;
+          for (size_t j = 0; j < rows.size(); ++j)
+            if (rows[j] != first + static_cast<int>(j))
+              std::memmove(head + (first + static_cast<int64_t>(j)) * D, head + static_cast<int64_t>(rows[j]) * D,
+                           sizeof(float) * D);
+        }
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("move_rows runs on the CPU only");
+  }
+
+  const char* name() const override { return "MoveRows"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const MoveRows&>(other);
+    return rows_ == o.rows_ && first_ == o.first_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    std::vector<mx::Shape> shapes;
+    for (const auto& a : inputs) shapes.push_back(a.shape());
+    return shapes;
+  }
+
+ private:
+  std::vector<int> rows_;
+  int first_;
+};
+
+}  // namespace
+
+std::vector<mx::array> move_rows(const std::vector<mx::array>& bufs, const std::vector<int>& rows, int first) {
+  const char* what = "move_rows: ";
+  if (bufs.empty()) return {};
+  for (const auto& b : bufs)
+    if (b.dtype() != mx::float32 || b.ndim() != 4 || b.shape(0) != 1)
+      throw std::invalid_argument(std::string(what) + "buffers must be float32 [1, heads, capacity, dim]");
+  for (size_t j = 0; j < rows.size(); ++j) {
+    const bool increasing = j == 0 || rows[j] > rows[j - 1];
+    for (const auto& b : bufs)
+      if (first < 0 || rows[j] < first + static_cast<int>(j) || rows[j] >= b.shape(2) || !increasing)
+        throw std::invalid_argument(std::string(what) + "rows must be increasing, inside the buffers, at or after first + their index");
+  }
+  auto s = mx::default_stream(mx::Device::cpu);
+  std::vector<mx::Shape> shapes;
+  for (const auto& b : bufs) shapes.push_back(b.shape());
+  std::vector<mx::Dtype> dtypes(shapes.size(), mx::float32);
+  return mx::array::make_arrays(std::move(shapes), dtypes, std::make_shared<MoveRows>(s, rows, first), bufs);
+}
+
+}  // namespace mlxcel
