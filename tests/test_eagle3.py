@@ -25,7 +25,15 @@ import pytest
 import tiny_models
 from conftest import mlxcel_cmd, write_byte_tokenizer
 from mlx.utils import tree_flatten
-from test_dflash import chat_and_run_equal_plain, edited, equal_to_plain, pattern_rounds, plain_engine, session
+from test_dflash import (
+    chat_and_run_equal_plain,
+    edited,
+    equal_to_plain,
+    pattern_rounds,
+    plain_engine,
+    session,
+    tree_gain,
+)
 from test_engine import run
 from test_families import copy_prompts
 
@@ -199,6 +207,15 @@ def test_trained_drafter_drafts_are_accepted_fully_and_partially(trained):
     first = sum(a >= 1 for _, a in rounds) / len(rounds)
     assert first > 0.8, (first, accepted, proposed)  # random weights: next to 0
     assert any(n == a for n, a in rounds) and any(0 < a < n for n, a in rounds)
+
+
+def test_trained_drafter_runner_up_trees_take_branches_and_yield_more_per_round(trained):
+    """Each step's runner-ups as leaves (its first draft reads the target's features): output
+    still equals plain, some rounds accept a runner-up, and a round yields more tokens."""
+    folder, draft, _ = trained
+    chain, _ = tree_gain(session(folder, draft_model=draft, draft_block_size=2), seed=11)
+    tree, branches = tree_gain(session(folder, draft_model=draft, draft_block_size=2, draft_tree_budget=3), seed=11)
+    assert branches > 0 and tree > chain, (chain, tree, branches)
 
 
 # ---- refusals: each before any target weight loads ----------------------------------------------

@@ -128,13 +128,15 @@ def test_suffix_tree_branches_where_earlier_sequences_disagree():
 
 
 def test_runner_ups_become_leaves_best_first_within_the_margin():
-    rows = [mx.array([[0.0, 5.0, 4.0, -9.0]]), mx.array([[3.0, 0.0, 0.0, 2.9]]), mx.array([[9.0, 0.0, 0.0, 0.0]])]
-    t = runner_ups([1, 0, 0], rows, math.inf)
-    assert t.tokens[:3] == (1, 0, 0) and sorted(zip(t.parents[3:], t.tokens[3:])) == [(-1, 2), (0, 3), (1, 1)]
-    assert t.tokens[3] == 3  # 0.86 * 0.47 beats 0.27 and the third step's runner-up
-    t = runner_ups([1, 0, 0], rows, 0.5)  # only the second step's gap (0.1) is under the margin
+    rows = [mx.array([[0.0, 5.0, 4.0, -9.0]]), mx.array([[3.0, 0.0, 1.0, 2.9]]), mx.array([[9.0, 0.0, 0.0, 0.0]])]
+    t = runner_ups([1, 0, 0], rows, 2.5)  # within 2.5 logits of each pick: 2 at step 0; 3 and 2 at step 1
+    assert t.tokens[:3] == (1, 0, 0)
+    # best first by path probability: 1-3 (0.73 * 0.43), then 2 (0.27), then 1-2 (0.73 * 0.07)
+    assert list(zip(t.parents[3:], t.tokens[3:])) == [(0, 3), (-1, 2), (0, 2)]
+    t = runner_ups([1, 0, 0], rows, 0.5)  # only the second step's 2.9 is within 0.5
     assert t.tokens == (1, 0, 0, 3) and t.parents == (-1, 0, 1, 0)
     assert runner_ups([1, 0, 0], rows, 0.05) is None
+    assert len(runner_ups([1, 0, 0], rows, math.inf)) == 3 + 9  # three runner-ups a step
 
 
 def test_best_first_takes_any_path_through_the_blocks_positions():
@@ -272,8 +274,8 @@ def test_the_mtp_tree_is_its_chain_with_runner_up_leaves(tmp_path):
     t = with_tree.tree
     assert with_tree.tokens == chain.tokens and t.tokens[:4] == tuple(chain.tokens)
     leaves = list(zip(t.parents[4:], t.tokens[4:]))
-    assert len(leaves) == 4 and {p for p, _ in leaves} == {-1, 0, 1, 2}
-    assert all(tok != chain.tokens[p + 1] for p, tok in leaves)  # each a runner-up beside the chain
+    assert sorted(p for p, _ in leaves) == [-1] * 3 + [0] * 3 + [1] * 3 + [2] * 3  # three runner-ups a step
+    assert all(tok != chain.tokens[p + 1] for p, tok in leaves)  # each beside the chain's token
 
 
 @pytest.mark.real

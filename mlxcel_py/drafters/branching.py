@@ -2,9 +2,10 @@
 choices are close, both become branches.
 
 - `runner_ups`: for drafters whose each step reads their own previous pick (a full draft model,
-  an MTP head, EAGLE-3): the runner-up of each step becomes a leaf beside the chain's token. A
-  node below a runner-up would need another drafter forward, so it stays a leaf (mlxcel's MTP
-  tree: MLXCEL_MTP_TREE_BRANCHES runner-up leaves, MLXCEL_MTP_TREE_MARGIN gap gate).
+  an MTP head, EAGLE-3): each step's runner-ups (its top tokens after the pick) become leaves
+  beside the chain's token. A node below a runner-up would need another drafter forward, so it
+  stays a leaf (mlxcel's MTP tree: MLXCEL_MTP_TREE_BRANCHES runner-up leaves,
+  MLXCEL_MTP_TREE_MARGIN gap gate).
 - `best_first`: for drafters whose every position's distribution comes from one forward,
   independent of the tokens before it (DFlash's block): any node can take children from the next
   position's top tokens, expanded best first by the path's probability (DDTree, arXiv 2604.12989).
@@ -25,7 +26,7 @@ import mlx.core as mx
 
 from ..engine.tree import DraftTree
 
-TOP = 4  # candidates a best-first position offers (runner-ups take the second only)
+TOP = 4  # candidates a step or position offers: its best and three runner-ups
 
 
 def _top(logits: mx.array, k: int) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
@@ -41,19 +42,18 @@ def _top(logits: mx.array, k: int) -> tuple[list[list[int]], list[list[float]], 
 
 
 def runner_ups(tokens: Sequence[int], steps: Sequence[mx.array], margin: float) -> DraftTree | None:
-    """The chain `tokens` (each step's argmax of `steps`, (1, V) logits rows) and, as a leaf
-    beside each, that step's runner-up where its logit is within `margin` of the pick's; None
-    when no step offers one."""
+    """The chain `tokens` (each step's argmax of `steps`, (1, V) logits rows) and, as leaves
+    beside each, that step's runner-ups whose logits are within `margin` of the pick's, best
+    first by the probability of the path to them; None when no step offers one."""
     if not tokens:
         return None
-    idx, val, lp = _top(mx.concatenate(list(steps[: len(tokens)]), axis=0).astype(mx.float32), 2)
+    idx, val, lp = _top(mx.concatenate(list(steps[: len(tokens)]), axis=0).astype(mx.float32), TOP)
     leaves = []  # (log-probability of the path to the leaf, step, token)
     prefix = 0.0
     for i, t in enumerate(tokens):
-        if len(idx[i]) < 2 or idx[i][0] != t:  # the pick is not this step's argmax (a tie): no branch
+        if idx[i][0] != t:  # the pick is not this step's argmax (a tie): no branches from here
             break
-        if val[i][0] - val[i][1] < margin:
-            leaves.append((prefix + lp[i][1], i, idx[i][1]))
+        leaves += [(prefix + lp[i][r], i, idx[i][r]) for r in range(1, len(idx[i])) if val[i][0] - val[i][r] < margin]
         prefix += lp[i][0]
     if not leaves:
         return None
