@@ -142,9 +142,9 @@ class SpecOptions:
     suffix_store: str | None = None
     tree_budget: int | None = None  # --draft-tree-budget
     tree_margin: float | None = None  # --draft-tree-margin
-    # mlxcel's MTP tree settings, read from its environment variables (mtp only)
-    mtp_tree_branches: int | None = None  # MLXCEL_MTP_TREE_BRANCHES
-    mtp_tree_margin: float | None = None  # MLXCEL_MTP_TREE_MARGIN
+    # mlxcel's MTP tree settings as given in its environment variables (text: read on mtp only)
+    mtp_tree_branches: str | None = None  # MLXCEL_MTP_TREE_BRANCHES
+    mtp_tree_margin: str | None = None  # MLXCEL_MTP_TREE_MARGIN
 
 
 @dataclass(frozen=True)

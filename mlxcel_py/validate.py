@@ -201,9 +201,11 @@ def _trees(opts: CommandOptions, draft: DraftConfig, grammar: GrammarSpec | None
     margin, margin_flag = spec.tree_margin, "--draft-tree-margin"
     if draft.kind == "mtp":  # mlxcel's names; a flag given wins
         if budget is None and spec.mtp_tree_branches is not None:
-            budget, budget_flag = spec.mtp_tree_branches, "MLXCEL_MTP_TREE_BRANCHES"
+            budget_flag = "MLXCEL_MTP_TREE_BRANCHES"
+            budget = _number(int, spec.mtp_tree_branches, budget_flag, "a whole number of nodes")
         if margin is None and spec.mtp_tree_margin is not None:
-            margin, margin_flag = spec.mtp_tree_margin, "MLXCEL_MTP_TREE_MARGIN"
+            margin_flag = "MLXCEL_MTP_TREE_MARGIN"
+            margin = _number(float, spec.mtp_tree_margin, margin_flag, "a logit gap")
     if budget is not None:
         check_tree_budget(budget, budget_flag)
     if margin is not None and (math.isnan(margin) or margin < 0):
@@ -234,6 +236,13 @@ def _trees(opts: CommandOptions, draft: DraftConfig, grammar: GrammarSpec | None
             f"{budget_flag} does not combine with a grammar or JSON schema (constrained rounds verify chains); drop one"
         )
     return replace(draft, tree_budget=budget, tree_margin=margin if margin is not None else DEFAULT_TREE_MARGIN)
+
+
+def _number(kind: type, text: str, name: str, what: str):
+    try:
+        return kind(text.strip())
+    except ValueError:
+        raise UsageError(f"{name}={text!r} is not {what}") from None
 
 
 def check_tree_budget(budget: int, flag: str = "--draft-tree-budget") -> None:

@@ -32,7 +32,7 @@ from mlxcel_py.drafters.branching import best_first, runner_ups
 from mlxcel_py.drafters.prompt_lookup import PromptLookupIndex
 from mlxcel_py.drafters.suffix import SuffixStore
 from mlxcel_py.engine.tree import DraftTree, layout, merge
-from mlxcel_py.errors import ModelError
+from mlxcel_py.errors import ModelError, UsageError
 from mlxcel_py.options import DraftConfig, SamplingOptions
 from mlxcel_py.session import open_session
 from mlxcel_py.validate import validate, validate_bench
@@ -302,14 +302,18 @@ def opts(command="generate", **params):
 
 
 def test_mtp_takes_mlxcels_environment_names_and_flags_win():
-    d = validate(opts(draft_kind="mtp", mtp_tree_branches=3, mtp_tree_margin=1.5)).draft
+    d = validate(opts(draft_kind="mtp", mtp_tree_branches="3", mtp_tree_margin="1.5")).draft
     assert (d.tree_budget, d.tree_margin) == (3, 1.5)
-    d = validate(opts(draft_kind="mtp", mtp_tree_branches=3, draft_tree_budget=5)).draft
+    assert "tree=3 nodes, margin=1.5" in registry.describe(d)
+    d = validate(opts(draft_kind="mtp", mtp_tree_branches="3", draft_tree_budget=5)).draft
     assert d.tree_budget == 5
-    assert validate(opts(prompt_lookup=True, mtp_tree_branches=3)).draft.tree_budget == 0  # mtp's only
-    assert "tree=3 nodes, margin=1.5" in registry.describe(
-        validate(opts(draft_kind="mtp", mtp_tree_branches=3, mtp_tree_margin=1.5)).draft
-    )
+    # mtp's names only: another kind ignores them, even a value that is not a number
+    assert validate(opts(prompt_lookup=True, mtp_tree_branches="3")).draft.tree_budget == 0
+    assert validate(opts(prompt_lookup=True, mtp_tree_branches="many")).draft.tree_budget == 0
+    with pytest.raises(UsageError, match="MLXCEL_MTP_TREE_BRANCHES='many' is not a whole number"):
+        validate(opts(draft_kind="mtp", mtp_tree_branches="many"))
+    with pytest.raises(UsageError, match="MLXCEL_MTP_TREE_MARGIN='wide' is not a logit gap"):
+        validate(opts(draft_kind="mtp", mtp_tree_branches="2", mtp_tree_margin="wide"))
 
 
 def test_serve_says_that_sampled_requests_verify_chains():

@@ -71,8 +71,9 @@ DraftTreeBudgetOpt = Annotated[Optional[int], typer.Option("--draft-tree-budget"
 DraftTreeMarginOpt = Annotated[Optional[float], typer.Option("--draft-tree-margin", metavar="LOGITS", help="Model drafters' trees: branch only where the drafter's top-two logits are closer than this (default: everywhere).", rich_help_panel=SPEC)]
 BenchTreeBudgetOpt = Annotated[Optional[str], typer.Option("--draft-tree-budget", metavar="N,N,...", help="Draft-tree budgets to benchmark each drafter at (0: chains), e.g. 0,8.", rich_help_panel=SPEC)]
 # mlxcel's environment variables for its MTP trees: aliases of the two above on --draft-kind mtp
-MtpTreeBranchesOpt = Annotated[Optional[int], typer.Option("--mtp-tree-branches", envvar="MLXCEL_MTP_TREE_BRANCHES", hidden=True, help="mlxcel's MLXCEL_MTP_TREE_BRANCHES: --draft-tree-budget on --draft-kind mtp.")]
-MtpTreeMarginOpt = Annotated[Optional[float], typer.Option("--mtp-tree-margin", envvar="MLXCEL_MTP_TREE_MARGIN", hidden=True, help="mlxcel's MLXCEL_MTP_TREE_MARGIN: --draft-tree-margin on --draft-kind mtp.")]
+# (read as text: another kind ignores them, so a stray value must not stop every command)
+MtpTreeBranchesOpt = Annotated[Optional[str], typer.Option("--mtp-tree-branches", envvar="MLXCEL_MTP_TREE_BRANCHES", hidden=True, help="mlxcel's MLXCEL_MTP_TREE_BRANCHES: --draft-tree-budget on --draft-kind mtp.")]
+MtpTreeMarginOpt = Annotated[Optional[str], typer.Option("--mtp-tree-margin", envvar="MLXCEL_MTP_TREE_MARGIN", hidden=True, help="mlxcel's MLXCEL_MTP_TREE_MARGIN: --draft-tree-margin on --draft-kind mtp.")]
 SuffixStoreOpt = Annotated[Optional[str], typer.Option("--suffix-store", metavar="FILE", help="Suffix drafter: load the store from FILE at start (if it exists) and save it there at exit.", rich_help_panel=SPEC)]
 PpSizeOpt = Annotated[int, typer.Option("--pp-size", metavar="N", help="Pipeline-parallel stages: each rank runs a contiguous run of layers (start the ranks with `mlxcel launch`).", rich_help_panel=DISTRIBUTED)]
 TpSizeOpt = Annotated[int, typer.Option("--tp-size", metavar="N", help="Tensor-parallel ranks: each holds 1/N of every layer's heads and feed-forward width (start the ranks with `mlxcel launch`).", rich_help_panel=DISTRIBUTED)]
