@@ -344,34 +344,27 @@ def test_bench_plans_each_drafter_at_each_tree_budget():
 
 
 # ---- the CLI, server, bench and API faces --------------------------------------------------------
+def mlxcel(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(mlxcel_cmd() + list(args), capture_output=True, text=True, env=env, timeout=300)
+
+
+def generate_args(model, prompt: str, n: int) -> list[str]:
+    return ["generate", "-m", str(model), "-p", prompt, "-n", str(n), "--ignore-eos", "--no-chat-template"]
+
+
 @needs_kernel
 def test_cli_generate_with_trees_equals_plain_and_reports_them(tiny_dir, cli_env):
-    p = " ".join(["abc def ghi", "abc xyz", "abc def jkl", "abc xyz uvw", "abc"] * 3)
-    args = ["generate", "-m", str(tiny_dir), "-p", p, "-n", "40", "--ignore-eos", "--no-chat-template"]
-    plain = subprocess.run(mlxcel_cmd() + args, capture_output=True, text=True, env=cli_env, timeout=300)
-    spec = subprocess.run(
-        mlxcel_cmd() + args + ["--prompt-lookup", "--draft-tree-budget", "6", "--profile"],
-        capture_output=True,
-        text=True,
-        env=cli_env,
-        timeout=300,
-    )
+    args = generate_args(tiny_dir, " ".join(["abc def ghi", "abc xyz", "abc def jkl", "abc xyz uvw", "abc"] * 3), 40)
+    plain = mlxcel(cli_env, *args)
+    spec = mlxcel(cli_env, *args, "--prompt-lookup", "--draft-tree-budget", "6", "--profile")
     assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
     assert spec.stdout == plain.stdout
     assert "speculative=prompt-lookup (max_draft=7, ngram=2..3, policy=graded, tree=6 nodes)" in spec.stderr
     assert re.search(r"^Tree rounds +[1-9]", spec.stderr, re.M)
-    bad = subprocess.run(
-        mlxcel_cmd() + args + ["--prompt-lookup", "--draft-tree-budget", "4", "--temp", "0.5"],
-        capture_output=True,
-        text=True,
-        env=cli_env,
-        timeout=300,
-    )
+    bad = mlxcel(cli_env, *args, "--prompt-lookup", "--draft-tree-budget", "4", "--temp", "0.5")
     assert bad.returncode == 2 and "verified greedily only" in bad.stderr and "Traceback" not in bad.stderr
-    env = dict(cli_env, MLXCEL_MTP_TREE_BRANCHES="2")  # mtp's name: another kind ignores it
-    same = subprocess.run(
-        mlxcel_cmd() + args + ["--prompt-lookup"], capture_output=True, text=True, env=env, timeout=300
-    )
+    # mtp's name: another kind ignores it
+    same = mlxcel(dict(cli_env, MLXCEL_MTP_TREE_BRANCHES="2"), *args, "--prompt-lookup")
     assert same.returncode == 0 and same.stdout == plain.stdout and "tree=" not in same.stderr
 
 
@@ -397,14 +390,7 @@ def test_serve_batches_tree_rounds_beside_other_requests_exactly(tiny_dir, cli_e
             got = list(pool.map(lambda b: post(url + "/v1/completions", b), bodies))
         for (status, r), text in zip(got, texts):
             assert status == 200, r
-            cli = subprocess.run(
-                mlxcel_cmd()
-                + ["generate", "-m", str(tiny_dir), "-p", text, "-n", "32", "--ignore-eos", "--no-chat-template"],
-                capture_output=True,
-                text=True,
-                env=cli_env,
-                timeout=300,
-            )
+            cli = mlxcel(cli_env, *generate_args(tiny_dir, text, 32))
             assert cli.stdout.rstrip("\n") == r["choices"][0]["text"].rstrip("\n")
         assert sum(r["timings"].get("draft_tree_rounds", 0) for _, r in got) > 0
         status, r = post(url + "/v1/completions", dict(bodies[0], temperature=0.9, seed=3))
@@ -419,14 +405,10 @@ def test_bench_compares_chains_and_trees(tiny_dir, cli_env, tmp_path):
     w = tmp_path / "w.jsonl"
     w.write_text(json.dumps({"kind": "edit", "prompt": " ".join(["abc def", "abc xy", "abc"] * 4)}) + "\n")
     out = tmp_path / "b.json"
-    r = subprocess.run(
-        mlxcel_cmd()
-        + ["bench", "-m", str(tiny_dir), "--prompt-lookup", "--draft-tree-budget", "0,4", "--no-chat-template"]
-        + ["--workload", str(w), "--max-tokens", "16", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        env=cli_env,
-        timeout=300,
+    r = mlxcel(
+        cli_env,
+        *["bench", "-m", str(tiny_dir), "--prompt-lookup", "--draft-tree-budget", "0,4", "--no-chat-template"],
+        *["--workload", str(w), "--max-tokens", "16", "--json", str(out)],
     )
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())

@@ -210,7 +210,7 @@ def batched_forward(
     wants = list(wants) if wants is not None else [True] * len(seqs)
     trees = list(trees) if trees is not None else [None] * len(seqs)
     if not ragged and any(t is not None for t in trees):
-        raise RuntimeError("a draft tree needs the ragged row-exact forward (engine.tree.supported)")
+        raise RuntimeError("a draft tree needs the ragged row-exact forward (why_no_trees)")
 
     def forward(a: int, b: int) -> list[mx.array | None]:
         if ragged:

@@ -255,11 +255,11 @@ class SequenceCache:
         """Keep, of the positions from `first` on, only `rows` (increasing, each at or after first),
         moved down to first, first + 1, ...: a draft tree's accepted path after its verify forward
         (engine/tree.py). The layers, the tokens and any kept tap rows end as a chain of the same
-        tokens would have left them. Plain KV caches only (tree.supported)."""
+        tokens would have left them. Plain KV caches only (batch.why_no_trees)."""
         rows = list(rows)
         n = len(rows)
         if rows != list(range(first, first + n)):
-            layers = [c for c in self.layers if c.offset > first]
+            layers = self.layers
             moved = cpu_weights.move_rows([c.keys for c in layers] + [c.values for c in layers], rows, first)
             for i, c in enumerate(layers):
                 c.keys, c.values = moved[i], moved[len(layers) + i]

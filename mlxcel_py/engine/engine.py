@@ -9,6 +9,7 @@ source can ask for, so no request pays for tracing a new shape.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -47,9 +48,6 @@ class Engine:
         # per generation, since a drafter's own cache follows one sequence
         self.private_drafters = False
         self._cache: SequenceCache | None = None
-        self._trees: str | None | bool = (
-            False  # why this model cannot verify trees (None: it can); False: not asked yet
-        )
 
     @property
     def tree_nodes(self) -> int:
@@ -60,11 +58,13 @@ class Engine:
 
     def why_no_trees(self) -> str | None:
         """Why this engine verifies chains only (None: it can verify trees)."""
-        if self._trees is False:
-            from .batch import why_no_trees
+        return self._no_trees
 
-            self._trees = "a distributed run verifies chains" if self.channel is not None else why_no_trees(self.model)
-        return self._trees
+    @functools.cached_property
+    def _no_trees(self) -> str | None:
+        from .batch import why_no_trees
+
+        return "a distributed run verifies chains" if self.channel is not None else why_no_trees(self.model)
 
     @property
     def draft(self) -> DraftConfig:

@@ -289,44 +289,35 @@ class Generation:
                         st.paused_rounds += 1
                         if policy.shadow_len and not shadow:
                             shadow, shadow_pos = drafter.shadow(policy.shadow_len), len(history)
-                if tree is not None:
+                if draft:
                     tv = time.perf_counter()
-                    logits = yield from self._forward(cache, [history[-1], *tree.tokens], tree=tree)
-                    verdict = judge_tree(cache, history, tree, decider, logits)
+                    if tree is not None:  # one forward of every node (engine/tree.py)
+                        logits = yield from self._forward(cache, [history[-1], *tree.tokens], tree=tree)
+                        verdict = judge_tree(cache, history, tree, decider, logits)
+                    else:
+                        cache.mark()  # verify.verify_round, with the forward possibly the scheduler's
+                        logits = yield from self._forward(cache, [history[-1], *draft])
+                        if constraint is not None:  # row r under the grammar state after draft[:r]
+                            logits = constraint.mask_rows(logits, draft)
+                        verdict = judge(cache, history, draft, decider, q, logits)
                     dt = time.perf_counter() - tv
                     st.verify_s += dt
-                    policy.timed(len(tree) + 1, dt)
-                    st.rollback_s += verdict.rollback_s
-                    st.drafted_rounds += 1
-                    st.tree_rounds += 1
-                    st.proposed += len(tree)
-                    st.positions_tested += min(verdict.accepted + 1, max(tree.depths))
-                    # the policy learns its own chain's acceptance: how far the path followed it
-                    on_chain = next(
-                        (i for i, t in enumerate(verdict.tokens[:-1]) if i >= len(draft) or t != draft[i]), None
-                    )
-                    policy.drafted(len(draft), verdict.accepted if on_chain is None else on_chain)
-                    if on_chain is not None:
-                        st.branch_accepts += 1
-                    new, n_from_draft = verdict.tokens, verdict.accepted
-                    rows = verdict.rows
-                elif draft:
-                    tv = time.perf_counter()
-                    cache.mark()  # verify.verify_round, with the forward possibly the scheduler's
-                    logits = yield from self._forward(cache, [history[-1], *draft])
-                    if constraint is not None:  # row r under the grammar state after draft[:r]
-                        logits = constraint.mask_rows(logits, draft)
-                    verdict = judge(cache, history, draft, decider, q, logits)
-                    dt = time.perf_counter() - tv
-                    st.verify_s += dt
-                    policy.timed(len(draft) + 1, dt)
+                    width = len(tree) if tree is not None else len(draft)
+                    policy.timed(width + 1, dt)
                     st.rollback_s += verdict.rollback_s
                     if verdict.rule == RULE_PQ:
                         st.acceptance_rule = RULE_PQ
                     st.drafted_rounds += 1
-                    st.proposed += len(draft)
-                    st.positions_tested += min(verdict.accepted + 1, len(draft))
-                    policy.drafted(len(draft), verdict.accepted)
+                    st.proposed += width
+                    st.positions_tested += min(verdict.accepted + 1, max(tree.depths) if tree else len(draft))
+                    # the policy learns its own chain's acceptance: how far the accepted path followed it
+                    on_chain = next(
+                        (i for i, t in enumerate(verdict.tokens[:-1]) if i >= len(draft) or t != draft[i]), None
+                    )
+                    policy.drafted(len(draft), verdict.accepted if on_chain is None else on_chain)
+                    if tree is not None:
+                        st.tree_rounds += 1
+                        st.branch_accepts += on_chain is not None
                     new, n_from_draft = verdict.tokens, verdict.accepted
                     rows = verdict.rows
                 else:

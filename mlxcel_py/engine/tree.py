@@ -18,7 +18,7 @@ path whose tokens equal the target's own choices, plus the target's token after 
 keep the root and the path's rows, moved down to consecutive positions, so the next round sees
 the state a chain would have left.
 
-Where: only where every layer keeps plain KV caches and the forward is ragged (`supported`):
+Where: only where every layer keeps plain KV caches and the forward is ragged (batch.why_no_trees):
 a recurrent state (Gated DeltaNet, Mamba) or a rotating window cannot follow several branches in
 one forward, and the float32 path has no per-row attention. Greedy only: the lossless argument
 for sampled drafts covers one candidate per depth (verify.py), so sampled requests draft chains.
