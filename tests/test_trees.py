@@ -295,6 +295,32 @@ def test_real_model_trees_equal_plain_and_take_branches(real, workloads):
     assert rounds > 0 and branches > 0
 
 
+@pytest.mark.real
+@needs_kernel
+def test_real_model_suffix_and_full_model_trees_equal_plain(real, workloads):
+    """The default model with suffix trees (the store holds the other prompts) and with a weak
+    full-model drafter (the model cut to its first 6 layers), whose runner-ups fill the tree."""
+    from mlxcel_py.models import loading
+
+    tok = real.tokenizer
+    ids = [
+        tok.apply_chat_template([{"role": "user", "content": w["prompt"]}], add_generation_prompt=True)
+        for w in workloads
+    ]
+    plain = engine_for(real)
+    suffix = tree_engine(real, DraftConfig(kind="suffix", lookup=lookup("cost").lookup, block_size=16), nodes=4)
+    for p in ids[4:]:
+        suffix.remember(p)
+    assert equal_with_trees(plain, suffix, ids[:3], max_tokens=64)[0] > 0
+    cut = loading.load(real.resolved)
+    cut.model.model.layers = cut.model.model.layers[:6]
+    full = tree_engine(
+        real, DraftConfig(kind="full-model", draft_model="cut", block_size=3), nodes=3, draft_model=cut.model
+    )
+    rounds, branches = equal_with_trees(plain, full, ids[:2], max_tokens=48)
+    assert rounds > 0
+
+
 # ---- refusals (the flag rules are in test_validate.py, with docs/validation.md) -------------------
 def opts(command="generate", **params):
     base = {"prompt": "x"} if command in ("generate", "run") else {}
