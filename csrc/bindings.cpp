@@ -14,6 +14,7 @@
 #include "cache_attention_primitive.h"
 #include "cpu_features.h"
 #include "dequantize_primitive.h"
+#include "fmm_primitive.h"
 #include "isa.h"
 #include "layer_primitive.h"
 #include "layout.h"
@@ -54,6 +55,17 @@ NB_MODULE(_qmm, m) {
         "bit-identical whatever the number of rows");
   m.def("row_exact_qmm_multi", &mlxcel::row_exact_qmm_multi, "x"_a, "ws"_a, "scales"_a, "biases"_a, "bits"_a,
         "[x @ W_i.T] for weights sharing one input (x quantized once); each equals row_exact_qmm alone");
+  m.def("float_repack", &mlxcel::float_repack_weight, "w"_a,
+        "a float weight [N, K] (float32, float16 or bfloat16) -> the float kernel's layout [ceil(N/16), K, 16], "
+        "the same values (eager)");
+  m.def("row_exact_fmm_multi", &mlxcel::row_exact_fmm_multi, "x"_a, "ws"_a, "ns"_a,
+        "[x @ W_i.T] for packed float weights W_i of N_i outputs sharing one input, each element summed over K "
+        "in order: each output row bit-identical whatever the number of rows");
+  m.def("row_exact_fmm", [](const mlx::core::array& x, const mlx::core::array& w, int n) {
+          return mlxcel::row_exact_fmm_multi(x, {w}, {n})[0];
+        }, "x"_a, "w"_a, "n"_a, "x @ W.T for a packed float weight W of n outputs (row_exact_fmm_multi with one weight)");
+  m.def("float_rows", &mlxcel::float_weight_rows, "w"_a, "n"_a, "ids"_a = nb::none(),
+        "rows ids (default: all n) of a packed float weight as float32 [..., K]");
   m.def("row_exact_attention", &mlxcel::row_exact_attention, "q"_a, "k"_a, "v"_a, "scale"_a, "causal"_a,
         "softmax(scale q k^T) v computed one query row at a time (row i of a causal block sees keys "
         "0..S-L+i): each row bit-identical to a one-row call at the same position");
@@ -111,14 +123,16 @@ NB_MODULE(_qmm, m) {
   nb::class_<mlxcel::DecoderLayer>(m, "DecoderLayer",
                                    "one llama-family decoder layer (RMSNorm, q/k/v, rope, cache write, attention, "
                                    "o, residual, RMSNorm, gate/up, SwiGLU, down, residual) as one op")
-      .def(nb::init<const std::vector<mlx::core::array>&, const std::vector<mlx::core::array>&, const std::vector<mlx::core::array>&,
+      .def(nb::init<const std::vector<mlx::core::array>&, const std::vector<std::optional<mlx::core::array>>&,
+                    const std::vector<std::optional<mlx::core::array>>&,
                     const std::vector<int>&, const std::vector<std::optional<mlx::core::array>>&, const mlx::core::array&,
                     const mlx::core::array&, std::optional<mlx::core::array>, std::optional<mlx::core::array>, float, float, int, int, int,
                     int, bool, float, float, float>(),
            "ws"_a, "scales"_a, "biases"_a, "bits"_a, "bias"_a, "attn_norm"_a, "mlp_norm"_a, "q_norm"_a.none(),
            "k_norm"_a.none(), "eps"_a, "qk_eps"_a, "heads"_a, "kv_heads"_a, "head_dim"_a, "rope_dims"_a,
            "rope_traditional"_a, "rope_base"_a, "rope_scale"_a, "attn_scale"_a,
-           "linears in the order q, k, v, o, gate, up, down (the kernel's layout, as RowExactLinear holds them)")
+           "linears in the order q, k, v, o, gate, up, down (the kernels' layouts, as RowExactLinear and "
+           "RowExactFloatLinear hold them; a float linear's scales and biases are None)")
       .def("__call__",
            [](const mlxcel::DecoderLayer& self, const mlx::core::array& h, const std::vector<mlx::core::array>& k_bufs,
               const std::vector<mlx::core::array>& v_bufs, const std::vector<int>& seq, const std::vector<int>& pos,

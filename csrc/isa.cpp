@@ -8,6 +8,7 @@
 
 #include "attention_kernel.h"
 #include "cpu_features.h"
+#include "fmm_kernel.h"
 #include "layer_kernel.h"
 #include "qmm_kernel.h"
 #include "rowwise_kernel.h"
@@ -43,6 +44,9 @@ void dequantize_rows(const uint8_t* w, const void* scales, const void* biases, b
 }
 void qmm_multi(const float* x, const WeightRef* weights, int count, int M, int K, int bits, int threads) {
   MLXCEL_DISPATCH(qmm_multi, x, weights, count, M, K, bits, threads);
+}
+void fmm_multi(const float* x, const FloatWeightRef* weights, int count, int M, int K, int threads) {
+  MLXCEL_DISPATCH(fmm_multi, x, weights, count, M, K, threads);
 }
 void attention(const AttentionArgs& a, int threads) { MLXCEL_DISPATCH(attention, a, threads); }
 void attention_rows(const RowsAttentionArgs& a, int threads) { MLXCEL_DISPATCH(attention_rows, a, threads); }

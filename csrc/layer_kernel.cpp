@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attention_kernel.h"
+#include "fmm_kernel.h"
 #include "layer_kernel.h"
 #include "qmm_kernel.h"
 #include "rowwise_kernel.h"
@@ -51,18 +52,30 @@ void add_bias(float* y, const float* bias, int T, int N) {
   for (int t = 0; t < T; ++t) add_rows(y + static_cast<int64_t>(t) * N, bias, y + static_cast<int64_t>(t) * N, N);
 }
 
-// y_i = x @ W_i^T (+ bias_i) for linears sharing the input x [T, K]: one kernel call (x quantized
-// once) when their bits agree, else one call each; the outputs are the same either way
+// y_i = x @ W_i^T (+ bias_i) for linears sharing the input x [T, K]: one kernel call when they are
+// all float, or all quantized to the same bits (x quantized once), else one call each; the
+// outputs are the same either way
 void project(const float* x, int T, const LinearView* const* lin, float* const* out, int count, int threads) {
-  bool same = true;
-  for (int i = 1; i < count; ++i) same = same && lin[i]->bits == lin[0]->bits;
+  bool same = true, floats = true;
+  for (int i = 0; i < count; ++i) {
+    same = same && !lin[i]->floating && lin[i]->bits == lin[0]->bits;
+    floats = floats && lin[i]->floating;
+  }
   std::vector<WeightRef> refs;
-  for (int i = 0; i < count; ++i)
+  std::vector<FloatWeightRef> frefs;
+  for (int i = 0; i < count; ++i) {
     refs.push_back({lin[i]->w, lin[i]->scales, lin[i]->biases, out[i], lin[i]->N, lin[i]->half});
-  if (same) {
+    frefs.push_back({lin[i]->w, static_cast<FloatForm>(lin[i]->form), out[i], lin[i]->N});
+  }
+  if (floats) {
+    MLXCEL_ISA::fmm_multi(x, frefs.data(), count, T, lin[0]->K, threads);
+  } else if (same) {
     MLXCEL_ISA::qmm_multi(x, refs.data(), count, T, lin[0]->K, lin[0]->bits, threads);
   } else {
-    for (int i = 0; i < count; ++i) MLXCEL_ISA::qmm_multi(x, &refs[i], 1, T, lin[i]->K, lin[i]->bits, threads);
+    for (int i = 0; i < count; ++i) {
+      if (lin[i]->floating) MLXCEL_ISA::fmm_multi(x, &frefs[i], 1, T, lin[i]->K, threads);
+      else MLXCEL_ISA::qmm_multi(x, &refs[i], 1, T, lin[i]->K, lin[i]->bits, threads);
+    }
   }
   for (int i = 0; i < count; ++i) add_bias(out[i], lin[i]->bias, T, lin[i]->N);
 }

@@ -5,7 +5,9 @@
 
 namespace mlxcel {
 
-// A linear layer in the kernel's layout (qmm_kernel.h): y = x @ W^T (+ bias), W [N, K].
+// A linear layer in a kernel's layout: y = x @ W^T (+ bias), W [N, K]. Quantized (qmm_kernel.h:
+// w packed, its scales and biases, bits 4 or 8), or float (fmm_kernel.h: w packed in its stored
+// precision `form`, no scales; `floating` set).
 struct LinearView {
   const uint8_t* w;
   const void* scales;  // float32, or float16 when half (WeightRef)
@@ -13,6 +15,8 @@ struct LinearView {
   const float* bias;  // [N] or null
   int N, K, bits;
   bool half;
+  bool floating = false;
+  int form = 0;  // FloatForm of a float weight
 };
 
 struct DecoderLayerView {

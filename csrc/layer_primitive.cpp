@@ -12,6 +12,7 @@
 
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "fmm_primitive.h"
 #include "layer_kernel.h"
 #include "qmm_kernel.h"
 #include "rope_primitive.h"
@@ -109,8 +110,8 @@ const float* floats(const mx::array& a, int n, const char* what) {
 
 }  // namespace
 
-DecoderLayer::DecoderLayer(const std::vector<mx::array>& ws, const std::vector<mx::array>& scales,
-                           const std::vector<mx::array>& biases, const std::vector<int>& bits,
+DecoderLayer::DecoderLayer(const std::vector<mx::array>& ws, const std::vector<std::optional<mx::array>>& scales,
+                           const std::vector<std::optional<mx::array>>& biases, const std::vector<int>& bits,
                            const std::vector<std::optional<mx::array>>& bias, const mx::array& attn_norm,
                            const mx::array& mlp_norm, std::optional<mx::array> q_norm,
                            std::optional<mx::array> k_norm, float eps, float qk_eps, int heads, int kv_heads,
@@ -121,8 +122,9 @@ DecoderLayer::DecoderLayer(const std::vector<mx::array>& ws, const std::vector<m
     throw std::invalid_argument(std::string(what) + "seven linears: q, k, v, o, gate, up, down");
   auto st = std::make_shared<DecoderLayerState>();
   std::vector<mx::array> all(ws);
-  all.insert(all.end(), scales.begin(), scales.end());
-  all.insert(all.end(), biases.begin(), biases.end());
+  for (const auto* extra : {&scales, &biases})
+    for (const auto& a : *extra)
+      if (a) all.push_back(*a);
   all.push_back(attn_norm);
   all.push_back(mlp_norm);
   for (const auto& b : bias)
@@ -135,8 +137,21 @@ DecoderLayer::DecoderLayer(const std::vector<mx::array>& ws, const std::vector<m
   LinearView* views[7] = {&st->view.q, &st->view.k, &st->view.v, &st->view.o,
                           &st->view.gate, &st->view.up, &st->view.down};
   for (int i = 0; i < 7; ++i) {
+    const auto& w = ws[i];
+    if (w.dtype() != mx::uint8) {  // a float weight in its stored precision (fmm_kernel.h): no scales
+      const FloatForm form = float_form(w, "decoder_layer");
+      if (w.ndim() != 3 || w.shape(2) != kGroup || !w.flags().row_contiguous || scales[i] || biases[i])
+        throw std::invalid_argument(std::string(what) + "linear " + std::to_string(i) +
+                                    ": a float weight is [N/16, K, 16] from float_repack, without scales or biases");
+      const int N = w.shape(0) * kGroup, K = w.shape(1);
+      *views[i] = LinearView{w.data<uint8_t>(), nullptr, nullptr, bias[i] ? floats(*bias[i], N, "a bias") : nullptr,
+                             N, K, 0, false, true, static_cast<int>(form)};
+      continue;
+    }
     check_bits(bits[i]);
-    const auto &w = ws[i], &sc = scales[i], &bi = biases[i];
+    if (!scales[i] || !biases[i])
+      throw std::invalid_argument(std::string(what) + "linear " + std::to_string(i) + ": a quantized weight needs scales and biases");
+    const auto &sc = *scales[i], &bi = *biases[i];
     if (w.ndim() != 2 || w.dtype() != mx::uint8 || !w.flags().row_contiguous)
       throw std::invalid_argument(std::string(what) + "weights must be uint8 [N, K*bits/8] from repack()");
     const int N = w.shape(0), K = static_cast<int>(w.shape(1) * 8 / bits[i]);

@@ -17,9 +17,11 @@ struct DecoderLayerState;
 class DecoderLayer {
  public:
   // linears in the order q, k, v, o, gate, up, down: each the kernel's uint8 weight, interleaved
-  // float32 scales and biases (RowExactLinear), its bits and an optional float32 bias [N]
-  DecoderLayer(const std::vector<mx::array>& ws, const std::vector<mx::array>& scales,
-               const std::vector<mx::array>& biases, const std::vector<int>& bits,
+  // float32 scales and biases (RowExactLinear) and its bits, or a float weight [N/16, K, 16] in its
+  // stored precision from float_repack and no scales or biases (RowExactFloatLinear); and an
+  // optional float32 bias [N]
+  DecoderLayer(const std::vector<mx::array>& ws, const std::vector<std::optional<mx::array>>& scales,
+               const std::vector<std::optional<mx::array>>& biases, const std::vector<int>& bits,
                const std::vector<std::optional<mx::array>>& bias, const mx::array& attn_norm,
                const mx::array& mlp_norm, std::optional<mx::array> q_norm, std::optional<mx::array> k_norm, float eps,
                float qk_eps, int heads, int kv_heads, int head_dim, int rope_dims, bool rope_traditional,

@@ -34,6 +34,10 @@ inline __mmask16 first(int n) {
 inline vf load_n(const float* p, int n) { return {_mm512_maskz_loadu_ps(first(n), p)}; }
 inline void store_n(float* p, vf a, int n) { _mm512_mask_storeu_ps(p, first(n), a.v); }
 inline vf load_half_n(const uint16_t* p, int n) { return {_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(first(n), p))}; }
+// 16 bfloat16 values as float32 (exact: a bfloat16 is the top half of a float32)
+inline vf load_bf16(const uint16_t* p) {
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16))};
+}
 inline vf add(vf a, vf b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline vf sub(vf a, vf b) { return {_mm512_sub_ps(a.v, b.v)}; }
 inline vf mul(vf a, vf b) { return {_mm512_mul_ps(a.v, b.v)}; }
@@ -106,6 +110,11 @@ inline vf load_half_n(const uint16_t* p, int n) {
   }
   return {_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
 }
+// (a function, not a lambda: a lambda does not take the file's target pragma)
+inline __m256 bf16x8(const uint16_t* q) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))), 16));
+}
+inline vf load_bf16(const uint16_t* p) { return {bf16x8(p), bf16x8(p + 8)}; }
 inline vf add(vf a, vf b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
 inline vf sub(vf a, vf b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
 inline vf mul(vf a, vf b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }

@@ -11,6 +11,7 @@ import random
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+from test_engine import engine_for, run
 
 from mlxcel_py.cpu import weights as cpu_weights
 from mlxcel_py.options import SamplingOptions
@@ -382,8 +383,8 @@ def _flat(model):
 
 
 @needs_kernel
-@pytest.mark.parametrize("mode,bits", [("q8", (8,)), ("q4", (4,)), ("auto", (8,))])
-def test_modes_on_a_float_model(tiny_dir, mode, bits):
+@pytest.mark.parametrize("mode,bits", [("q8", (8,)), ("q4", (4,))])
+def test_quantized_modes_on_a_float_model(tiny_dir, mode, bits):
     from mlxcel_py.models import loading
 
     loaded = loading.load(loading.resolve(str(tiny_dir)), cpu_weights=mode)
@@ -403,6 +404,71 @@ def test_modes_on_a_float_model(tiny_dir, mode, bits):
     if 8 in bits:
         assert (a.argmax(-1) == b.argmax(-1)).mean().item() >= 0.75
     assert _block_vs_steps(loaded.model, [7, 8, 9, 10], [11, 12, 13, 14, 15]) == [True] * 5
+
+
+def _as_dtype(src, dst, dtype):
+    """A copy of model folder `src` with its weights stored as `dtype`."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    w = mx.load(str(dst / "model.safetensors"))
+    mx.save_safetensors(str(dst / "model.safetensors"), {k: v.astype(dtype) for k, v in w.items()})
+    return dst
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype,form", [(mx.float32, "f32"), (mx.float16, "f16"), (mx.bfloat16, "bf16")])
+def test_auto_keeps_a_float_model_in_its_own_precision(tiny_dir, tmp_path, dtype, form):
+    """auto puts a float model's layers on the float kernel as stored (no 8-bit rounding): its
+    greedy output is the float32 path's, its logits that path's up to summation order, its rows
+    exact, and a float16 or bfloat16 model reads half the bytes."""
+    from mlxcel_py.models import loading
+
+    folder = _as_dtype(tiny_dir, tmp_path / form, dtype)
+    loaded = loading.load(loading.resolve(str(folder)))
+    w = loaded.weights
+    assert (w.mode, w.forms, w.bits) == (form, (form,), ())
+    assert w.kernel_layers > 0 and w.float_layers == 0 and not w.inexact
+    layers = [m for _, m in loaded.model.named_modules() if isinstance(m, cpu_weights.RowExactFloatLinear)]
+    assert {type(m).__name__ for m in layers} == {"RowExactFloatLinear", "RowExactFloatEmbedding"}
+    assert {m.weight.dtype for m in layers} == {dtype}
+    assert "2 fused decoder layers" in loaded.kernels
+    f32 = loading.load(loading.resolve(str(folder)), cpu_weights="f32")
+    if dtype != mx.float32:
+        assert w.weight_bytes < 0.6 * f32.weights.weight_bytes
+    ids = mx.array([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]])
+    a, b = loaded.model(ids), f32.model(ids)
+    assert (mx.abs(a - b).max() / mx.abs(b).max()).item() < 1e-5
+    prompt = list(range(40, 80))
+    assert (
+        run(engine_for(loaded), prompt, max_tokens=24, ignore_eos=True)[0]
+        == run(engine_for(f32), prompt, max_tokens=24, ignore_eos=True)[0]
+    )
+    assert _block_vs_steps(loaded.model, [7, 8, 9, 10], [11, 12, 13, 14, 15]) == [True] * 5
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
+def test_the_float_kernel_is_row_exact_and_reads_its_rows_back(dtype):
+    mx.random.seed(2)
+    for n, k in ((40, 64), (33, 100), (576, 576)):  # a partial last group, an odd width
+        w = (mx.random.normal((n, k)) * 0.1).astype(dtype)
+        packed = QMM.float_repack(w)
+        assert packed.shape == ((n + 15) // 16, k, 16) and packed.dtype == dtype
+        x = mx.random.normal((13, k))
+        y = QMM.row_exact_fmm(x, packed, n)
+        assert mx.allclose(y, x @ w.astype(mx.float32).T, atol=1e-4).item()
+        for i in range(13):
+            assert mx.array_equal(QMM.row_exact_fmm(x[i : i + 1], packed, n)[0], y[i]).item()
+        a, b = QMM.row_exact_fmm_multi(x[2:9], [packed, packed], [n, n])
+        assert mx.array_equal(a, y[2:9]).item() and mx.array_equal(b, y[2:9]).item()
+        ids = mx.array([0, n - 1, 5])
+        assert mx.array_equal(QMM.float_rows(packed, n, ids), w.astype(mx.float32)[ids]).item()
+        assert mx.array_equal(QMM.float_rows(packed, n), w.astype(mx.float32)).item()
+    with pytest.raises(ValueError, match="from float_repack"):
+        QMM.row_exact_fmm(mx.zeros((1, 64)), packed, n)  # k 576, not 64
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+        QMM.float_repack(mx.zeros((16, 16), dtype=mx.int32))
 
 
 @needs_kernel
@@ -432,10 +498,14 @@ def test_sampling_is_unchanged_by_the_mode_flag_parsing():
 
 
 def test_nn_layers_survive_a_mode_that_leaves_them_alone():
-    # a float layer the kernel cannot take (inputs not a multiple of 64) is reported, not converted
+    # a float layer the quantized kernel cannot take (inputs not a multiple of 64) is reported, not
+    # converted; under auto the float kernel takes any width
     lin = nn.Linear(32, 16)
-    assert cpu_weights._target_bits(lin, "q8") is None
-    assert cpu_weights._target_bits(nn.Linear(64, 16), "q4") == 4
+    assert cpu_weights._target(lin, "q8") is None
+    assert cpu_weights._target(nn.Linear(64, 16), "q4") == 4
+    assert cpu_weights._target(lin, "auto") == cpu_weights._target(nn.Linear(64, 16), "auto") == cpu_weights.FLOAT
+    # a GGUF tensor stored quantized and decoded to float32 goes back to 8 bits under auto
+    assert cpu_weights._target(nn.Linear(64, 16), "auto", requantize=True) == 8
 
 
 @needs_kernel
@@ -466,7 +536,8 @@ def test_float16_scales_give_the_float32_rows_bit_for_bit(bits):
 def test_half_scales_only_where_every_value_is_exact(tiny_dir, monkeypatch):
     from mlxcel_py.models import loading
 
-    loaded = loading.load(loading.resolve(str(tiny_dir)))  # float32 weights quantized here: float32 scales
+    # float32 weights quantized here: float32 scales
+    loaded = loading.load(loading.resolve(str(tiny_dir)), cpu_weights="q8")
     kinds = {m.scales.dtype for _, m in loaded.model.named_modules() if isinstance(m, cpu_weights.RowExactLinear)}
     assert kinds == {mx.float32}
     layer = next(m for n, m in loaded.model.named_modules() if n.endswith("o_proj"))  # no shared-input siblings

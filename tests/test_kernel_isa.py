@@ -2,7 +2,7 @@
 
 Every kernel runs under `set_isa("avx512")` and `set_isa("avx2")` on the same inputs and the
 results must be equal bit for bit: the matmul (4 and 8 bits, partial row groups, float16 scales,
-1-20 rows), the attention (every head width path, causal blocks), rope, SwiGLU, the fused
+1-20 rows), the float matmul (float32, float16, bfloat16 weights), the attention (every head width path, causal blocks), rope, SwiGLU, the fused
 decoder layers and whole greedy decodes of the default model. On a CPU without AVX-512 there is
 nothing to compare against and these tests are skipped (not passed); the rest of the suite then
 runs on the AVX2 build alone. `MLXCEL_KERNEL_ISA` picks a build from the environment.
@@ -71,6 +71,19 @@ def test_the_matmul_gives_the_same_bits_on_both_builds(bits):
                 assert _equal(*got), (bits, n, k, m, half)
         ids = mx.array([[0, n - 1], [n // 2, 3]])
         assert _equal(*_under_both(lambda: QMM.dequantize_rows(w, s, b, bits, ids)))  # noqa: B023
+
+
+@both_builds
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
+def test_the_float_matmul_gives_the_same_bits_on_both_builds(dtype):
+    """The float kernel (a float layer in its stored precision): every tile shape, partial groups."""
+    mx.random.seed(9)
+    for n, k in ((40, 64), (33, 100), (200, 576)):
+        packed = QMM.float_repack((mx.random.normal((n, k)) * 0.1).astype(dtype))
+        for m in (1, 3, 8, 13):
+            x = mx.random.normal((m, k))
+            a, b = _under_both(lambda x=x, w=packed, n=n: QMM.row_exact_fmm_multi(x, [w, w], [n, n]))
+            assert _equal(a, b), (n, k, m)
 
 
 @both_builds

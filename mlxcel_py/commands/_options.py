@@ -30,7 +30,7 @@ RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hugging 
 DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", "--model-draft", "-md", help="Smaller causal LM sharing the target's tokenizer, used as a full-model drafter.", rich_help_panel=MODEL)]
 NoBlasOpt = Annotated[bool, typer.Option("--no-blas", help="Keep MLX's bundled reference BLAS instead of loading OpenBLAS (Linux CPU).", rich_help_panel=RUNTIME)]
 NoDequantizeOpt = Annotated[bool, typer.Option("--no-dequantize", help="Keep quantized weights on the CPU instead of dequantizing to float32.", rich_help_panel=RUNTIME)]
-CpuWeightsOpt = Annotated[Optional[str], typer.Option("--cpu-weights", metavar="auto|q8|q4|f32", help="CPU weight form: the row-exact int8 kernel with 8- or 4-bit weights, or float32; auto: the kernel where it built (quantized files keep their bits, float layers 8-bit), else f32. bench: a comma list, each benchmarked.", rich_help_panel=RUNTIME)]
+CpuWeightsOpt = Annotated[Optional[str], typer.Option("--cpu-weights", metavar="auto|q8|q4|f32", help="CPU weight form: the row-exact kernels with 8- or 4-bit weights, or float32 on BLAS; auto: the kernels where they built, each layer as stored (quantized layers keep their bits, float16/bfloat16/float32 layers their precision on the float kernel), else f32. bench: a comma list, each benchmarked.", rich_help_panel=RUNTIME)]
 NoFastKernelsOpt = Annotated[bool, typer.Option("--no-fast-kernels", help="Keep mlx-lm's attention and SwiGLU (MLX's scalar exp on the CPU) instead of the vectorized-exp kernels.", rich_help_panel=RUNTIME)]
 
 PromptOpt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text; '-' reads it from stdin. Without it: interactive chat.", rich_help_panel=GEN)]

@@ -21,17 +21,28 @@ of MAX_ROWS - 1 on this path (`cpu_kernels.prefill_chunk`), so a prompt fed in o
 prompt cache's stored prefix, a chat turn) continues exactly as a fresh one. Blocks wider than
 KERNEL_ROWS (a caller's own wide chunk) dequantize to float32 and use BLAS.
 
+Float weights (RowExactFloatLinear, csrc/fmm_kernel.cpp): a float16, bfloat16 or float32 layer
+kept in its stored precision, its values widened exactly to float32 inside the kernel and
+multiplied with float32 activations, each output summed over K in order: row-exact the same way,
+with the model's own weights (a float model's output is then that of `f32`'s up to summation
+order), reading 2 bytes a weight for float16 and bfloat16 where `f32` reads 4.
+
 Modes (only where MLX runs on the CPU; elsewhere weights stay as stored):
-  f32   every weight dequantized to float32 (the path before the kernel; the fallback)
+  f32   every weight dequantized to float32 and multiplied by BLAS (the path before the kernel;
+        the fallback)
   q8    every eligible linear layer 8-bit, group 32 (float and 4-bit layers re-quantized)
   q4    every eligible linear layer 4-bit, group 32 (float and 8-bit layers re-quantized)
-  auto  the kernel where it built and this CPU has the instructions (AVX-512 VNNI or AVX2):
-        layers stored quantized keep their own 4 or 8 bits (re-quantizing a GGUF's 4-bit blocks
-        to 8 bits costs twice the bytes and adds rounding), float layers become 8-bit; otherwise
-        f32.
+  auto  the kernels where they built and this CPU has the instructions (AVX-512 VNNI or AVX2),
+        each layer in its stored precision: quantized layers keep their own 4 or 8 bits
+        (re-quantizing a GGUF's 4-bit blocks to 8 bits costs twice the bytes and adds rounding),
+        float layers stay float16, bfloat16 or float32 on the float kernel; layers a GGUF file
+        stored in another quantization (K-quants but Q4_K, i-quants, Q5_x; decoded to float32 at
+        conversion, `QUANTIZED_IN_FILE`) and quantized layers of other bits become 8-bit, as
+        close to their file's bytes as the kernel gets. Otherwise f32.
 Eligible: nn.Linear / QuantizedLinear (affine, 2-8 bits) and tied embeddings used as the output
-layer, with input width a multiple of 64. Anything else (mixture-of-experts switch layers, odd
-widths, norms) is float32, as before; `describe()` counts both.
+layer; quantized kernel layers need an input width that is a multiple of 64 (others go to the
+float kernel dequantized under auto, and stay float32 under q8/q4). Anything else (mixture-of-experts
+switch layers, norms) is float32, as before; `describe()` counts both.
 """
 
 from __future__ import annotations
@@ -63,6 +74,10 @@ AMX_ROWS = 16
 GROUP = 32  # the group size of layers this module quantizes (GGUF's block size)
 KERNEL_GROUPS = (32, 64, 128)
 
+
+# config.json key the GGUF conversion writes: modules decoded to float32 from a quantized tensor type
+QUANTIZED_IN_FILE = "mlxcel_quantized_in_file"
+FLOAT_FORMS = {mx.float16: "f16", mx.bfloat16: "bf16", mx.float32: "f32"}  # the float kernel's
 
 KERNEL_ISAS = ("avx512", "avx2", "f32")  # MLXCEL_KERNEL_ISA: the kernel's build, or none
 _ISA_NAMES = {"avx512": "AVX-512 VNNI", "avx2": "AVX2"}
@@ -211,6 +226,11 @@ class RowExactLinear(nn.Module):
     def input_dims(self) -> int:
         return self.weight.shape[1] * 8 // self.bits
 
+    @property
+    def n(self) -> int:
+        """Output features."""
+        return self.weight.shape[0]
+
     def _matmul(self, x: mx.array) -> mx.array:
         qmm, _ = kernel_status()
         if _row_count(x) <= KERNEL_ROWS:
@@ -231,11 +251,67 @@ class RowExactLinear(nn.Module):
         return f"input_dims={self.input_dims}, output_dims={self.weight.shape[0]}, bits={self.bits}, row-exact kernel"
 
 
+class RowExactFloatLinear(nn.Module):
+    """y = x @ W^T (+ bias) with W kept in its stored precision (float16, bfloat16 or float32) in
+    the float kernel's layout: `weight` [ceil(N/16), K, 16] from `_qmm.float_repack`, `n` outputs.
+    Built by `apply` (auto, for float layers)."""
+
+    bits = 0  # not quantized (the fused decoder layer tells the two kinds apart by the weight's dtype)
+
+    def __init__(self, weight: mx.array, n: int, bias: mx.array | None = None):
+        super().__init__()
+        self.weight = weight
+        if bias is not None:
+            self.bias = bias
+        self.n = n
+        self.freeze()
+
+    @property
+    def input_dims(self) -> int:
+        return self.weight.shape[1]
+
+    @property
+    def form(self) -> str:
+        return FLOAT_FORMS[self.weight.dtype]
+
+    def _matmul(self, x: mx.array) -> mx.array:
+        qmm, _ = kernel_status()
+        if _row_count(x) <= KERNEL_ROWS:
+            shared = getattr(self, "_shared", None)
+            if shared is not None:
+                return shared.output(self, x)
+            return qmm.row_exact_fmm(x, self["weight"], self.n)
+        return x.astype(mx.float32) @ qmm.float_rows(self["weight"], self.n).T  # a wide block: BLAS
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = self._matmul(x)
+        return y + self["bias"] if "bias" in self else y
+
+    def _extra_repr(self) -> str:
+        return f"input_dims={self.input_dims}, output_dims={self.n}, {self.form}, row-exact float kernel"
+
+
+class RowExactFloatEmbedding(RowExactFloatLinear):
+    """A float embedding in the float kernel's layout: lookups read the picked rows back (exact);
+    `as_linear` (a tied output layer) is the row-exact float matmul."""
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        qmm, _ = kernel_status()
+        return qmm.float_rows(self["weight"], self.n, ids)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return self._matmul(x)
+
+
+KERNEL_LINEARS = (RowExactLinear, RowExactFloatLinear)  # the kernels' layer types (embeddings derive)
+
+
 class SharedInput:
     """Sibling layers fed the same input (q/k/v, gate/up): the first call multiplies all of them
     in one kernel call (the input quantized once, one graph node instead of three); the others
     take their part. Each part is exactly what the layer alone would give (the kernel is the same
-    per weight row), so this changes speed only."""
+    per weight row), so this changes speed only. Members are all quantized with one bit width,
+    or all float."""
 
     SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"))
 
@@ -248,13 +324,18 @@ class SharedInput:
     def output(self, member: RowExactLinear, x: mx.array) -> mx.array:
         if self._x is not x or self._left == 0:
             qmm, _ = kernel_status()
-            self._outs = qmm.row_exact_qmm_multi(
-                x,
-                [m["weight"] for m in self.members],
-                [m["scales"] for m in self.members],
-                [m["biases"] for m in self.members],
-                member.bits,
-            )
+            if isinstance(member, RowExactFloatLinear):
+                self._outs = qmm.row_exact_fmm_multi(
+                    x, [m["weight"] for m in self.members], [m.n for m in self.members]
+                )
+            else:
+                self._outs = qmm.row_exact_qmm_multi(
+                    x,
+                    [m["weight"] for m in self.members],
+                    [m["scales"] for m in self.members],
+                    [m["biases"] for m in self.members],
+                    member.bits,
+                )
             self._x, self._left = x, len(self.members)
         index = next(i for i, m in enumerate(self.members) if m is member)
         out = self._outs[index]
@@ -265,14 +346,15 @@ class SharedInput:
 
 
 def _share_inputs(model: Any) -> int:
-    """Link sibling kernel layers of the same bits and width into SharedInput groups."""
+    """Link sibling kernel layers of one kind (the same bits, or all float) and width into
+    SharedInput groups."""
     groups = 0
     for _, parent in model.named_modules():
         for names in SharedInput.SIBLINGS:
             layers = [parent.get(n) if isinstance(parent, dict) else None for n in names]
-            if not all(type(m) is RowExactLinear for m in layers):
+            if not all(type(m) in KERNEL_LINEARS for m in layers):
                 continue
-            if len({(m.bits, m.input_dims) for m in layers}) != 1:
+            if len({(type(m), m.bits, m.input_dims) for m in layers}) != 1:
                 continue
             group = SharedInput(layers)
             for m in layers:
@@ -293,24 +375,30 @@ class RowExactEmbedding(RowExactLinear):
         return self._matmul(x)
 
 
+FORM_NAMES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}
+
+
 @dataclass(frozen=True)
 class WeightsReport:
-    mode: str  # the mode in effect: q8 | q4 | f32 | mixed (auto on a file with 4- and 8-bit layers) | as stored
+    # the mode in effect: q8 | q4 | f32 | f16 | bf16 (auto: every kernel layer of that form) |
+    # mixed (auto, several forms: a file with 4- and 8-bit layers, or float and quantized ones) | as stored
+    mode: str
     asked: str  # what --cpu-weights said
     kernel_layers: int
-    float_layers: int
-    bits: tuple[int, ...]  # the bit widths the kernel layers use
+    float_layers: int  # float32 layers left to BLAS
+    bits: tuple[int, ...]  # the bit widths the quantized kernel layers use
     note: str  # kernel status or why it is not in use
     weight_bytes: int
     inexact: str | None = None  # kernel layers in use but a block's rows may differ from decode steps: why
+    forms: tuple[str, ...] = ()  # the float forms the float kernel layers keep (f16, bf16, f32)
 
     def describe(self) -> str:
         if self.kernel_layers == 0:
             return f"{self.mode} ({self.note})" if self.mode == "f32" else self.mode
-        bits = "/".join(f"{b}-bit" for b in self.bits)
-        rest = f", {self.float_layers} float32" if self.float_layers else ""
+        kinds = "/".join([f"{b}-bit" for b in self.bits] + [FORM_NAMES[f] for f in self.forms])
+        rest = f", {self.float_layers} float32 on BLAS" if self.float_layers else ""
         return (
-            f"{self.mode} ({self.kernel_layers} layers {bits} on the {self.note}{rest}; "
+            f"{self.mode} ({self.kernel_layers} layers {kinds} on the {self.note}{rest}; "
             f"{self.weight_bytes / 2**20:.0f} MiB)"
         )
 
@@ -321,6 +409,7 @@ class WeightsReport:
             "kernel_layers": self.kernel_layers,
             "float_layers": self.float_layers,
             "bits": list(self.bits),
+            "float_forms": list(self.forms),
             "kernel": self.note,
             "weight_mib": round(self.weight_bytes / 2**20, 1),
             "rows_exact": self.kernel_layers > 0 and not self.inexact,
@@ -355,20 +444,26 @@ def _in_features(module: Any) -> int:
     return module.weight.shape[-1]
 
 
-def _target_bits(module: Any, asked: str) -> int | None:
-    """The kernel bits for this layer under `asked`, or None to keep it float32."""
+FLOAT = "float"  # _target: the float kernel, in the layer's stored precision
+
+
+def _target(module: Any, asked: str, requantize: bool = False) -> int | str | None:
+    """The kernel bits for this layer under `asked` (4 or 8), FLOAT for the float kernel, or
+    None to keep it float32 (BLAS). `requantize`: a float layer decoded from a quantized tensor
+    of a GGUF file (auto takes it to 8 bits, as near its file's bytes as the kernel gets)."""
     quantized = isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding))
     if quantized and getattr(module, "mode", "affine") != "affine":
         return None
-    if module.weight.ndim != 2 or _in_features(module) % 64 != 0:
+    if module.weight.ndim != 2:
         return None
-    if asked == "q8":
-        return 8
-    if asked == "q4":
-        return 4
-    if quantized and module.bits in (4, 8):
+    fits = _in_features(module) % 64 == 0  # the quantized kernel's blocks
+    if asked in ("q8", "q4"):
+        return (8 if asked == "q8" else 4) if fits else None
+    if quantized and module.bits in (4, 8) and fits:
         return module.bits
-    return 8
+    if (quantized or requantize) and fits:
+        return 8
+    return FLOAT  # float layers keep their precision; a quantized one of odd width, dequantized exactly
 
 
 def _affine(module: Any, bits: int) -> tuple[mx.array, mx.array, mx.array, int]:
@@ -382,6 +477,22 @@ def _affine(module: Any, bits: int) -> tuple[mx.array, mx.array, mx.array, int]:
         w = mx.dequantize(w, module.scales, module.biases, group_size=module.group_size, bits=module.bits)
     wq, scales, biases = mx.quantize(w.astype(mx.float32), GROUP, bits)
     return wq, scales, biases, GROUP
+
+
+def _convert_float(module: Any, *, embedding: bool) -> RowExactFloatLinear:
+    """A float layer (or a quantized one dequantized: exact values) on the float kernel."""
+    qmm, _ = kernel_status()
+    w = module.weight
+    if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        w = mx.dequantize(w, module.scales, module.biases, group_size=module.group_size, bits=module.bits)
+        w = w.astype(mx.float32)
+    if w.dtype not in FLOAT_FORMS:
+        w = w.astype(mx.float32)
+    packed = qmm.float_repack(w)
+    if embedding:
+        return RowExactFloatEmbedding(packed, w.shape[0])
+    bias = module["bias"].astype(mx.float32) if "bias" in module else None
+    return RowExactFloatLinear(packed, w.shape[0], bias)
 
 
 def _convert(module: Any, bits: int, *, embedding: bool) -> RowExactLinear:
@@ -440,13 +551,15 @@ def why_rows_not_exact(model: Any) -> str | None:
         if "Switch" in type(m).__name__:
             return f"{name} is a mixture-of-experts layer"
         is_linear = type(m) in (nn.Linear, nn.QuantizedLinear)
-        if (is_linear or id(m) in tied) and _target_bits(m, "auto") is None:
+        if (is_linear or id(m) in tied) and _target(m, "auto") is None:
             return f"{name} ({_in_features(m)} inputs) does not fit the kernel"
     return None
 
 
-def apply(model: Any, asked: str) -> WeightsReport:
-    """Put `model`'s weights in the form `asked` picks (CPU only); float32 for everything else."""
+def apply(model: Any, asked: str, quantized_in_file: frozenset[str] = frozenset()) -> WeightsReport:
+    """Put `model`'s weights in the form `asked` picks (CPU only); float32 for everything else.
+    `quantized_in_file`: modules a GGUF file stored quantized and the conversion decoded
+    (QUANTIZED_IN_FILE); auto takes them to 8 bits rather than keep their float32 decoding."""
     from mlx.utils import tree_unflatten
 
     # the kernel's layers are not nn.QuantizedLinear/QuantizedEmbedding, so this leaves them alone
@@ -467,35 +580,51 @@ def apply(model: Any, asked: str) -> WeightsReport:
 
     tied = _tied_embeddings(model)
     replaced: list[tuple[str, Any]] = []
-    used_bits: set[int] = set()
+    used: set[int | str] = set()  # bits, and the float forms
     for name, module in model.named_modules():
         is_embedding = isinstance(module, (nn.Embedding, nn.QuantizedEmbedding))
         if is_embedding and not (isinstance(module, nn.QuantizedEmbedding) or id(module) in tied):
             continue  # a float embedding only looked up: quantizing it would only add rounding
         if type(module) not in (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding):
             continue  # a subclass with its own forward (LoRA, switch layers): leave it alone
-        bits = _target_bits(module, asked)
-        if bits is None:
+        target = _target(module, asked, name in quantized_in_file)
+        if target is None:
             continue
-        replaced.append((name, _convert(module, bits, embedding=is_embedding)))
-        used_bits.add(bits)
+        layer = (
+            _convert_float(module, embedding=is_embedding)
+            if target == FLOAT
+            else _convert(module, target, embedding=is_embedding)
+        )
+        replaced.append((name, layer))
+        used.add(layer.form if target == FLOAT else target)
+    float_layers = sum(
+        1
+        for name, m in model.named_modules()
+        if (type(m) in (nn.Linear, nn.QuantizedLinear) or "SwitchLinear" in type(m).__name__)
+        and name not in {n for n, _ in replaced}
+    )
+    # everything else to float32 first: set_dtype would widen the float kernel's float16 weights
+    dequantize_model(model)
+    model.set_dtype(mx.float32)  # norms, float layers, biases (and the layers replaced just below)
     if replaced:
         model.update_modules(tree_unflatten(replaced))
         _share_inputs(model)
-    float_layers = sum(
-        1
-        for _, m in model.named_modules()
-        if type(m) in (nn.Linear, nn.QuantizedLinear) or "SwitchLinear" in type(m).__name__
-    )
-    dequantize_model(model)
-    model.set_dtype(mx.float32)  # norms, float layers, biases; set_dtype leaves the packed uint8 weights
     half_scales(model)
     mx.eval(model.parameters())
-    label = (
-        asked
-        if asked != "auto"
-        else ("q4" if used_bits == {4} else "q8" if used_bits == {8} else "mixed" if used_bits else "f32")
-    )
+    bits = {u for u in used if isinstance(u, int)}
+    forms = {u for u in used if isinstance(u, str)}
+    label = asked
+    if asked == "auto":
+        label = "mixed" if len(used) > 1 else next(iter(used)) if used else "f32"
+        label = {4: "q4", 8: "q8"}.get(label, label)
     return WeightsReport(
-        label, asked, len(replaced), float_layers, tuple(sorted(used_bits)), note, weight_bytes(model), inexact
+        label,
+        asked,
+        len(replaced),
+        float_layers,
+        tuple(sorted(bits)),
+        note,
+        weight_bytes(model),
+        inexact,
+        tuple(sorted(forms)),
     )

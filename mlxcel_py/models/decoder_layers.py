@@ -8,7 +8,8 @@ q/k/v, rope, the cache write, attention, o, residual, RMSNorm, gate/up, SwiGLU, 
 so a step is the embedding, one op a layer, the final norm and the output layer.
 
 Which models: llama, mistral, qwen2 (q/k/v biases) and qwen3 (per-head q/k norms), when every
-layer's linears are on the kernel (RowExactLinear), its norms are plain RMSNorms, its rope is
+layer's linears are on a kernel (RowExactLinear quantized, or RowExactFloatLinear in the layer's
+stored float precision: a layer may mix both), its norms are plain RMSNorms, its rope is
 the extension's (RowExactRoPE) and no layer slides a window. Anything else keeps mlx-lm's code.
 
 When: inside `cpu.kernels.engaged` with the row-exact attention on, a forward of token ids over
@@ -74,8 +75,11 @@ def why_not(model: Any) -> str | None:
             return f"layer {i} attends a sliding window"
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         for part, name in LINEARS:
-            if type(getattr({"self_attn": attn, "mlp": mlp}[part], name, None)) is not cpu_weights.RowExactLinear:
+            lin = getattr({"self_attn": attn, "mlp": mlp}[part], name, None)
+            if type(lin) not in cpu_weights.KERNEL_LINEARS:
                 return f"layer {i} {part}.{name} is not on the kernel"
+            if type(lin) is cpu_weights.RowExactFloatLinear and lin.n % 16:
+                return f"layer {i} {part}.{name} has {lin.n} outputs, not whole groups of 16"
         norms = [layer.get("input_layernorm"), layer.get("post_attention_layernorm")]
         if kind == "qwen3":
             norms += [attn.get("q_norm"), attn.get("k_norm")]
@@ -107,11 +111,11 @@ def _layer_op(qmm: Any, layer: Any, qwen3: bool) -> _Layer:
     rope = attn.rope
     n_heads = attn.n_heads
     n_kv = attn.n_kv_heads
-    head_dim = mods[0].weight.shape[0] // n_heads
+    head_dim = mods[0].n // n_heads
     op = qmm.DecoderLayer(
         [m["weight"] for m in mods],
-        [m["scales"] for m in mods],
-        [m["biases"] for m in mods],
+        [m["scales"] if "scales" in m else None for m in mods],  # float linears have none
+        [m["biases"] if "biases" in m else None for m in mods],
         [m.bits for m in mods],
         [m["bias"] if "bias" in m else None for m in mods],
         layer.input_layernorm.weight.astype(mx.float32),

@@ -28,6 +28,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ...cpu.weights import QUANTIZED_IN_FILE
 from ...errors import ModelError
 from . import arch as gguf_arch
 from . import cache as conversions
@@ -35,7 +36,9 @@ from . import tokenizer as gguf_tokenizer
 from .cache import COMPLETE
 
 GROUP_SIZE = 32  # every GGUF block quant MLX reads has 32 values per block
-FORMAT = "v3"  # bump when the folder layout changes, so old cache entries are not re-used (v3: Q4_K direct)
+# bump when the folder layout changes, so old cache entries are not re-used (v3: Q4_K direct; v4:
+# decoded quantized tensors named in config.json, QUANTIZED_IN_FILE)
+FORMAT = "v4"
 MLX_NATIVE = frozenset({"F32", "F16", "Q4_0", "Q4_1", "Q8_0"})
 _FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
 # MLX affine bits for re-quantizing a decoded tensor off the CPU: at least the source's precision
@@ -158,6 +161,7 @@ def convert(gguf_path: Path, out_dir: Path, *, for_cpu: bool | None = None) -> P
 
     out: dict[str, Any] = {}
     quant: dict[str, Any] = {}
+    decoded: dict[str, str] = {}  # module -> the quantized GGUF type a float32 tensor was decoded from
     if types <= MLX_NATIVE:
         try:
             weights = mx.load(str(gguf_path))
@@ -202,6 +206,10 @@ def convert(gguf_path: Path, out_dir: Path, *, for_cpu: bool | None = None) -> P
                 quant[module] = {"group_size": GROUP_SIZE, "bits": bits}
             else:
                 out[mlx_name] = value
+                if kind not in _FLOAT_TYPES and value.ndim == 2 and mlx_name.endswith(".weight"):
+                    decoded[mlx_name.rsplit(".", 1)[0]] = kind
+    if decoded:  # the CPU's auto weights keep these quantized (8-bit) rather than float32
+        config[QUANTIZED_IN_FILE] = decoded
     if quant:
         bits = [v["bits"] for v in quant.values()]
         common = max(set(bits), key=bits.count)
