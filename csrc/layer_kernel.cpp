@@ -52,6 +52,8 @@ void add_bias(float* y, const float* bias, int T, int N) {
   for (int t = 0; t < T; ++t) add_rows(y + static_cast<int64_t>(t) * N, bias, y + static_cast<int64_t>(t) * N, N);
 }
 
+constexpr int kMaxShared = 3;  // linears sharing one input: q/k/v
+
 // y_i = x @ W_i^T (+ bias_i) for linears sharing the input x [T, K]: one kernel call when they are
 // all float, or all quantized to the same bits (x quantized once), else one call each; the
 // outputs are the same either way
@@ -61,16 +63,16 @@ void project(const float* x, int T, const LinearView* const* lin, float* const* 
     same = same && !lin[i]->floating && lin[i]->bits == lin[0]->bits;
     floats = floats && lin[i]->floating;
   }
-  std::vector<WeightRef> refs;
-  std::vector<FloatWeightRef> frefs;
+  WeightRef refs[kMaxShared];  // on the stack: a layer makes four of these calls a row block
+  FloatWeightRef frefs[kMaxShared];
   for (int i = 0; i < count; ++i) {
-    refs.push_back({lin[i]->w, lin[i]->scales, lin[i]->biases, out[i], lin[i]->N, lin[i]->half});
-    frefs.push_back({lin[i]->w, static_cast<FloatForm>(lin[i]->form), out[i], lin[i]->N});
+    refs[i] = {lin[i]->w, lin[i]->scales, lin[i]->biases, out[i], lin[i]->N, lin[i]->half};
+    frefs[i] = {lin[i]->w, static_cast<FloatForm>(lin[i]->form), out[i], lin[i]->N};
   }
   if (floats) {
-    MLXCEL_ISA::fmm_multi(x, frefs.data(), count, T, lin[0]->K, threads);
+    MLXCEL_ISA::fmm_multi(x, frefs, count, T, lin[0]->K, threads);
   } else if (same) {
-    MLXCEL_ISA::qmm_multi(x, refs.data(), count, T, lin[0]->K, lin[0]->bits, threads);
+    MLXCEL_ISA::qmm_multi(x, refs, count, T, lin[0]->K, lin[0]->bits, threads);
   } else {
     for (int i = 0; i < count; ++i) {
       if (lin[i]->floating) MLXCEL_ISA::fmm_multi(x, &frefs[i], 1, T, lin[i]->K, threads);
