@@ -49,7 +49,9 @@ class DequantizeRows : public mx::UnaryPrimitive {
       const uint8_t* wp = contiguous_rows(w, wc);
       const bool half = sc.dtype() == mx::float16;
       const void* sp = half ? static_cast<const void*>(contiguous_rows(sc, hsc_c)) : contiguous_rows(sc, sc_c);
-      const void* bp = half ? static_cast<const void*>(contiguous_rows(bi, hbi_c)) : contiguous_rows(bi, bi_c);
+      const void* bp = no_biases(bi) ? nullptr
+                       : half ? static_cast<const void*>(contiguous_rows(bi, hbi_c))
+                              : contiguous_rows(bi, bi_c);
       const uint32_t* ip = contiguous_rows(ids, ic);
       for (int r = 0; r < R; ++r)
         if (ip[r] >= static_cast<uint32_t>(N)) throw std::out_of_range("dequantize_rows: row id out of range");
@@ -76,7 +78,7 @@ class DequantizeRows : public mx::UnaryPrimitive {
 mx::array dequantize_weight_rows(const mx::array& w, const mx::array& scales, const mx::array& biases, int bits,
                           std::optional<mx::array> ids) {
   check_bits(bits);
-  if (w.ndim() != 2 || w.dtype() != mx::uint8 || !scale_dtype_ok(scales, biases))
+  if (w.ndim() != 2 || w.dtype() != mx::uint8 || !biases_fit(scales, biases))
     throw std::invalid_argument("dequantize_rows: w uint8 [N, K*bits/8] from repack, float32 (or float16) scales/biases");
   const int N = w.shape(0);
   const int K = w.shape(1) * 8 / bits;

@@ -151,16 +151,15 @@ DecoderLayer::DecoderLayer(const std::vector<mx::array>& ws, const std::vector<s
     check_bits(bits[i]);
     if (!scales[i] || !biases[i])
       throw std::invalid_argument(std::string(what) + "linear " + std::to_string(i) + ": a quantized weight needs scales and biases");
-    const auto &sc = *scales[i], &bi = *biases[i];
+    const auto &sc = *scales[i], &bi = *biases[i];  // empty biases: a symmetric weight
     if (w.ndim() != 2 || w.dtype() != mx::uint8 || !w.flags().row_contiguous)
       throw std::invalid_argument(std::string(what) + "weights must be uint8 [N, K*bits/8] from repack()");
     const int N = w.shape(0), K = static_cast<int>(w.shape(1) * 8 / bits[i]);
-    if (K % 64 != 0 || !scale_dtype_ok(sc, bi) || sc.ndim() != 2 ||
-        sc.shape(0) != N || sc.shape(1) != K / 32 || bi.shape() != sc.shape() || !sc.flags().row_contiguous ||
-        !bi.flags().row_contiguous)
+    if (K % 64 != 0 || !biases_fit(sc, bi) || sc.ndim() != 2 || sc.shape(0) != N || sc.shape(1) != K / 32 ||
+        !sc.flags().row_contiguous || !bi.flags().row_contiguous)
       throw std::invalid_argument(std::string(what) + "linear " + std::to_string(i) +
                                   ": scales/biases must be float32 (or both float16) [N, K/32], K a multiple of 64");
-    *views[i] = LinearView{w.data<uint8_t>(), sc.data<void>(), bi.data<void>(),
+    *views[i] = LinearView{w.data<uint8_t>(), sc.data<void>(), no_biases(bi) ? nullptr : bi.data<void>(),
                            bias[i] ? floats(*bias[i], N, "a bias") : nullptr, N, K, bits[i],
                            sc.dtype() == mx::float16};
   }

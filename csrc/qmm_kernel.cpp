@@ -118,6 +118,13 @@ inline vf block_term(vi dot, vf sv, vf bv, float d, float ds) {
 inline vf load_scales(const float* p, int r) { return load_n(p, r); }
 inline vf load_scales(const uint16_t* p, int r) { return load_half_n(p, r); }
 
+// A block's biases: stored, or (bg null: a symmetric weight, a GGUF's Q4_0 or Q8_0) the scales
+// times -2^(bits-1), which is what they were, exactly: one multiply by a power of two
+template <typename S>
+inline vf block_biases(const S* bg, size_t at, int r, vf sv, float sym) {
+  return bg != nullptr ? load_scales(bg + at, r) : mul(sv, set1(sym));
+}
+
 inline int32_t load4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -238,7 +245,7 @@ inline void tile(const Act& a, int m0, int K, const uint8_t* wg, const S* sg, co
     BlockWeights bw;
     load_block<BITS>(wb, run, r, bw);
     const vf sv = load_scales(sg + static_cast<size_t>(b) * r, r);
-    const vf bv = load_scales(bg + static_cast<size_t>(b) * r, r);
+    const vf bv = block_biases(bg, static_cast<size_t>(b) * r, r, sv, symmetric_bias(BITS));
 #pragma GCC unroll 8
     for (int i = 0; i < NR; ++i) {
       const int m = m0 + i;
@@ -326,9 +333,9 @@ const uint8_t* weight_tiles(const uint8_t* wg, int K, int r, uint8_t* buf) {
 // the block's 16 x 16 dot products (in cbuf) into the rows' accumulators
 template <typename S>
 inline void block_floats(const Act& a, int m0, int rows, int nb, int b, const int32_t* cbuf, const S* sg,
-                         const S* bg, int r, vf* acc) {
+                         const S* bg, int r, float sym, vf* acc) {
   const vf sv = load_scales(sg + static_cast<size_t>(b) * r, r);
-  const vf bv = load_scales(bg + static_cast<size_t>(b) * r, r);
+  const vf bv = block_biases(bg, static_cast<size_t>(b) * r, r, sv, sym);
 #pragma GCC unroll 16
   for (int i = 0; i < kGroup; ++i) {
     if (i < rows) {
@@ -342,7 +349,7 @@ inline void block_floats(const Act& a, int m0, int rows, int nb, int b, const in
 // weight tiles
 template <typename S>
 void amx_tile_rows(const Act& a, int m0, int rows, int K, const uint8_t* bt, const S* sg, const S* bg,
-                   int r, float* out, int ldo, int32_t* cbuf) {
+                   int r, float sym, float* out, int ldo, int32_t* cbuf) {
   const int nb = K / kBlock;
   vf acc[kGroup];
 #pragma GCC unroll 16
@@ -356,10 +363,10 @@ void amx_tile_rows(const Act& a, int m0, int rows, int K, const uint8_t* bt, con
     if (next) MLXCEL_DOTS(1, 3, 5, aq + (b + 1) * kBlock, K, bt + static_cast<size_t>(b + 1) * 512);
     _tile_stored(0, c0, 64);
     if (b + 2 < nb) MLXCEL_DOTS(0, 2, 4, aq + (b + 2) * kBlock, K, bt + static_cast<size_t>(b + 2) * 512);
-    block_floats(a, m0, rows, nb, b, c0, sg, bg, r, acc);
+    block_floats(a, m0, rows, nb, b, c0, sg, bg, r, sym, acc);
     if (next) {
       _tile_stored(1, c1, 64);
-      block_floats(a, m0, rows, nb, b + 1, c1, sg, bg, r, acc);
+      block_floats(a, m0, rows, nb, b + 1, c1, sg, bg, r, sym, acc);
     }
   }
 #pragma GCC unroll 16
@@ -372,7 +379,8 @@ template <int BITS, typename S>
 void amx_group(const Act& a, int M, int K, const uint8_t* wg, const S* sg, const S* bg, int r, float* out,
                int ldo, uint8_t* buf, int32_t* cbuf) {
   const uint8_t* bt = weight_tiles<BITS>(wg, K, r, buf);
-  for (int m0 = 0; m0 < M; m0 += kGroup) amx_tile_rows(a, m0, std::min(kGroup, M - m0), K, bt, sg, bg, r, out, ldo, cbuf);
+  for (int m0 = 0; m0 < M; m0 += kGroup)
+    amx_tile_rows(a, m0, std::min(kGroup, M - m0), K, bt, sg, bg, r, symmetric_bias(BITS), out, ldo, cbuf);
 }
 #endif  // MLXCEL_USE_AMX
 
@@ -380,10 +388,14 @@ void amx_group(const Act& a, int M, int K, const uint8_t* wg, const S* sg, const
 
 namespace {
 // f(scales, biases) with a weight's scales and biases from block offset fo, at their stored type
+// (null biases: a symmetric weight, block_biases)
 template <class F>
 inline void with_scales(const WeightRef& wr, size_t fo, F&& f) {
-  if (wr.half) f(static_cast<const uint16_t*>(wr.scales) + fo, static_cast<const uint16_t*>(wr.biases) + fo);
-  else f(static_cast<const float*>(wr.scales) + fo, static_cast<const float*>(wr.biases) + fo);
+  const bool sym = wr.biases == nullptr;
+  if (wr.half)
+    f(static_cast<const uint16_t*>(wr.scales) + fo, sym ? nullptr : static_cast<const uint16_t*>(wr.biases) + fo);
+  else
+    f(static_cast<const float*>(wr.scales) + fo, sym ? nullptr : static_cast<const float*>(wr.biases) + fo);
 }
 
 inline float scale_at(const void* p, size_t i, bool half) {
@@ -407,7 +419,8 @@ void dequantize_rows(const uint8_t* w, const void* scales, const void* biases, b
       const uint8_t byte = base[value_offset(i, k, r, bits, &high)];
       const uint8_t q = bits == 8 ? byte : (high ? byte >> 4 : byte & 0x0F);
       const size_t f = fbase + static_cast<size_t>(k / kBlock) * r + i;
-      o[k] = scale_at(scales, f, half) * static_cast<float>(q) + scale_at(biases, f, half);
+      const float s = scale_at(scales, f, half);
+      o[k] = s * static_cast<float>(q) + (biases != nullptr ? scale_at(biases, f, half) : s * symmetric_bias(bits));
     }
   }
 }

@@ -44,12 +44,16 @@ void unpack(const uint8_t* packed, uint8_t* q, int N, int K, int bits);
 // block by block, the group's 16 values side by side.
 void interleave(const float* rows, float* out, int N, int nb);
 
+// A symmetric weight (a GGUF's Q4_0 and Q8_0: w = d * (q - 2^(bits-1))) stores no biases: each is
+// its scale times this, exactly (a power of two), so the kernels compute it instead of reading it.
+constexpr float symmetric_bias(int bits) { return bits == 8 ? -128.0f : -8.0f; }
+
 // One weight of a product: the packed weight, its interleaved scales and biases, where the output
 // goes ([M, N] row-major).
 struct WeightRef {
   const uint8_t* w;
   const void* scales;  // float32, or float16 when half
-  const void* biases;
+  const void* biases;  // as the scales, or null for a symmetric weight (symmetric_bias)
   float* out;
   int N;
   bool half = false;

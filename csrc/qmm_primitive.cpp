@@ -50,12 +50,13 @@ class RowExactQMM : public mx::Primitive {
       for (size_t i = 0; i < refs.size(); ++i) {
         refs[i].w = contiguous_rows(inputs[1 + 3 * i], wcopy[i]);
         refs[i].half = inputs[2 + 3 * i].dtype() == mx::float16;
+        const bool sym = no_biases(inputs[3 + 3 * i]);
         if (refs[i].half) {
           refs[i].scales = contiguous_rows(inputs[2 + 3 * i], hscopy[i]);
-          refs[i].biases = contiguous_rows(inputs[3 + 3 * i], hbcopy[i]);
+          refs[i].biases = sym ? nullptr : contiguous_rows(inputs[3 + 3 * i], hbcopy[i]);
         } else {
           refs[i].scales = contiguous_rows(inputs[2 + 3 * i], scopy[i]);
-          refs[i].biases = contiguous_rows(inputs[3 + 3 * i], bcopy[i]);
+          refs[i].biases = sym ? nullptr : contiguous_rows(inputs[3 + 3 * i], bcopy[i]);
         }
       }
       auto t0 = std::chrono::steady_clock::now();
@@ -108,9 +109,9 @@ std::vector<mx::array> row_exact_qmm_multi(const mx::array& x, const std::vector
     const auto &w = ws[i], &sc = scales[i], &bi = biases[i];
     if (w.ndim() != 2 || w.dtype() != mx::uint8 || static_cast<size_t>(w.shape(1)) != row_bytes(K, bits))
       throw std::invalid_argument("row_exact_qmm: w must be uint8 [N, K*bits/8] from repack()");
-    if (!scale_dtype_ok(sc, bi) || sc.ndim() != 2 || sc.shape(0) != w.shape(0) || sc.shape(1) != K / 32 ||
-        bi.shape() != sc.shape())
-      throw std::invalid_argument("row_exact_qmm: scales/biases must be float32 (or both float16) [N, K/32]");
+    if (!biases_fit(sc, bi) || sc.ndim() != 2 || sc.shape(0) != w.shape(0) || sc.shape(1) != K / 32)
+      throw std::invalid_argument(
+          "row_exact_qmm: scales/biases must be float32 (or both float16) [N, K/32] (empty biases: symmetric)");
     inputs.push_back(w);
     inputs.push_back(sc);
     inputs.push_back(bi);

@@ -46,6 +46,13 @@ inline bool scale_dtype_ok(const mlx::core::array& scales, const mlx::core::arra
          (scales.dtype() == mlx::core::float32 || scales.dtype() == mlx::core::float16);
 }
 
+// A symmetric weight's biases are not stored (qmm_kernel.h, symmetric_bias): an empty array of the
+// scales' dtype stands for them; else they have the scales' shape
+inline bool no_biases(const mlx::core::array& biases) { return biases.size() == 0; }
+inline bool biases_fit(const mlx::core::array& scales, const mlx::core::array& biases) {
+  return scale_dtype_ok(scales, biases) && (no_biases(biases) || biases.shape() == scales.shape());
+}
+
 // 4 or 8, else std::invalid_argument
 void check_bits(int bits);
 

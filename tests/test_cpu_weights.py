@@ -472,6 +472,50 @@ def test_the_float_kernel_is_row_exact_and_reads_its_rows_back(dtype):
 
 
 @needs_kernel
+@pytest.mark.parametrize("bits,half", [(4, False), (4, True), (8, False), (8, True)])
+def test_symmetric_weights_without_biases_give_the_same_bits(bits, half):
+    """Biases that are the scales times -2^(bits-1) (a GGUF's Q4_0 and Q8_0) need not be stored:
+    the kernel's product, the lookup and the wide-block dequantization give the stored ones' bits."""
+    w, s, _, _ = _quantized(96, 256, bits)
+    if half:
+        s = s.astype(mx.float16)
+    stored = (s.astype(mx.float32) * (-8.0 if bits == 4 else -128.0)).astype(s.dtype)
+    none = mx.zeros((0,), dtype=s.dtype)
+    for m in (1, 5, 20):
+        x = mx.random.normal((m, 256))
+        assert mx.array_equal(QMM.row_exact_qmm(x, w, s, none, bits), QMM.row_exact_qmm(x, w, s, stored, bits)).item()
+    ids = mx.array([0, 17, 95])
+    assert mx.array_equal(
+        QMM.dequantize_rows(w, s, none, bits, ids), QMM.dequantize_rows(w, s, stored, bits, ids)
+    ).item()
+    assert mx.array_equal(QMM.dequantize_rows(w, s, none, bits), QMM.dequantize_rows(w, s, stored, bits)).item()
+    with pytest.raises(ValueError, match="empty biases: symmetric"):
+        QMM.row_exact_qmm(x, w, s, stored[:, :1], bits)
+
+
+@needs_kernel
+def test_a_q4_0_gguf_drops_its_biases_and_decodes_the_same(tmp_path, monkeypatch):
+    import gguf_files
+    from gguf.constants import GGMLQuantizationType as Q
+
+    from mlxcel_py.models import loading
+
+    path = tmp_path / "m.gguf"
+    gguf_files.write(path, "llama", [Q.Q4_0, Q.Q8_0])
+    loaded = loading.load(loading.resolve(str(path)))
+    sym = [
+        m for _, m in loaded.model.named_modules() if isinstance(m, cpu_weights.RowExactLinear) and m.biases.size == 0
+    ]
+    assert len(sym) == loaded.weights.kernel_layers  # every Q4_0 and Q8_0 layer
+    prompt = list(range(40, 70))
+    got = run(engine_for(loaded), prompt, max_tokens=24, ignore_eos=True)[0]
+    monkeypatch.setenv("MLXCEL_STORED_BIASES", "1")
+    stored = loading.load(loading.resolve(str(path)))
+    assert stored.weights.weight_bytes > loaded.weights.weight_bytes
+    assert run(engine_for(stored), prompt, max_tokens=24, ignore_eos=True)[0] == got
+
+
+@needs_kernel
 @pytest.mark.real
 def test_default_model_keeps_its_file_bits_and_shrinks(real):
     w = real.weights

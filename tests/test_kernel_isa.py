@@ -69,6 +69,10 @@ def test_the_matmul_gives_the_same_bits_on_both_builds(bits):
                 x = mx.random.normal((m, k)) * (30.0 if m % 2 else 0.5)
                 got = _under_both(lambda: QMM.row_exact_qmm(x, w, sc, bc, bits))  # noqa: B023
                 assert _equal(*got), (bits, n, k, m, half)
+                # a symmetric weight: biases computed from the scales, not read
+                none = mx.zeros((0,), dtype=sc.dtype)
+                got = _under_both(lambda: QMM.row_exact_qmm(x, w, sc, none, bits))  # noqa: B023
+                assert _equal(*got), (bits, n, k, m, half, "symmetric")
         ids = mx.array([[0, n - 1], [n // 2, 3]])
         assert _equal(*_under_both(lambda: QMM.dequantize_rows(w, s, b, bits, ids)))  # noqa: B023
 

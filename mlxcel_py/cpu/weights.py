@@ -212,7 +212,8 @@ def move_rows(bufs: list, rows: list[int], first: int) -> list[mx.array]:
 class RowExactLinear(nn.Module):
     """y = x @ W^T (+ bias) with W held in the kernel's layout: `weight` uint8 [N, K*bits/8] from
     `_qmm.repack`, `scales`/`biases` [N, K/32] in its order (`_qmm.interleave`), float32 or, where
-    exact, float16 (`half_scales`). Built by `apply`."""
+    exact, float16 (`half_scales`); `biases` empty where they are the scales times -2^(bits-1)
+    (`symmetric_biases`). Built by `apply`."""
 
     def __init__(self, weight: mx.array, scales: mx.array, biases: mx.array, bits: int, bias: mx.array | None = None):
         super().__init__()
@@ -438,6 +439,25 @@ def half_scales(model: Any) -> int:
     return changed
 
 
+def symmetric_biases(model: Any) -> int:
+    """Kernel layers whose biases are all exactly their scales times -2^(bits-1) (a GGUF's Q4_0 and
+    Q8_0: w = d * (q - 8) or d * (q - 128)) drop them: the kernel computes each one as that exact
+    product instead of reading it (a 4-bit layer's bytes drop by a tenth with float16 scales), so
+    no output changes by a bit. Returns how many layers changed; MLXCEL_STORED_BIASES=1 keeps
+    every layer's biases (A/B runs)."""
+    if os.environ.get("MLXCEL_STORED_BIASES"):
+        return 0
+    changed = 0
+    for _, m in model.named_modules():
+        if not isinstance(m, RowExactLinear) or m.biases.size == 0:
+            continue
+        sym = -128.0 if m.bits == 8 else -8.0  # csrc/qmm_kernel.h: symmetric_bias
+        if mx.array_equal(m.biases.astype(mx.float32), m.scales.astype(mx.float32) * sym).item():
+            m.biases = mx.zeros((0,), dtype=m.scales.dtype)
+            changed += 1
+    return changed
+
+
 def _in_features(module: Any) -> int:
     if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
         return module.weight.shape[-1] * 32 // module.bits
@@ -610,6 +630,7 @@ def apply(model: Any, asked: str, quantized_in_file: frozenset[str] = frozenset(
         model.update_modules(tree_unflatten(replaced))
         _share_inputs(model)
     half_scales(model)
+    symmetric_biases(model)
     mx.eval(model.parameters())
     bits = {u for u in used if isinstance(u, int)}
     forms = {u for u in used if isinstance(u, str)}
