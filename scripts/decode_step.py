@@ -1,9 +1,9 @@
 """The plain decode step, side by side with llama.cpp: 1 and 2 threads, quiet and beside busy loops.
 
-    python scripts/decode_step.py [--tokens 128] [--rounds 3] [--busy 1] [--json out.json]
+    python scripts/decode_step.py [--tokens 128] [--rounds 3] [--busy 1] [-m FILE.gguf] [--json out.json]
 
-Greedy plain decoding of the default model (SmolLM2-135M-Instruct, its Q4_1 GGUF) after a short
-prompt, timed from the first generated token, for mlxcel-py (this checkout's engine: the fused
+Greedy plain decoding of the default model (SmolLM2-135M-Instruct, its Q4_1 GGUF), or of `-m`'s
+GGUF file (e.g. a bigger shape from scripts/gguf_shape.py), after a short prompt, timed from the first generated token, for mlxcel-py (this checkout's engine: the fused
 decoder layers, `MLXCEL_NO_FUSED_LAYERS=1` for mlx-lm's layer code) and llama.cpp
 (llama-cpp-python on the same file, `pip install -e '.[llama]'`). Every configuration runs once
 per round, interleaved, so a shared machine's drift hits all alike; the median of the rounds is
@@ -28,12 +28,12 @@ import mlx.core as mx  # noqa: E402
 PROMPT = "Write a short story about a robot learning to paint, in three paragraphs."
 
 
-def ours(tokens: int):
+def ours(tokens: int, path: str | None):
     import mlxcel_py as mc
     from mlxcel_py.cpu import weights as cpu_weights
     from mlxcel_py.engine.cache import SequenceCache
 
-    model = mc.load(warmup=False)
+    model = mc.load(path, warmup=False)
     qmm, _ = cpu_weights.kernel_status()
     ids = model.encode(PROMPT)
 
@@ -50,12 +50,12 @@ def ours(tokens: int):
     return run
 
 
-def llama(tokens: int):
+def llama(tokens: int, path: str | None):
     from llama_cpp import Llama
 
     from mlxcel_py.models import default_model
 
-    path = str(default_model.default_gguf())
+    path = path or str(default_model.default_gguf())
     instances = {}
 
     def run(threads: int) -> float:
@@ -81,14 +81,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--busy", type=int, default=1, help="busy loops for the loaded half (0: quiet only)")
     ap.add_argument("--ours-only", action="store_true", help="skip llama.cpp (A/B runs of our own builds)")
+    ap.add_argument("-m", "--model", default=None, help="a GGUF file (default: the default model's)")
     ap.add_argument("--json")
     a = ap.parse_args()
     from mlxcel_py.bench.busy import busy_loops
 
-    runners = {"mlxcel-py": ours(a.tokens)}
+    runners = {"mlxcel-py": ours(a.tokens, a.model)}
     try:
         if not a.ours_only:
-            runners["llama.cpp"] = llama(a.tokens)
+            runners["llama.cpp"] = llama(a.tokens, a.model)
     except ImportError:
         print("llama-cpp-python is not installed: ours only (pip install -e '.[llama]')", file=sys.stderr)
     for run in runners.values():  # warm both (first calls pay for allocations and the thread pool)
