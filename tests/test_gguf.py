@@ -59,7 +59,8 @@ def _greedy(folder) -> list[int]:
 def test_gguf_imports_like_the_same_weights_as_a_folder(tmp_path, family, kinds):
     path = tmp_path / f"{family}.gguf"
     _, own, names = gguf_files.write(path, family, DECODED if kinds == "decoded" else NATIVE)
-    folder = importer.convert(path, tmp_path / "converted", for_cpu=True)
+    # the decoders' float32 output as it is (the CPU default re-quantizes it to 8 bits: below)
+    folder = importer.convert(path, tmp_path / "converted", for_cpu=True, keep_decoded=True)
     want = gguf_files.expected(path, family, names)
     got = _imported(folder)
     assert set(got) == set(want)
@@ -124,6 +125,24 @@ def test_k_quants_are_requantized_for_metal_and_cuda(tmp_path):
         assert np.abs(np.array(approx) - exact).max() <= step  # within one quantization step
     lm = loading.load(loading.resolve(str(folder)), dequantize=False)
     assert lm.dtype.startswith("quantized")
+    assert len(run(engine_for(lm), PROMPT, max_tokens=4)[0]) == 4
+
+
+def test_other_k_quants_are_stored_8_bit_on_the_cpu(tmp_path):
+    """Q6_K (a type the kernels do not read) goes into the cache as MLX 8-bit in groups of 32:
+    bit for bit what the kernel made of its float32 decoding at load before, a quarter the bytes."""
+    path, names, folder, cfg, w, want = _k_quant_import(tmp_path, for_cpu=True)
+    kinds = {t.name: t.tensor_type for t in importer.read(path).tensors}
+    q6k = [names[n].rsplit(".", 1)[0] for n, k in kinds.items() if k == Q.Q6_K and n.endswith(".weight")]
+    assert q6k
+    for module in q6k:
+        assert cfg["quantization"].get(module, {}).get("bits", cfg["quantization"]["bits"]) == 8
+        wq, s, b = mx.quantize(mx.array(want[f"{module}.weight"]), group_size=32, bits=8)
+        assert all(
+            mx.array_equal(w[f"{module}.{p}"], v).item() for p, v in zip(("weight", "scales", "biases"), (wq, s, b))
+        )
+    lm = loading.load(loading.resolve(str(folder)))
+    assert lm.weights.bits == (4, 8) and lm.weights.forms == ("f16",)  # Q4_K, Q6_K; the F16 tensors as stored
     assert len(run(engine_for(lm), PROMPT, max_tokens=4)[0]) == 4
 
 

@@ -35,10 +35,9 @@ Modes (only where MLX runs on the CPU; elsewhere weights stay as stored):
   auto  the kernels where they built and this CPU has the instructions (AVX-512 VNNI or AVX2),
         each layer in its stored precision: quantized layers keep their own 4 or 8 bits
         (re-quantizing a GGUF's 4-bit blocks to 8 bits costs twice the bytes and adds rounding),
-        float layers stay float16, bfloat16 or float32 on the float kernel; layers a GGUF file
-        stored in another quantization (K-quants but Q4_K, i-quants, Q5_x; decoded to float32 at
-        conversion, `QUANTIZED_IN_FILE`) and quantized layers of other bits become 8-bit, as
-        close to their file's bytes as the kernel gets. Otherwise f32.
+        float layers stay float16, bfloat16 or float32 on the float kernel; quantized layers of
+        other bits become 8-bit (a GGUF's other quantized types arrive 8-bit from the conversion:
+        models/gguf/convert.py). Otherwise f32.
 Eligible: nn.Linear / QuantizedLinear (affine, 2-8 bits) and tied embeddings used as the output
 layer; quantized kernel layers need an input width that is a multiple of 64 (others go to the
 float kernel dequantized under auto, and stay float32 under q8/q4). Anything else (mixture-of-experts
@@ -75,8 +74,6 @@ GROUP = 32  # the group size of layers this module quantizes (GGUF's block size)
 KERNEL_GROUPS = (32, 64, 128)
 
 
-# config.json key the GGUF conversion writes: modules decoded to float32 from a quantized tensor type
-QUANTIZED_IN_FILE = "mlxcel_quantized_in_file"
 FLOAT_FORMS = {mx.float16: "f16", mx.bfloat16: "bf16", mx.float32: "f32"}  # the float kernel's
 
 KERNEL_ISAS = ("avx512", "avx2", "f32")  # MLXCEL_KERNEL_ISA: the kernel's build, or none
@@ -467,10 +464,9 @@ def _in_features(module: Any) -> int:
 FLOAT = "float"  # _target: the float kernel, in the layer's stored precision
 
 
-def _target(module: Any, asked: str, requantize: bool = False) -> int | str | None:
+def _target(module: Any, asked: str) -> int | str | None:
     """The kernel bits for this layer under `asked` (4 or 8), FLOAT for the float kernel, or
-    None to keep it float32 (BLAS). `requantize`: a float layer decoded from a quantized tensor
-    of a GGUF file (auto takes it to 8 bits, as near its file's bytes as the kernel gets)."""
+    None to keep it float32 (BLAS)."""
     quantized = isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding))
     if quantized and getattr(module, "mode", "affine") != "affine":
         return None
@@ -481,7 +477,7 @@ def _target(module: Any, asked: str, requantize: bool = False) -> int | str | No
         return (8 if asked == "q8" else 4) if fits else None
     if quantized and module.bits in (4, 8) and fits:
         return module.bits
-    if (quantized or requantize) and fits:
+    if quantized and fits:
         return 8
     return FLOAT  # float layers keep their precision; a quantized one of odd width, dequantized exactly
 
@@ -576,10 +572,8 @@ def why_rows_not_exact(model: Any) -> str | None:
     return None
 
 
-def apply(model: Any, asked: str, quantized_in_file: frozenset[str] = frozenset()) -> WeightsReport:
-    """Put `model`'s weights in the form `asked` picks (CPU only); float32 for everything else.
-    `quantized_in_file`: modules a GGUF file stored quantized and the conversion decoded
-    (QUANTIZED_IN_FILE); auto takes them to 8 bits rather than keep their float32 decoding."""
+def apply(model: Any, asked: str) -> WeightsReport:
+    """Put `model`'s weights in the form `asked` picks (CPU only); float32 for everything else."""
     from mlx.utils import tree_unflatten
 
     # the kernel's layers are not nn.QuantizedLinear/QuantizedEmbedding, so this leaves them alone
@@ -607,7 +601,7 @@ def apply(model: Any, asked: str, quantized_in_file: frozenset[str] = frozenset(
             continue  # a float embedding only looked up: quantizing it would only add rounding
         if type(module) not in (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding):
             continue  # a subclass with its own forward (LoRA, switch layers): leave it alone
-        target = _target(module, asked, name in quantized_in_file)
+        target = _target(module, asked)
         if target is None:
             continue
         layer = (

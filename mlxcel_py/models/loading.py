@@ -185,7 +185,7 @@ def load_tokenizer_only(resolved: ResolvedModel):
         ) from None
 
 
-def _cpu_weights(model: Any, dequantize: bool, mode: str, config: dict):
+def _cpu_weights(model: Any, dequantize: bool, mode: str):
     """On the CPU: the kernels' layers or float32 (`cpu_weights`); elsewhere as stored."""
     import mlx.core as mx
     import mlx.nn as nn
@@ -195,7 +195,7 @@ def _cpu_weights(model: Any, dequantize: bool, mode: str, config: dict):
     if not (mx.default_device() == mx.cpu and dequantize):
         quantized = any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
         return ("quantized (as stored)" if quantized else "as stored"), None
-    report = cpu_weights.apply(model, mode, frozenset(config.get(cpu_weights.QUANTIZED_IN_FILE) or ()))
+    report = cpu_weights.apply(model, mode)
     return report.describe(), report
 
 
@@ -245,7 +245,7 @@ def load(
     if world is not None:
         dtype, weights = _sharded_weights(model, dequantize, world)
     else:
-        dtype, weights = _cpu_weights(model, dequantize, cpu_weights, resolved.config)
+        dtype, weights = _cpu_weights(model, dequantize, cpu_weights)
     # only the CPU backend has the slow exp these kernels replace
     kernels = cpu_kernels.enable(model) if fast_kernels and mx.default_device() == mx.cpu else cpu_kernels.STOCK
     if weights is not None and weights.kernel_layers and not weights.inexact:

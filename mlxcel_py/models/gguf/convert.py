@@ -9,9 +9,10 @@ Q4_1, Q8_0) goes through `mx.load`, which hands back Q4_0/Q4_1/Q8_0 as MLX affin
 Q4_K, the bulk of a Q4_K_M file, is itself affine 4-bit in groups of 32 (each sub-block's
 w = d*sc*q - dmin*m), so its blocks become an MLX affine triple directly (`_q4k_affine`): the same
 values as gguf-py's dequantizer bit for bit, 4 bits a weight in the cache and on the row-exact
-kernel instead of float32 re-quantized to 8 bits. Other types go through gguf-py's dequantizers;
-on the CPU they are stored as float32 (the loader's CPU dtype anyway); on Metal/CUDA they are
-re-quantized to MLX's affine 4- or 8-bit so weights stay small.
+kernel instead of float32 re-quantized to 8 bits. Other types go through gguf-py's dequantizers
+and are re-quantized to MLX's affine 8-bit in groups of 32 on the CPU (the kernel's nearest form:
+what it made of their float32 decoding at load before, now without ~4 bytes a weight in the cache
+and the load-time quantization), and to 4- or 8-bit on Metal/CUDA so weights stay small.
 Then the architecture's quirks are undone (`gguf_arch`), a `config.json` written (with per-module
 bit widths), and the tokenizer rebuilt from the metadata (`gguf_tokenizer`).
 
@@ -28,7 +29,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ...cpu.weights import QUANTIZED_IN_FILE
 from ...errors import ModelError
 from . import arch as gguf_arch
 from . import cache as conversions
@@ -37,7 +37,7 @@ from .cache import COMPLETE
 
 GROUP_SIZE = 32  # every GGUF block quant MLX reads has 32 values per block
 # bump when the folder layout changes, so old cache entries are not re-used (v3: Q4_K direct; v4:
-# decoded quantized tensors named in config.json, QUANTIZED_IN_FILE)
+# other decoded quantized types stored 8-bit on the CPU too, not float32)
 FORMAT = "v4"
 MLX_NATIVE = frozenset({"F32", "F16", "Q4_0", "Q4_1", "Q8_0"})
 _FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
@@ -125,12 +125,13 @@ def _q4k_affine(tensor):
     return packed, scale.reshape(rows, cols // GROUP_SIZE), bias.reshape(rows, cols // GROUP_SIZE)
 
 
-def convert(gguf_path: Path, out_dir: Path, *, for_cpu: bool | None = None) -> Path:
+def convert(gguf_path: Path, out_dir: Path, *, for_cpu: bool | None = None, keep_decoded: bool = False) -> Path:
     """Write an mlx-lm folder for `gguf_path` into `out_dir` (atomically) and return it.
 
-    `for_cpu` (default: MLX's default device is the CPU): tensors decoded by gguf-py stay float32 and
-    MLX's block scales are widened to float32; otherwise decoded tensors are re-quantized to MLX
-    affine bits and scales stay half precision.
+    `for_cpu` (default: MLX's default device is the CPU): tensors decoded by gguf-py are re-quantized
+    to MLX affine 8-bit and MLX's block scales are widened to float32; otherwise decoded tensors are
+    re-quantized to 4 or 8 bits by their type and scales stay half precision. `keep_decoded`: store
+    gguf-py's float32 decoding as it is (the tests of the decoders read it back exactly).
     """
     import mlx.core as mx
 
@@ -161,7 +162,6 @@ def convert(gguf_path: Path, out_dir: Path, *, for_cpu: bool | None = None) -> P
 
     out: dict[str, Any] = {}
     quant: dict[str, Any] = {}
-    decoded: dict[str, str] = {}  # module -> the quantized GGUF type a float32 tensor was decoded from
     if types <= MLX_NATIVE:
         try:
             weights = mx.load(str(gguf_path))
@@ -198,18 +198,15 @@ def convert(gguf_path: Path, out_dir: Path, *, for_cpu: bool | None = None) -> P
                 quant[module] = {"group_size": GROUP_SIZE, "bits": 4}
                 continue
             value = _undo_quirks(arch, mlx_name, mx.array(_decode(tensor)), config)
-            if not for_cpu and kind not in _FLOAT_TYPES and value.ndim >= 2 and value.shape[-1] % GROUP_SIZE == 0:
-                bits = 8 if kind in _EIGHT_BIT else 4
+            requantize = kind not in _FLOAT_TYPES and value.ndim >= 2 and value.shape[-1] % GROUP_SIZE == 0
+            if requantize and not keep_decoded:
+                bits = 8 if for_cpu or kind in _EIGHT_BIT else 4
                 w, scales, biases = mx.quantize(value, group_size=GROUP_SIZE, bits=bits)
                 module = mlx_name.rsplit(".", 1)[0]
                 out[f"{module}.weight"], out[f"{module}.scales"], out[f"{module}.biases"] = w, scales, biases
                 quant[module] = {"group_size": GROUP_SIZE, "bits": bits}
             else:
                 out[mlx_name] = value
-                if kind not in _FLOAT_TYPES and value.ndim == 2 and mlx_name.endswith(".weight"):
-                    decoded[mlx_name.rsplit(".", 1)[0]] = kind
-    if decoded:  # the CPU's auto weights keep these quantized (8-bit) rather than float32
-        config[QUANTIZED_IN_FILE] = decoded
     if quant:
         bits = [v["bits"] for v in quant.values()]
         common = max(set(bits), key=bits.count)
