@@ -475,10 +475,8 @@ def _target(module: Any, asked: str) -> int | str | None:
     fits = _in_features(module) % 64 == 0  # the quantized kernel's blocks
     if asked in ("q8", "q4"):
         return (8 if asked == "q8" else 4) if fits else None
-    if quantized and module.bits in (4, 8) and fits:
-        return module.bits
     if quantized and fits:
-        return 8
+        return module.bits if module.bits in (4, 8) else 8
     return FLOAT  # float layers keep their precision; a quantized one of odd width, dequantized exactly
 
 
@@ -499,9 +497,9 @@ def _convert_float(module: Any, *, embedding: bool) -> RowExactFloatLinear:
     """A float layer (or a quantized one dequantized: exact values) on the float kernel."""
     qmm, _ = kernel_status()
     w = module.weight
-    if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
-        w = mx.dequantize(w, module.scales, module.biases, group_size=module.group_size, bits=module.bits)
-        w = w.astype(mx.float32)
+    if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):  # in float32: exact values
+        s, b = module.scales.astype(mx.float32), module.biases.astype(mx.float32)
+        w = mx.dequantize(w, s, b, group_size=module.group_size, bits=module.bits)
     if w.dtype not in FLOAT_FORMS:
         w = w.astype(mx.float32)
     packed = qmm.float_repack(w)
