@@ -69,7 +69,13 @@ def open_follower(run: RunConfig, world: Any) -> Session:
     state = blas.prepare(run.options.model.blas)
     mopts = run.options.model
     resolved = _resolve_target(run, world)
-    target = loading.load(resolved, dequantize=mopts.dequantize, fast_kernels=mopts.fast_kernels, world=world)
+    target = loading.load(
+        resolved,
+        dequantize=mopts.dequantize,
+        fast_kernels=mopts.fast_kernels,
+        cpu_weights=mopts.cpu_weights,  # as rank 0's, so the stages run the same layers
+        world=world,
+    )
     distributed.barrier(world)
     return Session(target, None, state, world=world, tap=hidden_tap(target.model))
 

@@ -1,7 +1,8 @@
 """Time per token of one process against 2 local ranks, and the bytes the ranks exchange.
 
-Runs the real CLI, interleaved: `mlxcel generate --profile` alone (float32 weights, what the ranks
-compute in; and `auto` for reference) and under `mlxcel launch -n 2` with --pp-size 2 (the default
+Runs the real CLI, interleaved: `mlxcel generate --profile` alone (float32 weights, what
+tensor-parallel ranks compute in; and `auto`, what pipeline stages run) and under `mlxcel launch
+-n 2` with --pp-size 2 (the default
 model's 9 heads rule out --tp-size 2 on it; pass -m for a model whose heads divide). Each
 configuration runs --repeats times and keeps the median decode speed. Usage:
 
@@ -68,7 +69,8 @@ def main() -> None:
         rows.append(
             {"config": name, **{k: v for k, v in best.items() if k != "text"}, "vs_f32": base / best["ms_per_token"]}
         )
-    same = runs["1 process, f32"][0]["text"] == runs[f"2 ranks, {layout[0]} 2"][0]["text"]
+    alone = "1 process, f32" if a.tp else "1 process, auto"  # what the ranks' layers compute
+    same = runs[alone][0]["text"] == runs[f"2 ranks, {layout[0]} 2"][0]["text"]
     print("| configuration | ms per token | tok/s | vs 1 process f32 | exchanged per token |")
     print("|---|---|---|---|---|")
     for r in rows:
@@ -76,11 +78,21 @@ def main() -> None:
         print(f"| {r['config']} | {r['ms_per_token']:.1f} | {r['tok_s']:.2f} | {r['vs_f32']:.2f}x | {ex} |")
     print(
         f"\n{a.max_tokens} tokens, median of {a.repeats} interleaved runs; 2-rank output identical to "
-        f"1-process f32 output: {same}"
+        f"the {alone.split(', ')[1]} 1-process output: {same}"
     )
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"rows": rows, "identical": same, "max_tokens": a.max_tokens, "repeats": a.repeats}, fh, indent=1)
+            json.dump(
+                {
+                    "rows": rows,
+                    "identical_to": alone,
+                    "identical": same,
+                    "max_tokens": a.max_tokens,
+                    "repeats": a.repeats,
+                },
+                fh,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -66,10 +66,12 @@ def why_not(model: Any) -> str | None:
         return "the row-exact kernel is not in use"
     if not cpu_kernels.row_exact(model):
         return "its attention is not the row-exact one"
+    _, inner = text_model(model)
+    if getattr(inner, "pipeline_size", 1) > 1:  # a pipeline stage: its forward passes hidden states between ranks
+        return "a pipeline stage (--pp-size) runs mlx-lm's layers between the ranks' messages"
     kind = model_type(model)
     if kind not in FAMILIES:
         return f"{kind} is not one of {', '.join(FAMILIES)}"
-    _, inner = text_model(model)
     for i, layer in enumerate(getattr(inner, "layers", None) or []):
         if getattr(layer, "use_sliding", False):
             return f"layer {i} attends a sliding window"

@@ -199,21 +199,28 @@ def _cpu_weights(model: Any, dequantize: bool, mode: str):
     return report.describe(), report
 
 
-def _sharded_weights(model: Any, dequantize: bool, world: Any):
-    """A distributed rank's part of the weights: float32 on the CPU (MLX's sharded layers; the
-    row-exact kernel is single-process), as stored elsewhere. Lazy until the split is made, so a
-    rank reads only its own part."""
+def _sharded_weights(model: Any, dequantize: bool, world: Any, mode: str):
+    """A distributed rank's part of the weights, read lazily so a rank reads only its own part.
+    On the CPU a pipeline stage (`--pp-size`) holds whole layers, so its part goes on the kernels
+    in `mode`, as one process holds them: each layer's rows are then one process's bits, and so
+    is the output. Tensor-parallel shards (`--tp-size`) are MLX's sharded layers in float32: a
+    row-parallel layer's halves are summed across ranks, an order no kernel of one process has.
+    Elsewhere weights stay as stored."""
     import mlx.core as mx
     from mlx_lm.utils import dequantize_model
 
     from ..cpu import weights as cpu_weights
 
     on_cpu = mx.default_device() == mx.cpu and dequantize
+    part = f"{world.layout.describe()}, rank {world.rank} of {world.size}"
+    if on_cpu and world.layout.pp_size > 1:
+        world.take_part(model)  # parallel.distributed.World
+        report = cpu_weights.apply(model, mode)
+        return f"{report.describe()} ({part})", report
     if on_cpu:
         dequantize_model(model)
         model.set_dtype(mx.float32)
-    world.take_part(model)  # parallel.distributed.World
-    part = f"{world.layout.describe()}, rank {world.rank} of {world.size}"
+    world.take_part(model)
     if not on_cpu:
         return f"as stored ({part})", None
     report = cpu_weights.WeightsReport(
@@ -243,7 +250,7 @@ def load(
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelError(f"cannot load {resolved.path}: {text}") from None
     if world is not None:
-        dtype, weights = _sharded_weights(model, dequantize, world)
+        dtype, weights = _sharded_weights(model, dequantize, world, cpu_weights)
     else:
         dtype, weights = _cpu_weights(model, dequantize, cpu_weights)
     # only the CPU backend has the slow exp these kernels replace
