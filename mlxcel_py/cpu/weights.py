@@ -206,7 +206,31 @@ def move_rows(bufs: list, rows: list[int], first: int) -> list[mx.array]:
     return qmm.move_rows(bufs, rows, first)
 
 
-class RowExactLinear(nn.Module):
+class _KernelLinear(nn.Module):
+    """What the kernels' linear layers share: blocks of up to KERNEL_ROWS rows through the kernel
+    (siblings fed the same input in one call: SharedInput), wider ones through BLAS on the
+    weight read back as float32 (prefill-sized blocks: BLAS beats the row kernel there, measured
+    2x at 512 rows; prefill is shared by plain and speculative runs, so exactness is unaffected),
+    then the bias."""
+
+    def _kernel(self, x: mx.array) -> mx.array:
+        raise NotImplementedError
+
+    def _dense(self) -> mx.array:
+        raise NotImplementedError
+
+    def _matmul(self, x: mx.array) -> mx.array:
+        if _row_count(x) <= KERNEL_ROWS:
+            shared = getattr(self, "_shared", None)
+            return shared.output(self, x) if shared is not None else self._kernel(x)
+        return x.astype(mx.float32) @ self._dense().T
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = self._matmul(x)
+        return y + self["bias"] if "bias" in self else y
+
+
+class RowExactLinear(_KernelLinear):
     """y = x @ W^T (+ bias) with W held in the kernel's layout: `weight` uint8 [N, K*bits/8] from
     `_qmm.repack`, `scales`/`biases` [N, K/32] in its order (`_qmm.interleave`), float32 or, where
     exact, float16 (`half_scales`); `biases` empty where they are the scales times -2^(bits-1)
@@ -229,27 +253,19 @@ class RowExactLinear(nn.Module):
         """Output features."""
         return self.weight.shape[0]
 
-    def _matmul(self, x: mx.array) -> mx.array:
+    def _kernel(self, x: mx.array) -> mx.array:
         qmm, _ = kernel_status()
-        if _row_count(x) <= KERNEL_ROWS:
-            shared = getattr(self, "_shared", None)
-            if shared is not None:
-                return shared.output(self, x)
-            return qmm.row_exact_qmm(x, self["weight"], self["scales"], self["biases"], self.bits)
-        # prefill-sized blocks: BLAS on a float32 copy beats the row kernel there (measured: 2x at
-        # 512 rows); prefill is shared by plain and speculative runs, so exactness is unaffected
-        w = qmm.dequantize_rows(self["weight"], self["scales"], self["biases"], self.bits)
-        return x.astype(mx.float32) @ w.T
+        return qmm.row_exact_qmm(x, self["weight"], self["scales"], self["biases"], self.bits)
 
-    def __call__(self, x: mx.array) -> mx.array:
-        y = self._matmul(x)
-        return y + self["bias"] if "bias" in self else y
+    def _dense(self) -> mx.array:
+        qmm, _ = kernel_status()
+        return qmm.dequantize_rows(self["weight"], self["scales"], self["biases"], self.bits)
 
     def _extra_repr(self) -> str:
-        return f"input_dims={self.input_dims}, output_dims={self.weight.shape[0]}, bits={self.bits}, row-exact kernel"
+        return f"input_dims={self.input_dims}, output_dims={self.n}, bits={self.bits}, row-exact kernel"
 
 
-class RowExactFloatLinear(nn.Module):
+class RowExactFloatLinear(_KernelLinear):
     """y = x @ W^T (+ bias) with W kept in its stored precision (float16, bfloat16 or float32) in
     the float kernel's layout: `weight` [ceil(N/16), K, 16] from `_qmm.float_repack`, `n` outputs.
     Built by `apply` (auto, for float layers)."""
@@ -272,18 +288,13 @@ class RowExactFloatLinear(nn.Module):
     def form(self) -> str:
         return FLOAT_FORMS[self.weight.dtype]
 
-    def _matmul(self, x: mx.array) -> mx.array:
+    def _kernel(self, x: mx.array) -> mx.array:
         qmm, _ = kernel_status()
-        if _row_count(x) <= KERNEL_ROWS:
-            shared = getattr(self, "_shared", None)
-            if shared is not None:
-                return shared.output(self, x)
-            return qmm.row_exact_fmm(x, self["weight"], self.n)
-        return x.astype(mx.float32) @ qmm.float_rows(self["weight"], self.n).T  # a wide block: BLAS
+        return qmm.row_exact_fmm(x, self["weight"], self.n)
 
-    def __call__(self, x: mx.array) -> mx.array:
-        y = self._matmul(x)
-        return y + self["bias"] if "bias" in self else y
+    def _dense(self) -> mx.array:
+        qmm, _ = kernel_status()
+        return qmm.float_rows(self["weight"], self.n)
 
     def _extra_repr(self) -> str:
         return f"input_dims={self.input_dims}, output_dims={self.n}, {self.form}, row-exact float kernel"
