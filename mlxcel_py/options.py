@@ -37,10 +37,10 @@ DEFAULT_SUFFIX_CACHE_TOKENS = 50_000
 DEFAULT_SERVER_LOOKUP_BLOCK = 7
 DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 2
 # --draft-tree-budget: nodes a round's draft tree may add beside its chain; 0 verifies chains
-# (engine/tree.py). Off by default: measured slower than chains here (docs/bench/trees.md)
+# (engine/tree.py). Off by default: measured slower than chains here (docs/speculative-decoding.md)
 DEFAULT_TREE_BUDGET = 0
-# --draft-tree-margin: a model drafter adds its runner-up as a branch where the top-two logits are
-# closer than this (inf: at every step; mlxcel's MLXCEL_MTP_TREE_MARGIN)
+# --draft-tree-margin: a model drafter adds a runner-up as a branch where its logit is within this of
+# the step's best (inf: every runner-up; mlxcel's MLXCEL_MTP_TREE_MARGIN)
 DEFAULT_TREE_MARGIN = float("inf")
 
 POLICIES = ("auto", "graded", "gated", "cost")
@@ -251,7 +251,7 @@ class DraftConfig:
     tree_budget: int = (
         DEFAULT_TREE_BUDGET  # branch nodes a round may verify beside its chain (engine/tree.py); 0: chains
     )
-    tree_margin: float = DEFAULT_TREE_MARGIN  # model drafters: branch where top-two logits are this close
+    tree_margin: float = DEFAULT_TREE_MARGIN  # model drafters: branch to tokens this close to the best logit
 
     @property
     def enabled(self) -> bool:

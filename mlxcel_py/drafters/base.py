@@ -47,7 +47,7 @@ class Drafter:
 
     kind = "custom"  # what stats and `timings.draft_kind` call it
     hidden_tap = None  # a models.taps.HiddenTap when it reads the target's hidden states (MTP heads)
-    tree_margin = math.inf  # model drafters' trees: branch where the top-two logits are closer (branching.py)
+    tree_margin = math.inf  # model drafters' trees: branch to tokens this close to the best logit (branching.py)
 
     def draft(self, context: Sequence[int], k: int) -> Sequence[int]:
         """Up to k token ids to follow `context` (prompt and output so far); [] drafts nothing."""
