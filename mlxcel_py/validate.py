@@ -388,11 +388,6 @@ def _parallel(opts: CommandOptions) -> None:
         raise UsageError(
             f"--tp-size {par.tp_size} with --pp-size {par.pp_size}: a 2-D layout is not supported; pick one of them"
         )
-    if opts.model.cpu_weights in ("q8", "q4") and par.tp_size > 1:
-        raise UsageError(
-            f"--cpu-weights {opts.model.cpu_weights}: the row-exact kernel does not run under "
-            f"{par.flag} (tensor-parallel shards are MLX's own layers, float32 on the CPU); drop one of them"
-        )
     if opts.generation.verify_exact:
         raise UsageError(f"--verify-exact does not run under {par.flag}; drop one of them")
 

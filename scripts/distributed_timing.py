@@ -1,9 +1,8 @@
 """Time per token of one process against 2 local ranks, and the bytes the ranks exchange.
 
-Runs the real CLI, interleaved: `mlxcel generate --profile` alone (float32 weights, what
-tensor-parallel ranks compute in; and `auto`, what pipeline stages run) and under `mlxcel launch
--n 2` with --pp-size 2 (the default
-model's 9 heads rule out --tp-size 2 on it; pass -m for a model whose heads divide). Each
+Runs the real CLI, interleaved: `mlxcel generate --profile` alone (float32 weights, and `auto`,
+what the ranks run too) and under `mlxcel launch -n 2` with --pp-size 2 or --tp-size 2 (the
+default model's 9 heads rule out --tp-size 2 on it; pass -m for a model whose heads divide). Each
 configuration runs --repeats times and keeps the median decode speed. Usage:
 
     python scripts/distributed_timing.py [-m MODEL] [--max-tokens 128] [--repeats 3] [--tp] [--json FILE]
@@ -58,6 +57,8 @@ def main() -> None:
         "1 process, auto": me + gen,
         f"2 ranks, {layout[0]} 2": me + ["launch", "-n", "2", "--", "mlxcel"] + gen + layout,
     }
+    if a.tp:  # mlx-lm's own split (row-parallel halves summed), what --tp-size ran before exact_tp
+        configs["2 ranks, --tp-size 2, f32"] = configs[f"2 ranks, {layout[0]} 2"] + ["--cpu-weights", "f32"]
     runs: dict[str, list[dict]] = {k: [] for k in configs}
     for _ in range(a.repeats):
         for name, argv in configs.items():
@@ -69,7 +70,7 @@ def main() -> None:
         rows.append(
             {"config": name, **{k: v for k, v in best.items() if k != "text"}, "vs_f32": base / best["ms_per_token"]}
         )
-    alone = "1 process, f32" if a.tp else "1 process, auto"  # what the ranks' layers compute
+    alone = "1 process, auto"  # what the ranks' layers compute
     same = runs[alone][0]["text"] == runs[f"2 ranks, {layout[0]} 2"][0]["text"]
     print("| configuration | ms per token | tok/s | vs 1 process f32 | exchanged per token |")
     print("|---|---|---|---|---|")

@@ -40,10 +40,6 @@ RULES = [
     (["serve", "--max-predict-ms", "-1"], "--max-predict-ms must be 0 (no limit) or more milliseconds"),
     (["generate", "-p", "x", "--tp-size", "2", "--pp-size", "2"], "a 2-D layout is not supported"),
     (
-        ["generate", "-p", "x", "--tp-size", "2", "--cpu-weights", "q8"],
-        "the row-exact kernel does not run under --tp-size 2",
-    ),
-    (
         ["generate", "-p", "x", "--tp-size", "2", "--prompt-lookup", "--verify-exact"],
         "--verify-exact does not run under --tp-size 2",
     ),

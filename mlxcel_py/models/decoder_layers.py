@@ -78,6 +78,8 @@ def why_not(model: Any) -> str | None:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         for part, name in LINEARS:
             lin = getattr({"self_attn": attn, "mlp": mlp}[part], name, None)
+            if type(lin).__name__ == "GatheredRows":  # parallel.exact_tp: ranks exchange rows mid-layer
+                return "a tensor-parallel rank (--tp-size) gathers its rows from the other ranks inside each layer"
             if type(lin) not in cpu_weights.KERNEL_LINEARS:
                 return f"layer {i} {part}.{name} is not on the kernel"
             if type(lin) is cpu_weights.RowExactFloatLinear and lin.n % 16:

@@ -201,20 +201,32 @@ def _cpu_weights(model: Any, dequantize: bool, mode: str):
 
 def _sharded_weights(model: Any, dequantize: bool, world: Any, mode: str):
     """A distributed rank's part of the weights, read lazily so a rank reads only its own part.
-    On the CPU a pipeline stage (`--pp-size`) holds whole layers, so its part goes on the kernels
-    in `mode`, as one process holds them: each layer's rows are then one process's bits, and so
-    is the output. Tensor-parallel shards (`--tp-size`) are MLX's sharded layers in float32: a
-    row-parallel layer's halves are summed across ranks, an order no kernel of one process has.
-    Elsewhere weights stay as stored."""
+    On the CPU a rank's part goes on the kernels in `mode`, as one process holds them: a pipeline
+    stage (`--pp-size`) holds whole layers, and a tensor-parallel rank (`--tp-size`) holds every
+    linear split by its outputs (`parallel.exact_tp`), so each row is one process's bits and so is
+    the output. A family whose sharding cannot be split that way (experts, in-place splits) keeps
+    mlx-lm's sharded layers in float32, whose row-parallel halves are summed across ranks; `q8`
+    and `q4` are refused there. Elsewhere weights stay as stored."""
     import mlx.core as mx
     from mlx_lm.utils import dequantize_model
 
     from ..cpu import weights as cpu_weights
+    from ..parallel import exact_tp
 
     on_cpu = mx.default_device() == mx.cpu and dequantize
     part = f"{world.layout.describe()}, rank {world.rank} of {world.size}"
-    if on_cpu and world.layout.pp_size > 1:
-        world.take_part(model)  # parallel.distributed.World
+    why = None
+    if on_cpu and world.layout.tp_size > 1 and mode != "f32":
+        why = exact_tp.why_not(model, world.layout.tp_size)
+        if why is not None and mode in ("q8", "q4"):
+            kind = getattr(getattr(model, "args", None), "model_type", "this model")
+            raise ModelError(
+                f"--cpu-weights {mode} under --tp-size needs every linear split by its outputs, "
+                f"and {kind}'s sharding cannot be ({why})",
+                hint="drop --cpu-weights (auto runs MLX's sharded layers in float32 there), or use --pp-size",
+            )
+    if on_cpu and why is None and (world.layout.pp_size > 1 or mode != "f32"):
+        world.take_part(model, exact=world.layout.tp_size > 1)  # parallel.distributed.World
         report = cpu_weights.apply(model, mode)
         return f"{report.describe()} ({part})", report
     if on_cpu:
@@ -223,9 +235,8 @@ def _sharded_weights(model: Any, dequantize: bool, world: Any, mode: str):
     world.take_part(model)
     if not on_cpu:
         return f"as stored ({part})", None
-    report = cpu_weights.WeightsReport(
-        "f32", "auto", 0, 0, (), f"{part}: MLX's sharded layers", cpu_weights.weight_bytes(model)
-    )
+    note = f"{part}: MLX's sharded layers" + (f" ({why})" if why else "")
+    report = cpu_weights.WeightsReport("f32", mode, 0, 0, (), note, cpu_weights.weight_bytes(model))
     return report.describe(), report
 
 

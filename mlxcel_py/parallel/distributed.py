@@ -1,7 +1,9 @@
 """One model across several processes, on MLX's own distributed engine (ring, MPI...).
 
-Layout. `--tp-size N` shards every attention and MLP layer with mlx-lm's `model.shard(group)`
-(each rank holds 1/N of the heads and of the feed-forward width; an all-sum joins them).
+Layout. `--tp-size N` shards every attention and MLP layer along mlx-lm's `model.shard(group)`
+(each rank holds 1/N of the heads and of the feed-forward width). On the CPU kernels every linear
+is split by its outputs and all-gathers join the ranks' rows, so the bits are one process's
+(`exact_tp`); elsewhere mlx-lm's split stands, its row-parallel halves joined by an all-sum.
 `--pp-size N` gives each rank a contiguous run of layers: mlx-lm's `PipelineMixin` where the
 architecture has it, `pipeline_stages` for llama-style models it lacks. Each rank holds the
 caches of its own part only.
@@ -49,6 +51,7 @@ from ..errors import EXIT_USAGE, MlxcelError
 from ..options import ParallelOptions as Layout  # --tp-size / --pp-size
 
 TICK_S = 0.05
+WATCH_S = 2.0  # a closed link this long with the rank still here: end it (`_watch`)
 INLINE = 16  # token ids carried in the header itself (a decode step or a verify block)
 _HEAD = 5  # op, sequence, position, count, exit code
 OP_TICK, OP_FORWARD, OP_STOP = 1, 2, 3
@@ -66,16 +69,18 @@ class World:
     channel: Any = None  # the Leader, on rank 0 once the engine is built
     broken: bool = False  # a collective failed: the ring is gone, and a further send would hang
     links: dict = field(default_factory=dict)  # fd -> inode of the sockets joining the group opened
+    done: bool = False  # the run's end was sent or received: closed links are expected from here
 
     @property
     def leader(self) -> bool:
         return self.rank == 0
 
-    def take_part(self, model: Any) -> None:
-        """Keep this rank's part of `model`'s (lazy) weights and read only that part."""
+    def take_part(self, model: Any, exact: bool = False) -> None:
+        """Keep this rank's part of `model`'s (lazy) weights and read only that part (`exact`:
+        tensor-parallel layers split by outputs, `exact_tp`)."""
         import mlx.core as mx
 
-        shard(model, self)
+        shard(model, self, exact)
         with guard(self):
             mx.eval(model.parameters())
 
@@ -201,7 +206,43 @@ def join(layout: Layout) -> World | None:
     backend = "ring" if "MLX_HOSTFILE" in os.environ or "MLX_RING_HOSTS" in os.environ else "mpi"
     # the group's own TCP connections (links_down reads their state)
     links = {fd: ino for fd, ino in (_sockets() or {}).items() if before.get(fd) != ino and _tcp_info(fd, 8)}
-    return World(group, group.rank(), group.size(), layout, backend, links=links)
+    world = World(group, group.rank(), group.size(), layout, backend, links=links)
+    _watch(world)
+    return world
+
+
+def _watch(world: World) -> None:
+    """End this rank with the lost-contact error when a connection of the group that was up at
+    the join has been down for WATCH_S and the rank is still here. A collective that a dead peer
+    fails normally raises (`guard`), but MLX's ring can also leave one waiting forever on the
+    dead peer (seen with several collectives queued in one forward, on either rank): then nothing
+    else would end it. Only connections established at the join count: the ring also leaves
+    sockets of its connection attempts open, never connected."""
+    up = {fd: ino for fd, ino in world.links.items() if (_tcp_info(fd, 8) or b"\0")[0] == _TCP_ESTABLISHED}
+
+    def down() -> bool:
+        now = _sockets() or {}
+        return any(now.get(fd) != ino or (_tcp_info(fd, 8) or b"\0")[0] != _TCP_ESTABLISHED for fd, ino in up.items())
+
+    def loop() -> None:
+        since = None
+        while not world.done:
+            time.sleep(WATCH_S / 4)
+            if world.done or not down():
+                since = None
+                continue
+            since = since or time.monotonic()
+            if time.monotonic() - since >= WATCH_S:
+                import sys
+
+                from ..errors import EXIT_RUNTIME
+
+                gone = RuntimeError("a connection of the group closed while this rank waited on it")
+                sys.stderr.write(lost(gone, world.rank).format() + "\n")
+                sys.stderr.flush()
+                os._exit(EXIT_RUNTIME)
+
+    threading.Thread(target=loop, name="mlxcel-watch", daemon=True).start()
 
 
 # ---- what a model needs ------------------------------------------------------------------------
@@ -247,12 +288,15 @@ def why_not_model(config: dict, layout: Layout) -> str | None:
     return None
 
 
-def shard(model: Any, world: World) -> None:
+def shard(model: Any, world: World, exact: bool = False) -> None:
     """Give this rank its part of `model` (weights may still be lazy: only that part is read)."""
-    from . import pipeline_stages
+    from . import exact_tp, pipeline_stages
 
     if world.layout.tp_size > 1:
-        model.shard(world.group)
+        if not exact:
+            model.shard(world.group)
+        elif why := exact_tp.shard(model, world.group):  # exact_tp.why_not said it would work
+            raise RuntimeError(f"exact tensor-parallel split failed: {why}")
     elif hasattr(model.model, "pipeline"):
         model.model.pipeline(world.group)
     else:
@@ -367,6 +411,7 @@ class Leader:
             # a request still finishing on another thread (a server's worker) goes first
             self._lock.wait_for(lambda: self._busy == 0, timeout=10)
             self._closed = True
+            self.world.done = True
             if self.failure is None and not self.world.broken and self._busy == 0:
                 try:
                     self._send(self._header(OP_STOP, code=code))
@@ -450,6 +495,7 @@ def follow(model: Any, world: World, tap: Any) -> int:
                 time.sleep(TICK_S)
                 continue
             if op == OP_STOP:
+                world.done = True
                 return code
             if op != OP_FORWARD:
                 raise DistributedError(f"rank {world.rank}: unexpected message {op} from rank 0 (mismatched versions?)")
