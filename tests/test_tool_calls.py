@@ -491,3 +491,96 @@ def test_tag_markups_parse_long_and_cut_off_calls_without_backtracking_blowups()
     assert calls and calls[0].arguments == {f"k{i}": i for i in range(40)}
     _, calls = tc.parse("<tool_call>many\n" + pairs + "</tool_call>", [tool])
     assert calls and len(calls[0].arguments) == 40
+
+
+NAMED_RESULTS = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{%- if m.role == 'tool' %}{%- if m.name is not defined %}"
+    "{{ raise_exception('Tool response dicts require a name key') }}{%- endif %}"
+    "<tool_response>{{ m.name }}: {{ m.content }}</tool_response>"
+    "{%- elif m.tool_calls %}{%- for c in m.tool_calls %}<tool_call>{{ c.function | tojson }}</tool_call>{%- endfor %}"
+    "{%- else %}{{ m.content }}{%- endif %}<|im_end|>\n{%- endfor %}"
+    "{%- if tools %}<tools>{{ tools | tojson }}</tools>{%- endif %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+
+def test_tool_results_are_named_after_their_calls_and_a_template_refusal_is_a_400(tiny_dir, tmp_path):
+    """Real Hermes-style templates refuse a tool result without `name` (OpenAI's tool turns carry
+    only the call's id): the result is named after its call, by id, else in call order; and a
+    template's raise_exception is the request's fault, a 400 in its words (it was a 500)."""
+    import shutil
+
+    from mlxcel_py.models import loading
+    from mlxcel_py.options import SamplingOptions
+    from mlxcel_py.server import schemas
+    from mlxcel_py.server.http import ApiError
+    from mlxcel_py.server.requests import RequestReader
+
+    d = tmp_path / "named"
+    shutil.copytree(tiny_dir, d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = NAMED_RESULTS
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = loading.load_tokenizer_only(loading.resolve(str(d)))
+    reader = RequestReader(tok, 260, 2048, SamplingOptions(), -1)
+    call = lambda cid, name: {"id": cid, "type": "function", "function": {"name": name, "arguments": "{}"}}  # noqa: E731
+    history = [
+        {"role": "user", "content": "weather and time?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [call("call_a", "get_weather"), call("call_b", "get_time")],
+        },
+        {"role": "tool", "tool_call_id": "call_b", "content": "noon"},  # by id, out of order
+        {"role": "tool", "content": "rain"},  # no id: the call not yet answered
+    ]
+    req = schemas.ChatRequest.model_validate({"messages": history, "tools": [WEATHER]})
+    text = tok.decode(reader.chat_prompt(req.messages, req.tools))
+    assert "<tool_response>get_time: noon</tool_response>" in text
+    assert "<tool_response>get_weather: rain</tool_response>" in text
+    named = dict(history[3], name="get_forecast")  # a name the client gives is kept
+    req = schemas.ChatRequest.model_validate({"messages": history[:3] + [named], "tools": [WEATHER]})
+    assert "<tool_response>get_forecast: rain</tool_response>" in tok.decode(
+        reader.chat_prompt(req.messages, req.tools)
+    )
+    # a result no call explains: the template refuses, and that is a 400 naming its reason
+    req = schemas.ChatRequest.model_validate(
+        {"messages": [history[0], {"role": "tool", "content": "rain"}], "tools": [WEATHER]}
+    )
+    with pytest.raises(ApiError, match="the chat template cannot render these messages: Tool response dicts") as e:
+        reader.chat_prompt(req.messages, req.tools)
+    assert e.value.status == 400
+
+
+def test_tool_schemas_are_closed_to_keys_they_do_not_list():
+    """A required call's grammar closes objects that list their properties (llama.cpp's reading):
+    the default model under an open schema kept adding keys until max_tokens cut the call."""
+    params = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "where": {"type": "object", "properties": {"lat": {"type": "number"}}},
+            "tags": {"type": "array", "items": {"type": "object", "properties": {"k": {"type": "string"}}}},
+            "extra": {"type": "object", "properties": {}, "additionalProperties": {"type": "string"}},
+            "properties": {"anyOf": [{"type": "object", "properties": {"x": {"type": "integer"}}}, {"type": "null"}]},
+        },
+    }
+    out = tc.closed(params)
+    assert out["additionalProperties"] is False
+    props = out["properties"]
+    assert props["where"]["additionalProperties"] is False
+    assert props["tags"]["items"]["additionalProperties"] is False
+    assert props["extra"]["additionalProperties"] == {"type": "string"}  # said otherwise: kept
+    assert props["properties"]["anyOf"][0]["additionalProperties"] is False  # a property named "properties"
+    assert "additionalProperties" not in props["properties"]  # ...is a schema, not a mapping
+    assert "additionalProperties" not in params  # the request's own schema is left as it was
+    fn = dict(
+        WEATHER["function"],
+        parameters={k: v for k, v in WEATHER["function"]["parameters"].items() if k != "additionalProperties"},
+    )
+    for native in (True, False):
+        spec = tc.constraint([{"type": "function", "function": fn}], "required", native=native)
+        schema = json.loads(spec.text.split("%json", 1)[1]) if native else json.loads(spec.text)
+        call = schema["anyOf"][0] if native else schema["anyOf"][0]["properties"]["tool_call"]["anyOf"][0]
+        assert call["properties"]["arguments"]["additionalProperties"] is False, native

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -39,6 +41,18 @@ HTTP_SAMPLING_NAMES = {
 }
 MAX_PROMPTS = 16  # prompts in one batch request
 ROLE_FOR_TEMPLATE = {"developer": "system"}  # OpenAI's newer name for the system turn
+
+
+@contextmanager
+def template_refusal() -> Iterator[None]:
+    """A chat template that refuses the conversation (its `raise_exception`, an undefined field
+    it needs) is the request's fault: a 400 with the template's words, not a 500."""
+    import jinja2
+
+    try:
+        yield
+    except jinja2.TemplateError as exc:
+        raise ApiError(f"the chat template cannot render these messages: {exc.message or type(exc).__name__}") from None
 
 
 def _prefill(turns: list[dict]) -> bool:
@@ -178,6 +192,7 @@ class RequestReader:
             {"role": m.role, "content": m.text()}
             | ({"tool_calls": [c.model_dump(exclude_none=True) for c in m.tool_calls]} if m.tool_calls else {})
             | ({"tool_call_id": m.tool_call_id} if m.tool_call_id else {})
+            | ({"name": m.model_extra["name"]} if isinstance((m.model_extra or {}).get("name"), str) else {})
             for m in messages
         ]
         return self.tool_prompt(turns, [t.model_dump(exclude_none=True) for t in tools or []])
@@ -192,7 +207,8 @@ class RequestReader:
             turns = [{**t, "role": ROLE_FOR_TEMPLATE.get(t["role"], t["role"])} for t in tool_calls.native_turns(turns)]
             self.fits(sum(len(t.get("content") or "") for t in turns) + len(str(listed)))
             opening = {"continue_final_message": True} if prefill else {"add_generation_prompt": True}
-            return list(self.tokenizer.apply_chat_template(turns, tools=listed, **opening))
+            with template_refusal():
+                return list(self.tokenizer.apply_chat_template(turns, tools=listed, **opening))
         return self.turns_prompt(tool_calls.generic_turns(turns, listed), prefill=prefill)
 
     def tools(self, req: Any) -> tuple[list[dict], Any]:
@@ -230,7 +246,8 @@ class RequestReader:
         """Prompt ids of {role, content} turns through the model's chat template."""
         turns = [{"role": ROLE_FOR_TEMPLATE.get(t["role"], t["role"]), "content": t["content"]} for t in turns]
         self.fits(sum(len(t["content"]) for t in turns))
-        return render_messages(self.tokenizer, turns, continue_last=prefill)
+        with template_refusal():
+            return render_messages(self.tokenizer, turns, continue_last=prefill)
 
     def fits(self, chars: int) -> None:
         """Refuse, before tokenizing, text that cannot fit the context in any tokenization: no

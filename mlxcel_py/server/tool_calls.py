@@ -120,8 +120,11 @@ def generic_turns(turns: list[dict], tools: list[dict]) -> list[dict]:
 
 
 def native_turns(turns: list[dict]) -> list[dict]:
-    """History turns for a template that takes tools: arguments as objects, as HF templates read them."""
-    out = []
+    """History turns for a template that takes tools: arguments as objects, as HF templates read
+    them, and each tool result named after the call it answers (OpenAI's tool turns carry only
+    the call's id; Hermes-style templates refuse a result without `name`): by id, else the
+    earliest call of the latest assistant turn not yet answered."""
+    out, names, pending = [], {}, []
     for t in turns:
         t = dict(t)
         if t.get("tool_calls"):
@@ -132,6 +135,14 @@ def native_turns(turns: list[dict]) -> list[dict]:
             t.setdefault("content", "")
             if t["content"] is None:
                 t["content"] = ""
+            pending = [c["function"]["name"] for c in t["tool_calls"]]
+            names.update({c["id"]: c["function"]["name"] for c in t["tool_calls"] if c.get("id")})
+        elif t["role"] == "tool":
+            name = t.get("name") or names.get(t.get("tool_call_id")) or (pending[0] if pending else None)
+            if name is not None:
+                t["name"] = name
+                if name in pending:
+                    pending.remove(name)
         out.append(t)
     return out
 
@@ -275,7 +286,7 @@ def constraint(
         alts = []
         for i, f in enumerate(fns):
             rules.append(
-                f"args{i}: %json {json.dumps({'x-guidance': COMPACT, **(f.get('parameters') or {'type': 'object'})})}"
+                f"args{i}: %json {json.dumps({'x-guidance': COMPACT, **closed(f.get('parameters') or {'type': 'object'})})}"
             )
             alts.append(
                 " ".join(
@@ -299,13 +310,35 @@ def constraint(
     return GrammarSpec("lark", "start: " + " ".join(start) + "\n" + "\n".join(rules) + "\n")
 
 
+def closed(schema: Any) -> Any:
+    """A tool's parameter schema with every object that lists its properties closed to others
+    unless it says otherwise (`additionalProperties` absent means false), as llama.cpp's grammar
+    converter reads tool schemas: a small model under the grammar otherwise keeps inventing keys
+    until max_tokens cuts the call open (the default model did, on a real Mistral template)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in ("properties", "$defs", "definitions", "patternProperties"):
+        if isinstance(out.get(key), dict):
+            out[key] = {k: closed(v) for k, v in out[key].items()}
+    for key in ("items", "additionalProperties", "not", "if", "then", "else", "contains"):
+        if isinstance(out.get(key), dict):
+            out[key] = closed(out[key])
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+        if isinstance(out.get(key), list):
+            out[key] = [closed(v) for v in out[key]]
+    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 def _call_schema(fns: list[dict], key: str) -> dict:
     """A call object: one of the functions' names, with its arguments under `key`."""
     return {
         "anyOf": [
             {
                 "type": "object",
-                "properties": {"name": {"const": f["name"]}, key: f.get("parameters") or {"type": "object"}},
+                "properties": {"name": {"const": f["name"]}, key: closed(f.get("parameters") or {"type": "object"})},
                 "required": ["name", key],
                 "additionalProperties": False,
             }
