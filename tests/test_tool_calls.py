@@ -584,3 +584,39 @@ def test_tool_schemas_are_closed_to_keys_they_do_not_list():
         schema = json.loads(spec.text.split("%json", 1)[1]) if native else json.loads(spec.text)
         call = schema["anyOf"][0] if native else schema["anyOf"][0]["properties"]["tool_call"]["anyOf"][0]
         assert call["properties"]["arguments"]["additionalProperties"] is False, native
+
+
+OPENS_THINK = (  # the generation prompt opens a think block, as DeepSeek R1's and Qwen3's do
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n<think>\n{%- endif %}"
+)
+
+
+def test_a_required_call_after_a_template_opened_think_block_is_the_call(tiny_dir, tmp_path, cli_env):
+    """A template that opens <think> before the reply (R1 distills, checked one-off on llama.cpp's
+    own R1 template): a required call's grammar makes the reply the call, so it is returned as the
+    call, not swallowed into reasoning_content (it came back as no call and empty content)."""
+    import httpx
+
+    tpl = tmp_path / "think.jinja"
+    tpl.write_text(OPENS_THINK)
+    proc, url, _ = _server(cli_env, "-m", str(tiny_dir), "--chat-template-file", str(tpl))
+    try:
+        body = {
+            "messages": [{"role": "user", "content": "weather?"}],
+            "tools": [WEATHER],
+            "tool_choice": "required",
+            "max_tokens": 200,
+            "temperature": 0,
+        }
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()
+        msg = r["choices"][0]["message"]
+        assert r["choices"][0]["finish_reason"] == "tool_calls", r
+        assert msg["tool_calls"][0]["function"]["name"] == "get_weather" and not msg.get("reasoning_content"), msg
+        # unconstrained, the same template's open block is still a thought
+        body.pop("tools"), body.pop("tool_choice")
+        r = httpx.post(url + "/v1/chat/completions", json=dict(body, max_tokens=8), timeout=120).json()
+        assert r["choices"][0]["message"].get("reasoning_content"), r
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -46,13 +46,16 @@ ROLE_FOR_TEMPLATE = {"developer": "system"}  # OpenAI's newer name for the syste
 @contextmanager
 def template_refusal() -> Iterator[None]:
     """A chat template that refuses the conversation (its `raise_exception`, an undefined field
-    it needs) is the request's fault: a 400 with the template's words, not a 500."""
+    it needs, text joined to an object it did not expect) is the request's fault: a 400 with the
+    template's words, not a 500."""
     import jinja2
 
     try:
         yield
     except jinja2.TemplateError as exc:
         raise ApiError(f"the chat template cannot render these messages: {exc.message or type(exc).__name__}") from None
+    except TypeError as exc:  # template code only runs here: e.g. '+' on a call's arguments object
+        raise ApiError(f"the chat template cannot render these messages: {exc}") from None
 
 
 def _prefill(turns: list[dict]) -> bool:

@@ -51,6 +51,10 @@ async def chat_completions(request: Request):
     if fmt not in reasoning.FORMATS:
         raise ApiError(f"'reasoning_format' must be one of {', '.join(reasoning.FORMATS)}")
     think = None if fmt == "none" else reasoning.opened_by(ctx.tokenizer.decode(prompt[-8:]))
+    if think and any(j.grammar is not None for j in jobs):
+        # a template that opens <think> (DeepSeek R1, Qwen3) before a reply under a grammar (a
+        # required call, structured output): the grammar's text is the reply, never a thought
+        think = False
     legacy = fmt == "deepseek-legacy"  # the thought split out, and the text kept whole in content
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
