@@ -620,3 +620,52 @@ def test_a_required_call_after_a_template_opened_think_block_is_the_call(tiny_di
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_special_token_markers_are_decoded_as_single_tokens(tmp_path):
+    """A tokenizer whose call markers are special tokens (Phi-4-mini's <|tool_call|>, DeepSeek's
+    <｜tool▁calls▁begin｜>...): a required call's grammar names them as tokens, so each marker is
+    one token id in the reply (spelled out byte by byte it would not be the model's marker), and
+    the reply parses back into the call."""
+    from conftest import make_tiny_model
+    from tokenizers import Tokenizer
+
+    from mlxcel_py.engine.engine import Engine
+    from mlxcel_py.engine.grammar import TokenizerIndex
+    from mlxcel_py.models import loading
+    from mlxcel_py.options import SamplingOptions
+    from mlxcel_py.server import schemas
+    from mlxcel_py.server.requests import RequestReader
+
+    d = make_tiny_model(tmp_path / "special", seed=1, scale=2.5, vocab=272)
+    markers = ["<|tool_call|>", "<|/tool_call|>", "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>"]
+    markers += ["<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"]
+    raw = Tokenizer.from_file(str(d / "tokenizer.json"))
+    raw.add_special_tokens(markers)
+    raw.save(str(d / "tokenizer.json"))
+    loaded = loading.load(loading.resolve(str(d)))
+    tok = loaded.tokenizer
+    inner = getattr(tok, "_tokenizer", tok)
+    assert set(markers) <= tc.special_tokens(tok)
+    eng = Engine(loaded.model, eos_ids=tok.eos_token_ids, vocab_size=loaded.vocab_size, context_length=2048)
+    req = schemas.ChatRequest.model_validate(
+        {"messages": [{"role": "user", "content": "weather?"}], "tools": [WEATHER], "tool_choice": "required"}
+    )
+    for marker, opener in (("<|tool_call|>", "<|tool_call|>"), ("<｜tool▁sep｜>", "<｜tool▁calls▁begin｜>")):
+        inner.chat_template = (
+            "{%- for t in tools %}{{ t | tojson }}{% endfor %}{#- " + marker + " #}"
+            "{%- for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant: "
+        )
+        reader = RequestReader(tok, loaded.vocab_size, 2048, SamplingOptions(), -1)
+        _, spec = reader.tools(req)
+        constraint = TokenizerIndex.of(tok, loaded.vocab_size, tok.eos_token_ids).compile(spec)
+        out = [
+            e.token
+            for e in eng.generate(reader.chat_prompt(req.messages, req.tools), max_tokens=300, constraint=constraint)
+        ]
+        assert out[0] == inner.convert_tokens_to_ids(opener), (marker, out[:3])
+        special_ids = {inner.convert_tokens_to_ids(m) for m in markers}
+        text = "".join(tok.decode([t]) for t in out)  # the reply as the server reads it, markers kept
+        assert sum(t in special_ids for t in out) == sum(text.count(m) for m in markers) >= 2, (marker, text)
+        _, calls = tc.parse(text, [WEATHER])
+        assert len(calls) == 1 and calls[0].name == "get_weather", (marker, text)
