@@ -560,16 +560,14 @@ def test_which_families_split_exactly():
         got = exact_tp.why_not(model_cls(args_cls.from_dict(cfg)), 2)
         assert got == why if why is None else why in got, (kind, got)
     # asking an inexact family for 8-bit kernels under --tp-size: one line at load, before any split
-    from types import SimpleNamespace
-
     from mlxcel_py.errors import ModelError
     from mlxcel_py.models import loading
-    from mlxcel_py.parallel.distributed import Layout
+    from mlxcel_py.parallel.distributed import Layout, World
 
     cfg = dict(base, model_type="qwen3_moe", **moe)
     model_cls, args_cls = _get_classes(cfg)
     model = model_cls(args_cls.from_dict(cfg))
-    world = SimpleNamespace(layout=Layout(tp_size=2), rank=0, size=2)
+    world = World(None, 0, 2, Layout(tp_size=2), "ring")
     with pytest.raises(ModelError, match="--cpu-weights q8 under --tp-size needs every linear split by its outputs"):
         loading._sharded_weights(model, True, world, "q8")
     assert type(model.model.layers[0].self_attn.o_proj).__name__ == "Linear"  # untouched

@@ -9,6 +9,7 @@ rendered through the template itself; and 400s for tools that cannot be honoured
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -255,19 +256,25 @@ HERMES = (
 )
 
 
-def test_a_template_that_takes_tools_renders_them_and_a_required_call_parses(tiny_dir, tmp_path):
+def _with_template(model: Path, folder: Path, template: str) -> Path:
+    """A copy of `model` whose tokenizer carries `template` as its chat template."""
     import shutil
+
+    shutil.copytree(model, folder)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = template
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def test_a_template_that_takes_tools_renders_them_and_a_required_call_parses(tiny_dir, tmp_path):
 
     from mlxcel_py.models import loading
     from mlxcel_py.options import SamplingOptions
     from mlxcel_py.server import schemas
     from mlxcel_py.server.requests import RequestReader
 
-    d = tmp_path / "hermes"
-    shutil.copytree(tiny_dir, d)
-    cfg = json.loads((d / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = HERMES
-    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    d = _with_template(tiny_dir, tmp_path / "hermes", HERMES)
     tok = loading.load_tokenizer_only(loading.resolve(str(d)))
     assert tc.template_takes_tools(tok)
     reader = RequestReader(tok, 260, 2048, SamplingOptions(), -1)
@@ -509,7 +516,6 @@ def test_tool_results_are_named_after_their_calls_and_a_template_refusal_is_a_40
     """Real Hermes-style templates refuse a tool result without `name` (OpenAI's tool turns carry
     only the call's id): the result is named after its call, by id, else in call order; and a
     template's raise_exception is the request's fault, a 400 in its words (it was a 500)."""
-    import shutil
 
     from mlxcel_py.models import loading
     from mlxcel_py.options import SamplingOptions
@@ -517,12 +523,7 @@ def test_tool_results_are_named_after_their_calls_and_a_template_refusal_is_a_40
     from mlxcel_py.server.http import ApiError
     from mlxcel_py.server.requests import RequestReader
 
-    d = tmp_path / "named"
-    shutil.copytree(tiny_dir, d)
-    cfg = json.loads((d / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = NAMED_RESULTS
-    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
-    tok = loading.load_tokenizer_only(loading.resolve(str(d)))
+    tok = loading.load_tokenizer_only(loading.resolve(str(_with_template(tiny_dir, tmp_path / "named", NAMED_RESULTS))))
     reader = RequestReader(tok, 260, 2048, SamplingOptions(), -1)
     call = lambda cid, name: {"id": cid, "type": "function", "function": {"name": name, "arguments": "{}"}}  # noqa: E731
     history = [

@@ -206,18 +206,18 @@ def _sharded_weights(model: Any, dequantize: bool, world: Any, mode: str):
     linear split by its outputs (`parallel.exact_tp`), so each row is one process's bits and so is
     the output. A family whose sharding cannot be split that way (experts, in-place splits) keeps
     mlx-lm's sharded layers in float32, whose row-parallel halves are summed across ranks; `q8`
-    and `q4` are refused there. Elsewhere weights stay as stored."""
+    and `q4` are refused there. Elsewhere weights stay as stored. (`world` is a
+    parallel.distributed.World, which this layer reaches only through its methods.)"""
     import mlx.core as mx
     from mlx_lm.utils import dequantize_model
 
     from ..cpu import weights as cpu_weights
-    from ..parallel import exact_tp
 
     on_cpu = mx.default_device() == mx.cpu and dequantize
     part = f"{world.layout.describe()}, rank {world.rank} of {world.size}"
     why = None
     if on_cpu and world.layout.tp_size > 1 and mode != "f32":
-        why = exact_tp.why_not(model, world.layout.tp_size)
+        why = world.why_not_exact(model)  # parallel.distributed.World
         if why is not None and mode in ("q8", "q4"):
             kind = getattr(getattr(model, "args", None), "model_type", "this model")
             raise ModelError(

@@ -75,6 +75,12 @@ class World:
     def leader(self) -> bool:
         return self.rank == 0
 
+    def why_not_exact(self, model: Any) -> str | None:
+        """Why `model`'s tensor-parallel split cannot be the exact one (`exact_tp`), or None."""
+        from . import exact_tp
+
+        return exact_tp.why_not(model, self.layout.tp_size)
+
     def take_part(self, model: Any, exact: bool = False) -> None:
         """Keep this rank's part of `model`'s (lazy) weights and read only that part (`exact`:
         tensor-parallel layers split by outputs, `exact_tp`)."""
