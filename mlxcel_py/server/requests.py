@@ -208,7 +208,7 @@ class RequestReader:
             return self.turns_prompt(turns, prefill=prefill)
         if tool_calls.template_takes_tools(self.tokenizer):
             turns = [{**t, "role": ROLE_FOR_TEMPLATE.get(t["role"], t["role"])} for t in tool_calls.native_turns(turns)]
-            self.fits(sum(len(t.get("content") or "") for t in turns) + len(str(listed)))
+            self.fits(sum(len(t.get("content") or "") + len(t.get("name") or "") for t in turns) + len(str(listed)))
             opening = {"continue_final_message": True} if prefill else {"add_generation_prompt": True}
             with template_refusal():
                 return list(self.tokenizer.apply_chat_template(turns, tools=listed, **opening))
