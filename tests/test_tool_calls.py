@@ -576,6 +576,13 @@ def test_tool_schemas_are_closed_to_keys_they_do_not_list():
     assert props["properties"]["anyOf"][0]["additionalProperties"] is False  # a property named "properties"
     assert "additionalProperties" not in props["properties"]  # ...is a schema, not a mapping
     assert "additionalProperties" not in params  # the request's own schema is left as it was
+    # composition: allOf members close nothing (their union would become impossible), and an
+    # object composed at its own level may take keys from elsewhere
+    both = {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]}
+    assert tc.closed(both) == both
+    mixed = {"type": "object", "properties": {"a": {}}, "allOf": [{"properties": {"b": {}}}]}
+    assert tc.closed(mixed) == mixed
+    jsonschema.validate({"a": 1, "b": 2}, tc.closed({"type": "object", "properties": {"x": both}})["properties"]["x"])
     fn = dict(
         WEATHER["function"],
         parameters={k: v for k, v in WEATHER["function"]["parameters"].items() if k != "additionalProperties"},

@@ -2,8 +2,8 @@
 
 Layout. `--tp-size N` shards every attention and MLP layer along mlx-lm's `model.shard(group)`
 (each rank holds 1/N of the heads and of the feed-forward width). On the CPU kernels every linear
-is split by its outputs and all-gathers join the ranks' rows, so the bits are one process's
-(`exact_tp`); elsewhere mlx-lm's split stands, its row-parallel halves joined by an all-sum.
+is split by its outputs and the ranks' rows are joined by copying, so the bits are one process's
+(`exact_tp`); elsewhere mlx-lm's split stands, its row-parallel halves added by an all-sum.
 `--pp-size N` gives each rank a contiguous run of layers: mlx-lm's `PipelineMixin` where the
 architecture has it, `pipeline_stages` for llama-style models it lacks. Each rank holds the
 caches of its own part only.

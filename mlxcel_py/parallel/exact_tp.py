@@ -13,7 +13,8 @@ input-split layer it made (`ShardedToAll*`) is rebuilt from the unsplit layer as
 the input's shards gathered, this rank's output rows, the outputs gathered. Each output-split
 layer (`AllToSharded*`) becomes a plain `nn.Linear`/`nn.QuantizedLinear` holding its rows (its
 forward is that already), so `cpu_weights.apply` puts both kinds on the kernels. A model whose
-`shard` does anything else (experts, in-place splits) keeps mlx-lm's sharding (`plan` says why).
+`shard` does anything else (experts, in-place splits) keeps mlx-lm's sharding (`why_not` says
+why, from a dry run on a weightless instance).
 
 Cost. Four joins a layer (the attention's heads, o_proj's rows, the MLP's middle, down_proj's
 rows) against mlx-lm's two sums, each an all-sum of the full width per token row; every weight

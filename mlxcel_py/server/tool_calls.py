@@ -310,24 +310,34 @@ def constraint(
     return GrammarSpec("lark", "start: " + " ".join(start) + "\n" + "\n".join(rules) + "\n")
 
 
+# an object with one of these at its own level gets (or names) keys from elsewhere: left open
+_COMPOSED = ("allOf", "anyOf", "oneOf", "$ref", "if", "dependentSchemas", "unevaluatedProperties", "patternProperties")
+
+
 def closed(schema: Any) -> Any:
     """A tool's parameter schema with every object that lists its properties closed to others
     unless it says otherwise (`additionalProperties` absent means false), as llama.cpp's grammar
     converter reads tool schemas: a small model under the grammar otherwise keeps inventing keys
-    until max_tokens cuts the call open (the default model did, on a real Mistral template)."""
+    until max_tokens cuts the call open (the default model did, on a real Mistral template).
+    Composition is respected: `allOf` members (closing each would make their union impossible),
+    `not`/`if` branches, and objects composed at their own level are left as written."""
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
     for key in ("properties", "$defs", "definitions", "patternProperties"):
         if isinstance(out.get(key), dict):
             out[key] = {k: closed(v) for k, v in out[key].items()}
-    for key in ("items", "additionalProperties", "not", "if", "then", "else", "contains"):
+    for key in ("items", "additionalProperties"):
         if isinstance(out.get(key), dict):
             out[key] = closed(out[key])
-    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+    for key in ("anyOf", "oneOf", "prefixItems"):  # alternatives: each stands alone
         if isinstance(out.get(key), list):
             out[key] = [closed(v) for v in out[key]]
-    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out and "patternProperties" not in out:
+    if (
+        isinstance(out.get("properties"), dict)
+        and "additionalProperties" not in out
+        and not any(k in out for k in _COMPOSED)
+    ):
         out["additionalProperties"] = False
     return out
 
