@@ -50,20 +50,23 @@ TOOL = {
         "description": "Add a person to the address book.",
         "parameters": {
             "type": "object",
+            # no free-text field: under the closed schema a tool call's grammar now uses
+            # (tool_calls.closed, as llama.cpp's), the 135M model never ended a "notes" string (it
+            # ends strings with its `",` token to add a key, which a closed object refuses there)
             "properties": {
                 "name": {"type": "string"},
                 "email": {"type": "string"},
                 "city": {"type": "string"},
-                "notes": {"type": "string"},
+                "company": {"type": "string"},
             },
-            "required": ["name", "email", "city", "notes"],
+            "required": ["name", "email", "city", "company"],
         },
     },
 }
 TOOL_MESSAGE = (
     "Please add Ada Lovelace to my contacts: her email is ada.lovelace@analytical-engine.org, she lives "
-    "in London, and the note should say: met at the Analytical Engine demonstration, follow up about "
-    "the Bernoulli numbers program."
+    "in London, and she works at the Analytical Engine Company, which she co-founded for the "
+    "Bernoulli numbers program."
 )
 
 
