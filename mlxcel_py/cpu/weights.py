@@ -620,11 +620,11 @@ def apply(model: Any, asked: str) -> WeightsReport:
         )
         replaced.append((name, layer))
         used.add(layer.form if target == FLOAT else target)
+    converted = {n for n, _ in replaced}
     float_layers = sum(
         1
         for name, m in model.named_modules()
-        if (type(m) in (nn.Linear, nn.QuantizedLinear) or "SwitchLinear" in type(m).__name__)
-        and name not in {n for n, _ in replaced}
+        if (type(m) in (nn.Linear, nn.QuantizedLinear) or "SwitchLinear" in type(m).__name__) and name not in converted
     )
     # everything else to float32 first: set_dtype would widen the float kernel's float16 weights
     dequantize_model(model)

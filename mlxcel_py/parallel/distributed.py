@@ -143,16 +143,18 @@ _TCP_ESTABLISHED = 1  # tcp_info.tcpi_state (linux/tcp_states.h)
 
 def links_down(world: World | None) -> bool:
     """Whether one of the group's own connections was closed (a rank went away)."""
-    if world is None:
-        return False
+    return world is not None and _any_down(world.links)
+
+
+def _established(fd: int) -> bool:
+    info = _tcp_info(fd, 8)
+    return info is not None and info[0] == _TCP_ESTABLISHED
+
+
+def _any_down(links: dict[int, int]) -> bool:
+    """Whether one of `links` (fd -> inode) is closed (and maybe reused) or no longer established."""
     now = _sockets() or {}
-    for fd, inode in world.links.items():
-        if now.get(fd) != inode:
-            return True  # closed (and maybe reused) since the group was joined
-        info = _tcp_info(fd, 8)
-        if info is None or info[0] != _TCP_ESTABLISHED:
-            return True
-    return False
+    return any(now.get(fd) != inode or not _established(fd) for fd, inode in links.items())
 
 
 def is_lost_contact(exc: BaseException, world: World | None) -> bool:
@@ -224,17 +226,13 @@ def _watch(world: World) -> None:
     dead peer (seen with several collectives queued in one forward, on either rank): then nothing
     else would end it. Only connections established at the join count: the ring also leaves
     sockets of its connection attempts open, never connected."""
-    up = {fd: ino for fd, ino in world.links.items() if (_tcp_info(fd, 8) or b"\0")[0] == _TCP_ESTABLISHED}
-
-    def down() -> bool:
-        now = _sockets() or {}
-        return any(now.get(fd) != ino or (_tcp_info(fd, 8) or b"\0")[0] != _TCP_ESTABLISHED for fd, ino in up.items())
+    up = {fd: ino for fd, ino in world.links.items() if _established(fd)}
 
     def loop() -> None:
         since = None
         while not world.done:
             time.sleep(WATCH_S / 4)
-            if world.done or not down():
+            if world.done or not _any_down(up):
                 since = None
                 continue
             since = since or time.monotonic()
