@@ -5,6 +5,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <climits>
@@ -15,6 +16,7 @@
 #include "cpu_features.h"
 #include "dequantize_primitive.h"
 #include "fmm_primitive.h"
+#include "huge_pages.h"
 #include "isa.h"
 #include "layer_primitive.h"
 #include "layout.h"
@@ -96,6 +98,13 @@ NB_MODULE(_qmm, m) {
         "on its own values and position alone");
   m.def("dequantize_rows", &mlxcel::dequantize_weight_rows, "w"_a, "scales"_a, "biases"_a, "bits"_a, "ids"_a = nb::none(),
         "rows ids (default: all) of a repacked weight as float32 [..., K]");
+  m.def("to_huge_pages", [](std::vector<mlx::core::array> arrays) {
+        auto r = mlxcel::to_huge_pages(std::move(arrays));
+        return std::make_tuple(r.arrays, r.bytes, r.huge_bytes);
+      }, "arrays"_a,
+      "copies of the arrays, back to back in one arena of transparent huge pages: (copies, arena bytes, "
+      "bytes in huge pages); the inputs and 0, 0 where no arena can be made");
+  m.def("huge_pages_bytes", &mlxcel::huge_pages_bytes, "bytes the live huge-page arenas map");
   m.def("repack", &mlxcel::repack_weight, "w"_a, "bits"_a, "MLX affine uint32 rows -> the kernel's uint8 layout (eager)");
   m.def("interleave", &mlxcel::interleave_blocks, "a"_a,
         "per-block scales or biases float32 [N, K/32] -> the kernel's order (16 rows side by side per block; eager)");

@@ -601,3 +601,58 @@ def test_half_scales_only_where_every_value_is_exact(tiny_dir, monkeypatch):
 def test_default_model_holds_its_gguf_scales_as_float16(real):
     layers = [m for _, m in real.model.named_modules() if isinstance(m, cpu_weights.RowExactLinear)]
     assert layers and all(m.scales.dtype == mx.float16 and m.biases.dtype == mx.float16 for m in layers)
+
+
+@needs_kernel
+def test_huge_page_arena_copies_exactly_and_unmaps_when_the_last_array_goes():
+    import gc
+
+    gc.collect()  # models earlier tests left behind would unmap their arenas mid-test
+    before = QMM.huge_pages_bytes()
+    src = [
+        mx.arange(300_000, dtype=mx.float32),
+        mx.random.randint(0, 255, (777, 129)).astype(mx.uint8),
+        mx.array([1.5], dtype=mx.float16),
+    ]
+    copies, size, huge = QMM.to_huge_pages(src)
+    assert size >= sum(a.nbytes for a in src) and size % (2 << 20) == 0
+    assert 0 <= huge <= size
+    assert QMM.huge_pages_bytes() - before >= size
+    for a, b in zip(src, copies):
+        assert (a.shape, a.dtype) == (b.shape, b.dtype)
+        assert mx.array_equal(a, b).item()
+    del a, b
+    assert (copies[0] * 2).sum().item() == (src[0] * 2).sum().item()  # MLX reads the arena like its own buffers
+    keep = copies[1]
+    del copies
+    gc.collect()
+    assert QMM.huge_pages_bytes() - before >= size  # one array still holds the arena
+    assert mx.array_equal(keep, src[1]).item()
+    del keep
+    gc.collect()
+    assert QMM.huge_pages_bytes() == before
+    assert QMM.to_huge_pages([]) == ([], 0, 0)
+
+
+@needs_kernel
+def test_weights_in_huge_pages_decode_the_same_and_count_in_peak_memory(tiny_dir, monkeypatch):
+    import gc
+
+    from mlxcel_py.models import loading
+
+    prompt = list(range(40, 70))
+    loaded = loading.load(loading.resolve(str(tiny_dir)))
+    layers = [m for _, m in loaded.model.named_modules() if isinstance(m, cpu_weights.KERNEL_LINEARS)]
+    assert layers and QMM.huge_pages_bytes() >= sum(m.weight.nbytes for m in layers)
+    got, g = run(engine_for(loaded), prompt, max_tokens=24, ignore_eos=True)
+    assert g.stats.peak_memory_bytes >= QMM.huge_pages_bytes()  # MLX's counters alone miss the arena
+    monkeypatch.setenv("MLXCEL_NO_HUGE_PAGES", "1")
+    gc.collect()
+    gc.disable()  # no other test's model may unmap its arena in between
+    try:
+        arena = QMM.huge_pages_bytes()
+        plain = loading.load(loading.resolve(str(tiny_dir)))
+        assert QMM.huge_pages_bytes() == arena  # nothing moved this time
+    finally:
+        gc.enable()
+    assert run(engine_for(plain), prompt, max_tokens=24, ignore_eos=True)[0] == got

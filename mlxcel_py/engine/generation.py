@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
+from ..cpu import weights as cpu_weights
 from ..options import SamplingOptions
 from .cache import SequenceCache
 from .sampling import Decider
@@ -367,6 +368,6 @@ class Generation:
             self.finish_reason = "length"
         finally:
             st.decode_s = time.perf_counter() - t_decode
-            st.peak_memory_bytes = mx.get_peak_memory()
+            st.peak_memory_bytes = cpu_weights.peak_memory()
             if self.remember:
                 eng.remember(self.prompt + self.tokens)
