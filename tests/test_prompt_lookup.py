@@ -96,3 +96,51 @@ def test_drafter_stops_a_proposal_at_eos_unless_eos_is_ignored():
     d.begin(ctx)
     assert d.propose(ctx, 5, SimpleNamespace(ignore_eos=False)).tokens == [3, 0]
     assert d.propose(ctx, 5, SimpleNamespace(ignore_eos=True)).tokens == [3, 0, 7, 7, 1]
+
+
+def test_short_fallback_proposes_the_newest_tokens_followers_when_no_ngram_matches():
+    tokens = [1, 5, 2, 6, 9, 1]  # no 2-gram (9, 1) before; the token 1 alone was followed by 5, 2, ...
+    ix = PromptLookupIndex(2, 3, fallback=2)
+    ix.reset(tokens)
+    assert ix.find_match(7) == ([5, 2], 1)  # at most `fallback` tokens, match length 1
+    assert ix.find_match(1) == ([5], 1)  # and never more than asked
+    assert ix.find_match(7, fallback=False) == ([], 0)
+    assert index_of(tokens).find(7) == []  # fallback 0: mlxcel's drafter
+    ix.extend([5])  # now (1, 5) matches as a 2-gram: the full continuation again
+    assert ix.find_match(7) == ([2, 6, 9, 1, 5], 2)
+    assert PromptLookupIndex(1, 3, fallback=2).fallback == 0  # with ngram_min 1 a 1-gram is a match
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_fallback_equals_a_rescan_of_ngrams_then_the_last_token(seed):
+    rng = random.Random(100 + seed)
+    lo, hi = 2, rng.randint(2, 4)
+    fallback = rng.randint(1, 3)
+    tokens = [rng.randint(0, 6) for _ in range(rng.randint(0, 50))]
+    ix = PromptLookupIndex(lo, hi, fallback)
+    ix.reset(tokens[: len(tokens) // 2])
+    ix.extend(tokens[len(tokens) // 2 :])
+    for limit in (1, 3, 8):
+        want = find_by_scan(tokens, lo, hi, limit) or find_by_scan(tokens, 1, 1, min(limit, fallback))
+        assert ix.find(limit) == want
+
+
+def test_fallback_length_comes_from_the_environment_and_is_checked(monkeypatch):
+    from mlxcel_py.drafters import prompt_lookup
+    from mlxcel_py.errors import UsageError
+
+    assert prompt_lookup.fallback_length() == prompt_lookup.FALLBACK == 2
+    monkeypatch.setenv("MLXCEL_LOOKUP_FALLBACK", "0")
+    assert prompt_lookup.fallback_length() == 0
+    monkeypatch.setenv("MLXCEL_LOOKUP_FALLBACK", "-1")
+    with pytest.raises(UsageError, match="MLXCEL_LOOKUP_FALLBACK"):
+        prompt_lookup.fallback_length()
+
+
+def test_shadow_proposals_never_use_the_fallback():
+    from mlxcel_py.drafters.prompt_lookup import PromptLookupDrafter
+
+    d = PromptLookupDrafter()
+    d.begin([1, 5, 2, 6, 9, 1])
+    assert d.index.find(4) == [5, 2]
+    assert d.shadow(4) == []  # the gated policy resumes on real n-gram evidence only
