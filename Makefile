@@ -58,6 +58,11 @@ bench: model
 			--json docs/bench/vs-llama-cpp-busy.json --markdown > docs/bench/vs-llama-cpp-busy.md && \
 		$(PY) scripts/decode_step.py --rounds 5 --busy 1 --json docs/bench/decode-step.json > docs/bench/decode-step.md; \
 	else echo "skipping --vs llama.cpp: pip install -e '.[llama]' first (it builds llama.cpp)"; fi
+	@# llama.cpp's own llama-server over HTTP (build it from llama.cpp's source; LLAMA_SERVER=path/llama-server)
+	@if [ -n "$(LLAMA_SERVER)" ]; then \
+		$(PY) scripts/vs_llama_server.py --llama-server $(LLAMA_SERVER) --busy 1 \
+			--json docs/bench/vs-llama-server.json > docs/bench/vs-llama-server.md; \
+	else echo "skipping vs llama-server: make bench LLAMA_SERVER=path/to/llama-server"; fi
 	@# the CPU weight forms side by side (and llama.cpp where it is installed), and their quality against float32
 	@if $(PY) -c 'import llama_cpp' 2>/dev/null; then VS="--vs llama.cpp"; else VS=""; fi; \
 	$(MLXCEL) bench $(BENCH_PUBLIC) --limit 2 --prompt-lookup --cpu-weights f32,q8,q4,auto $$VS \

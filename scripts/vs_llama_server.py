@@ -157,7 +157,11 @@ def main() -> None:
                         )
                         print(f"{label} round {r + 1} prompt {i} ({it['kind']}): {line}", file=sys.stderr)
         results[label] = summarize(items, runs)
-        results[label]["runs"] = runs
+        # every request's figures (the texts only decide the "same text" counts)
+        results[label]["runs"] = {
+            name: [[{k: v for k, v in x.items() if k != "text"} for x in xs] for xs in per]
+            for name, per in runs.items()
+        }
         print(f"\n{label} ({a.max_tokens} tokens, {a.rounds} round(s), medians over prompts)\n")
         print(table(results[label]))
     if a.json:

@@ -144,3 +144,16 @@ def test_shadow_proposals_never_use_the_fallback():
     d.begin([1, 5, 2, 6, 9, 1])
     assert d.index.find(4) == [5, 2]
     assert d.shadow(4) == []  # the gated policy resumes on real n-gram evidence only
+
+
+def test_a_fallback_chain_branches_over_the_newest_tokens_other_occurrences():
+    from mlxcel_py.engine.tree import DraftTree
+
+    tokens = [1, 5, 2, 8, 1, 6, 3, 9, 1]  # no 2-gram (9, 1) before; token 1 was followed by 5 2 and 6 3
+    ix = PromptLookupIndex(2, 3, fallback=2)
+    ix.reset(tokens)
+    chain, length, tree = ix.find_tree(7)
+    assert (chain, length) == ([6, 3], 1)
+    assert isinstance(tree, DraftTree)
+    paths = {tuple(tree.tokens[j] for j in tree.path(i)) for i in range(len(tree.tokens))}
+    assert {(6, 3), (5, 2)} <= paths and max(map(len, paths)) == 2  # both continuations, as short as the fallback

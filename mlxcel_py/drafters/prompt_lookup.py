@@ -113,7 +113,8 @@ class PromptLookupIndex:
     def find_tree(self, limit: int, *, periodic: bool = False) -> tuple[list[int], int, DraftTree | None]:
         """`find_match`'s chain and match length, and a tree: that chain first, then the
         continuations (up to `limit` tokens) of the other recent occurrences of each matching
-        suffix n-gram, longest n first, newest first. None when no other occurrence differs."""
+        suffix n-gram, longest n first, newest first (for the short fallback's chain: the newest
+        token's other occurrences, as short). None when no other occurrence differs."""
         chain, length = self.find_match(limit, periodic=periodic)
         if not chain:
             return chain, length, None
@@ -121,7 +122,10 @@ class PromptLookupIndex:
         size = len(toks)
         branches = [chain]
         seen: set[int] = set()
-        for n in range(min(self.ngram_max, size - 1), self.ngram_min - 1, -1):
+        low, cap = self.ngram_min, limit
+        if self.fallback and length == 1:  # nothing longer matched (find_match)
+            low, cap = 1, min(limit, self.fallback)
+        for n in range(min(self.ngram_max, size - 1), low - 1, -1):
             gram = tuple(toks[size - n :])
             latest = self._latest[n].get(gram)
             if latest is None:
@@ -131,7 +135,7 @@ class PromptLookupIndex:
                 if begin in seen:
                     continue
                 seen.add(begin)
-                branches.append(toks[begin : min(begin + limit, size)])
+                branches.append(toks[begin : min(begin + cap, size)])
         tree = merge(branches)
         return chain, length, (None if tree.is_chain else tree)
 
