@@ -656,3 +656,13 @@ def test_weights_in_huge_pages_decode_the_same_and_count_in_peak_memory(tiny_dir
     finally:
         gc.enable()
     assert run(engine_for(plain), prompt, max_tokens=24, ignore_eos=True)[0] == got
+
+
+def test_a_thread_count_that_is_not_a_plain_number_is_ignored(monkeypatch):
+    from mlxcel_py.cpu.cores import usable_cores
+
+    for bad in ("²", "two", "-1", "0", ""):
+        monkeypatch.setenv("MLXCEL_KERNEL_THREADS", bad)
+        assert cpu_weights.default_threads() == usable_cores()
+    monkeypatch.setenv("MLXCEL_KERNEL_THREADS", "3")
+    assert cpu_weights.default_threads() == 3

@@ -132,9 +132,10 @@ def test_fallback_length_comes_from_the_environment_and_is_checked(monkeypatch):
     assert prompt_lookup.fallback_length() == prompt_lookup.FALLBACK == 2
     monkeypatch.setenv("MLXCEL_LOOKUP_FALLBACK", "0")
     assert prompt_lookup.fallback_length() == 0
-    monkeypatch.setenv("MLXCEL_LOOKUP_FALLBACK", "-1")
-    with pytest.raises(UsageError, match="MLXCEL_LOOKUP_FALLBACK"):
-        prompt_lookup.fallback_length()
+    for bad in ("-1", "1.5", "two", "²"):
+        monkeypatch.setenv("MLXCEL_LOOKUP_FALLBACK", bad)
+        with pytest.raises(UsageError, match="MLXCEL_LOOKUP_FALLBACK"):
+            prompt_lookup.fallback_length()
 
 
 def test_shadow_proposals_never_use_the_fallback():

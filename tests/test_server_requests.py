@@ -573,6 +573,9 @@ def test_logit_bias_in_openai_and_llama_server_forms_reaches_the_job():
     assert r.status_code == 200, r.text
     hi = FakeTokenizer().encode("hi")
     assert worker.jobs[-1].sampling.logit_bias == tuple((t, float("-inf")) for t in hi) + ((9, 1.5),)
+    r = client.post(CHAT, json={"messages": HI, "logit_bias": {"²": 1}})  # a digit int() refuses: text
+    assert r.status_code == 200, r.text
+    assert worker.jobs[-1].sampling.logit_bias == tuple((t, 1.0) for t in FakeTokenizer().encode("²"))
 
 
 def _sse(r) -> list[dict]:

@@ -117,7 +117,7 @@ def kernel_status() -> tuple[Any, str]:
 
 def default_threads() -> int:
     env = os.environ.get("MLXCEL_KERNEL_THREADS", "").strip()
-    if env.isdigit() and int(env) > 0:
+    if env.isascii() and env.isdigit() and int(env) > 0:  # (isdigit alone takes "²", which int() refuses)
         return int(env)
     from .cores import usable_cores
 

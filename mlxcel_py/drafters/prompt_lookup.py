@@ -214,7 +214,7 @@ def fallback_length() -> int:
     raw = os.environ.get("MLXCEL_LOOKUP_FALLBACK", "").strip()
     if not raw:
         return FALLBACK
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):  # str.isdigit alone takes "²", which int() refuses
         raise UsageError(f"MLXCEL_LOOKUP_FALLBACK must be a whole number of tokens (0 turns it off), got {raw!r}")
     return int(raw)
 

@@ -222,7 +222,7 @@ class Guard:
                     status_code=415,
                 )
             length = headers.get("content-length")
-            if length is not None and (not length.isdigit() or int(length) > self.body_limit):
+            if length is not None and (not (length.isascii() and length.isdigit()) or int(length) > self.body_limit):
                 return JSONResponse(
                     error_body(f"the request body is larger than {self.body_limit} bytes", "invalid_request_error"),
                     status_code=413,

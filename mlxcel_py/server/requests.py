@@ -106,7 +106,8 @@ class RequestReader:
                 raise ApiError("'logit_bias': a bias must be a finite number (or false to ban the token)")
             if isinstance(key, int) and not isinstance(key, bool):
                 ids = [key]
-            elif isinstance(key, str) and key.lstrip("-").isdigit():
+            elif isinstance(key, str) and key.lstrip("-").isascii() and key.lstrip("-").isdigit():
+                # (isdigit alone takes "²", which int() refuses: such a key is text, as any other)
                 ids = [int(key)]
             elif isinstance(key, str) and key:
                 ids = list(self.tokenizer.encode(key, add_special_tokens=False))

@@ -315,7 +315,7 @@ def _remove_stale(out: Path) -> None:
     """Temporary folders left by conversions whose process is gone (killed mid-write)."""
     for tmp in out.parent.glob(f"{out.name}.tmp*"):
         pid = tmp.name.rsplit(".tmp", 1)[1]
-        if pid.isdigit() and _alive(int(pid)):
+        if pid.isascii() and pid.isdigit() and _alive(int(pid)):
             continue
         shutil.rmtree(tmp, ignore_errors=True)
 
