@@ -14,13 +14,16 @@
 #include "huge_pages.h"
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
 
 #if defined(__linux__)
 #include <sys/mman.h>
-#include <unistd.h>
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25  // Linux 6.1+; older headers lack the name
+#endif
 #endif
 
 namespace mlxcel {
@@ -56,7 +59,7 @@ size_t huge_bytes_of(const void* base, size_t bytes) {
   bool inside = false;
   while (std::fgets(line, sizeof line, f)) {
     unsigned long a, b;
-    if (std::sscanf(line, "%lx-%lx ", &a, &b) == 2 && std::strchr(line, '-') < std::strchr(line, ' ')) {
+    if (std::sscanf(line, "%lx-%lx ", &a, &b) == 2) {  // a mapping's header line: "start-end perms ..."
       inside = a < hi && b > lo;
       continue;
     }
@@ -106,9 +109,6 @@ HugePagesResult to_huge_pages(std::vector<mx::array> arrays) {
     out.arrays.emplace_back(mx::allocator::Data(buf, [arena](mx::allocator::Buffer) mutable { arena.reset(); }),
                             a.shape(), a.dtype());
   }
-#ifndef MADV_COLLAPSE
-#define MADV_COLLAPSE 25
-#endif
   // a fault that found no free huge page took small ones; collapsing asks again, synchronously
   // (Linux 6.1+; an older kernel says EINVAL and the arena keeps what it got)
   out.huge_bytes = huge_bytes_of(base, bytes);

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import socket
 import statistics
 import subprocess
@@ -42,15 +41,10 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import serve_bench  # noqa: E402  (scripts/: the workload file and how a server of ours is started)
+
 from mlxcel_py.bench.busy import busy_loops  # noqa: E402
 from mlxcel_py.models import default_model  # noqa: E402
-
-
-def workload() -> list[dict]:
-    for path in (ROOT.parent / "shared" / "workloads" / "public.jsonl", ROOT / "benchmarks" / "workloads.jsonl"):
-        if path.exists():
-            return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    sys.exit("no workload file")
 
 
 def free_port() -> int:
@@ -59,28 +53,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def drain(proc: subprocess.Popen) -> None:
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-
-
 def start_ours(model: str, threads: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "mlxcel_py", "serve", "-m", model, "--port", "0", "-np", "1", "-t", str(threads)]
-    proc = subprocess.Popen([*cmd, *extra], stderr=subprocess.PIPE, text=True)
-    lines = []
-    for line in proc.stderr:
-        lines.append(line)
-        m = re.search(r"listening on (http://[\d.:]+)", line)
-        if m:
-            drain(proc)
-            return proc, m.group(1)
-    sys.exit("mlxcel serve did not start:\n" + "".join(lines))
+    proc, url, _ = serve_bench.start(["-m", model, "-np", "1", "-t", str(threads), *extra])
+    return proc, url
 
 
 def start_llama(binary: str, model: str, threads: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [binary, "-m", model, "--port", str(port), "-np", "1", "-c", "4096", "-t", str(threads), "-tb", str(threads)]
     proc = subprocess.Popen([*cmd, *extra], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    drain(proc)
+    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # keep draining its log
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -140,7 +122,7 @@ def main() -> None:
     ap.add_argument("--json")
     a = ap.parse_args()
     model = a.model or str(default_model.default_gguf())
-    items = workload()
+    items = serve_bench.workload()
     results: dict[str, dict] = {}
     for load in [0] + ([a.busy] if a.busy else []):
         label = "busy" if load else "quiet"

@@ -601,26 +601,21 @@ def huge_pages(model: Any) -> tuple[int, int]:
     # named_modules lists children after their parents, newest first: reversed, it is the order
     # of definition (the embedding, then layer 0's attention and MLP, ...), the order a step reads
     slots.reverse()
-    total = [0, 0]
-
-    def move(chunk: list[tuple[Any, str]]) -> None:
-        arrays, size, huge = qmm.to_huge_pages([m[k] for m, k in chunk])
+    chunks: list[list[tuple[Any, str]]] = [[]]
+    held = 0
+    for module, key in slots:
+        if held >= ARENA_BYTES:
+            chunks.append([])
+            held = 0
+        chunks[-1].append((module, key))
+        held += module[key].nbytes
+    size = huge = 0
+    for chunk in chunks:  # (an empty one, when there are no slots, moves nothing)
+        arrays, n, h = qmm.to_huge_pages([m[k] for m, k in chunk])
         for (module, key), a in zip(chunk, arrays):
             module[key] = a  # the original is freed here (nothing else holds it)
-        total[0] += size
-        total[1] += huge
-
-    chunk: list[tuple[Any, str]] = []
-    held = 0
-    for slot in slots:
-        chunk.append(slot)
-        held += slot[0][slot[1]].nbytes
-        if held >= ARENA_BYTES:
-            move(chunk)
-            chunk, held = [], 0
-    if chunk:
-        move(chunk)
-    return total[0], total[1]
+        size, huge = size + n, huge + h
+    return size, huge
 
 
 def peak_memory() -> int:
