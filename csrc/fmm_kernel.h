@@ -44,6 +44,9 @@ MLXCEL_FMM_KERNELS
 namespace avx2 {
 MLXCEL_FMM_KERNELS
 }
+namespace avxvnni {
+MLXCEL_FMM_KERNELS
+}
 MLXCEL_FMM_KERNELS
 
 }  // namespace mlxcel

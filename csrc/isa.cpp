@@ -18,14 +18,24 @@ namespace mlxcel {
 std::atomic<int> amx_rows{INT_MAX};
 
 namespace {
+Isa best() {
+  if (isa_supported(Isa::avx512)) return Isa::avx512;
+  return isa_supported(Isa::avxvnni) ? Isa::avxvnni : Isa::avx2;
+}
 std::atomic<int>& active() {
-  static std::atomic<int> isa{static_cast<int>(isa_supported(Isa::avx512) ? Isa::avx512 : Isa::avx2)};
+  static std::atomic<int> isa{static_cast<int>(best())};
   return isa;
 }
-inline bool on_avx2() { return active().load(std::memory_order_relaxed) == static_cast<int>(Isa::avx2); }
+inline Isa now() { return static_cast<Isa>(active().load(std::memory_order_relaxed)); }
 }  // namespace
 
-bool isa_supported(Isa isa) { return isa == Isa::avx512 ? cpu_supported() : avx2_supported(); }
+bool isa_supported(Isa isa) {
+  switch (isa) {
+    case Isa::avx512: return cpu_supported();
+    case Isa::avxvnni: return avxvnni_supported();
+    default: return avx2_supported();
+  }
+}
 
 Isa active_isa() { return static_cast<Isa>(active().load()); }
 
@@ -35,8 +45,12 @@ bool set_isa(Isa isa) {
   return true;
 }
 
-#define MLXCEL_DISPATCH(name, ...) \
-  if (on_avx2()) avx2::name(__VA_ARGS__); else avx512::name(__VA_ARGS__)
+#define MLXCEL_DISPATCH(name, ...)                  \
+  switch (now()) {                                  \
+    case Isa::avx512: avx512::name(__VA_ARGS__); break;   \
+    case Isa::avxvnni: avxvnni::name(__VA_ARGS__); break; \
+    default: avx2::name(__VA_ARGS__); break;              \
+  }
 
 void dequantize_rows(const uint8_t* w, const void* scales, const void* biases, bool half, const uint32_t* ids, int R,
                      int N, int K, int bits, float* out) {

@@ -70,6 +70,9 @@ MLXCEL_LAYER_KERNELS
 namespace avx2 {
 MLXCEL_LAYER_KERNELS
 }
+namespace avxvnni {
+MLXCEL_LAYER_KERNELS
+}
 MLXCEL_LAYER_KERNELS
 
 }  // namespace mlxcel

@@ -1,7 +1,8 @@
-// Row-exact quantized matmul: int8 activations x 4/8-bit weights, with AVX-512 VNNI or AVX2.
+// Row-exact quantized matmul: int8 activations x 4/8-bit weights, with AVX-512 VNNI, AVX-VNNI or
+// AVX2.
 //
-// Built twice (isa_begin.h: once for AVX-512 F/BW/VL/VNNI, once for AVX2/FMA/F16C); nothing in
-// either build runs before isa.cpp chose it for this CPU.
+// Built thrice (isa_begin.h: for AVX-512 F/BW/VL/VNNI, for AVX2/FMA/F16C, and for AVX2 with
+// AVX-VNNI); nothing in a build runs before isa.cpp chose it for this CPU.
 //
 // Layout. Weight rows go in groups of 16 (the last group holds N % 16 rows when that is not 0;
 // call a group's row count r). Within a group, block by block (32 values of K), the values go in
@@ -27,7 +28,8 @@
 // runs sum in int16 without saturating (30,480), and vpmaddwd with ones makes each row's int32.
 // An 8-bit weight goes as its two nibbles (w = lo + 16 hi), each summed that way. These are the
 // same exact integers vpdpbusd gives, and the float steps after them are the same lane-wise
-// operations (simd.h), so an AVX2 row is bit-identical to an AVX-512 row.
+// operations (simd.h), so an AVX2 row is bit-identical to an AVX-512 row. AVX-VNNI: the AVX2
+// layout and float steps, with vpdpbusd on 32-byte halves: the same integers again.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -195,6 +197,48 @@ inline __m256i run_half(const BlockWeights& bw, int c, int h) {
   return _mm256_maskload_epi32(reinterpret_cast<const int*>(p), bw.mask[h]);
 }
 
+#if MLXCEL_ISA_AVXVNNI
+// AVX-VNNI: vpdpbusd on each 32-byte half, as the AVX-512 build does on 64 bytes. 4 bits: the two
+// nibble runs of a byte; 8 bits: the bytes as they are (0..255 x -127..127, four to a dword, in
+// int32: nothing to split). The same exact integers as the vpmaddubsw path below.
+inline __m256i dpbusd(__m256i acc, __m256i w, __m256i x) {
+#if MLXCEL_AVXVNNI_EVEX
+  return _mm256_dpbusd_epi32(acc, w, x);  // the test build (CMakeLists.txt): same operation, EVEX
+#else
+  return _mm256_dpbusd_avx_epi32(acc, w, x);
+#endif
+}
+
+template <int BITS, int CH>
+inline vi block_dot(const BlockWeights& bw, const int8_t* xq) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  __m256i x[8];
+#pragma GCC unroll 8
+  for (int c = 0; c < 8; ++c) x[c] = _mm256_set1_epi32(load4(xq + 4 * c));
+  __m256i out[2];
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    // two chains a half: the 8 products of a block are one dependent sequence otherwise
+    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+    if (BITS == 4) {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const __m256i p = run_half(bw, j, h);
+        s0 = dpbusd(s0, _mm256_and_si256(p, low), x[2 * j]);
+        s1 = dpbusd(s1, _mm256_and_si256(_mm256_srli_epi16(p, 4), low), x[2 * j + 1]);
+      }
+    } else {
+#pragma GCC unroll 4
+      for (int c = 0; c < 8; c += 2) {
+        s0 = dpbusd(s0, run_half(bw, c, h), x[c]);
+        s1 = dpbusd(s1, run_half(bw, c + 1, h), x[c + 1]);
+      }
+    }
+    out[h] = _mm256_add_epi32(s0, s1);
+  }
+  return {out[0], out[1]};
+}
+#else
 template <int BITS, int CH>
 inline vi block_dot(const BlockWeights& bw, const int8_t* xq) {
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
@@ -226,6 +270,7 @@ inline vi block_dot(const BlockWeights& bw, const int8_t* xq) {
   }
   return {out[0], out[1]};
 }
+#endif  // MLXCEL_ISA_AVXVNNI
 #endif
 
 // activation rows m0..m0+NR-1 against one group of r weight rows

@@ -78,6 +78,9 @@ MLXCEL_QMM_KERNELS
 namespace avx2 {
 MLXCEL_QMM_KERNELS
 }
+namespace avxvnni {
+MLXCEL_QMM_KERNELS
+}
 MLXCEL_QMM_KERNELS
 
 }  // namespace mlxcel

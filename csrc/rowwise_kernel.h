@@ -24,6 +24,9 @@ MLXCEL_ROWWISE_KERNELS
 namespace avx2 {
 MLXCEL_ROWWISE_KERNELS
 }
+namespace avxvnni {
+MLXCEL_ROWWISE_KERNELS
+}
 MLXCEL_ROWWISE_KERNELS
 
 // The cos and sin table for `count` positions (scalar, baseline: rope_table.cpp): [count][dims/2] cos, then [count][dims/2] sin.

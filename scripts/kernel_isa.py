@@ -1,9 +1,12 @@
-"""Plain decode on the kernel's two builds and on float32, side by side (MLXCEL_KERNEL_ISA).
+"""Plain decode on the kernel's builds and on float32, side by side (MLXCEL_KERNEL_ISA).
 
-Runs `mlxcel generate --profile` (default model, greedy) under MLXCEL_KERNEL_ISA=avx512, avx2
-and f32 in turn, interleaved, and reports the median prefill and decode speed of each, the
-decode ratio against f32, and whether the three gave the same text (avx512 and avx2 must: they
-compute the same bits; f32 may differ where int8 activations round differently). With --busy, a
+Runs `mlxcel generate --profile` (default model, greedy) under MLXCEL_KERNEL_ISA=avx512, avxvnni,
+avx2 (those this CPU runs) and f32 in turn, interleaved, and reports the median prefill and decode
+speed of each, the decode ratio against f32, and whether they gave the same text (the kernel's
+builds must: they compute the same bits; f32 may differ where int8 activations round
+differently). Run from `make test-avxvnni`'s tree (build/avxvnni-evex/tree) on a CPU with
+AVX-512 VNNI and without AVX-VNNI, the avxvnni row is the test build's EVEX vpdpbusd: a stand-in
+for an AVX-VNNI CPU's speed, not a measurement of one. With --busy, a
 `nice -n 19` busy loop runs beside every run, as a user's other programs would. Usage:
 
     python scripts/kernel_isa.py [--runs 3] [--tokens 128] [--threads 1,2] [--busy] [--json FILE]
@@ -22,8 +25,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-ISAS = ("avx512", "avx2", "f32")
+
+
+def builds() -> tuple[str, ...]:
+    """The kernel's builds this CPU runs, best first, then f32 (no kernel)."""
+    from mlxcel_py.cpu import weights as cpu_weights
+
+    qmm, _ = cpu_weights.kernel_status()
+    return (*(isa for isa in cpu_weights.KERNEL_ISAS[:-1] if qmm is not None and qmm.isa_supported(isa)), "f32")
 
 
 def one_run(isa: str, threads: int, tokens: int) -> tuple[float, float, str]:
@@ -43,17 +55,19 @@ def main() -> None:
     ap.add_argument("--busy", action="store_true", help="a nice -n 19 busy loop beside every run")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    isas = builds()
     busy = subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"]) if args.busy else None
     rows = []
     try:
         for threads in [int(t) for t in args.threads.split(",")]:
-            got: dict[str, list[tuple[float, float, str]]] = {isa: [] for isa in ISAS}
+            got: dict[str, list[tuple[float, float, str]]] = {isa: [] for isa in isas}
             for _ in range(args.runs):
-                for isa in ISAS:  # interleaved: a noisy moment hits every build alike
+                for isa in isas:  # interleaved: a noisy moment hits every build alike
                     got[isa].append(one_run(isa, threads, args.tokens))
             f32 = statistics.median(d for _, d, _ in got["f32"])
             texts = {isa: {t for _, _, t in runs} for isa, runs in got.items()}
-            for isa in ISAS:
+            first = isas[0]
+            for isa in isas:
                 decode = [d for _, d, _ in got[isa]]
                 rows.append(
                     dict(
@@ -64,21 +78,21 @@ def main() -> None:
                         decode=statistics.median(decode),
                         decode_runs=decode,
                         vs_f32=statistics.median(decode) / f32,
-                        same_text_as_avx512=texts[isa] == texts["avx512"],
+                        same_text_as_best=texts[isa] == texts[first],
                     )
                 )
     finally:
         if busy is not None:
             busy.kill()
     print(
-        f"| threads | build | prefill tok/s | decode tok/s (runs) | decode vs f32 | text = avx512 |{' (busy)' if args.busy else ''}"
+        f"| threads | build | prefill tok/s | decode tok/s (runs) | decode vs f32 | text = {isas[0]} |{' (busy)' if args.busy else ''}"
     )
     print("|---|---|---|---|---|---|")
     for r in rows:
         runs = ", ".join(f"{d:.0f}" for d in r["decode_runs"])
         print(
             f"| {r['threads']} | {r['isa']} | {r['prefill']:.0f} | {r['decode']:.0f} ({runs}) | "
-            f"{r['vs_f32']:.2f}x | {'yes' if r['same_text_as_avx512'] else 'no'} |"
+            f"{r['vs_f32']:.2f}x | {'yes' if r['same_text_as_best'] else 'no'} |"
         )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")

@@ -3,7 +3,7 @@
 Why: plain decoding on the CPU streams every weight once per token. As float32 the default model
 is 540 MB a token, the bandwidth wall; MLX's own CPU quantized matmul is slower still. The
 `_qmm` extension (csrc/, built at install) multiplies int8-quantized activations by 4- or 8-bit
-weights with AVX-512 VNNI, or AVX2 where a CPU has no AVX-512 (the same bits: csrc/simd.h),
+weights with AVX-512 VNNI, or AVX-VNNI or AVX2 where a CPU has no AVX-512 (the same bits: csrc/simd.h),
 reading 3-5x fewer bytes. Weights come from MLX's affine layout
 (q = round((w - bias) / scale) per group) and are repacked once at load into the kernel's own
 interleaved layout, with one float32 scale and bias per 32 values.
@@ -76,16 +76,17 @@ KERNEL_GROUPS = (32, 64, 128)
 
 FLOAT_FORMS = {mx.float16: "f16", mx.bfloat16: "bf16", mx.float32: "f32"}  # the float kernel's
 
-KERNEL_ISAS = ("avx512", "avx2", "f32")  # MLXCEL_KERNEL_ISA: the kernel's build, or none
-_ISA_NAMES = {"avx512": "AVX-512 VNNI", "avx2": "AVX2"}
+KERNEL_ISAS = ("avx512", "avxvnni", "avx2", "f32")  # MLXCEL_KERNEL_ISA: the kernel's build, or none
+_ISA_NAMES = {"avx512": "AVX-512 VNNI", "avxvnni": "AVX-VNNI", "avx2": "AVX2"}
 
 
 @functools.cache
 def kernel_status() -> tuple[Any, str]:
     """(the _qmm module or None, a one-line description of why it is or is not in use).
 
-    MLXCEL_KERNEL_ISA picks the kernel's build: `avx512`, `avx2` (both give the same bits, so an
-    AVX-512 machine tests the AVX2 path) or `f32` (no kernel); unset, the best this CPU runs."""
+    MLXCEL_KERNEL_ISA picks the kernel's build: `avx512`, `avxvnni`, `avx2` (all give the same
+    bits, so an AVX-512 machine tests the AVX2 path) or `f32` (no kernel); unset, the best this
+    CPU runs (in that order)."""
     if mx.default_device() != mx.cpu:
         return None, "not needed (MLX runs on the GPU)"
     if os.environ.get("MLXCEL_NO_KERNEL"):
@@ -106,9 +107,11 @@ def kernel_status() -> tuple[Any, str]:
         return None, f"not built ({why}; reinstall with a C++ compiler and CMake)"
     if asked and not _qmm.set_isa(asked):
         return None, f"MLXCEL_KERNEL_ISA={asked}: this CPU lacks {_ISA_NAMES[asked]}"
-    if not asked and not _qmm.set_isa("avx512") and not _qmm.set_isa("avx2"):
+    if not asked and not any(_qmm.set_isa(isa) for isa in KERNEL_ISAS[:-1]):
         return None, "this CPU lacks AVX2 (and AVX-512 VNNI)"
     name = f"row-exact {_ISA_NAMES[_qmm.isa()]} kernel"
+    if _qmm.isa() == "avxvnni" and _qmm.avxvnni_as_evex():
+        name += " (test build: EVEX vpdpbusd)"
     _qmm.set_threads(default_threads())
     if _qmm.set_amx_rows(0 if os.environ.get("MLXCEL_NO_AMX") else AMX_ROWS):
         return _qmm, f"{name}, AMX tiles from {AMX_ROWS} rows"
