@@ -442,6 +442,16 @@ def test_prompt_cache_reuses_a_shared_prefix_and_changes_nothing(server):
     _, again = post(url + "/completion", body)
     assert again["content"] == first["content"]
     assert again["timings"]["cache_n"] == again["tokens_evaluated"] - 1
+    # llama-server's cache_prompt: false feeds the whole prompt again, to the same text
+    _, whole = post(url + "/completion", dict(body, cache_prompt=False))
+    assert whole["content"] == first["content"] and whole["timings"]["cache_n"] == 0
+    ask = {"messages": [{"role": "user", "content": body["prompt"]}], "max_tokens": 4, "temperature": 0}
+    cached = [post(url + "/v1/chat/completions", b)[1] for b in (ask, ask, dict(ask, cache_prompt=False))]
+    assert cached[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 10  # the control: a cached prefix
+    assert cached[2]["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert cached[2]["choices"][0]["message"] == cached[1]["choices"][0]["message"]
+    code, bad = post(url + "/completion", dict(body, cache_prompt="no"))  # strict: a string is not a bool
+    assert code == 400 and "cache_prompt" in json.dumps(bad)
     system = "You are a careful assistant. " + "Answer in plain words, never in lists. " * 12
     asks = ["What is a river delta?", "Why is the sea salty?"]
     replies = []

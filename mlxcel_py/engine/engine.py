@@ -108,6 +108,7 @@ class Engine:
         ignore_eos: bool = False,
         speculative: bool = True,
         reuse_cache: bool = False,
+        reuse_prefix: bool = True,
         remember: bool = True,
         cancelled: Callable[[], bool] | None = None,
         logprobs: int | None = None,
@@ -133,6 +134,7 @@ class Engine:
             ignore_eos=ignore_eos,
             speculative=speculative,
             reuse_cache=reuse_cache,
+            reuse_prefix=reuse_prefix,
             remember=remember,
         )
 

@@ -91,6 +91,7 @@ class Generation:
         ignore_eos: bool = False,
         speculative: bool = True,
         reuse_cache: bool = False,
+        reuse_prefix: bool = True,
         remember: bool = True,
         cancelled: Callable[[], bool] | None = None,
         logprobs: int | None = None,
@@ -122,6 +123,9 @@ class Generation:
         self._drafter, self._policy = drafter, policy
         self.speculative = speculative and (drafter is not None or engine.drafters is not None)
         self.reuse_cache = reuse_cache
+        # False: the cache keeps none of its tokens and the whole prompt is fed (llama-server's
+        # cache_prompt: false); the output is the same, only the prefill time differs
+        self.reuse_prefix = reuse_prefix
         self.stats = GenerationStats(prompt_tokens=len(self.prompt))
         self.finish_reason: str | None = None
         # prompt tokens (total, taken from a cache, processed so far, ms), one entry as feeding
@@ -203,7 +207,7 @@ class Generation:
         drafter = (self._drafter if self._drafter is not None else eng.make_drafter()) if self.speculative else None
         # a drafter that reads the target's hidden states (an MTP head) has the target keep them
         cache.keep_hidden(getattr(drafter, "hidden_tap", None))
-        st.cached_tokens = cache.reuse_prefix(self.prompt)
+        st.cached_tokens = cache.reuse_prefix(self.prompt if self.reuse_prefix else [])
         todo = self.prompt[st.cached_tokens : -1]
         total, cached = len(self.prompt), st.cached_tokens
 

@@ -60,6 +60,9 @@ class Sampling(_Body):
     speculative_n_max: int | None = Field(None, alias="speculative.n_max")
     # llama-server's limit on decoding time (ms, from the first token; 0 none), within the server's
     t_max_predict_ms: int | None = None
+    # llama-server's prompt cache switch: false feeds the whole prompt, reusing no cached prefix
+    # (the text is the same either way on the row-exact path; only the time differs)
+    cache_prompt: bool = True
 
     @field_validator("speculative_n_max")
     @classmethod

@@ -48,6 +48,7 @@ class Job:
     logprobs: int | None = None  # top-N per token ("logprobs" events before each text piece)
     pieces: bool = True  # the consumer reads text as it comes (streaming); else only "done"/"error"
     speculative: bool = True  # False: this request decodes plainly (speculative.n_max 0)
+    cache_prompt: bool = True  # False: no cached prefix is reused, the whole prompt is fed (llama-server's)
     predict_ms: float | None = None  # time limit for decoding, from the first piece (t_max_predict_ms)
     grammar: Any = None  # grammars.GrammarSpec the output follows (compiled when the job starts)
     progress: bool = False  # "progress" events while the prompt is fed (llama-server's return_progress)
@@ -227,6 +228,7 @@ class Worker:
             max_tokens=job.max_tokens,
             sampling=job.sampling,
             speculative=spec,
+            reuse_prefix=job.cache_prompt,
             ignore_eos=job.ignore_eos,
             cancelled=job.cancelled.is_set,
             logprobs=job.logprobs,
