@@ -280,6 +280,18 @@ def test_families_outside_the_list_say_why_and_are_not_fused(tmp_path):
     assert decoder_layers.why_not(loaded.model)
 
 
+@needs_kernel
+def test_a_tensor_parallel_ranks_layers_are_not_fused(tmp_path, monkeypatch):
+    """A rank whose linears gather rows from the other ranks (parallel.exact_tp.GatheredRows)
+    talks to them mid-layer: its layers keep mlx-lm's code, and why_not says so."""
+    from mlxcel_py.parallel.exact_tp import GatheredRows
+
+    loaded = loading.load(loading.resolve(str(build(tmp_path / "m", CONFIGS["llama"], seed=3, scale=1.0))))
+    attn = loaded.model.model.layers[1].self_attn
+    monkeypatch.setattr(attn, "o_proj", GatheredRows(attn.o_proj, group=None))
+    assert "tensor-parallel rank" in decoder_layers.why_not(loaded.model)
+
+
 def test_turned_off_by_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("MLXCEL_NO_FUSED_LAYERS", "1")
     folder = build(tmp_path / "m", CONFIGS["llama"], seed=3, scale=1.0)

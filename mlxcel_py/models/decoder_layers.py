@@ -78,7 +78,7 @@ def why_not(model: Any) -> str | None:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         for part, name in LINEARS:
             lin = getattr({"self_attn": attn, "mlp": mlp}[part], name, None)
-            if type(lin).__name__ == "GatheredRows":  # parallel.exact_tp: ranks exchange rows mid-layer
+            if getattr(lin, "exchanges_rows", False):  # parallel.exact_tp.GatheredRows: ranks talk mid-layer
                 return "a tensor-parallel rank (--tp-size) gathers its rows from the other ranks inside each layer"
             if type(lin) not in cpu_weights.KERNEL_LINEARS:
                 return f"layer {i} {part}.{name} is not on the kernel"

@@ -52,6 +52,10 @@ class GatheredRows(nn.Module):
     """A linear split by output rows between two gathers: every rank's input shard joined, this
     rank's rows of the product, every rank's rows joined."""
 
+    # what the fused decoder layers ask (models.decoder_layers.why_not, which may not import
+    # this module): a layer that talks to the other ranks mid-forward cannot run inside one op
+    exchanges_rows = True
+
     def __init__(self, rows: nn.Module, group: Any):
         super().__init__()
         self.rows = rows  # nn.Linear / nn.QuantizedLinear (then a kernel layer) with this rank's rows
