@@ -452,6 +452,8 @@ def test_prompt_cache_reuses_a_shared_prefix_and_changes_nothing(server):
     assert cached[2]["choices"][0]["message"] == cached[1]["choices"][0]["message"]
     code, bad = post(url + "/completion", dict(body, cache_prompt="no"))  # strict: a string is not a bool
     assert code == 400 and "cache_prompt" in json.dumps(bad)
+    _, default = post(url + "/completion", dict(body, cache_prompt=None))  # null: the default, as llama-server
+    assert default["timings"]["cache_n"] == default["tokens_evaluated"] - 1
     system = "You are a careful assistant. " + "Answer in plain words, never in lists. " * 12
     asks = ["What is a river delta?", "Why is the sea salty?"]
     replies = []

@@ -301,7 +301,7 @@ class RequestReader:
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
             speculative=req.speculative(),
-            cache_prompt=req.cache_prompt,
+            cache_prompt=req.cache_prompt is not False,
             predict_ms=self.predict_ms(req),
             progress=req.stream and (req.model_extra or {}).get("return_progress") is True,
         )

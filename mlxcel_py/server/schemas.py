@@ -61,8 +61,9 @@ class Sampling(_Body):
     # llama-server's limit on decoding time (ms, from the first token; 0 none), within the server's
     t_max_predict_ms: int | None = None
     # llama-server's prompt cache switch: false feeds the whole prompt, reusing no cached prefix
-    # (the text is the same either way on the row-exact path; only the time differs)
-    cache_prompt: bool = True
+    # (the text is the same either way on the row-exact path; only the time differs); null is
+    # the default, as llama-server reads it
+    cache_prompt: bool | None = None
 
     @field_validator("speculative_n_max")
     @classmethod
