@@ -197,6 +197,12 @@ inline __m256i run_half(const BlockWeights& bw, int c, int h) {
   return _mm256_maskload_epi32(reinterpret_cast<const int*>(p), bw.mask[h]);
 }
 
+// the 4 activation bytes of each of a block's 8 runs, broadcast to every dword lane
+inline void broadcast_runs(const int8_t* xq, __m256i x[8]) {
+#pragma GCC unroll 8
+  for (int c = 0; c < 8; ++c) x[c] = _mm256_set1_epi32(load4(xq + 4 * c));
+}
+
 #if MLXCEL_ISA_AVXVNNI
 // AVX-VNNI: vpdpbusd on each 32-byte half, as the AVX-512 build does on 64 bytes. 4 bits: the two
 // nibble runs of a byte; 8 bits: the bytes as they are (0..255 x -127..127, four to a dword, in
@@ -213,8 +219,7 @@ template <int BITS, int CH>
 inline vi block_dot(const BlockWeights& bw, const int8_t* xq) {
   const __m256i low = _mm256_set1_epi8(0x0F);
   __m256i x[8];
-#pragma GCC unroll 8
-  for (int c = 0; c < 8; ++c) x[c] = _mm256_set1_epi32(load4(xq + 4 * c));
+  broadcast_runs(xq, x);
   __m256i out[2];
 #pragma GCC unroll 2
   for (int h = 0; h < 2; ++h) {
@@ -243,8 +248,7 @@ template <int BITS, int CH>
 inline vi block_dot(const BlockWeights& bw, const int8_t* xq) {
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   __m256i x[8];
-#pragma GCC unroll 8
-  for (int c = 0; c < 8; ++c) x[c] = _mm256_set1_epi32(load4(xq + 4 * c));
+  broadcast_runs(xq, x);
   __m256i out[2];
 #pragma GCC unroll 2
   for (int h = 0; h < 2; ++h) {
