@@ -1,6 +1,6 @@
 """The plain decode step, side by side with llama.cpp: 1 and 2 threads, quiet and beside busy loops.
 
-    python scripts/decode_step.py [--tokens 128] [--rounds 3] [--busy 1] [-m FILE.gguf] [--json out.json]
+    python scripts/decode_step.py [--tokens 128] [--rounds 3] [--busy 1] [-m FILE.gguf] [--context N] [--json out.json]
 
 Greedy plain decoding of the default model (SmolLM2-135M-Instruct, its Q4_1 GGUF), or of `-m`'s
 GGUF file (e.g. a bigger shape from scripts/gguf_shape.py), after a short prompt, timed from the first generated token, for mlxcel-py (this checkout's engine: the fused
@@ -9,6 +9,9 @@ decoder layers, `MLXCEL_NO_FUSED_LAYERS=1` for mlx-lm's layer code) and llama.cp
 per round, interleaved, so a shared machine's drift hits all alike; the median of the rounds is
 reported with the ratios that the README quotes (ratios, not absolute speeds: the host is noisy).
 "Busy" runs the same rounds with N busy loops at nice 19 beside them (`mlxcel bench --busy`).
+`--context N` decodes after a prompt of N tokens instead (the text of docs/cpu.md before the short
+prompt): each step then also reads N positions of keys and values a layer. Both programs get the
+same token ids.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 from mlxcel_py.cpu import blas
 
@@ -26,16 +30,25 @@ blas.prepare()
 import mlx.core as mx  # noqa: E402
 
 PROMPT = "Write a short story about a robot learning to paint, in three paragraphs."
+FILLER = Path(__file__).resolve().parents[1] / "docs" / "cpu.md"
 
 
-def ours(tokens: int, path: str | None):
-    import mlxcel_py as mc
+def prompt_ids(model, context: int) -> list[int]:
+    """The short prompt's ids, after filler text up to `context` ids in all."""
+    ids = model.encode(PROMPT)
+    if context <= len(ids):
+        return ids
+    filler = model.encode(FILLER.read_text(), chat_template=False)
+    while len(filler) < context:
+        filler += filler
+    return filler[: context - len(ids)] + ids
+
+
+def ours(tokens: int, model, ids: list[int]):
     from mlxcel_py.cpu import weights as cpu_weights
     from mlxcel_py.engine.cache import SequenceCache
 
-    model = mc.load(path, warmup=False)
     qmm, _ = cpu_weights.kernel_status()
-    ids = model.encode(PROMPT)
 
     def run(threads: int) -> float:
         if qmm is not None:
@@ -50,19 +63,19 @@ def ours(tokens: int, path: str | None):
     return run
 
 
-def llama(tokens: int, path: str | None):
+def llama(tokens: int, path: str | None, ids: list[int]):
     from llama_cpp import Llama
 
     from mlxcel_py.models import default_model
 
     path = path or str(default_model.default_gguf())
     instances = {}
+    n_ctx = max(1024, len(ids) + tokens + 64)
 
     def run(threads: int) -> float:
         if threads not in instances:
-            instances[threads] = Llama(path, n_ctx=1024, n_threads=threads, n_threads_batch=threads, verbose=False)
+            instances[threads] = Llama(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
         llm = instances[threads]
-        ids = llm.tokenize(PROMPT.encode())
         n, start = 0, 0.0
         for _ in llm.generate(ids, temp=0.0, reset=True):
             n += 1
@@ -82,14 +95,18 @@ def main() -> None:
     ap.add_argument("--busy", type=int, default=1, help="busy loops for the loaded half (0: quiet only)")
     ap.add_argument("--ours-only", action="store_true", help="skip llama.cpp (A/B runs of our own builds)")
     ap.add_argument("-m", "--model", default=None, help="a GGUF file (default: the default model's)")
+    ap.add_argument("--context", type=int, default=0, help="prompt tokens before decoding (0: the short prompt)")
     ap.add_argument("--json")
     a = ap.parse_args()
+    import mlxcel_py as mc
     from mlxcel_py.bench.busy import busy_loops
 
-    runners = {"mlxcel-py": ours(a.tokens, a.model)}
+    model = mc.load(a.model, warmup=False)
+    ids = prompt_ids(model, a.context)
+    runners = {"mlxcel-py": ours(a.tokens, model, ids)}
     try:
         if not a.ours_only:
-            runners["llama.cpp"] = llama(a.tokens, a.model)
+            runners["llama.cpp"] = llama(a.tokens, a.model, ids)
     except ImportError:
         print("llama-cpp-python is not installed: ours only (pip install -e '.[llama]')", file=sys.stderr)
     for run in runners.values():  # warm both (first calls pay for allocations and the thread pool)
@@ -125,7 +142,14 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(
-                {"tokens": a.tokens, "rounds": a.rounds, "busy": a.busy, "speeds": speeds, "ratios": ratios},
+                {
+                    "tokens": a.tokens,
+                    "context": len(ids),
+                    "rounds": a.rounds,
+                    "busy": a.busy,
+                    "speeds": speeds,
+                    "ratios": ratios,
+                },
                 f,
                 indent=2,
             )
