@@ -40,6 +40,24 @@ def test_a_shared_prefix_is_reused_and_the_output_is_unchanged(tiny):
     assert pooled.prompt_cache.stats.hits == 2
 
 
+def test_a_request_that_reuses_nothing_takes_a_fresh_cache_and_leaves_the_pool(tiny):
+    """reuse_prefix=False (serve's cache_prompt: false): the whole prompt is fed, the stored entry
+    sharing its prefix stays in the pool for others (not taken and emptied), no hit is counted,
+    and the output is the same."""
+    eng = _engine(tiny)
+    prompt = list(range(40, 100))
+    first, _ = _run(eng, prompt)
+    pool = eng.prompt_cache
+    before = (pool.entries, pool.stats.hits, pool.stats.reused_tokens)
+    g = eng.generate(prompt + [7], max_tokens=24, sampling=SamplingOptions(), ignore_eos=True, reuse_prefix=False)
+    taken = next(iter(g))  # the first token: the prompt went in; the request holds its cache
+    assert g.stats.cached_tokens == 0
+    assert (pool.entries, pool.stats.hits, pool.stats.reused_tokens) == before
+    assert [taken.token, *(e.token for e in g)] == _run(_engine(tiny, 0), prompt + [7])[0]
+    again, st = _run(eng, prompt)  # the stored prefix is still there for a request that reuses
+    assert st.cached_tokens == len(prompt) - 1 and again == first
+
+
 def test_the_same_prompt_twice_prefills_once_on_the_default_model(real):
     """Exactness on the real model and the row-exact kernel path: a stored prompt continues exactly
     as a fresh one (every token but the last comes from the cache, the last is a one-row step

@@ -123,7 +123,7 @@ class Generation:
         self._drafter, self._policy = drafter, policy
         self.speculative = speculative and (drafter is not None or engine.drafters is not None)
         self.reuse_cache = reuse_cache
-        # False: the cache keeps none of its tokens and the whole prompt is fed (llama-server's
+        # False: no stored prefix is taken or kept and the whole prompt is fed (llama-server's
         # cache_prompt: false); the output is the same, only the prefill time differs
         self.reuse_prefix = reuse_prefix
         self.stats = GenerationStats(prompt_tokens=len(self.prompt))
@@ -160,10 +160,15 @@ class Generation:
             self._hand_back()
         # any other exception may have left a forward half-applied: that cache is dropped
 
+    def _reusable(self) -> list[int]:
+        """What a cache may keep of this prompt: all of it but the last token, or nothing."""
+        return self.prompt if self.reuse_prefix else []
+
     def _take_cache(self) -> SequenceCache:
         eng = self.engine
         if eng.prompt_cache is not None and not self.reuse_cache:
-            self._pooled = eng.prompt_cache.take(self.prompt)
+            # nothing to reuse: a fresh cache, and the pool's entries stay for other requests
+            self._pooled = eng.prompt_cache.take(self._reusable())
             return self._pooled
         return eng.sequence_cache(self.reuse_cache)
 
@@ -207,7 +212,7 @@ class Generation:
         drafter = (self._drafter if self._drafter is not None else eng.make_drafter()) if self.speculative else None
         # a drafter that reads the target's hidden states (an MTP head) has the target keep them
         cache.keep_hidden(getattr(drafter, "hidden_tap", None))
-        st.cached_tokens = cache.reuse_prefix(self.prompt if self.reuse_prefix else [])
+        st.cached_tokens = cache.reuse_prefix(self._reusable())
         todo = self.prompt[st.cached_tokens : -1]
         total, cached = len(self.prompt), st.cached_tokens
 
