@@ -55,6 +55,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..digits import whole_number
 from ..errors import UsageError
 from ..options import MAX_DRAFT_LIMIT
 
@@ -120,7 +121,7 @@ def kernel_status() -> tuple[Any, str]:
 
 def default_threads() -> int:
     env = os.environ.get("MLXCEL_KERNEL_THREADS", "").strip()
-    if env.isascii() and env.isdigit() and int(env) > 0:  # (isdigit alone takes "²", which int() refuses)
+    if whole_number(env) and int(env) > 0:
         return int(env)
     from .cores import usable_cores
 

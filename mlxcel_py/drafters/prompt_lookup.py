@@ -27,6 +27,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from ..digits import whole_number
 from ..engine.tree import DraftTree, merge
 from ..errors import UsageError
 from .base import Drafter, DrafterSource, Plan, Proposal, stop_at_eos
@@ -214,7 +215,7 @@ def fallback_length() -> int:
     raw = os.environ.get("MLXCEL_LOOKUP_FALLBACK", "").strip()
     if not raw:
         return FALLBACK
-    if not (raw.isascii() and raw.isdigit()):  # str.isdigit alone takes "²", which int() refuses
+    if not whole_number(raw):
         raise UsageError(f"MLXCEL_LOOKUP_FALLBACK must be a whole number of tokens (0 turns it off), got {raw!r}")
     return int(raw)
 

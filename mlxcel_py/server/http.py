@@ -21,6 +21,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
+from ..digits import whole_number
 from .security import AccessPolicy, CorsPolicy, is_json_content_type
 
 BODY_LIMIT = 8 * 2**20  # bytes; a chat history of this size is far past any context window here
@@ -222,7 +223,7 @@ class Guard:
                     status_code=415,
                 )
             length = headers.get("content-length")
-            if length is not None and (not (length.isascii() and length.isdigit()) or int(length) > self.body_limit):
+            if length is not None and (not whole_number(length) or int(length) > self.body_limit):
                 return JSONResponse(
                     error_body(f"the request body is larger than {self.body_limit} bytes", "invalid_request_error"),
                     status_code=413,

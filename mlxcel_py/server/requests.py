@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
+from ..digits import whole_number
 from ..engine.prompting import render_messages
 from ..errors import UsageError
 from ..options import SamplingOptions
@@ -106,8 +107,7 @@ class RequestReader:
                 raise ApiError("'logit_bias': a bias must be a finite number (or false to ban the token)")
             if isinstance(key, int) and not isinstance(key, bool):
                 ids = [key]
-            elif isinstance(key, str) and key.lstrip("-").isascii() and key.lstrip("-").isdigit():
-                # (isdigit alone takes "²", which int() refuses: such a key is text, as any other)
+            elif isinstance(key, str) and whole_number(key.lstrip("-")):  # ("²" is text, as any other key)
                 ids = [int(key)]
             elif isinstance(key, str) and key:
                 ids = list(self.tokenizer.encode(key, add_special_tokens=False))

@@ -29,6 +29,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ...digits import whole_number
 from ...errors import ModelError
 from . import arch as gguf_arch
 from . import cache as conversions
@@ -315,7 +316,7 @@ def _remove_stale(out: Path) -> None:
     """Temporary folders left by conversions whose process is gone (killed mid-write)."""
     for tmp in out.parent.glob(f"{out.name}.tmp*"):
         pid = tmp.name.rsplit(".tmp", 1)[1]
-        if pid.isascii() and pid.isdigit() and _alive(int(pid)):
+        if whole_number(pid) and _alive(int(pid)):
             continue
         shutil.rmtree(tmp, ignore_errors=True)
 
