@@ -9,7 +9,9 @@
 #include <nanobind/stl/vector.h>
 
 #include <climits>
+#include <optional>
 #include <stdexcept>
+#include <utility>
 
 #include "attention_primitive.h"
 #include "cache_attention_primitive.h"
@@ -32,20 +34,20 @@ namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace {
-// "avx512" / "avx2" / "avxvnni" (MLXCEL_KERNEL_ISA's names), else nothing
+// MLXCEL_KERNEL_ISA's names of the builds, both ways
+constexpr std::pair<const char*, mlxcel::Isa> kIsaNames[] = {
+    {"avx512", mlxcel::Isa::avx512}, {"avxvnni", mlxcel::Isa::avxvnni}, {"avx2", mlxcel::Isa::avx2}};
+
 std::optional<mlxcel::Isa> isa_named(const std::string& name) {
-  if (name == "avx512") return mlxcel::Isa::avx512;
-  if (name == "avx2") return mlxcel::Isa::avx2;
-  if (name == "avxvnni") return mlxcel::Isa::avxvnni;
+  for (const auto& [n, isa] : kIsaNames)
+    if (name == n) return isa;
   return std::nullopt;
 }
 
 const char* isa_name(mlxcel::Isa isa) {
-  switch (isa) {
-    case mlxcel::Isa::avx512: return "avx512";
-    case mlxcel::Isa::avxvnni: return "avxvnni";
-    default: return "avx2";
-  }
+  for (const auto& [n, i] : kIsaNames)
+    if (i == isa) return n;
+  return "?";
 }
 
 using Rows = std::optional<std::vector<int>>;
