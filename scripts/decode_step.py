@@ -33,6 +33,16 @@ PROMPT = "Write a short story about a robot learning to paint, in three paragrap
 FILLER = Path(__file__).resolve().parents[1] / "docs" / "cpu.md"
 
 
+def greedy_steps(cache, tok: int, n: int) -> list[int]:
+    """n greedy one-token steps on `cache` after `tok` (scripts/huge_pages_ab.py and
+    memory_scaling.py time the same loop)."""
+    out = []
+    for _ in range(n):
+        tok = int(mx.argmax(cache.feed([tok])[-1]).item())
+        out.append(tok)
+    return out
+
+
 def prompt_ids(model, context: int) -> list[int]:
     """The short prompt's ids, after filler text up to `context` ids in all."""
     ids = model.encode(PROMPT)
@@ -56,8 +66,7 @@ def ours(tokens: int, model, ids: list[int]):
         cache = SequenceCache(model.model)
         tok = int(mx.argmax(cache.feed(ids)[-1]).item())
         start = time.perf_counter()
-        for _ in range(tokens):
-            tok = int(mx.argmax(cache.feed([tok])[-1]).item())
+        greedy_steps(cache, tok, tokens)
         return tokens / (time.perf_counter() - start)
 
     return run

@@ -29,8 +29,7 @@ from mlxcel_py.cpu import blas  # noqa: E402
 blas.prepare()
 
 import mlx.core as mx  # noqa: E402
-
-PROMPT = "Write a short story about a robot learning to paint, in three paragraphs."
+from decode_step import PROMPT, greedy_steps  # noqa: E402  (this folder: the same prompt and loop)
 
 
 def main() -> None:
@@ -84,11 +83,8 @@ def main() -> None:
             for name, arrays in order if b % 2 == 0 else order[::-1]:
                 use(arrays)
                 cache.truncate(base)
-                tok, out = first, []
                 t = time.perf_counter()
-                for _ in range(a.block):
-                    tok = int(mx.argmax(cache.feed([tok])[-1]).item())
-                    out.append(tok)
+                out = greedy_steps(cache, first, a.block)
                 speeds[name].append(a.block / (time.perf_counter() - t))
                 if tokens.setdefault(name, out) != out:
                     sys.exit(f"{name}: a block decoded other tokens than the first")

@@ -98,6 +98,7 @@ def main() -> None:
 
     blas.prepare()
     import mlx.core as mx
+    from decode_step import PROMPT, greedy_steps  # this folder: the same prompt and step loop
 
     import mlxcel_py as mc
     from mlxcel_py.cpu import weights as cpu_weights
@@ -107,7 +108,7 @@ def main() -> None:
     qmm, why = cpu_weights.kernel_status()
     if qmm is None:
         sys.exit(f"the row-exact kernel is not in use: {why}")
-    ids = model.encode("Write a short story about a robot learning to paint, in three paragraphs.")
+    ids = model.encode(PROMPT)
 
     def step(threads: int) -> dict[str, float]:
         qmm.set_threads(threads)
@@ -115,8 +116,7 @@ def main() -> None:
         tok = int(mx.argmax(cache.feed(ids)[-1]).item())
         (k0, _), (l0, _) = qmm.kernel_time(), qmm.layer_time()
         t0 = time.perf_counter()
-        for _ in range(a.tokens):
-            tok = int(mx.argmax(cache.feed([tok])[-1]).item())
+        greedy_steps(cache, tok, a.tokens)
         total = (time.perf_counter() - t0) / a.tokens
         (k1, _), (l1, _) = qmm.kernel_time(), qmm.layer_time()
         layers, head = (l1 - l0) / a.tokens, (k1 - k0) / a.tokens
