@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import jsonschema
 import pytest
@@ -204,6 +205,161 @@ def test_serve_structured_output_with_the_openai_client(cli_env):
             assert status == 400 and message in body["error"]["message"], (bad, body)
         status, body = post(url + "/v1/completions", {"prompt": "1, 2, 3,", "max_tokens": 4})
         assert status == 200  # still serving
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+# ---- hostile grammars (#47): bounded before llguidance, compiled where its stack cannot overflow ---
+
+
+def chain_schema(n: int) -> dict:
+    """A schema whose `$ref`s chain n definitions deep (llguidance recurses once per link)."""
+    defs = {
+        f"d{i}": {
+            "type": "object",
+            "properties": {"a": {"$ref": f"#/$defs/d{i + 1}"}},
+            "required": ["a"],
+            "additionalProperties": False,
+        }
+        for i in range(n)
+    }
+    return {"$defs": {**defs, f"d{n}": {"type": "string"}}, "$ref": "#/$defs/d0"}
+
+
+def chain_gbnf(n: int) -> str:
+    return "root ::= r0\n" + "".join(f'r{i} ::= "a" r{i + 1}\n' for i in range(n)) + f'r{n} ::= "b"\n'
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        (GrammarSpec("json_schema", json.dumps(chain_schema(1000))), "1001 definitions; the limit is 1000"),
+        (GrammarSpec("gbnf", chain_gbnf(4000)), "4002 rules; the limit is 1000"),
+        (GrammarSpec("lark", "start: r0\n" + "".join(f'r{i}: "a"\n' for i in range(1001))), "the limit is 1000"),
+        (GrammarSpec("regex", "a" * 300_000), "300000 characters; the limit is 262144"),
+        (GrammarSpec("json_schema", '{"items": ' * 65 + "{}" + "}" * 65), "nests more than 64 levels"),
+        (GrammarSpec("json_schema", '{"a": ' * 20_000 + "1" + "}" * 20_000), "nests more than 64 levels"),
+        (
+            GrammarSpec("json_schema", json.dumps({"anyOf": [{"$ref": "#/$defs/x"}] * 1001, "$defs": {"x": {}}})),
+            "1001 '[$]ref's; the limit is 1000",
+        ),
+    ],
+)
+def test_a_grammar_over_a_limit_is_refused_before_llguidance_sees_it(spec, message, monkeypatch):
+    import llguidance
+
+    def never(*_):
+        raise AssertionError("llguidance was called")
+
+    monkeypatch.setattr(llguidance, "grammar_from", never)
+    with pytest.raises(GrammarError, match=message):
+        check(spec)
+
+
+def test_the_deepest_chain_within_the_limits_compiles_where_the_default_stack_overflows(tmp_path):
+    """999 chained `$ref`s: llguidance on an ordinary 8 MiB thread stack segfaults (the server
+    died of this), on formats.grammars' own thread it compiles."""
+    schema = tmp_path / "chain.json"
+    schema.write_text(json.dumps(chain_schema(999)))
+    script = (
+        "import sys, llguidance\n"
+        "from mlxcel_py.formats.grammars import GrammarSpec, check\n"
+        "text = open(sys.argv[2]).read()\n"
+        "if sys.argv[1] == 'ours':\n"
+        "    check(GrammarSpec('json_schema', text)); print('compiled')\n"
+        "else:\n"
+        "    llguidance.LLMatcher.validate_grammar(llguidance.grammar_from('json_schema', text)); print('compiled')\n"
+    )
+    import sys
+
+    ours = subprocess.run([sys.executable, "-c", script, "ours", str(schema)], capture_output=True, text=True)
+    assert ours.returncode == 0 and ours.stdout.strip() == "compiled", ours.stderr[-2000:]
+    bare = subprocess.run([sys.executable, "-c", script, "bare", str(schema)], capture_output=True, text=True)
+    assert bare.returncode < 0 and "compiled" not in bare.stdout  # killed by a signal (SIGSEGV)
+
+
+def test_a_compile_past_its_time_budget_fails_and_an_error_in_it_reaches_the_caller():
+    import time
+
+    from mlxcel_py.formats.grammars import native
+
+    start = time.perf_counter()
+    with pytest.raises(GrammarError, match="did not compile within 0.2 s"):
+        native(time.sleep, 3, seconds=0.2)
+    assert time.perf_counter() - start < 2
+    with pytest.raises(ZeroDivisionError):
+        native(lambda: 1 / 0)
+    assert native(lambda x: x + 1, 41) == 42
+
+
+def test_cli_refuses_an_oversized_grammar_with_exit_2(cli_env, tmp_path):
+    schema = tmp_path / "chain.json"
+    schema.write_text(json.dumps(chain_schema(1000)))
+    r = subprocess.run(
+        mlxcel_cmd() + ["generate", "-p", "x", "-m", "/nonexistent-model", "--json-schema-file", str(schema)],
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=60,
+    )
+    assert r.returncode == 2, r.stderr
+    assert "--json-schema-file: the JSON schema has 1001 definitions; the limit is 1000" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_the_server_refuses_hostile_grammars_on_every_route_and_keeps_serving(cli_env):
+    """A 125 KB body took the server down (segfault, no log line) on every route with a grammar."""
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from test_server import get, post, start_server
+
+    proc, url, _ = start_server(cli_env)
+    try:
+        chain = chain_schema(1000)
+        tool = {"type": "function", "function": {"name": "f", "parameters": chain}}
+        msgs = [{"role": "user", "content": "hi"}]
+        cases = [
+            ("/completion", {"prompt": "hi", "n_predict": 2, "json_schema": chain}),
+            ("/completion", {"prompt": "hi", "n_predict": 2, "grammar": chain_gbnf(4000)}),
+            ("/v1/chat/completions", {"messages": msgs, "response_format": {"type": "json_object", "schema": chain}}),
+            ("/v1/chat/completions", {"messages": msgs, "tools": [tool]}),
+            ("/v1/messages", {"max_tokens": 2, "messages": msgs, "tools": [{"name": "f", "input_schema": chain}]}),
+            ("/v1/responses", {"input": "hi", "text": {"format": {"type": "json_schema", "schema": chain}}}),
+        ]
+        for path, body in cases:
+            # text/plain, as curl --data-binary sends it
+            req = urllib.request.Request(
+                url + path, data=json.dumps(body).encode(), headers={"Content-Type": "text/plain"}
+            )
+            try:
+                urllib.request.urlopen(req, timeout=60)
+                raise AssertionError(f"{path} accepted a hostile grammar")
+            except urllib.error.HTTPError as e:
+                err = json.loads(e.read())["error"]
+                assert e.code == 400 and "the limit is 1000" in err["message"], (path, err)
+        assert proc.poll() is None and get(url + "/health")["status"] == "ok"
+        # a slow grammar within the limits (llguidance's GBNF converter takes seconds over this
+        # chain) compiles off the event loop: /health answers at once meanwhile, where it waited
+        # for the whole compile when that ran on the loop
+        done: list = []
+
+        def slow() -> None:
+            start = time.perf_counter()
+            status, _ = post(url + "/completion", {"prompt": "hi", "n_predict": 2, "grammar": chain_gbnf(998)})
+            done.append((status, time.perf_counter() - start))
+
+        thread = threading.Thread(target=slow)
+        thread.start()
+        time.sleep(0.2)
+        start = time.perf_counter()
+        assert get(url + "/health")["status"] == "ok"
+        health_s = time.perf_counter() - start
+        thread.join(timeout=60)
+        assert done and done[0][0] == 200, done
+        assert health_s < done[0][1] / 3, (health_s, done)  # not held up by the compile
     finally:
         proc.terminate()
         proc.wait(timeout=30)

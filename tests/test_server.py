@@ -649,6 +649,56 @@ def test_sigterm_mid_stream_sends_a_final_error_chunk_and_done(tmp_path):
             proc.kill()
 
 
+def test_sigterm_ends_a_queued_stream_with_an_error_chunk_and_done_too(tmp_path):
+    """-np 1 and two streams: the queued one got its role chunk, then a cut chunked body."""
+    import os
+    import signal
+    import threading
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path))
+    proc, url, _ = start_server(env, "--no-warmup", "--shutdown-grace", "2", "-np", "1")
+    try:
+        frames: list[list[str]] = [[], []]
+        errors: list[BaseException] = []
+        started = threading.Event()
+
+        def client(i: int) -> None:
+            body = {"messages": [{"role": "user", "content": "Count to 10000"}], "max_tokens": 5000}
+            req = urllib.request.Request(
+                url + "/v1/chat/completions",
+                data=json.dumps({**body, "ignore_eos": True, "stream": True}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    for line in r:
+                        if line.startswith(b"data: "):
+                            frames[i].append(line[6:].decode().strip())
+                            if i == 0 and len(frames[0]) > 2:
+                                started.set()
+            except BaseException as exc:  # a cut body (http.client.IncompleteRead) lands here
+                errors.append(exc)
+
+        threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(2)]
+        threads[0].start()
+        assert started.wait(60)
+        threads[1].start()
+        time.sleep(1.0)  # queued behind the first (one slot)
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(timeout=30)
+            assert not t.is_alive()
+        assert errors == []
+        for got in frames:
+            assert got[-1] == "[DONE]", got[-3:]
+            final = json.loads(got[-2])
+            assert final["error"]["type"] == "unavailable_error" and "shutting down" in final["error"]["message"]
+        assert proc.wait(timeout=20) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing(server):
     """7 MB under the body limit: refused at once, not after 7-10 s of tokenizing (and +336 MB)."""
     url, _, _ = server

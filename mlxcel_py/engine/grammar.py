@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..formats.grammars import GrammarError, GrammarSpec, compiled
+from ..formats.grammars import GrammarError, GrammarSpec, compiled, native
 
 __all__ = ["Constraint", "GrammarError", "GrammarSpec", "TokenizerIndex"]
 
@@ -60,9 +60,12 @@ class TokenizerIndex:
         return made
 
     def compile(self, spec: GrammarSpec) -> Constraint:
+        """The request's matcher; GrammarError for a grammar over a limit or that does not compile.
+        Both llguidance calls run on formats.grammars' big-stack thread, within its time budget."""
         import llguidance
 
-        matcher = llguidance.LLMatcher(self.ll, compiled(spec))
+        grammar = compiled(spec)
+        matcher = native(llguidance.LLMatcher, self.ll, grammar, what=f"the {spec.describe()}")
         if matcher.is_error():
             raise GrammarError(f"the {spec.describe()} does not compile: {str(matcher.get_error()).strip()}")
         return Constraint(matcher, self.vocab_size, spec)

@@ -54,6 +54,8 @@ class ServerContext:
             self.max_tokens,
             self.body_limit,
             self.max_predict_ms,
+            eos_ids=tuple(self.engine.eos_ids),
+            grammar_vocab=self.engine.vocab_size,
         )
         self.responses = ResponseShapes(self.tokenizer)
         # llama-server's form, b<build>-<commit>: here the version and a hash of version and model

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
 from ..digits import whole_number
-from .security import AccessPolicy, CorsPolicy, is_json_content_type
+from .security import AccessPolicy, CorsPolicy
 
 BODY_LIMIT = 8 * 2**20  # bytes; a chat history of this size is far past any context window here
 
@@ -111,8 +111,9 @@ class Cors:
             return await self.app(scope, receive, send)
         from starlette.datastructures import Headers
 
-        origin = Headers(scope=scope).get("origin")
-        allowed = self.policy.allows(origin)
+        headers = Headers(scope=scope)
+        origin = headers.get("origin")
+        allowed = self.policy.allows(origin, headers.get("host"))
         if scope["method"] == "OPTIONS":
             headers = [(b"content-length", b"0"), (b"allow", b"GET, POST, OPTIONS")]
             if allowed:
@@ -211,17 +212,21 @@ class Guard:
             return JSONResponse(
                 {"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}}, status_code=401
             )
+        origin = headers.get("origin")
+        if method not in ("GET", "HEAD") and origin is not None and not self.cors.allows(origin, headers.get("host")):
+            # a browser page on an origin CORS does not allow: a cross-site "simple" POST (a form,
+            # text/plain) needs no preflight, and it must not reach the model
+            return JSONResponse(
+                error_body(
+                    f"requests from the web page at {origin[:100]} are not allowed; "
+                    "start the server with --cors-origins naming that origin to allow it",
+                    "invalid_request_error",
+                ),
+                status_code=403,
+            )
         if method == "POST":
-            # a body without a JSON content type (plain `curl -d`) is read as JSON, as llama-server
-            # does, unless a browser sent it from an origin CORS does not allow: a cross-site
-            # "simple" POST (a form, text/plain) needs no preflight, and it must not reach the model
-            origin = headers.get("origin")
-            foreign = origin is not None and not self.cors.allows(origin)
-            if foreign and not is_json_content_type(headers.get("content-type")):
-                return JSONResponse(
-                    error_body("send the body as JSON with 'Content-Type: application/json'", "invalid_request_error"),
-                    status_code=415,
-                )
+            # a body without a JSON content type (plain `curl -d`, no Origin) is read as JSON, as
+            # llama-server does
             length = headers.get("content-length")
             if length is not None and (not whole_number(length) or int(length) > self.body_limit):
                 return JSONResponse(

@@ -41,8 +41,8 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
     cors = CorsPolicy.parse(srv.cors_origins, srv.cors_methods, srv.cors_headers, srv.cors_credentials)
     if cors.relaxed and not access.api_keys:
         warn(
-            "CORS: any web page may call this server (llama-server's default); "
-            "--cors-origins localhost allows only pages served from this machine"
+            "CORS: any web page may call this server (--cors-origins '*'), and no --api-key is set; "
+            "the default, localhost, allows only pages served from this machine"
         )
     sock = _bind(srv.host, srv.port)
     app = create_app(access=access, cors=cors, access_log=not srv.log_disable, webui=srv.webui, slots=srv.slots)

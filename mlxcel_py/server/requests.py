@@ -2,15 +2,21 @@
 
 A request body is read strictly (`http.read_json`), checked for fields we cannot honour
 (`schemas.refuse_unsupported`), validated by its pydantic model, then turned into a `Job`: prompt
-ids (templating and tokenizing run off the event loop, by the routes), sampling (request fields
-over the server defaults, ranges checked by the CLI's own `validate.check_sampling`), the token
-budget (capped by the server's `-n`), stops and logprobs. Token ids a client sends are checked
-against the vocabulary: MLX's embedding lookup does no bounds check, so an id past it would crash
-the process.
+ids, sampling (request fields over the server defaults, ranges checked by the CLI's own
+`validate.check_sampling`), the token budget (capped by the server's `-n`), stops, logprobs and
+the compiled grammar. Token ids a client sends are checked against the vocabulary: MLX's embedding
+lookup does no bounds check, so an id past it would crash the process.
+
+Nothing whose cost grows with what a client sends runs on the event loop: validation (a tool's
+schema is compiled there), templating, tokenizing (prompts, logit_bias texts) and compiling the
+grammar all run in a thread (`parse`, the routes' `asyncio.to_thread`, `job`), so one hostile
+request cannot stall `/health` or another client's stream; and the worker thread, which decodes
+every live request, gets a job whose grammar is already compiled.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 from collections.abc import Iterator
@@ -22,6 +28,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from ..digits import whole_number
+from ..engine.grammar import GrammarError, TokenizerIndex
 from ..engine.prompting import render_messages
 from ..errors import UsageError
 from ..options import SamplingOptions
@@ -41,6 +48,8 @@ HTTP_SAMPLING_NAMES = {
     "seed": "'seed'",
 }
 MAX_PROMPTS = 16  # prompts in one batch request
+MAX_LOGIT_BIAS = 4096  # entries of a request's logit_bias
+MAX_LOGIT_BIAS_CHARS = 65536  # characters of its text keys together (each is tokenized)
 ROLE_FOR_TEMPLATE = {"developer": "system"}  # OpenAI's newer name for the system turn
 
 
@@ -77,12 +86,18 @@ class RequestReader:
     max_tokens: int  # the server's -n: -1 no cap
     body_limit: int = BODY_LIMIT
     max_predict_ms: int = 0  # the server's --max-predict-ms (0: none)
+    eos_ids: tuple[int, ...] = ()  # the engine's, for compiling grammars
+    grammar_vocab: int | None = None  # the engine's vocab_size, for compiling grammars
 
     async def parse(self, request: Request, model: type[Body]) -> Body:
         data = await read_json(request, self.body_limit)
         refused = schemas.refuse_unsupported(data, takes_n="n" in model.model_fields)
         if refused:
             raise ApiError(refused, code="unsupported_field")
+        return await asyncio.to_thread(self.validate, data, model)  # a tool's schema compiles there
+
+    @staticmethod
+    def validate(data: dict, model: type[Body]) -> Body:
         try:
             return model.model_validate(data)
         except ValidationError as exc:
@@ -94,8 +109,16 @@ class RequestReader:
         if value is None:
             return ()
         pairs = list(value.items()) if isinstance(value, dict) else value
-        if not isinstance(pairs, list) or len(pairs) > 4096:
+        if not isinstance(pairs, list):
             raise ApiError("'logit_bias' must be an object of token ids to biases, or a list of [token, bias] pairs")
+        if len(pairs) > MAX_LOGIT_BIAS:
+            raise ApiError(f"'logit_bias' has {len(pairs)} entries; the limit is {MAX_LOGIT_BIAS}")
+        texts = sum(len(p[0]) for p in pairs if isinstance(p, (list, tuple)) and p and isinstance(p[0], str))
+        if texts > MAX_LOGIT_BIAS_CHARS:
+            raise ApiError(
+                f"'logit_bias' keys hold {texts} characters of text; the limit is {MAX_LOGIT_BIAS_CHARS} "
+                "(bias tokens by id, or by short texts)"
+            )
         out: dict[int, float] = {}
         for pair in pairs:
             if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
@@ -273,7 +296,7 @@ class RequestReader:
             return 1 << 30
         return max((len(k) for k in vocab), default=1 << 30) or 1 << 30
 
-    def job(
+    async def job(
         self,
         req: schemas.Sampling,
         prompt: list[int],
@@ -282,8 +305,18 @@ class RequestReader:
         constraint_fields: dict | None = None,
     ) -> Job:
         """`grammar`: one the route requires (tool calls); else the request's own, if any (read
-        from `constraint_fields`, else the body's extra fields). The worker compiles it for the
-        tokenizer (engine.grammar), off the event loop."""
+        from `constraint_fields`, else the body's extra fields). Built in a thread (`make_job`):
+        checking and compiling a grammar and tokenizing logit_bias texts grow with the request."""
+        return await asyncio.to_thread(self.make_job, req, prompt, logprobs, grammar, constraint_fields)
+
+    def make_job(
+        self,
+        req: schemas.Sampling,
+        prompt: list[int],
+        logprobs: int | None = None,
+        grammar=None,
+        constraint_fields: dict | None = None,
+    ) -> Job:
         fields = constraint_fields if constraint_fields is not None else req.model_extra or {}
         try:
             asked = schemas.grammar_spec(fields)
@@ -295,6 +328,7 @@ class RequestReader:
         return Job(
             prompt=prompt,
             grammar=grammar,
+            constraint=self.constraint(grammar),
             max_tokens=self.budget(req, prompt),
             sampling=self.sampling(req),
             stop=req.stops(),
@@ -305,6 +339,17 @@ class RequestReader:
             predict_ms=self.predict_ms(req),
             progress=req.stream and (req.model_extra or {}).get("return_progress") is True,
         )
+
+    def constraint(self, grammar):
+        """The grammar compiled for this tokenizer (engine.grammar.Constraint), or None; a 400
+        for one over a limit or that does not compile."""
+        if grammar is None:
+            return None
+        vocab = self.grammar_vocab or self.vocab
+        try:
+            return TokenizerIndex.of(self.tokenizer, vocab, self.eos_ids).compile(grammar)
+        except GrammarError as exc:
+            raise ApiError(str(exc), code="invalid_grammar") from None
 
     def predict_ms(self, req: schemas.Sampling) -> float | None:
         """The request's decoding time limit: its own t_max_predict_ms within the server's."""

@@ -68,7 +68,7 @@ async def messages(request: Request):
             raise ApiError(f"'max_tokens' must be at least 1, got {req.max_tokens}")
         tools, grammar = ctx.requests.tools(req)
         prompt = await asyncio.to_thread(ctx.requests.tool_prompt, req.turns(), tools)  # templating off the loop
-        job = ctx.requests.job(req, prompt, grammar=grammar)
+        job = await ctx.requests.job(req, prompt, grammar=grammar)
         mid = f"msg_{uuid.uuid4().hex[:24]}"
         if req.stream:
             return _stream(ctx, request, job, mid, len(prompt), tools)

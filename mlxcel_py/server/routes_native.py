@@ -157,7 +157,7 @@ async def completion(request: Request):
     req = await ctx.requests.parse(request, NativeCompletionRequest)
     prompts = await asyncio.to_thread(ctx.requests.prompts, req.prompt)
     lp = req.n_probs or None
-    jobs = [ctx.requests.job(req, p, lp) for p in prompts]
+    jobs = [await ctx.requests.job(req, p, lp) for p in prompts]
     texts = [ctx.tokenizer.decode(p) for p in prompts]  # llama-server echoes the prompt as decoded
     probs = lp is not None
     wanted = (req.model_extra or {}).get("response_fields")

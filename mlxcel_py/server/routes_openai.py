@@ -45,7 +45,7 @@ async def chat_completions(request: Request):
     lp = (req.top_logprobs or 0) if req.logprobs else None
     tools, grammar = ctx.requests.tools(req)
     prompt = await asyncio.to_thread(ctx.requests.chat_prompt, req.messages, req.tools)  # templating off the loop
-    jobs = _choice_jobs(ctx, req, [prompt], lp, grammar=grammar)
+    jobs = await _choice_jobs(ctx, req, [prompt], lp, grammar=grammar)
     # reasoning_format (llama-server): <think>...</think> into reasoning_content unless "none"
     fmt = (req.model_extra or {}).get("reasoning_format", ctx.reasoning_format)
     if fmt not in reasoning.FORMATS:
@@ -258,13 +258,13 @@ def _stream_end(chunk: dict, choices: list[dict], r, usage_chunk: bool) -> list[
     return [{**chunk, "choices": choices, **totals}]
 
 
-def _choice_jobs(ctx, req, prompts: list[list[int]], lp, grammar=None) -> list:
+async def _choice_jobs(ctx, req, prompts: list[list[int]], lp, grammar=None) -> list:
     """A job per prompt and choice (`n`): prompt-major, as OpenAI numbers a batch's choices. A
     request's seed gives choice k the seed + k, so the choices differ and each is reproducible."""
     jobs = []
     for p in prompts:
         for k in range(req.n):
-            job = ctx.requests.job(req, p, lp, grammar=grammar)
+            job = await ctx.requests.job(req, p, lp, grammar=grammar)
             if k and job.sampling.seed is not None:
                 job.sampling = replace(job.sampling, seed=job.sampling.seed + k)
             jobs.append(job)
@@ -293,7 +293,7 @@ async def completions(request: Request):
     req = await ctx.requests.parse(request, CompletionRequest)
     lp = req.logprobs
     prompts = await asyncio.to_thread(ctx.requests.prompts, req.prompt)
-    jobs = _choice_jobs(ctx, req, prompts, lp)
+    jobs = await _choice_jobs(ctx, req, prompts, lp)
     base = {
         "id": f"cmpl-{uuid.uuid4().hex[:24]}",
         "object": "text_completion",

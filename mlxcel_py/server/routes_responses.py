@@ -81,7 +81,7 @@ async def responses(request: Request):
     tools, grammar = ctx.requests.tools(req)
     turns = req.turns()
     prompt = await asyncio.to_thread(ctx.requests.tool_prompt, turns, tools)  # templating off the loop
-    job = ctx.requests.job(req, prompt, grammar=grammar, constraint_fields=req.format_fields())
+    job = await ctx.requests.job(req, prompt, grammar=grammar, constraint_fields=req.format_fields())
     rid = f"resp_{uuid.uuid4().hex[:24]}"
     created = int(time.time())
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..formats.grammars import GrammarError, GrammarSpec
+from ..formats.grammars import LIMITS, GrammarError, GrammarSpec
 from ..formats.grammars import check as check_grammar
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
@@ -133,6 +133,22 @@ def schema_that_compiles(v: dict | None) -> dict | None:
     return v
 
 
+def tools_within_limit(v):
+    """A request's tools, refused before any is compiled when their schemas together are longer
+    than one grammar may be: the reply's grammar holds them all, and each is compiled on its own
+    first, so many large schemas would cost many compiles (`mode="before"` validators)."""
+    if isinstance(v, list):
+        import json
+
+        try:
+            chars = len(json.dumps(v))
+        except (TypeError, ValueError, RecursionError):
+            return v  # the field's own validation says what is wrong
+        if chars > LIMITS.chars:
+            raise ValueError(f"the tools' definitions hold {chars} characters; the limit is {LIMITS.chars}")
+    return v
+
+
 class Tool(_Body):
     type: Literal["function"]
     function: Function
@@ -176,6 +192,8 @@ class ChatRequest(Sampling):
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: Union[Literal["auto", "none", "required"], NamedToolChoice, None] = None
     parallel_tool_calls: bool | None = None
+
+    _tools_within_limit = field_validator("tools", mode="before")(tools_within_limit)
 
     def tool_list(self) -> list[dict]:
         return [t.model_dump(exclude_none=True) for t in self.tools or []]
@@ -343,6 +361,8 @@ class ResponsesRequest(Sampling):
     tools: Annotated[list[ResponsesTool], Field(max_length=128)] | None = None
     tool_choice: Union[Literal["auto", "none", "required"], dict[str, Any], None] = None
     text: dict[str, Any] | None = None
+
+    _tools_within_limit = field_validator("tools", mode="before")(tools_within_limit)
 
     @field_validator("input")
     @classmethod
@@ -521,6 +541,8 @@ class AnthropicRequest(Sampling):
     tools: Annotated[list[AnthropicTool], Field(max_length=128)] | None = None
     tool_choice: dict[str, Any] | None = None
 
+    _tools_within_limit = field_validator("tools", mode="before")(tools_within_limit)
+
     @field_validator("stop_sequences")
     @classmethod
     def _bounded_stop_sequences(cls, v):
@@ -563,6 +585,7 @@ class AnthropicCountRequest(_Body):
     system: Union[str, list[AnthropicBlock], None] = None
     tools: Annotated[list[AnthropicTool], Field(max_length=128)] | None = None
 
+    _tools_within_limit = field_validator("tools", mode="before")(tools_within_limit)
     tool_list = AnthropicRequest.tool_list
 
     def turns(self) -> list[dict]:

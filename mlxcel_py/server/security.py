@@ -6,14 +6,18 @@
   401 (`type: "authentication_error"`).
 - A server bound to loopback answers only requests whose Host names loopback: a web page on some
   other site cannot reach it through DNS rebinding (its Host would be that site's name).
-- CORS as llama-server has it (`--cors-origins/-methods/-headers`, `--[no-]cors-credentials`):
-  by default any page's origin is reflected, with credentials (its relaxed profile, with a startup
-  warning); `localhost` in the list means any loopback origin on any port, `*` any origin, an
-  empty list none. Preflights are answered before the key check; an origin not allowed gets its
-  200 without `Access-Control-Allow-Origin`, so the browser refuses the call, not the server.
-- A POST from a browser page on an origin CORS does not allow must carry a JSON content type, so
-  a cross-site "simple" form POST (which a browser sends without asking) is refused; other clients'
-  bodies are read as JSON whatever their content type (plain `curl -d`), as llama-server does.
+- CORS with llama-server's flags (`--cors-origins/-methods/-headers`, `--[no-]cors-credentials`)
+  but Ollama's default: only pages served from this machine (`localhost`: any loopback origin on
+  any port) and the server's own chat page (an Origin naming the Host the request came to) may
+  call it. llama-server reflects every origin with credentials, so any web page the user visits
+  could drive a keyless server and read its replies; `--cors-origins '*'` restores that (with a
+  startup warning when no key is set), a list names origins, an empty list allows none.
+  Preflights are answered before the key check; an origin not allowed gets its 200 without
+  `Access-Control-Allow-Origin`, so the browser refuses the call, not the server.
+- A request whose Origin is not allowed is refused (403) unless its method is GET or HEAD, whatever
+  its content type: a cross-site "simple" POST (a form, text/plain), which a browser sends without
+  asking first, never reaches the model. Clients that send no Origin (curl, SDKs) are not browsers:
+  their bodies are read as JSON whatever their content type (plain `curl -d`), as llama-server does.
 """
 
 from __future__ import annotations
@@ -84,13 +88,6 @@ class AccessPolicy:
         return is_loopback(name.lower())
 
 
-def is_json_content_type(value: str | None) -> bool:
-    if not value:
-        return False
-    media = value.split(";", 1)[0].strip().lower()
-    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
-
-
 CORS_ANY, CORS_LOOPBACK = "*", "localhost"
 
 
@@ -98,7 +95,7 @@ CORS_ANY, CORS_LOOPBACK = "*", "localhost"
 class CorsPolicy:
     """Which browser origins may call the server, and what a preflight answers them."""
 
-    origins: tuple[str, ...] = (CORS_ANY,)  # llama-server's default: every origin reflected
+    origins: tuple[str, ...] = (CORS_LOOPBACK,)  # Ollama's default; llama-server's is ("*",)
     methods: str = "GET, POST"
     headers: str = "*"
     credentials: bool = True
@@ -106,7 +103,7 @@ class CorsPolicy:
     @classmethod
     def parse(cls, origins: str | None, methods: str | None, headers: str | None, credentials: bool) -> CorsPolicy:
         """From the flags: None keeps a default; an empty `--cors-origins` (or `none`) allows no origin."""
-        listed = (CORS_ANY,) if origins is None else tuple(o.strip() for o in origins.split(",") if o.strip())
+        listed = cls.origins if origins is None else tuple(o.strip() for o in origins.split(",") if o.strip())
         if listed == ("none",):
             listed = ()
         for o in listed:
@@ -123,13 +120,19 @@ class CorsPolicy:
     def relaxed(self) -> bool:
         return CORS_ANY in self.origins
 
-    def allows(self, origin: str | None) -> bool:
-        if not origin or not self.origins:
+    def allows(self, origin: str | None, host: str | None = None) -> bool:
+        """Whether a page on `origin` may call the server; `host` (the request's Host header)
+        lets the server's own page through: its Origin names the Host it was served from."""
+        if not origin:
+            return False
+        given = origin.strip().rstrip("/").lower()
+        parts = urlsplit(given if "://" in given else f"//{given}")
+        if host and parts.scheme in ("http", "https") and parts.netloc == host.strip().lower():
+            return True
+        if not self.origins:
             return False
         if self.relaxed:
             return True
-        given = origin.strip().rstrip("/").lower()
-        parts = urlsplit(given if "://" in given else f"//{given}")
         for o in self.origins:
             if o == CORS_LOOPBACK:
                 if parts.scheme in ("http", "https", "") and parts.hostname and is_loopback(parts.hostname):

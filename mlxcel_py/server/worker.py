@@ -50,7 +50,8 @@ class Job:
     speculative: bool = True  # False: this request decodes plainly (speculative.n_max 0)
     cache_prompt: bool = True  # False: no cached prefix is reused, the whole prompt is fed (llama-server's)
     predict_ms: float | None = None  # time limit for decoding, from the first piece (t_max_predict_ms)
-    grammar: Any = None  # grammars.GrammarSpec the output follows (compiled when the job starts)
+    grammar: Any = None  # grammars.GrammarSpec the output follows
+    constraint: Any = None  # engine.grammar.Constraint: `grammar` compiled (by the route, off this thread)
     progress: bool = False  # "progress" events while the prompt is fed (llama-server's return_progress)
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
@@ -207,22 +208,17 @@ class Worker:
                     return False
                 continue
             if job.cancelled.is_set():
+                if self.shutting_down:  # its client still waits: a stream gets its error and [DONE]
+                    self._emit(job, "error", ShuttingDown(self.shutting_down))
                 continue
             self._start(self.slots.index(None), job)
         return True
 
     def _start(self, i: int, job: Job) -> None:
         spec = self.speculative_allowed and job.speculative
-        constraint = None
-        if job.grammar is not None:
-            from ..engine.grammar import GrammarError, TokenizerIndex
-
-            eng = self.engine
-            try:
-                constraint = TokenizerIndex.of(self.tokenizer, eng.vocab_size, eng.eos_ids).compile(job.grammar)
-            except GrammarError as exc:
-                self._emit(job, "error", str(exc))
-                return
+        # compiled before the job was queued: a grammar's compile (up to its time budget) on this
+        # thread would stall every live request's decoding
+        assert job.grammar is None or job.constraint is not None, "a job's grammar is compiled by its route"
         gen = self.engine.generate(
             job.prompt,
             max_tokens=job.max_tokens,
@@ -233,7 +229,7 @@ class Worker:
             cancelled=job.cancelled.is_set,
             logprobs=job.logprobs,
             gate=self.gate,
-            constraint=constraint,
+            constraint=job.constraint,
         )
         job.generation = gen
         stream = TextStream(gen, self.tokenizer, job.stop)
