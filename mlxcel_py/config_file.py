@@ -15,18 +15,17 @@ from typing import Any
 import tomli
 
 from .errors import UsageError
+from .inputs.files import MIB, UnreadableFile, read_text
+
+CONFIG_LIMIT = MIB  # bytes of a config file
 
 
 def load_toml(path: Path) -> dict:
     try:
-        with open(path, "rb") as fh:
-            return tomli.load(fh)
-    except FileNotFoundError:
-        raise UsageError(f"--config {path}: no such file") from None
-    except IsADirectoryError:
-        raise UsageError(f"--config {path}: is a folder; name the TOML file (for example {path}/config.toml)") from None
-    except OSError as exc:
-        raise UsageError(f"--config {path}: cannot read it ({exc.strerror or exc})") from None
+        return tomli.loads(read_text(path, CONFIG_LIMIT))
+    except UnreadableFile as exc:
+        hint = f"; name the TOML file (for example {path}/config.toml)" if "folder" in str(exc) else ""
+        raise UsageError(f"--config {path}: {exc}{hint}") from None
     except tomli.TOMLDecodeError as exc:
         raise UsageError(f"config file {path}: invalid TOML ({exc})") from None
 

@@ -21,6 +21,7 @@ from .errors import UsageError
 from .formats import chat_templates
 from .formats.grammars import GrammarError, GrammarSpec
 from .formats.grammars import check as check_grammar
+from .inputs.files import MIB, UnreadableFile, read_text
 from .options import (
     CPU_WEIGHTS,
     DEFAULT_CPU_WEIGHTS,
@@ -271,13 +272,9 @@ def _chat_template(opts: CommandOptions) -> str | None:
         if m.chat_template_file is None:
             return None
         try:
-            text = Path(m.chat_template_file).expanduser().read_text()
-        except OSError as exc:
-            raise UsageError(
-                f"--chat-template-file {m.chat_template_file}: cannot read it ({exc.strerror or exc})"
-            ) from None
-        except UnicodeDecodeError:
-            raise UsageError(f"--chat-template-file {m.chat_template_file}: not UTF-8 text") from None
+            text = read_text(m.chat_template_file, FILE_LIMIT)
+        except UnreadableFile as exc:
+            raise UsageError(f"--chat-template-file {m.chat_template_file}: {exc}") from None
         chat_templates.check(text)
         return text
     except chat_templates.TemplateError as exc:
@@ -318,11 +315,9 @@ def _grammar(opts: CommandOptions) -> GrammarSpec | None:
     text = value
     if is_file:
         try:
-            text = Path(value).expanduser().read_text()
-        except OSError as exc:
-            raise UsageError(f"{flag} {value}: cannot read it ({exc.strerror or exc})") from None
-        except UnicodeDecodeError:
-            raise UsageError(f"{flag} {value}: not UTF-8 text; pass a grammar or schema file") from None
+            text = read_text(value, FILE_LIMIT)
+        except UnreadableFile as exc:
+            raise UsageError(f"{flag} {value}: {exc}; pass a grammar or schema file") from None
     spec = GrammarSpec(kind, text)
     try:
         check_grammar(spec)
@@ -330,6 +325,8 @@ def _grammar(opts: CommandOptions) -> GrammarSpec | None:
         raise UsageError(f"{flag}: {exc}") from None
     return spec
 
+
+FILE_LIMIT = MIB  # bytes of a --grammar-file, --json-schema-file or --chat-template-file
 
 MIN_SLOT_CONTEXT = 16  # tokens: a slot's share of -c must hold a short prompt and its reply
 

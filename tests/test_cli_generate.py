@@ -337,3 +337,18 @@ def test_an_unusable_cache_folder_or_a_config_folder_is_one_line(cli_env, tmp_pa
         timeout=300,
     )
     assert r.returncode == 2 and f"--config {tmp_path}: is a folder" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_huge_stdin_prompt_is_refused_by_size_before_it_is_tokenized(tiny_dir, cli_env):
+    """A 50 MB stdin prompt was read whole and tokenized (48 s, 6 GB) before being refused."""
+    base = mlxcel_cmd() + ["generate", "-m", str(tiny_dir), "-n", "4", "-p", "-"]
+    # past the read limit: refused as a usage error, without reading on (or loading the model)
+    r = subprocess.run(base, input=b"x" * (17 * 2**20), capture_output=True, env=cli_env, timeout=300)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "-p -: standard input holds more than 16777216 characters" in err, err
+    # under it but over what the window holds in any tokenization: refused before tokenizing (the
+    # message counts characters; a tokenized prompt's counts tokens)
+    r = subprocess.run(base, input=b"word " * 400_000, capture_output=True, env=cli_env, timeout=300)
+    err = r.stderr.decode()
+    assert r.returncode == 1 and "the prompt has 2000000 characters, more than the model's context" in err, err
+    assert "Traceback" not in err

@@ -147,8 +147,8 @@ def test_cli_generate_json_schema_and_grammar(cli_env, tmp_path):
         (["--grammar", 'root ::= "a" | nope'], "--grammar: the GBNF grammar does not compile"),
         (["--json-schema", "{oops"], "--json-schema: the JSON schema does not compile"),
         (["--json-schema", "{}", "--grammar", 'root ::= "a"'], "--grammar and --json-schema"),
-        (["--grammar-file", "/nonexistent/g.gbnf"], "--grammar-file /nonexistent/g.gbnf: cannot read it"),
-        (["--json-schema-file", "/bin/sh"], "--json-schema-file /bin/sh: not UTF-8 text"),
+        (["--grammar-file", "/nonexistent/g.gbnf"], "--grammar-file /nonexistent/g.gbnf: no such file"),
+        (["--json-schema-file", "/bin/sh"], "--json-schema-file /bin/sh: is not UTF-8 text"),
         (["--no-prompt", "--json-schema", "{}"], "--json-schema needs a one-shot prompt (-p/--prompt)"),
     ],
 )

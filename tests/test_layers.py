@@ -22,7 +22,7 @@ LAYERS = {
     "errors": 0,
     "options": 0,
     "paths": 0,
-    "digits": 0,
+    "inputs": 0,
     "drafters.registry": 1,
     "config_file": 1,
     "formats": 1,

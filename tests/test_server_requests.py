@@ -287,7 +287,7 @@ def test_parse_keys_from_flags_and_file(tmp_path):
     assert parse_keys(["k1,k2", "k1"], str(f)) == ("k1", "k2", "k3", "k4")
     from mlxcel_py.errors import UsageError
 
-    with pytest.raises(UsageError, match="--api-key-file .*: cannot read it"):
+    with pytest.raises(UsageError, match="--api-key-file .*: no such file"):
         parse_keys([], str(tmp_path / "missing"))
     (tmp_path / "empty").write_text("# nothing\n")
     with pytest.raises(UsageError, match="no key in it"):

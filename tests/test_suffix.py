@@ -90,7 +90,7 @@ def test_saved_store_round_trips(tmp_path):
 @pytest.mark.parametrize(
     "content,reason",
     [
-        (b"\x00\xff\xfe", "not a text file"),
+        (b"\x00\xff\xfe", "is not UTF-8 text"),
         (b"{oops", "not valid JSON"),
         (b'{"format": "something-else"}', "not an mlxcel suffix store"),
         (b'{"format": "mlxcel-suffix-store", "version": 99}', "store version 99"),

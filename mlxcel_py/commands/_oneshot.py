@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from ..drafters import registry
-from ..engine.prompting import prompt_ids
+from ..engine.prompting import beyond_any_tokenization, longest_token_chars, prompt_ids
 from ..engine.text import TextStream
 from ..errors import MlxcelError, UsageError
 from ..options import RunConfig
@@ -16,12 +16,19 @@ from ..terminal import ui
 from ._input import clean
 from ._report import print_profile, summary_lines
 
+STDIN_LIMIT = 16 * 2**20  # characters of a prompt read from stdin (a 50 MB pipe was read whole)
+
 
 def read_prompt(prompt: str) -> str:
     if prompt == "-":
         if sys.stdin is None or sys.stdin.closed:
             raise UsageError("-p -: no standard input to read the prompt from")
-        text = sys.stdin.read()
+        text = sys.stdin.read(STDIN_LIMIT + 1)
+        if len(text) > STDIN_LIMIT:
+            raise UsageError(
+                f"-p -: standard input holds more than {STDIN_LIMIT} characters (the limit); "
+                "no model's context window holds that much"
+            )
         if not text.strip():
             raise UsageError("-p -: standard input was empty; pipe the prompt in (cat file | mlxcel generate -p -)")
         return clean(text, "-p - (standard input)", ui.warn)
@@ -36,8 +43,14 @@ def run_oneshot(run: RunConfig, world: Any = None) -> None:
     text = read_prompt(g.prompt or "")
     session = open_session(run, say=ui.info if (g.verbose or g.profile) else _say_model_only, warn=ui.warn, world=world)
     tok = session.tokenizer
-    ids = prompt_ids(tok, text, system=g.system, chat_template=g.chat_template)
     eng = session.engine
+    chars = len(text) + len(g.system or "")
+    if beyond_any_tokenization(chars, eng.context_length, longest_token_chars(tok)):
+        raise MlxcelError(
+            f"the prompt has {chars} characters, more than the model's context window ({eng.context_length} "
+            "tokens) can hold in any tokenization; shorten the prompt"
+        )
+    ids = prompt_ids(tok, text, system=g.system, chat_template=g.chat_template)
     if len(ids) >= eng.context_length:
         raise MlxcelError(
             f"the prompt has {len(ids)} tokens, which fills the model's context window "

@@ -55,8 +55,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..digits import whole_number
 from ..errors import UsageError
+from ..inputs.digits import whole_number
 from ..options import MAX_DRAFT_LIMIT
 
 MAX_ROWS = MAX_DRAFT_LIMIT + 1  # the widest verify block; decode steps are 1 row

@@ -27,9 +27,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ..digits import whole_number
 from ..engine.tree import DraftTree, merge
 from ..errors import UsageError
+from ..inputs.digits import whole_number
 from .base import Drafter, DrafterSource, Plan, Proposal, stop_at_eos
 
 MATCH_CAP = 8  # how far back find_match measures a match (the cost policy buckets at 5+)

@@ -30,6 +30,8 @@ from typing import Any
 
 from ..engine.tree import DraftTree
 from ..errors import ModelError
+from ..inputs.digits import whole_number
+from ..inputs.files import MIB, UnreadableFile, read_text
 from .base import Drafter, DrafterSource, Plan, Proposal, stop_at_eos
 
 NGRAM_MAX = 6  # the index keys n-grams of 1..NGRAM_MAX tokens
@@ -238,7 +240,9 @@ class SuffixStore:
 
     # -- persistence -----------------------------------------------------------------------------
     def save(self, path: Path, fingerprint: str) -> None:
-        """Write atomically (a temporary file renamed over the old one)."""
+        """Write atomically (a temporary file renamed over the old one). The temporary file's name
+        carries this process's id, so one left by a process killed mid-save (kill -9) is known
+        as stale and removed by the next save."""
         data = {
             "format": STORE_FORMAT,
             "version": STORE_VERSION,
@@ -246,7 +250,10 @@ class SuffixStore:
             "sequences": [self.seqs[sid] for sid in self._order],
         }
         path = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=str(path.parent or Path(".")))
+        _remove_stale_temporaries(path)
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=str(path.parent or Path("."))
+        )
         try:
             umask = os.umask(0)
             os.umask(umask)
@@ -264,9 +271,10 @@ class SuffixStore:
         are checked against the vocabulary: a draft is fed to the model, whose embedding lookup
         does no bounds check."""
         try:
-            data = json.loads(Path(path).read_text())
-        except UnicodeDecodeError:
-            raise ValueError("not a text file") from None
+            # the largest store within the budget: a token id is at most 12 characters of JSON
+            data = json.loads(read_text(path, budget * 12 + MIB))
+        except UnreadableFile as exc:
+            raise ValueError(str(exc)) from None
         except json.JSONDecodeError as exc:
             raise ValueError(f"not valid JSON ({exc.msg} at line {exc.lineno})") from None
         if not isinstance(data, dict) or data.get("format") != STORE_FORMAT:
@@ -385,6 +393,20 @@ class Source(DrafterSource):
         except OSError as exc:
             raise ModelError(f"--suffix-store {path}: cannot write it ({exc.strerror})") from None
         return f"suffix store: {len(self.store)} sequences, {self.store.tokens} tokens saved to {where}"
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Temporary files of earlier saves to `path` whose process is gone (killed mid-save)."""
+    for tmp in (path.parent or Path(".")).glob(f".{path.name}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2 :].split(".", 1)[0]
+        if not whole_number(pid) or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # gone: its save never finished
+            tmp.unlink(missing_ok=True)
+        except OSError:  # alive under another user (EPERM): its save may be under way
+            pass
 
 
 def prepare(draft, target, model_options) -> Plan:

@@ -21,7 +21,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from ..digits import whole_number
+from ..inputs.digits import whole_number
 from .security import AccessPolicy, CorsPolicy
 
 BODY_LIMIT = 8 * 2**20  # bytes; a chat history of this size is far past any context window here

@@ -27,10 +27,10 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from ..digits import whole_number
 from ..engine.grammar import GrammarError, TokenizerIndex
-from ..engine.prompting import render_messages
+from ..engine.prompting import beyond_any_tokenization, longest_token_chars, render_messages
 from ..errors import UsageError
+from ..inputs.digits import whole_number
 from ..options import SamplingOptions
 from ..validate import check_sampling
 from . import schemas, tool_calls
@@ -281,7 +281,7 @@ class RequestReader:
         token is longer than the vocabulary's longest entry, so more characters than that times
         the context window is over it. A 7 MB body under the size limit was tokenized in full
         (7-10 s, +336 MB) only to be refused."""
-        if chars > self.context_length * self.longest_token_chars:
+        if beyond_any_tokenization(chars, self.context_length, self.longest_token_chars):
             raise ApiError(
                 f"the prompt has {chars} characters, more than the context window ({self.context_length} "
                 f"tokens) can hold in any tokenization",
@@ -290,11 +290,7 @@ class RequestReader:
 
     @functools.cached_property
     def longest_token_chars(self) -> int:
-        try:
-            vocab = self.tokenizer.get_vocab()
-        except Exception:  # a tokenizer without a vocabulary listing: no bound from it
-            return 1 << 30
-        return max((len(k) for k in vocab), default=1 << 30) or 1 << 30
+        return longest_token_chars(self.tokenizer)
 
     async def job(
         self,

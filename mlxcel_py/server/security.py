@@ -25,10 +25,10 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..errors import UsageError
+from ..inputs.files import MIB, UnreadableFile, read_text
 
 PUBLIC_PATHS = frozenset({"/health", "/", "/models", "/v1/models"})
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
@@ -39,9 +39,9 @@ def parse_keys(values: tuple[str, ...] | list[str] | None, key_file: str | None)
     keys = [k.strip() for v in values or () for k in v.split(",") if k.strip()]
     if key_file:
         try:
-            text = Path(key_file).expanduser().read_text()
-        except OSError as exc:
-            raise UsageError(f"--api-key-file {key_file}: cannot read it ({exc.strerror})") from None
+            text = read_text(key_file, MIB)
+        except UnreadableFile as exc:
+            raise UsageError(f"--api-key-file {key_file}: {exc}") from None
         keys += [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
         if not keys:
             raise UsageError(f"--api-key-file {key_file}: no key in it (one key per line)")

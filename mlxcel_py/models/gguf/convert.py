@@ -29,8 +29,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ...digits import whole_number
 from ...errors import ModelError
+from ...inputs.digits import whole_number
 from . import arch as gguf_arch
 from . import cache as conversions
 from . import tokenizer as gguf_tokenizer
