@@ -352,3 +352,54 @@ def test_a_huge_stdin_prompt_is_refused_by_size_before_it_is_tokenized(tiny_dir,
     err = r.stderr.decode()
     assert r.returncode == 1 and "the prompt has 2000000 characters, more than the model's context" in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "change,fragment",
+    [
+        ({"num_hidden_layers": 10**9}, "'num_hidden_layers' must be a whole number from 1 to 4096, got 1000000000"),
+        ({"num_hidden_layers": "many"}, "'num_hidden_layers' must be a whole number from 1 to 4096, got 'many'"),
+        ({"num_hidden_layers": 0}, "'num_hidden_layers' must be a whole number from 1 to 4096, got 0"),
+        ({"num_hidden_layers": -1}, "got -1"),
+        ({"hidden_size": True}, "'hidden_size' must be a whole number"),
+        ({"vocab_size": 2.5}, "'vocab_size' must be a whole number"),
+        ({"text_config": {"num_attention_heads": -4}}, "'text_config.num_attention_heads' must be"),
+    ],
+)
+def test_a_config_with_insane_sizes_is_one_line_before_anything_is_built(tiny_dir, change, fragment, cli_env, tmp_path):
+    import json
+    import shutil
+
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_dir, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, **change}))
+    r = mlxcel(["generate", "-p", "hello", "-n", "4", "-m", str(folder)], cli_env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and fragment in errors[0] and "config.json" in errors[0], r.stderr
+
+
+def test_a_fifo_or_a_looping_link_as_the_model_is_named_for_what_it_is(cli_env, tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    os.symlink(tmp_path / "b", tmp_path / "a")
+    os.symlink(tmp_path / "a", tmp_path / "b")
+    (tmp_path / "owner").mkdir()
+    os.symlink("name", tmp_path / "owner" / "name")  # owner/name: a looping link, not a repo id
+    for model, fragment in (
+        ("fifo", "not a folder or a regular file (a FIFO or a device)"),
+        ("a", "a symbolic link that leads to no file or folder"),
+        ("owner/name", "a symbolic link that leads to no file or folder"),
+    ):
+        r = subprocess.run(
+            mlxcel_cmd() + ["generate", "-p", "hello", "-n", "4", "-m", model],
+            capture_output=True,
+            text=True,
+            env=cli_env,
+            cwd=tmp_path,
+            timeout=300,
+        )
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert fragment in r.stderr and "Hugging Face" not in r.stderr, r.stderr

@@ -285,3 +285,29 @@ def test_cache_ls_rm_and_the_size_limit(tmp_path, cli_env, monkeypatch):
         mlxcel_cmd() + ["cache", "rm", second.name], capture_output=True, text=True, env=env, timeout=120
     )
     assert rm.returncode == 0 and not second.exists() and "removed 1 conversion(s)" in rm.stderr
+
+
+def test_cache_rm_removes_an_entry_that_is_a_symlink_and_never_its_target(tmp_path, cli_env):
+    """`cache rm` said "removed 1 conversion(s)" of a symlinked entry and `cache ls` still listed it."""
+    import os
+    import subprocess
+
+    from conftest import mlxcel_cmd
+
+    cache = tmp_path / "cache"
+    (cache / "gguf").mkdir(parents=True)
+    elsewhere = tmp_path / "my-model"
+    elsewhere.mkdir()
+    (elsewhere / "COMPLETE").write_text("")
+    (elsewhere / "weights").write_bytes(b"x" * 10)
+    os.symlink(elsewhere, cache / "gguf" / "linked")
+    env = {**cli_env, "MLXCEL_CACHE_DIR": str(cache)}
+
+    def run(*args):
+        return subprocess.run(mlxcel_cmd() + ["cache", *args], capture_output=True, text=True, env=env, timeout=120)
+
+    assert run("ls").stdout.startswith("linked\t")
+    rm = run("rm", "linked")
+    assert rm.returncode == 0 and "removed 1 conversion(s)" in rm.stderr, rm.stderr
+    assert run("ls").stdout == "" and not (cache / "gguf" / "linked").exists()
+    assert (elsewhere / "weights").read_bytes() == b"x" * 10  # what it pointed to is the user's

@@ -539,6 +539,7 @@ def test_slots_show_the_request_being_decoded(server):
     health = get(url + "/health")
     conn.close()
     assert len(busy) == 1 and busy[0]["next_token"]["n_decoded"] > 0 and busy[0]["n_ctx"] > 0
+    assert busy[0]["prompt"].endswith("Count upwards from one:") and idle[0]["prompt"] == ""
     assert busy[0]["speculating_now"] is True  # alone: under the gate
     assert health["slots_processing"] == 1 and health["slots_idle"] == 3
 

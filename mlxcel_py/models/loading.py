@@ -74,9 +74,17 @@ def resolve(spec: str | None, *, revision: str | None = None, what: str = "--mod
         source = f"default model {default_model.DEFAULT_MODEL_NAME} (from the {default_model.DEFAULT_MODEL_PACKAGE} wheel, {path.name}, converted in {folder})"
         return ResolvedModel(folder, source, read_config(folder, what=what), gguf=path)
     p = Path(spec).expanduser()
+    if os.path.lexists(p) and not p.exists():  # stat fails: a symlink loop, or a link to nothing
+        raise ModelError(
+            f"{what} {spec}: a symbolic link that leads to no file or folder (a loop, or a removed target)"
+        )
     if p.exists():
         if revision is not None:
             raise ModelError(f"--revision applies to repo ids, not to the local path {spec}", exit_code=2)
+        if not p.is_file() and not p.is_dir():
+            raise ModelError(
+                f"{what} {spec}: not a folder or a regular file (a FIFO or a device); pass a model folder or a .gguf file"
+            )
         if p.is_file():
             with open(p, "rb") as fh:
                 magic = fh.read(4)

@@ -76,6 +76,8 @@ async def slots(request: Request):
                     slot is not None and w.speculative_allowed and ctx.engine.draft.enabled and w.gate.open
                 ),
                 "n_prompt_tokens": len(job.prompt) if job is not None else 0,
+                # llama-server's field: the prompt as text (a request's, so /slots takes the key)
+                "prompt": ctx.tokenizer.decode(job.prompt) if job is not None else "",
                 "n_cached_tokens": gen.stats.cached_tokens if gen is not None else 0,
                 "next_token": {
                     "has_next_token": slot is not None,

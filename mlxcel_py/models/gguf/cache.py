@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import UsageError
+from ...errors import MlxcelError, UsageError
 from ...paths import cache_dir
 
 COMPLETE = "COMPLETE"  # a conversion's marker, written last (convert.py)
@@ -97,7 +97,10 @@ def enforce_limit(keep: Path, where: Path | None = None) -> list[Entry]:
             break
         if e.path == keep or not e.complete or time.time() - e.last_used < 60:
             continue
-        shutil.rmtree(e.path, ignore_errors=True)
+        try:
+            _delete(e.path)
+        except OSError:  # another process's files, a read-only cache: it stays, and so do its bytes
+            continue
         total -= e.bytes
         removed.append(e)
     return removed
@@ -118,6 +121,25 @@ def remove(names: list[str], *, everything: bool = False, incomplete: bool = Fal
                 hint="pass a name from the first column, --incomplete or --all",
             )
         picked = [known[n] for n in names]
+    removed, failed = [], []
     for e in picked:
-        shutil.rmtree(e.path, ignore_errors=True)
-    return picked
+        try:
+            _delete(e.path)
+            removed.append(e)
+        except OSError as exc:
+            failed.append(f"{e.name} ({exc.strerror or exc})")
+    if failed:
+        raise MlxcelError(
+            f"could not remove {', '.join(failed)}"
+            + (f"; removed {len(removed)} other conversion(s)" if removed else "")
+        )
+    return removed
+
+
+def _delete(path: Path) -> None:
+    """An entry: a folder with its files, or a symbolic link placed in the cache (the link only,
+    never what it points to; rmtree refuses links, and that refusal was silently ignored)."""
+    if path.is_symlink():
+        path.unlink()
+    else:
+        shutil.rmtree(path)
