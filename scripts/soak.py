@@ -6,11 +6,15 @@ Starts `mlxcel serve -np 4 --draft-kind prompt-lookup` (the default model unless
 N client threads for M minutes. Each picks at random: a chat request (streamed or not), a text
 completion, a plain-decoding request, or a hostile one (malformed JSON, wrong types, extreme
 sampling values, a 1 MiB body, a wrong content type, headers that never finish, a hang-up
-mid-upload, a hang-up mid-stream). Every `--restart-every` seconds the server gets SIGTERM and
-is started again (clients see refused connections meanwhile). Every 5 s the server's RSS and
-open file descriptors are sampled. The report: requests by outcome (HTTP status, or the client's
-own failure), restarts, and RSS / descriptors over time (first, max, last per server run). Not
-part of the test suite (it runs for minutes); its figures are in docs/bench/soak.md.
+mid-upload, a hang-up mid-stream; and #47's: a JSON schema whose `$ref`s chain 1,000 deep, a
+4,000-rule GBNF chain, a 998-rule one within the limits that takes seconds to compile, 70 K
+characters of `logit_bias` text keys, a cross-site text/plain POST from another origin). Every
+`--restart-every` seconds the server gets SIGTERM and is started again (clients see refused
+connections meanwhile). Every 5 s the server's RSS and open file descriptors are sampled, and a
+probe asks `/health` every 0.5 s: a reply slower than 1 s is a stall another client would feel.
+The report: requests by outcome (HTTP status, or the client's own failure), restarts, RSS /
+descriptors over time (first, max, last per server run), and the probe's slowest replies. Not part
+of the test suite (it runs for minutes); its figures are in docs/bench/soak.md.
 """
 
 from __future__ import annotations
@@ -47,9 +51,10 @@ def start(args) -> tuple[subprocess.Popen, str]:
     raise SystemExit("the server did not start")
 
 
-def request(url: str, path: str, body, *, ctype="application/json", stream=False, timeout=60) -> str:
+def request(url: str, path: str, body, *, ctype="application/json", stream=False, timeout=60, origin=None) -> str:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(url + path, data=data, headers={"Content-Type": ctype})
+    headers = {"Content-Type": ctype} | ({"Origin": origin} if origin else {})
+    req = urllib.request.Request(url + path, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             if stream:
@@ -93,12 +98,34 @@ PROMPTS = [
 ]
 
 
+def chain_schema(n: int) -> dict:
+    defs = {f"d{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(n)}
+    return {"$defs": {**defs, f"d{n}": {"type": "string"}}, "$ref": "#/$defs/d0"}
+
+
+def chain_gbnf(n: int) -> str:
+    return "root ::= r0\n" + "".join(f'r{i} ::= "a" r{i + 1}\n' for i in range(n)) + f'r{n} ::= "b"\n'
+
+
+HOSTILE_47 = {  # #47's requests: each a 4xx (or, the slow one within the limits, a 200)
+    "schema-chain": ("/completion", {"prompt": "hi", "n_predict": 2, "json_schema": chain_schema(1000)}),
+    "gbnf-chain": ("/completion", {"prompt": "hi", "n_predict": 2, "grammar": chain_gbnf(4000)}),
+    "gbnf-slow": ("/completion", {"prompt": "hi", "n_predict": 2, "grammar": chain_gbnf(998)}),
+    "bias-text": (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": [["x" * 70_000, 1]]}),
+}
+
+
 def one(url: str) -> tuple[str, str]:
     msgs = [{"role": "user", "content": random.choice(PROMPTS)}]
     kind = random.choice(
         ["chat", "chat-stream", "completion", "plain", "malformed", "types", "extreme", "big", "ctype",
-         "slow-headers", "upload-hangup", "stream-hangup"]
+         "slow-headers", "upload-hangup", "stream-hangup", "cross-site", *HOSTILE_47]
     )  # fmt: skip
+    if kind in HOSTILE_47:
+        path, body = HOSTILE_47[kind]
+        return kind, request(url, path, json.dumps(body).encode(), ctype="text/plain")
+    if kind == "cross-site":
+        return kind, request(url, CHAT, {"messages": msgs}, ctype="text/plain", origin="https://evil.example")
     if kind == "chat":
         return kind, request(url, CHAT, {"messages": msgs, "max_tokens": 24})
     if kind == "chat-stream":
@@ -126,6 +153,17 @@ def one(url: str) -> tuple[str, str]:
     body = json.dumps({"messages": msgs, "max_tokens": 200, "stream": True}).encode()
     head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     return kind, raw(url, head + f"Content-Length: {len(body)}\r\n\r\n".encode() + body, hang_after=0.3)
+
+
+def _get(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            r.read()
+            return str(r.status)
+    except urllib.error.HTTPError as e:
+        return str(e.code)
+    except OSError as e:
+        return type(e).__name__
 
 
 def sample(pid: int) -> tuple[float, int]:
@@ -162,7 +200,18 @@ def main() -> None:
             if result in ("ConnectionRefusedError", "ConnectionResetError"):
                 time.sleep(0.2)  # the server is restarting: do not count thousands of refusals
 
+    probes: list[tuple[float, float]] = []  # (seconds into the run, /health latency)
+
+    def probe() -> None:
+        while time.time() < stop:
+            start = time.perf_counter()
+            result = _get(state["url"] + "/health")
+            if result == "200":
+                probes.append((round(time.time() - t0, 1), time.perf_counter() - start))
+            time.sleep(0.5)
+
     threads = [threading.Thread(target=client, daemon=True) for _ in range(a.clients)]
+    threads.append(threading.Thread(target=probe, daemon=True))
     for t in threads:
         t.start()
     restarts, last_restart = 0, time.time()
@@ -201,6 +250,11 @@ def main() -> None:
             print(
                 f"| {i + 1} | {len(r)} | {rs[0]:.0f} / {max(rs):.0f} / {rs[-1]:.0f} | {fs[0]} / {max(fs)} / {fs[-1]} |"
             )
+    slow = sorted((lat for _, lat in probes), reverse=True)
+    print(
+        f"\n/health probe: {len(probes)} replies, slowest {', '.join(f'{s * 1000:.0f}' for s in slow[:3])} ms, "
+        f"{sum(s > 1.0 for s in slow)} over 1 s"
+    )
     print(
         f"\n{sum(by_status.values())} requests from {a.clients} clients in {a.minutes:g} min, {restarts} restart(s); "
         f"last server exit code {code}; 5xx: {sum(n for k, n in by_status.items() if k.startswith('5') and k != '503')}"
@@ -208,7 +262,7 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"outcomes": {f"{k} {r}": n for (k, r), n in outcomes.items()}, "runs": runs,
-                       "restarts": restarts, "exit_code": code}, f, indent=2)  # fmt: skip
+                       "restarts": restarts, "exit_code": code, "health_probe": probes}, f, indent=2)  # fmt: skip
 
 
 if __name__ == "__main__":
