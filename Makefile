@@ -40,7 +40,7 @@ test: model
 # CPU with AVX-VNNI compares it in the main run; one without AVX-512 VNNI cannot run the test build.
 AVXVNNI_DIR := build/avxvnni-evex
 test-avxvnni: install
-	@if ! $(PY) -c 'import sys; from mlxcel_py.cpu import weights as w; q, _ = w.kernel_status(); \
+	@if ! $(PY) -c 'import sys; from mlxcel_py.cpu import extension; q, _ = extension.kernel_status(); \
 		sys.exit(0 if q is not None and q.isa_supported("avx512") and not q.isa_supported("avxvnni") else 1)'; then \
 		echo "skipping the AVX-VNNI test build: this CPU runs the AVX-VNNI build itself, or lacks AVX-512 VNNI"; \
 	else \

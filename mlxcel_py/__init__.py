@@ -32,12 +32,13 @@ _API = {
     "GenerateOptions": ("api", "GenerateOptions"),
     "DraftPolicy": ("api", "DraftPolicy"),
     "Stats": ("api", "Stats"),
+    "StreamPiece": ("api", "StreamPiece"),
     "Drafter": ("drafters.base", "Drafter"),
     "PromptLookupDrafter": ("drafters.prompt_lookup", "PromptLookupDrafter"),
     "SuffixDrafter": ("drafters.suffix", "SuffixDrafter"),
     "SuffixStore": ("drafters.suffix", "SuffixStore"),
     "FullModelDrafter": ("drafters.full_model", "FullModelDrafter"),
-    "MtpDrafter": ("drafters.mtp", "MTPDrafter"),
+    "MtpDrafter": ("drafters.mtp", "MtpDrafter"),
     "DFlashDrafter": ("drafters.dflash", "DFlashDrafter"),
     "Eagle3Drafter": ("drafters.eagle3", "Eagle3Drafter"),
     "MlxcelError": ("errors", "MlxcelError"),
@@ -53,14 +54,17 @@ if TYPE_CHECKING:  # the names for type checkers and editors (noqa: they are re-
         Generation,
         Model,
         Stats,
+        StreamPiece,
         generate,
         load,
         speculative_generate,
         stream,
     )
     from .drafters.base import Drafter  # noqa: F401
+    from .drafters.dflash import DFlashDrafter  # noqa: F401
+    from .drafters.eagle3 import Eagle3Drafter  # noqa: F401
     from .drafters.full_model import FullModelDrafter  # noqa: F401
-    from .drafters.mtp import MTPDrafter as MtpDrafter  # noqa: F401
+    from .drafters.mtp import MtpDrafter  # noqa: F401
     from .drafters.prompt_lookup import PromptLookupDrafter  # noqa: F401
     from .drafters.suffix import SuffixDrafter, SuffixStore  # noqa: F401
     from .errors import MlxcelError, ModelError, UsageError  # noqa: F401

@@ -34,7 +34,7 @@ def kernel_line() -> str:
     from .cpu import blas
 
     blas.prepare()  # before mlx.core, which the kernel's module loads
-    from .cpu.weights import kernel_status
+    from .cpu.extension import kernel_status
 
     qmm, why = kernel_status()
     return f"built and in use ({why})" if qmm is not None else f"{why}; CPU weights are float32"
@@ -48,10 +48,9 @@ def _option_kinds() -> dict[str, dict[str, tuple[str, bool]]]:
         for p in cmd.params:
             if p.param_type_name != "option" or p.name is None:
                 continue
-            ann = p.type_descriptor.annotation  # typer 0.29 keeps the Python type here
-            if p.multiple and getattr(ann, "__args__", None):
-                ann = ann.__args__[0]
-            kind = {bool: "bool", int: "int", float: "float"}.get(ann, "bool" if p.is_flag else "str")
+            # typer's own parameters (0.29: no Click underneath) name their type: "int", "list[str]"
+            bare = p.bare_type()
+            kind = bare if bare in ("bool", "int", "float") else "bool" if p.is_flag else "str"
             table[p.name] = (kind, bool(p.multiple))
         kinds[name] = table
     return kinds

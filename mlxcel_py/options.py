@@ -9,7 +9,10 @@ so `--help`, completion and flag checks are fast.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .formats.grammars import GrammarSpec
 
 DEFAULT_MAX_TOKENS = -1  # -1: until EOS or the context window, like mlxcel
 DEFAULT_TEMP = 0.0
@@ -99,7 +102,10 @@ class SamplingOptions:
 
 
 @dataclass(frozen=True)
-class GenerationOptions:
+class PromptOptions:
+    """The prompt and what to make of it, as the command's flags give them (budget, stops,
+    template, output reports, grammar); the API's one-call options are api.GenerateOptions."""
+
     prompt: str | None = None  # None: interactive chat; "-": read stdin
     max_tokens: int = DEFAULT_MAX_TOKENS
     min_tokens: int = 0
@@ -217,7 +223,7 @@ class CommandOptions:
 
     command: str  # generate | run | chat | serve | bench
     model: ModelOptions = field(default_factory=ModelOptions)
-    generation: GenerationOptions = field(default_factory=GenerationOptions)
+    generation: PromptOptions = field(default_factory=PromptOptions)
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     spec: SpecOptions = field(default_factory=SpecOptions)
     server: ServerOptions = field(default_factory=ServerOptions)
@@ -265,7 +271,7 @@ class RunConfig:
     options: CommandOptions
     draft: DraftConfig
     warnings: tuple[str, ...] = ()  # accepted, but worth a line on stderr (e.g. a dropped drafter)
-    grammar: Any = None  # grammars.GrammarSpec the output is constrained to (generate, run)
+    grammar: GrammarSpec | None = None  # the output is constrained to it (generate, run)
     chat_template: str | None = None  # the template text that replaces the model's own
 
 

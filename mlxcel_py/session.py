@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .cpu import blas
 from .drafters import registry
@@ -21,14 +21,19 @@ from .errors import ModelError
 from .models import loading, preflight
 from .options import RunConfig
 
+if TYPE_CHECKING:
+    from .engine.engine import Engine
+    from .models.taps import HiddenTap
+    from .parallel.distributed import World
+
 
 @dataclass
 class Session:
     target: loading.LoadedModel
-    engine: Any  # engine.engine.Engine (None on a distributed run's followers)
+    engine: Engine | None  # None on a distributed run's followers
     blas: blas.BlasState
-    world: Any = None  # parallel.distributed.World of a distributed run
-    tap: Any = None  # models.taps.HiddenTap: where every rank's forward ends (the final norm)
+    world: World | None = None  # a distributed run's
+    tap: HiddenTap | None = None  # where every rank's forward ends (the final norm)
 
     @property
     def tokenizer(self):
@@ -114,11 +119,11 @@ def open_session(
     channel = tap = None
     if world is not None:
         from .models.taps import hidden_tap
-        from .parallel import distributed
+        from .parallel import distributed, mirror
 
         distributed.barrier(world)  # every rank holds its part
         tap = hidden_tap(target.model)
-        channel = world.channel = distributed.Leader(world, tap)
+        channel = world.channel = mirror.Leader(world, tap)
         say(
             f"distributed: {world.layout.describe()} over {world.size} ranks ({world.backend} backend); "
             f"rank 0 runs the engine"

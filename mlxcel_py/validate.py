@@ -10,7 +10,6 @@ and `loading.check_rollback_config` (caches, on a weightless instance).
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -18,10 +17,8 @@ from pathlib import Path
 from .drafters import registry
 from .drafters.registry import DRAFT_KINDS
 from .errors import UsageError
-from .formats import chat_templates
-from .formats.grammars import GrammarError, GrammarSpec
-from .formats.grammars import check as check_grammar
-from .inputs.files import MIB, UnreadableFile, read_text
+from .formats import flag_texts
+from .formats.grammars import GrammarSpec
 from .options import (
     CPU_WEIGHTS,
     DEFAULT_CPU_WEIGHTS,
@@ -31,20 +28,15 @@ from .options import (
     DEFAULT_POLICY,
     DEFAULT_SUFFIX_CACHE_TOKENS,
     DEFAULT_TREE_MARGIN,
-    MAX_BUSY,
     MAX_DRAFT_LIMIT,
     MAX_PARALLEL,
     NGRAM_MAX_LIMIT,
-    PEERS,
     POLICIES,
     REASONING_FORMATS,
     REPETITION_PENALTY_RANGE,
-    BenchOptions,
-    BenchPlan,
     CommandOptions,
     DraftConfig,
     LookupConfig,
-    PromptLookupOptions,
     RunConfig,
 )
 
@@ -61,7 +53,7 @@ LLAMA_SPEC_TYPES = (
 )
 
 
-def _lookup_tuning_flags(opts: CommandOptions) -> list[str]:
+def lookup_tuning_flags(opts: CommandOptions) -> list[str]:
     lk = opts.spec.lookup
     given = []
     if lk.ngram_max is not None:
@@ -183,17 +175,17 @@ def validate(opts: CommandOptions) -> RunConfig:
     """Check one command's options; return the resolved run configuration."""
     if opts.command == "serve":
         _server(opts)
-    grammar = _grammar(opts)
-    template = _chat_template(opts)
+    grammar = flag_texts.grammar(opts)
+    template = flag_texts.chat_template(opts)
     run = _validate(opts)
-    run = replace(run, draft=_trees(opts, run.draft, grammar))
+    run = replace(run, draft=with_trees(opts, run.draft, grammar))
     notes = _server_notes(opts) if opts.command == "serve" else ()
     notes += _tree_notes(opts, run.draft) if opts.command == "serve" else ()
     run = replace(run, grammar=grammar, chat_template=template)
     return replace(run, warnings=run.warnings + notes) if notes else run
 
 
-def _trees(opts: CommandOptions, draft: DraftConfig, grammar: GrammarSpec | None) -> DraftConfig:
+def with_trees(opts: CommandOptions, draft: DraftConfig, grammar: GrammarSpec | None) -> DraftConfig:
     """--draft-tree-budget / --draft-tree-margin (engine/tree.py), or on --draft-kind mtp mlxcel's
     MLXCEL_MTP_TREE_BRANCHES / MLXCEL_MTP_TREE_MARGIN. Whether the model's caches can hold a tree
     is checked against its config before any weight loads (session)."""
@@ -260,73 +252,6 @@ def _tree_notes(opts: CommandOptions, draft: DraftConfig) -> tuple[str, ...]:
         )
     return ()
 
-
-def _chat_template(opts: CommandOptions) -> str | None:
-    """--chat-template NAME|TEMPLATE or --chat-template-file FILE: the template text, checked to parse."""
-    m = opts.model
-    if m.chat_template is not None and m.chat_template_file is not None:
-        raise UsageError("--chat-template and --chat-template-file both set the template; pass one")
-    try:
-        if m.chat_template is not None:
-            return chat_templates.resolve(m.chat_template)
-        if m.chat_template_file is None:
-            return None
-        try:
-            text = read_text(m.chat_template_file, FILE_LIMIT)
-        except UnreadableFile as exc:
-            raise UsageError(f"--chat-template-file {m.chat_template_file}: {exc}") from None
-        chat_templates.check(text)
-        return text
-    except chat_templates.TemplateError as exc:
-        flag = "--chat-template" if m.chat_template is not None else f"--chat-template-file {m.chat_template_file}"
-        raise UsageError(f"{flag}: {exc}") from None
-
-
-def _grammar(opts: CommandOptions) -> GrammarSpec | None:
-    """--grammar/--grammar-file/--json-schema/--json-schema-file: one at most, on generate and run,
-    readable, and compiling (no model needed)."""
-    g = opts.generation
-    given = [
-        (flag, value, kind, is_file)
-        for flag, value, kind, is_file in (
-            ("--grammar", g.grammar, "gbnf", False),
-            ("--grammar-file", g.grammar_file, "gbnf", True),
-            ("--json-schema", g.json_schema, "json_schema", False),
-            ("--json-schema-file", g.json_schema_file, "json_schema", True),
-        )
-        if value is not None
-    ]
-    if not given:
-        return None
-    if len(given) > 1:
-        raise UsageError(f"{given[0][0]} and {given[1][0]} both constrain the output; pass one")
-    flag, value, kind, is_file = given[0]
-    if opts.command not in ("generate", "run"):
-        raise UsageError(
-            f"{flag} is a generate/run option; "
-            + (
-                "serve takes a grammar per request ('grammar', 'json_schema', 'response_format')"
-                if opts.command == "serve"
-                else f"drop it on {opts.command}"
-            )
-        )
-    if opts.generation.prompt is None:  # without -p, generate and run chat
-        raise UsageError(f"{flag} needs a one-shot prompt (-p/--prompt); an interactive chat takes no grammar")
-    text = value
-    if is_file:
-        try:
-            text = read_text(value, FILE_LIMIT)
-        except UnreadableFile as exc:
-            raise UsageError(f"{flag} {value}: {exc}; pass a grammar or schema file") from None
-    spec = GrammarSpec(kind, text)
-    try:
-        check_grammar(spec)
-    except GrammarError as exc:
-        raise UsageError(f"{flag}: {exc}") from None
-    return spec
-
-
-FILE_LIMIT = MIB  # bytes of a --grammar-file, --json-schema-file or --chat-template-file
 
 MIN_SLOT_CONTEXT = 16  # tokens: a slot's share of -c must hold a short prompt and its reply
 
@@ -399,7 +324,7 @@ def _validate(opts: CommandOptions) -> RunConfig:
     _generation(opts)
     spec = opts.spec
     lk = spec.lookup
-    tuning = _lookup_tuning_flags(opts)
+    tuning = lookup_tuning_flags(opts)
     kind = spec.draft_kind
     draft_model = opts.model.draft_model
 
@@ -539,114 +464,3 @@ def _suffix_flags(opts: CommandOptions, kind: str | None) -> None:
             raise UsageError(f"--suffix-store {spec.suffix_store}: a folder; pass a file path")
         if not store.parent.is_dir():
             raise UsageError(f"--suffix-store {spec.suffix_store}: the folder {store.parent} does not exist")
-
-
-def _parse_widths(text: str) -> tuple[int, ...]:
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    try:
-        widths = tuple(int(p) for p in parts)
-    except ValueError:
-        raise UsageError(f"--sweep-widths {text}: expected comma-separated integers, e.g. 1,2,4,7,12") from None
-    if not widths:
-        raise UsageError("--sweep-widths needs at least one width, e.g. 1,2,4,7,12")
-    for w in widths:
-        if not 1 <= w <= MAX_DRAFT_LIMIT:
-            raise UsageError(f"--sweep-widths: width {w} is outside 1..{MAX_DRAFT_LIMIT}")
-    if len(set(widths)) != len(widths):
-        raise UsageError(f"--sweep-widths {text}: a width is listed twice")
-    return tuple(sorted(widths))
-
-
-def validate_bench(opts: CommandOptions, bench: BenchOptions) -> BenchPlan:
-    """`mlxcel bench`: the same rules as generate, except that --prompt-lookup and --draft-model
-    may be given together (each is benchmarked), and with neither, prompt lookup is benchmarked.
-    --cpu-weights may list several modes: the session loads the first, the others are loaded beside it."""
-    weights = _parse_weights(opts.model.cpu_weights)
-    opts = replace(opts, model=replace(opts.model, cpu_weights=weights[0]))
-    if len(weights) > 1 and opts.spec.draft_kind == "mtp":
-        raise UsageError(
-            f"--cpu-weights {','.join(weights)}: the MTP head is loaded onto one target, so "
-            f"--draft-kind mtp is benchmarked in one weight mode; pass one mode"
-        )
-    if bench.vs is not None and bench.vs not in PEERS:
-        raise UsageError(f"--vs {bench.vs}: the peer to compare against must be one of {', '.join(PEERS)}")
-    if bench.vs == "llama.cpp":
-        spec = opts.model.model
-        if spec is not None and not (spec.endswith(".gguf") and Path(spec).expanduser().is_file()):
-            raise UsageError(
-                "--vs llama.cpp runs llama.cpp on the same GGUF file: pass -m FILE.gguf "
-                "(or omit -m for the default model)"
-            )
-        if importlib.util.find_spec("llama_cpp") is None:
-            raise UsageError(
-                "--vs llama.cpp needs llama-cpp-python, which is not installed",
-                hint="pip install -e '.[llama]' (it builds llama.cpp from source, a few minutes)",
-            )
-    if bench.limit is not None and bench.limit < 1:
-        raise UsageError(f"--limit must be at least 1, got {bench.limit}")
-    if not 1 <= bench.repeats <= 100:
-        raise UsageError(f"--repeats must be between 1 and 100, got {bench.repeats}")
-    if not 0 <= bench.busy <= MAX_BUSY:
-        raise UsageError(f"--busy must be between 0 and {MAX_BUSY}, got {bench.busy}")
-    if opts.generation.max_tokens < 1:
-        raise UsageError(f"--max-tokens must be at least 1 for a benchmark, got {opts.generation.max_tokens}")
-    widths = _parse_widths(bench.sweep_widths) if bench.sweep_widths is not None else ()
-    lk = opts.spec.lookup
-    wants_model = bool(opts.model.draft_model) or opts.spec.draft_kind is not None
-    wants_lookup = lk.enabled or not wants_model
-    runs: list[RunConfig] = []
-    if wants_model:
-        no_lookup = replace(opts, spec=replace(opts.spec, lookup=PromptLookupOptions()))
-        if _lookup_tuning_flags(opts) and not lk.enabled:
-            validate(opts)  # reports "requires --prompt-lookup"
-        runs.append(validate(no_lookup))
-    if wants_lookup:
-        # beside a model drafter, --draft-block-size is that drafter's; alone it is refused
-        only_lookup = replace(
-            opts,
-            model=replace(opts.model, draft_model=None),
-            spec=replace(
-                opts.spec,
-                draft_kind=None,
-                lookup=replace(lk, enabled=True),
-                draft_block_size=None if wants_model else opts.spec.draft_block_size,
-                suffix_cache_tokens=None,
-            ),
-        )
-        runs.append(validate(only_lookup))
-    drafters = [r.draft for r in runs]
-    drafts = tuple(registry.with_width(d, w) for d in drafters for w in widths) if widths else tuple(drafters)
-    if bench.tree_budgets is not None:  # each drafter at each tree budget (0: its chains)
-        drafts = tuple(
-            _trees(
-                replace(opts, spec=replace(opts.spec, tree_budget=b, tree_margin=opts.spec.tree_margin if b else None)),
-                d,
-                None,
-            )
-            for d in drafts
-            for b in _parse_tree_budgets(bench.tree_budgets)
-        )
-    primary = next((r for r in runs if r.draft.enabled and registry.kind_of(r.draft.kind).loads_weights), runs[0])
-    return BenchPlan(run=primary, drafts=drafts, widths=widths, bench=bench, weights=weights)
-
-
-def _parse_tree_budgets(raw: str) -> tuple[int, ...]:
-    try:
-        budgets = tuple(int(b) for b in raw.split(","))
-    except ValueError:
-        raise UsageError(f"--draft-tree-budget {raw}: a comma list of node counts (0: chains), e.g. 0,8") from None
-    for b in budgets:
-        check_tree_budget(b)
-    if len(set(budgets)) != len(budgets):
-        raise UsageError(f"--draft-tree-budget {raw}: a budget is listed twice")
-    return budgets
-
-
-def _parse_weights(raw: str) -> tuple[str, ...]:
-    modes = tuple(m.strip() for m in raw.split(","))
-    for m in modes:
-        if m not in CPU_WEIGHTS:
-            raise UsageError(f"--cpu-weights {raw}: {m or 'an empty entry'} is not one of {', '.join(CPU_WEIGHTS)}")
-    if len(set(modes)) != len(modes):
-        raise UsageError(f"--cpu-weights {raw}: a mode is listed twice")
-    return modes

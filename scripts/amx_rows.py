@@ -2,7 +2,7 @@
 
 For the default model's layer shapes (fused q/k/v, o, fused gate/up, down, the output layer; 4-bit,
 groups of 32), the kernel's time per call (its own clock, `_qmm.kernel_time`) with AMX off and on,
-for blocks of M rows, and whether the two outputs are bit-identical. `cpu_weights.AMX_ROWS` is
+for blocks of M rows, and whether the two outputs are bit-identical. `cpu_extension.AMX_ROWS` is
 where AMX starts paying. Usage:
 
     python scripts/amx_rows.py [--rows 2,4,8,16,40,64,128] [--reps 50]
@@ -24,7 +24,7 @@ blas.prepare()
 
 import mlx.core as mx  # noqa: E402
 
-from mlxcel_py.cpu import weights as cpu_weights  # noqa: E402  (after the BLAS swap: it imports mlx.core)
+from mlxcel_py.cpu import extension as cpu_extension
 
 SHAPES = {"q/k/v": (960, 576), "o": (576, 576), "gate/up": (3072, 576), "down": (576, 1536), "output": (49152, 576)}
 
@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--rows", default="2,4,8,16,40,64,128")
     ap.add_argument("--reps", type=int, default=50)
     a = ap.parse_args()
-    qmm, why = cpu_weights.kernel_status()
+    qmm, why = cpu_extension.kernel_status()
     if qmm is None or not qmm.amx_supported():
         sys.exit(
             f"needs the kernel with AMX tiles here (kernel: {why}; AMX: "
@@ -71,7 +71,7 @@ def main() -> None:
                 cells.append(f"{times[0] * 1e6:.0f} / {times[1] * 1e6:.0f}")
             print(f"| {m} | " + " | ".join(cells) + f" | {total[0] / total[1]:.2f}x | {'yes' if same else 'NO'} |")
     finally:
-        qmm.set_amx_rows(cpu_weights.AMX_ROWS)
+        qmm.set_amx_rows(cpu_extension.AMX_ROWS)
 
 
 if __name__ == "__main__":

@@ -55,10 +55,10 @@ def prompt_ids(model, context: int) -> list[int]:
 
 
 def ours(tokens: int, model, ids: list[int]):
-    from mlxcel_py.cpu import weights as cpu_weights
+    from mlxcel_py.cpu import extension as cpu_extension
     from mlxcel_py.engine.cache import SequenceCache
 
-    qmm, _ = cpu_weights.kernel_status()
+    qmm, _ = cpu_extension.kernel_status()
 
     def run(threads: int) -> float:
         if qmm is not None:

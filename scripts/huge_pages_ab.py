@@ -42,19 +42,21 @@ def main() -> None:
     a = ap.parse_args()
 
     import mlxcel_py as mc
+    from mlxcel_py.cpu import extension as cpu_extension
+    from mlxcel_py.cpu import layers as cpu_layers
     from mlxcel_py.cpu import weights as cpu_weights
     from mlxcel_py.engine.cache import SequenceCache
     from mlxcel_py.models import decoder_layers
 
     model = mc.load(a.model, warmup=False)
-    qmm, why = cpu_weights.kernel_status()
+    qmm, why = cpu_extension.kernel_status()
     if qmm is None:
         sys.exit(f"the row-exact kernel is not in use: {why}")
     inner = model.model
     slots = [
         (m, k)
         for _, m in inner.named_modules()
-        if isinstance(m, cpu_weights.KERNEL_LINEARS)
+        if isinstance(m, cpu_layers.KERNEL_LINEARS)
         for k in ("weight", "scales", "biases", "bias")
         if k in m
     ]

@@ -32,10 +32,10 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 
 def builds() -> tuple[str, ...]:
     """The kernel's builds this CPU runs, best first, then f32 (no kernel)."""
-    from mlxcel_py.cpu import weights as cpu_weights
+    from mlxcel_py.cpu import extension as cpu_extension
 
-    qmm, _ = cpu_weights.kernel_status()
-    return (*(isa for isa in cpu_weights.KERNEL_ISAS[:-1] if qmm is not None and qmm.isa_supported(isa)), "f32")
+    qmm, _ = cpu_extension.kernel_status()
+    return (*(isa for isa in cpu_extension.KERNEL_ISAS[:-1] if qmm is not None and qmm.isa_supported(isa)), "f32")
 
 
 def one_run(isa: str, threads: int, tokens: int) -> tuple[float, float, str]:

@@ -101,11 +101,11 @@ def main() -> None:
     from decode_step import PROMPT, greedy_steps  # this folder: the same prompt and step loop
 
     import mlxcel_py as mc
-    from mlxcel_py.cpu import weights as cpu_weights
+    from mlxcel_py.cpu import extension as cpu_extension
     from mlxcel_py.engine.cache import SequenceCache
 
     model = mc.load(a.model, warmup=False)
-    qmm, why = cpu_weights.kernel_status()
+    qmm, why = cpu_extension.kernel_status()
     if qmm is None:
         sys.exit(f"the row-exact kernel is not in use: {why}")
     ids = model.encode(PROMPT)

@@ -114,6 +114,14 @@ def workloads() -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def verify_round(cache, history, draft, decider, q=None):
+    """One verify round as the round loop runs it alone: mark, feed `[last, *draft]`, judge."""
+    from mlxcel_py.engine.verify import judge
+
+    cache.mark()
+    return judge(cache, history, draft, decider, q, cache.feed([history[-1], *draft]))
+
+
 def mlxcel_cmd() -> list[str]:
     return [sys.executable, "-m", "mlxcel_py"]
 
@@ -139,9 +147,9 @@ def no_weights(monkeypatch):
 
 
 def _cpu_weights_line() -> str:
-    from mlxcel_py.cpu import weights as cpu_weights
+    from mlxcel_py.cpu import extension as cpu_extension
 
-    qmm, why = cpu_weights.kernel_status()
+    qmm, why = cpu_extension.kernel_status()
     if qmm is not None:
         return f"mlxcel-py CPU weights: {why} built and in use (--cpu-weights auto); kernel tests ran"
     return f"mlxcel-py CPU weights: float32 ({why}); kernel tests were skipped"

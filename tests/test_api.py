@@ -66,6 +66,26 @@ def test_stop_strings_and_seeded_sampling_behave_as_on_the_cli(default):
     assert a == b  # position-keyed draws: the speculative run repeats the plain run's samples
 
 
+def test_stream_yields_pieces_that_are_their_text_and_carry_tokens_drafts_and_the_finish(default):
+    text = mc.generate(default, PROMPT, max_tokens=32, prompt_lookup=True)
+    pieces = list(mc.stream(default, PROMPT, max_tokens=32, prompt_lookup=True))
+    assert all(isinstance(p, mc.StreamPiece) and isinstance(p, str) for p in pieces)
+    assert "".join(pieces) == "".join(p.text for p in pieces) == text
+    assert [p.finish_reason for p in pieces[:-1]] == [None] * (len(pieces) - 1)
+    last = pieces[-1]
+    assert last.finish_reason in ("stop", "length") and last.text == "" and last.tokens == ()
+    ids = [t for p in pieces for t in p.tokens]
+    assert default.decode(ids) == text and last.generated == len(ids)
+    assert 0 < sum(p.from_draft for p in pieces) <= len(ids)  # the prompt is copied: drafts land
+    assert all(0 <= p.from_draft <= len(p.tokens) for p in pieces) and last.tokens_per_second > 0
+    # repeat_last_n reaches the sampler as on the CLI (a window of 0 turns the penalty off)
+    plain = mc.generate(default, PROMPT, max_tokens=24)
+    off = mc.generate(default, PROMPT, max_tokens=24, repetition_penalty=1.5, repeat_last_n=0)
+    assert off == plain != mc.generate(default, PROMPT, max_tokens=24, repetition_penalty=1.5)
+    with pytest.raises(mc.UsageError, match="repeat"):
+        mc.generate(default, PROMPT, max_tokens=4, repeat_last_n=-7)
+
+
 # ---- a user's drafter ---------------------------------------------------------------------------
 
 
@@ -262,3 +282,26 @@ def test_the_api_page_examples_run(tmp_path):
 
 def test_the_package_is_typed():
     assert (Path(mc.__file__).parent / "py.typed").exists()
+
+
+def test_every_exported_name_is_the_objects_own_and_known_to_type_checkers():
+    """The lazy export table and the TYPE_CHECKING imports list the same names, and each name is
+    what its object is called (mc.MtpDrafter was the class MTPDrafter; two drafters were missing
+    from the type checkers' list)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(Path(mc.__file__).read_text())
+    checked = {
+        (alias.asname or alias.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+        for sub in node.body
+        if isinstance(sub, ast.ImportFrom)
+        for alias in sub.names
+    }
+    assert checked == set(mc._API), checked ^ set(mc._API)
+    for name in mc._API:
+        obj = getattr(mc, name)
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            assert obj.__name__ == name, (name, obj.__name__)

@@ -12,7 +12,8 @@ import mlx.core as mx
 import pytest
 from test_server import COPY_PROMPT, get, post, start_server
 
-from mlxcel_py.cpu import weights as cpu_weights
+from mlxcel_py.cpu import extension as cpu_extension
+from mlxcel_py.cpu import layers as cpu_layers
 from mlxcel_py.engine import batch
 from mlxcel_py.engine.cache import SequenceCache
 from mlxcel_py.options import SamplingOptions
@@ -29,7 +30,7 @@ def test_batched_rows_equal_solo_steps_bit_for_bit(real, tiny):
         c = SequenceCache(real.model)
         c.prefill(list(range(200, 200 + n)))
         seqs.append(c)
-    qmm = cpu_weights.kernel_status()[0]
+    qmm = cpu_extension.kernel_status()[0]
     fused_before = qmm.buffer_updates() if qmm else None
     got = batch.batched_step(real.model, seqs, [11, 12, 13])
     assert [len(c.tokens) for c in seqs] == [4, 18, 41]
@@ -52,10 +53,9 @@ def test_a_batch_wider_than_the_kernel_block_stays_exact(tiny):
     """90 sequences x 1-5 rows is 270 rows, unpadded: split into forwards of at most KERNEL_ROWS
     rows, so every row stays on the row-exact kernel (a wider forward would go through float32
     BLAS); every block's rows equal its solo forward, verify blocks and plain steps alike."""
-    from mlxcel_py.cpu import weights as cpu_weights
 
     blocks = [[(3 * i + j) % 200 + 1 for j in range(1 + i % 5)] for i in range(90)]
-    assert sum(map(len, blocks)) > cpu_weights.KERNEL_ROWS
+    assert sum(map(len, blocks)) > cpu_layers.KERNEL_ROWS
     seqs, solo = [], []
     for i in range(90):
         for pool in (seqs, solo):

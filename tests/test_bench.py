@@ -160,7 +160,7 @@ def test_bench_draft_model_and_lookup_side_by_side_with_mlx_lm(
 def test_bench_compares_cpu_weight_modes_in_one_run(tiny_dir, tiny_workload, cli_env, tmp_path):
     """--cpu-weights f32,q8,q4: the model in each form, plain and prompt lookup, interleaved; each
     mode's speculative output equals its own plain output, and plain speed is set against f32's."""
-    from mlxcel_py.cpu import weights as cpu_weights
+    from mlxcel_py.cpu import extension as cpu_extension
 
     out_json = tmp_path / "w.json"
     r = _bench(
@@ -184,7 +184,7 @@ def test_bench_compares_cpu_weight_modes_in_one_run(tiny_dir, tiny_workload, cli
     assert data["cpu_weights"] == ["f32", "q8", "q4"] and "3 prompts x 6 runs" in r.stderr
     modes = data["cpu_weights_modes"]
     assert modes["f32"]["mode"] == "f32"
-    built = cpu_weights.kernel_status()[0] is not None
+    built = cpu_extension.kernel_status()[0] is not None
     assert modes["q8"]["bits"] == ([8] if built else []) and modes["q4"]["bits"] == ([4] if built else [])
     runs = data["runs"]
     assert {(x["weights"], x["config"]) for x in runs} == {

@@ -219,10 +219,10 @@ def test_profile_and_summary_go_to_stderr(cli_env, workloads):
         assert key in r.stderr, key
     assert "[Prompt lookup] rounds=" in r.stderr
     assert "Profile" not in r.stdout and "[Generated" not in r.stdout
-    from mlxcel_py.cpu import weights as cpu_weights
+    from mlxcel_py.cpu import extension as cpu_extension
 
     assert "openblas" in r.stderr
-    qmm, why = cpu_weights.kernel_status()
+    qmm, why = cpu_extension.kernel_status()
     # the build in use (AVX-512 VNNI or AVX2), as --verbose names it, or float32
     assert (why.split(",")[0] if qmm is not None else "f32") in r.stderr
     assert qmm is None or re.search(r"row-exact (AVX-512 VNNI|AVX2) kernel", r.stderr)

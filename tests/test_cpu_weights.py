@@ -13,10 +13,12 @@ import mlx.nn as nn
 import pytest
 from test_engine import engine_for, run
 
+from mlxcel_py.cpu import extension as cpu_extension
+from mlxcel_py.cpu import layers as cpu_layers
 from mlxcel_py.cpu import weights as cpu_weights
 from mlxcel_py.options import SamplingOptions
 
-QMM, WHY = cpu_weights.kernel_status()
+QMM, WHY = cpu_extension.kernel_status()
 needs_kernel = pytest.mark.skipif(QMM is None, reason=f"row-exact kernel: {WHY}")
 
 
@@ -58,7 +60,7 @@ def test_each_row_is_bit_identical_to_the_one_row_product(bits):
     rng = random.Random(10 + bits)
     w, s, b, _ = _quantized(200, 576, bits)  # 12 groups of 16 rows and one of 8
     for _trial in range(12):
-        m = rng.randint(2, cpu_weights.KERNEL_ROWS)
+        m = rng.randint(2, cpu_layers.KERNEL_ROWS)
         x = mx.random.normal((m, 576))
         block = QMM.row_exact_qmm(x, w, s, b, bits)
         for i in rng.sample(range(m), min(m, 5)):
@@ -90,7 +92,7 @@ def test_amx_tiles_give_the_vnni_rows_bit_for_bit(bits):
                 amx = QMM.row_exact_qmm(x, w, s, b, bits)
                 assert mx.array_equal(vnni, amx).item(), (n, k, m)
     finally:
-        QMM.set_amx_rows(cpu_weights.AMX_ROWS)
+        QMM.set_amx_rows(cpu_extension.AMX_ROWS)
 
 
 @needs_amx
@@ -98,13 +100,13 @@ def test_amx_can_be_turned_off_by_environment(cli_env):
     import subprocess
     import sys
 
-    code = "from mlxcel_py import cpu_weights, _qmm; print(cpu_weights.kernel_status()[1], _qmm.amx_rows())"
+    code = "from mlxcel_py.cpu import extension; print(extension.kernel_status()[1], extension.kernel_status()[0].amx_rows())"
     plain_env = {k: v for k, v in cli_env.items() if k != "MLXCEL_NO_AMX"}
     on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=plain_env, check=True)
     off = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**cli_env, "MLXCEL_NO_AMX": "1"}
     )
-    assert on.stdout.split()[-1] == str(cpu_weights.AMX_ROWS) and "AMX tiles" in on.stdout
+    assert on.stdout.split()[-1] == str(cpu_extension.AMX_ROWS) and "AMX tiles" in on.stdout
     assert off.stdout.split()[-1] == "0" and "AMX" not in off.stdout
 
 
@@ -123,7 +125,7 @@ def test_threads_and_batch_shape_do_not_change_a_bit():
                 QMM.row_exact_qmm(xt, w, s, b, 4), QMM.row_exact_qmm(mx.array(xt.tolist()), w, s, b, 4)
             ).item()
     finally:
-        QMM.set_threads(cpu_weights.default_threads())
+        QMM.set_threads(cpu_extension.default_threads())
 
 
 @needs_kernel
@@ -429,7 +431,7 @@ def test_auto_keeps_a_float_model_in_its_own_precision(tiny_dir, tmp_path, dtype
     w = loaded.weights
     assert (w.mode, w.forms, w.bits) == (form, (form,), ())
     assert w.kernel_layers > 0 and w.float_layers == 0 and not w.inexact
-    layers = [m for _, m in loaded.model.named_modules() if isinstance(m, cpu_weights.RowExactFloatLinear)]
+    layers = [m for _, m in loaded.model.named_modules() if isinstance(m, cpu_layers.RowExactFloatLinear)]
     assert {type(m).__name__ for m in layers} == {"RowExactFloatLinear", "RowExactFloatEmbedding"}
     assert {m.weight.dtype for m in layers} == {dtype}
     assert "2 fused decoder layers" in loaded.kernels
@@ -504,7 +506,7 @@ def test_a_q4_0_gguf_drops_its_biases_and_decodes_the_same(tmp_path, monkeypatch
     gguf_files.write(path, "llama", [Q.Q4_0, Q.Q8_0])
     loaded = loading.load(loading.resolve(str(path)))
     sym = [
-        m for _, m in loaded.model.named_modules() if isinstance(m, cpu_weights.RowExactLinear) and m.biases.size == 0
+        m for _, m in loaded.model.named_modules() if isinstance(m, cpu_layers.RowExactLinear) and m.biases.size == 0
     ]
     assert len(sym) == loaded.weights.kernel_layers  # every Q4_0 and Q8_0 layer
     prompt = list(range(40, 70))
@@ -580,7 +582,7 @@ def test_half_scales_only_where_every_value_is_exact(tiny_dir, monkeypatch):
 
     # float32 weights quantized here: float32 scales
     loaded = loading.load(loading.resolve(str(tiny_dir)), cpu_weights="q8")
-    kinds = {m.scales.dtype for _, m in loaded.model.named_modules() if isinstance(m, cpu_weights.RowExactLinear)}
+    kinds = {m.scales.dtype for _, m in loaded.model.named_modules() if isinstance(m, cpu_layers.RowExactLinear)}
     assert kinds == {mx.float32}
     layer = next(m for n, m in loaded.model.named_modules() if n.endswith("o_proj"))  # no shared-input siblings
     x = mx.random.normal((3, layer.input_dims))
@@ -599,7 +601,7 @@ def test_half_scales_only_where_every_value_is_exact(tiny_dir, monkeypatch):
 @needs_kernel
 @pytest.mark.real
 def test_default_model_holds_its_gguf_scales_as_float16(real):
-    layers = [m for _, m in real.model.named_modules() if isinstance(m, cpu_weights.RowExactLinear)]
+    layers = [m for _, m in real.model.named_modules() if isinstance(m, cpu_layers.RowExactLinear)]
     assert layers and all(m.scales.dtype == mx.float16 and m.biases.dtype == mx.float16 for m in layers)
 
 
@@ -642,7 +644,7 @@ def test_weights_in_huge_pages_decode_the_same_and_count_in_peak_memory(tiny_dir
 
     prompt = list(range(40, 70))
     loaded = loading.load(loading.resolve(str(tiny_dir)))
-    layers = [m for _, m in loaded.model.named_modules() if isinstance(m, cpu_weights.KERNEL_LINEARS)]
+    layers = [m for _, m in loaded.model.named_modules() if isinstance(m, cpu_layers.KERNEL_LINEARS)]
     assert layers and QMM.huge_pages_bytes() >= sum(m.weight.nbytes for m in layers)
     got, g = run(engine_for(loaded), prompt, max_tokens=24, ignore_eos=True)
     assert g.stats.peak_memory_bytes >= QMM.huge_pages_bytes()  # MLX's counters alone miss the arena
@@ -663,6 +665,6 @@ def test_a_thread_count_that_is_not_a_plain_number_is_ignored(monkeypatch):
 
     for bad in ("²", "two", "-1", "0", ""):
         monkeypatch.setenv("MLXCEL_KERNEL_THREADS", bad)
-        assert cpu_weights.default_threads() == usable_cores()
+        assert cpu_extension.default_threads() == usable_cores()
     monkeypatch.setenv("MLXCEL_KERNEL_THREADS", "3")
-    assert cpu_weights.default_threads() == 3
+    assert cpu_extension.default_threads() == 3

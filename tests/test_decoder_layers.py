@@ -16,14 +16,14 @@ import pytest
 from mlx_lm.models.cache import KVCache
 from tiny_models import build
 
-from mlxcel_py.cpu import weights as cpu_weights
+from mlxcel_py.cpu import extension as cpu_extension
 from mlxcel_py.engine import batch
 from mlxcel_py.engine.cache import SequenceCache
 from mlxcel_py.engine.tree import merge
 from mlxcel_py.models import decoder_layers, loading
 from mlxcel_py.models.taps import layer_tap
 
-QMM, WHY = cpu_weights.kernel_status()
+QMM, WHY = cpu_extension.kernel_status()
 needs_kernel = pytest.mark.skipif(QMM is None, reason=f"row-exact kernel: {WHY}")
 
 BASE = dict(

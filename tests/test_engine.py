@@ -6,12 +6,12 @@ import random
 
 import mlx.core as mx
 import pytest
+from conftest import verify_round
 
 from mlxcel_py.drafters import registry
 from mlxcel_py.engine.cache import SequenceCache
 from mlxcel_py.engine.engine import Engine
 from mlxcel_py.engine.sampling import Decider
-from mlxcel_py.engine.verify import verify_round
 from mlxcel_py.options import DraftConfig, LookupConfig, SamplingOptions
 
 POLICIES = [("auto", True), ("graded", True), ("gated", True), ("cost", True), ("graded", False)]

@@ -12,12 +12,12 @@ import random
 import mlx.core as mx
 import pytest
 import tiny_models
+from conftest import verify_round
 from test_draft_model import full
 from test_engine import engine_for, lookup, run
 
 from mlxcel_py.engine.cache import SequenceCache
 from mlxcel_py.engine.sampling import Decider
-from mlxcel_py.engine.verify import verify_round
 from mlxcel_py.models import loading
 from mlxcel_py.models.cache_kinds import describe_kinds, rollback_kind
 from mlxcel_py.options import SamplingOptions

@@ -26,10 +26,10 @@ from test_cpu_weights import _quantized
 from test_decoder_layers import CONFIGS, _greedy_logits
 from tiny_models import build
 
-from mlxcel_py.cpu import weights as cpu_weights
+from mlxcel_py.cpu import extension as cpu_extension
 from mlxcel_py.models import loading
 
-QMM, WHY = cpu_weights.kernel_status()
+QMM, WHY = cpu_extension.kernel_status()
 BUILDS = [isa for isa in ("avx512", "avxvnni", "avx2") if QMM is not None and QMM.isa_supported(isa)]
 several_builds = pytest.mark.skipif(
     len(BUILDS) < 2, reason=f"needs the kernel and a CPU that runs two of its builds to compare ({WHY}; {BUILDS})"

@@ -114,3 +114,14 @@ def test_a_cancelled_or_failed_request_leaves_no_broken_entry(tiny):
     finally:
         SequenceCache.run = real_run
     assert eng.prompt_cache.entries == 1  # the failed request's cache was dropped, not stored
+
+
+def test_cache_bytes_counts_the_allocated_buffers_not_only_the_filled_part(tiny):
+    """`--cache-ram` budgets what a kept cache holds in memory: a KV cache grows 256 positions at
+    a time, so after 30 tokens it holds 256 positions' worth (mlx-lm's `nbytes`)."""
+    cache = SequenceCache(tiny.model)
+    cache.feed(list(range(10, 40)))
+    cache.eval()
+    allocated = sum(c.nbytes for c in cache.layers)
+    filled = sum(c.keys[..., : c.offset, :].nbytes + c.values[..., : c.offset, :].nbytes for c in cache.layers)
+    assert cache_bytes(cache) == allocated > filled > 0

@@ -16,6 +16,7 @@ import pytest
 
 from mlxcel_py.formats.grammars import check
 from mlxcel_py.server import tool_calls as tc
+from mlxcel_py.server.tool_stream import ToolStream
 
 WEATHER = {
     "type": "function",
@@ -365,7 +366,7 @@ def test_live_arguments_follow_strings_escapes_and_nesting_and_several_calls():
         'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa\\"ris {x}", "n": [1, {"a": 2}]}}'
         '\n</tool_call><tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
     )
-    stream = tc.ToolStream([WEATHER], live_args=True)
+    stream = ToolStream([WEATHER], live_args=True)
     content, entries = "", []
     for at in range(0, len(text), 3):  # three characters at a time
         c, e = stream.feed(text[at : at + 3])
@@ -377,12 +378,12 @@ def test_live_arguments_follow_strings_escapes_and_nesting_and_several_calls():
         assert mine[0]["function"] == {"name": "get_weather", "arguments": ""} and mine[0]["id"]
         assert json.loads("".join(e["function"]["arguments"] for e in mine)) == call.arguments
     # without a grammar nothing goes out before the end, and then the calls go out whole
-    stream = tc.ToolStream([WEATHER])
+    stream = ToolStream([WEATHER])
     assert [stream.feed(text[at : at + 3])[1] for at in range(0, len(text), 3)] == [[]] * len(range(0, len(text), 3))
     rest, calls, late = stream.finish()
     assert len(calls) == 2 and {e["index"] for e in late} == {0, 1}
     # a name that is no tool stops the live path instead of sending a call that is not one
-    stream = tc.ToolStream([WEATHER], live_args=True)
+    stream = ToolStream([WEATHER], live_args=True)
     assert stream.feed('{"name": "rm_rf", "arguments": {"path": "/"}}')[1] == []
 
 
@@ -415,7 +416,7 @@ def test_text_spelled_arguments_are_typed_by_the_schema_and_kimi_ids_are_kept():
 
 def test_a_stream_holds_text_from_any_markup_and_sends_the_text_before_it():
     text = 'Let me look. <|tool_call|>{"name": "get_time", "arguments": {}}<|/tool_call|>'
-    stream = tc.ToolStream(TOOLS)
+    stream = ToolStream(TOOLS)
     sent = "".join(stream.feed(text[at : at + 2])[0] for at in range(0, len(text), 2))
     rest, calls, late = stream.finish()
     assert sent == "Let me look. " and rest is None and [c.name for c in calls] == ["get_time"]

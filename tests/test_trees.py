@@ -25,8 +25,9 @@ import tiny_models
 from conftest import mlxcel_cmd
 from test_engine import engine_for, lookup, prompts, run
 
+from mlxcel_py.bench.checks import validate_bench
 from mlxcel_py.commands._options import build_options
-from mlxcel_py.cpu import weights as cpu_weights
+from mlxcel_py.cpu import extension as cpu_extension
 from mlxcel_py.drafters import registry
 from mlxcel_py.drafters.branching import best_first, runner_ups
 from mlxcel_py.drafters.prompt_lookup import PromptLookupIndex
@@ -35,9 +36,9 @@ from mlxcel_py.engine.tree import DraftTree, layout, merge
 from mlxcel_py.errors import ModelError, UsageError
 from mlxcel_py.options import DraftConfig, SamplingOptions
 from mlxcel_py.session import open_session
-from mlxcel_py.validate import validate, validate_bench
+from mlxcel_py.validate import validate
 
-QMM, WHY = cpu_weights.kernel_status()
+QMM, WHY = cpu_extension.kernel_status()
 needs_kernel = pytest.mark.skipif(QMM is None, reason=f"row-exact kernel: {WHY}")
 
 

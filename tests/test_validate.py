@@ -297,8 +297,8 @@ def test_bench_rejects_a_malformed_workload_before_loading(line, message, no_loa
 
 
 def test_bench_plans_each_drafter_at_each_width():
+    from mlxcel_py.bench.checks import validate_bench
     from mlxcel_py.commands._options import build_bench_options, build_options
-    from mlxcel_py.validate import validate_bench
 
     params = {
         "draft_model": "d",
@@ -367,12 +367,8 @@ def test_bench_has_no_r_short_flag_and_its_max_tokens_help_says_at_least_1(monke
 def test_bench_vs_llama_cpp_without_the_package_is_refused(no_loading, monkeypatch, tmp_path):
     import importlib.util
 
-    from mlxcel_py import validate
-
     real = importlib.util.find_spec
-    monkeypatch.setattr(
-        validate.importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a)
-    )
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     result = CliRunner().invoke(app, ["bench", "--vs", "llama.cpp"])
     assert result.exit_code == 2

@@ -151,7 +151,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             chat_template=g("chat_template"),
             chat_template_file=g("chat_template_file"),
         ),
-        generation=O.GenerationOptions(
+        generation=O.PromptOptions(
             prompt=g("prompt"),
             max_tokens=g("max_tokens", O.DEFAULT_MAX_TOKENS),
             min_tokens=g("min_tokens", 0),

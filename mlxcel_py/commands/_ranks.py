@@ -52,8 +52,8 @@ def ranks(run: RunConfig) -> Iterator[Any]:
 
 
 def follow(run: RunConfig, world: Any) -> int:
-    from ..parallel import distributed
+    from ..parallel import mirror
     from ..session import open_follower
 
     session = open_follower(run, world)
-    return distributed.follow(session.target.model, world, session.tap)
+    return mirror.follow(session.target.model, world, session.tap)

@@ -21,8 +21,8 @@ EPILOG = (
 def bench(**params) -> None:
     """Benchmark plain vs speculative decoding on a workload (table, JSON, width sweep, plot)."""
     from ..bench import workload
+    from ..bench.checks import validate_bench
     from ..errors import UsageError
-    from ..validate import validate_bench
 
     with ui.exit_on_error():
         plan = validate_bench(build_options("bench", params), build_bench_options(params))

@@ -179,8 +179,8 @@ class MTPHead(nn.Module):
 
         return [KVCache() for _ in self.layers]
 
-    def drafter(self, target_model: Any, target_vocab: int | None) -> MTPDrafter:
-        return MTPDrafter(self, target_model, target_vocab)
+    def drafter(self, target_model: Any, target_vocab: int | None) -> MtpDrafter:
+        return MtpDrafter(self, target_model, target_vocab)
 
 
 def _norm_offset(model: Any, target_folder: Path) -> float:
@@ -216,7 +216,7 @@ def load_head(model: Any, source: HeadSource, target_folder: Path):
 
 
 # ---- the drafter ---------------------------------------------------------------------------------
-class MTPDrafter(Drafter):
+class MtpDrafter(Drafter):
     kind = "mtp"
 
     def __init__(self, head: MTPHead, target_model: Any, target_vocab: int | None = None):

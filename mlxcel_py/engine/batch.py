@@ -5,7 +5,7 @@ ragged: every row of every block (a plain step's one token, a verify block's tok
 chunk) is its own batch entry of length 1 at its own position, so nothing is padded and a verify
 block or a prompt chunk beside plain steps costs only its own rows. Each layer gets a `RowCaches`
 for the sequences' caches of that layer: rope reads the per-entry positions as an array, and the
-layer's cache writes and attentions are one op (`cpu_weights.cache_attention`) that writes every
+layer's cache writes and attentions are one op (`cpu_row_ops.cache_attention`) that writes every
 row's key and value into its own sequence's buffer and attends each row over its own sequence up
 to its position, with the one-row attention a solo step uses. Everything else (norms,
 projections, the MLP, the output layer) is one batched op over all rows; rows of prompt chunks
@@ -39,8 +39,10 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
+from ..cpu import extension as cpu_extension
 from ..cpu import kernels as cpu_kernels
-from ..cpu import weights as cpu_weights
+from ..cpu import layers as cpu_layers
+from ..cpu import row_ops as cpu_row_ops
 from ..models import cache_kinds
 from ..models.taps import trunk_and_head
 from .cache import SequenceCache
@@ -58,7 +60,7 @@ class RowCaches:
     entry's sequence and position, worked out once per forward; None in the padded layout).
 
     Ragged (the row-exact path): the layer's cache writes and all its attentions are one op
-    (`cpu_weights.cache_attention`): `update_and_fetch` only holds the new keys and values, and
+    (`cpu_row_ops.cache_attention`): `update_and_fetch` only holds the new keys and values, and
     `attend_rows` (called by the attention dispatcher) writes them into each sequence's buffers
     and attends every row over its own sequence up to its position, with the same one-row code a
     solo step runs. A 2,000-op graph of per-row slices, cache writes and attentions at 8 sequences
@@ -103,7 +105,7 @@ class RowCaches:
         plan = self.plan
         for c, e in zip(self.caches, plan.ends):
             cache_kinds.reserve(c, e - c.offset, keys.shape[1], keys.shape[3])
-        got = cpu_weights.cache_attention(
+        got = cpu_row_ops.cache_attention(
             queries,
             keys,
             values,
@@ -167,7 +169,7 @@ def _fusable(model: Any, seqs: Sequence[SequenceCache]) -> bool:
     layout): the row-exact kernel path and plain KV caches."""
     return (
         cpu_kernels.row_exact(model)
-        and cpu_weights.kernel_status()[0] is not None
+        and cpu_extension.kernel_status()[0] is not None
         and all(type(c) is KVCache for s in seqs for c in s.layers)
     )
 
@@ -181,7 +183,7 @@ def why_no_trees(model: Any) -> str | None:
     """Why this model's forward cannot verify a draft tree (None: it can). A tree's rows go in as
     the ragged layout's entries (engine/tree.py), which needs the row-exact kernel and plain KV
     caches: a recurrent state or a rotating window cannot hold several branches at once."""
-    if not (cpu_kernels.row_exact(model) and cpu_weights.kernel_status()[0] is not None):
+    if not (cpu_kernels.row_exact(model) and cpu_extension.kernel_status()[0] is not None):
         return "the row-exact CPU kernel does not carry this model (the float32 path has no per-row tree attention)"
     layers = SequenceCache(model).layers
     if not all(type(c) is KVCache for c in layers):
@@ -206,7 +208,7 @@ def batched_forward(
     to the widest, in groups that fit the row-exact limit where there is one (at most 64 padded
     rows on that path: a wider block would go through float32 BLAS, whose rows are not exact)."""
     ragged = _fusable(model, seqs)
-    limit = cpu_weights.KERNEL_ROWS if ragged else cpu_kernels.prefill_chunk(model, 1 << 30)
+    limit = cpu_layers.KERNEL_ROWS if ragged else cpu_kernels.prefill_chunk(model, 1 << 30)
     wants = list(wants) if wants is not None else [True] * len(seqs)
     trees = list(trees) if trees is not None else [None] * len(seqs)
     if not ragged and any(t is not None for t in trees):

@@ -22,13 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..cpu import kernels as cpu_kernels
 from ..cpu import recurrent_steps
-from ..cpu import weights as cpu_weights
+from ..cpu import row_ops as cpu_row_ops
 from ..models import cache_kinds
-from ..models.cache_kinds import kind_of
+from ..models.cache_kinds import adapter_for
 
 
 @dataclass
@@ -38,11 +39,8 @@ class Checkpoint:
 
 
 def _arrays(x: Any) -> list:
-    if isinstance(x, mx.array):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [a for v in x for a in _arrays(v)]
-    return []
+    """The arrays in a tree of caches' states (which also hold offsets, None and other leaves)."""
+    return [v for _, v in tree_flatten(x) if isinstance(v, mx.array)]
 
 
 # Prompt tokens per forward in prefill: bounds memory, and is how often a cancelled request (a
@@ -67,7 +65,7 @@ class SequenceCache:
 
     def __init__(self, model: Any, channel: Any = None):
         self.model = model
-        # distributed.Leader: each forward is announced to the other ranks, which mirror it
+        # mirror.Leader: each forward is announced to the other ranks, which mirror it
         self.channel = channel
         self.seq_id = channel.new_sequence() if channel is not None else 0
         self.layers = make_prompt_cache(model)
@@ -202,7 +200,7 @@ class SequenceCache:
         models, references for the others)."""
         if self.trim_only:
             return
-        self._checkpoint = Checkpoint(self.fed, [kind_of(c).snapshot(c) for c in self.layers])
+        self._checkpoint = Checkpoint(self.fed, [adapter_for(c).snapshot(c) for c in self.layers])
         self._recording = bool(self._steps)
 
     def release(self) -> None:
@@ -229,20 +227,21 @@ class SequenceCache:
             return True
         k = fed - n  # positions to remove from the layers
         if all(
-            self._picks_state(i, k) or kind_of(c).can_rewind(c, k, self._last_write) for i, c in enumerate(self.layers)
+            self._picks_state(i, k) or adapter_for(c).can_rewind(c, k, self._last_write)
+            for i, c in enumerate(self.layers)
         ):
             for i, c in enumerate(self.layers):
                 if self._picks_state(i, k):
                     recurrent_steps.pick(c, self._step_records[i], self._last_write - k, self._steps[i])
                 else:
-                    kind_of(c).rewind(c, k)
+                    adapter_for(c).rewind(c, k)
             self._last_write -= k
             self._step_records = None  # the recorded steps no longer line up with the cache
             self._pending = []
         elif self._checkpoint is not None and self._checkpoint.position <= n:
             cp = self._checkpoint
             for c, snap in zip(self.layers, cp.snaps):
-                kind_of(c).restore(c, snap, fed - cp.position)
+                adapter_for(c).restore(c, snap, fed - cp.position)
             self._pending = self.tokens[cp.position : n]
             self._last_write = 0
         else:
@@ -260,7 +259,7 @@ class SequenceCache:
         n = len(rows)
         if rows != list(range(first, first + n)):
             layers = self.layers
-            moved = cpu_weights.move_rows([c.keys for c in layers] + [c.values for c in layers], rows, first)
+            moved = cpu_row_ops.move_rows([c.keys for c in layers] + [c.values for c in layers], rows, first)
             for i, c in enumerate(layers):
                 c.keys, c.values = moved[i], moved[len(layers) + i]
             if self.hidden is not None:  # covers hidden_start.. (at or before the tree's root)

@@ -1,6 +1,6 @@
 """The engine: one loaded target model, what it drafts with, and warmup.
 
-`Engine.generate()` returns a Generation (an iterator of TokenEvent with `.stats` and
+`Engine.generate()` returns a RoundLoop (an iterator of TokenEvent with `.stats` and
 `.finish_reason`, see generation.py). What the engine drafts with is a `DrafterSource` built by
 the drafter registry (drafters/registry.py): the engine asks it for a drafter and a policy per
 request and never looks at the drafter's kind. Warmup runs one forward at every verify width the
@@ -12,14 +12,19 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
 from ..options import DraftConfig, SamplingOptions
 from .cache import SequenceCache
-from .generation import Generation
+from .generation import DecodeRequest, RoundDrafter, RoundLoop
+from .policy import Policy
 from .sampling import Decider
+
+if TYPE_CHECKING:
+    from .batch import Gate
+    from .grammar import Constraint
 
 
 class Engine:
@@ -36,7 +41,7 @@ class Engine:
         channel: Any = None,
     ):
         self.model = model
-        # distributed.Leader on rank 0 of a distributed run: forwards are announced to the other ranks
+        # mirror.Leader on rank 0 of a distributed run: forwards are announced to the other ranks
         self.channel = channel
         self.eos_ids = tuple(sorted(set(eos_ids)))
         self.vocab_size = vocab_size
@@ -112,31 +117,31 @@ class Engine:
         remember: bool = True,
         cancelled: Callable[[], bool] | None = None,
         logprobs: int | None = None,
-        gate: Any = None,
-        drafter: Any = None,
-        policy: Any = None,
-        constraint: Any = None,
-    ) -> Generation:
-        """A request's Generation (`drafter`, `policy`: the caller's instead of the engine's;
-        `constraint`: a grammar.Constraint the output follows)."""
-        return Generation(
-            self,
-            prompt,
+        gate: Gate | None = None,
+        drafter: RoundDrafter | None = None,
+        policy: Policy | None = None,
+        constraint: Constraint | None = None,
+    ) -> RoundLoop:
+        """A request's round loop (`drafter`, `policy`: the caller's instead of the engine's;
+        `constraint`: a grammar the output follows); generation.DecodeRequest says each field."""
+        request = DecodeRequest(
+            prompt=tuple(prompt),
             max_tokens=self.resolve_max_tokens(max_tokens, len(prompt)),
             sampling=sampling or SamplingOptions(),
             min_tokens=min_tokens,
+            ignore_eos=ignore_eos,
+            speculative=speculative,
+            reuse_cache=reuse_cache,
+            reuse_prefix=reuse_prefix,
+            remember=remember,
             cancelled=cancelled,
             logprobs=logprobs,
             gate=gate,
             drafter=drafter,
             policy=policy,
             constraint=constraint,
-            ignore_eos=ignore_eos,
-            speculative=speculative,
-            reuse_cache=reuse_cache,
-            reuse_prefix=reuse_prefix,
-            remember=remember,
         )
+        return RoundLoop(self, request)
 
     def remember(self, tokens: Sequence[int]) -> None:
         """Give a finished sequence to the drafter source (a suffix store keeps it)."""

@@ -17,14 +17,20 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import mlx.core as mx
-
 from .cache import SequenceCache, _arrays
 
 
 def cache_bytes(cache: SequenceCache) -> int:
-    """Memory the layers hold (allocated buffers, not just the filled part)."""
-    return sum(a.nbytes for a in _arrays([c.state for c in cache.layers]) if isinstance(a, mx.array))
+    """Memory the layers hold: each layer cache's allocated buffers (mlx-lm's `nbytes`: a KV
+    cache grows 256 positions at a time, past the filled part), its state's arrays where a cache
+    kind does not say."""
+    total = 0
+    for c in cache.layers:
+        try:
+            total += c.nbytes
+        except (AttributeError, NotImplementedError):
+            total += sum(a.nbytes for a in _arrays(c.state))
+    return total
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .generation import Generation
+    from .generation import RoundLoop
 
 
 @dataclass(frozen=True)
@@ -20,13 +20,14 @@ class TextPiece:
     text: str
     tokens: int  # tokens emitted so far
     ids: tuple[int, ...] = ()  # the tokens since the previous piece (llama-server's stream `tokens`)
+    drafted: int = 0  # how many of `ids` were accepted draft tokens
 
 
 class TextStream:
-    """Iterate text pieces of a Generation; `finish_reason` and `stop_word` when done. A scheduled
-    Generation's Ticks come through as they are, between the pieces."""
+    """Iterate text pieces of a RoundLoop; `finish_reason` and `stop_word` when done. A scheduled
+    RoundLoop's Ticks come through as they are, between the pieces."""
 
-    def __init__(self, generation: Generation, tokenizer, stop: Sequence[str] = ()):
+    def __init__(self, generation: RoundLoop, tokenizer, stop: Sequence[str] = ()):
         self.generation = generation
         self.detok = tokenizer.detokenizer
         self.stop = [s for s in stop if s]
@@ -39,11 +40,14 @@ class TextStream:
         pending = ""
         count = 0
         fresh: list[int] = []
+        drafted = 0
 
         def piece_of(text: str) -> TextPiece:
-            ids = tuple(fresh)
+            nonlocal drafted
+            ids, n = tuple(fresh), drafted
             fresh.clear()
-            return TextPiece(text, count, ids)
+            drafted = 0
+            return TextPiece(text, count, ids, n)
 
         hold = max((len(s) for s in self.stop), default=0) - 1
         try:
@@ -53,6 +57,7 @@ class TextStream:
                     continue
                 count += 1
                 fresh.append(event.token)
+                drafted += event.from_draft
                 self.detok.add_token(event.token)
                 pending += self.detok.last_segment
                 if self.stop:

@@ -36,19 +36,6 @@ class Verdict:
     rows: mx.array | None = None  # the target's logits that chose each of `tokens` (for logprobs)
 
 
-def verify_round(
-    cache: SequenceCache,
-    history: Sequence[int],
-    draft: Sequence[int],
-    decider: Decider,
-    q: mx.array | None = None,
-) -> Verdict:
-    """history ends with `last` (not yet in cache); returns what to commit. Cache ends consistent."""
-    inputs = [history[-1], *draft]
-    cache.mark()
-    return judge(cache, history, draft, decider, q, cache.feed(inputs))
-
-
 def judge(
     cache: SequenceCache,
     history: Sequence[int],
@@ -58,7 +45,8 @@ def judge(
     logits: mx.array,
 ) -> Verdict:
     """The second half of a round: `logits` are the rows of `[last, *draft]` just fed to `cache`
-    (by `verify_round`, or by a scheduler's batched forward); decide, accept, roll back."""
+    after `cache.mark()` (by the round loop, or by a scheduler's batched forward); decide,
+    accept, roll back."""
     inputs = [history[-1], *draft]
     if q is not None and not decider.greedy:
         accepted, token = _accept_pq(logits, history, inputs, draft, decider, q)

@@ -4,7 +4,7 @@ newest positions.
 mlx-lm's caches own `trim`, and it undoes a write only for plain KV caches. The other kinds need
 state mlx-lm keeps private (a rotating window's write index `_idx` and its `_temporal_order`), so
 every read and write of it is here, next to the kind it belongs to (checked against mlx-lm 0.32).
-`kind_of(cache)` picks the adapter; `engine.cache.SequenceCache` drives them.
+`adapter_for(cache)` picks the adapter; `engine.cache.SequenceCache` drives them.
 
 - Trim: KVCache, QuantizedKVCache, ConcatenateKVCache, ChunkedKVCache. mlx-lm's `trim`, O(1).
 - Window: RotatingKVCache. A block of S > 1 tokens goes through `_update_concat`, which leaves
@@ -121,21 +121,21 @@ class List:
 
     @staticmethod
     def snapshot(c: Any) -> Any:
-        return [kind_of(p).snapshot(p) for p in c.caches]
+        return [adapter_for(p).snapshot(p) for p in c.caches]
 
     @staticmethod
     def restore(c: Any, snap: Any, since: int) -> None:
         for part, s in zip(c.caches, snap):
-            kind_of(part).restore(part, s, since)
+            adapter_for(part).restore(part, s, since)
 
     @staticmethod
     def can_rewind(c: Any, n: int, last_write: int) -> bool:
-        return all(kind_of(p).can_rewind(p, n, last_write) for p in c.caches)
+        return all(adapter_for(p).can_rewind(p, n, last_write) for p in c.caches)
 
     @staticmethod
     def rewind(c: Any, n: int) -> None:
         for p in c.caches:
-            kind_of(p).rewind(p, n)
+            adapter_for(p).rewind(p, n)
 
 
 _TRIM_TYPES = (KVCache, QuantizedKVCache, ConcatenateKVCache, ChunkedKVCache)
@@ -160,7 +160,7 @@ def reserve(c: KVCache, n: int, heads: int, dim: int) -> None:
     c.values = mx.concatenate([c.values, new_v], axis=2)
 
 
-def kind_of(c: Any):
+def adapter_for(c: Any):
     """The adapter for one cache object."""
     if isinstance(c, RotatingKVCache):
         return Window
@@ -172,13 +172,13 @@ def kind_of(c: Any):
 
 
 def rollback_kind(c: Any) -> str:
-    return kind_of(c).name
+    return adapter_for(c).name
 
 
 def leaves(layers: Sequence[Any]) -> Iterator[Any]:
     """Every cache object below a model's layer list, CacheList parts in place of the list."""
     for c in layers:
-        if kind_of(c) is List:
+        if adapter_for(c) is List:
             yield from leaves(c.caches)
         else:
             yield c
@@ -197,16 +197,16 @@ def why_not_rollback(layers: Sequence[Any]) -> str | None:
     """Why these caches cannot be rolled back exactly, or None. A checkpoint copies attributes, so a
     cache object without them (a C extension type, __slots__ only) is the one impossible case."""
     for c in leaves(layers):
-        if kind_of(c) is State and not hasattr(c, "__dict__"):
+        if adapter_for(c) is State and not hasattr(c, "__dict__"):
             return f"its {type(c).__name__} cache keeps its state where a checkpoint cannot copy it"
     return None
 
 
 def trim_only(layers: Sequence[Any]) -> bool:
-    return all(kind_of(c) is Trim for c in leaves(layers))
+    return all(adapter_for(c) is Trim for c in leaves(layers))
 
 
 def time_ordered(c: Any) -> tuple[mx.array, mx.array, int]:
     """A KV cache's keys and values in time order and how many positions they cover (a window
     keeps its last max_size)."""
-    return kind_of(c).time_ordered(c)
+    return adapter_for(c).time_ordered(c)

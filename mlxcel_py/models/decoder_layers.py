@@ -38,8 +38,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
+from ..cpu import extension as cpu_extension
 from ..cpu import kernels as cpu_kernels
-from ..cpu import weights as cpu_weights
+from ..cpu import layers as cpu_layers
+from ..cpu import row_ops as cpu_row_ops
 from . import cache_kinds
 from .families import model_type
 from .taps import layer_recorder, text_model
@@ -61,7 +63,7 @@ _CLASSES: dict[type, type] = {}
 
 def why_not(model: Any) -> str | None:
     """Why `model`'s layers cannot be fused, or None."""
-    qmm, _ = cpu_weights.kernel_status()
+    qmm, _ = cpu_extension.kernel_status()
     if qmm is None or not hasattr(qmm, "DecoderLayer"):
         return "the row-exact kernel is not in use"
     if not cpu_kernels.row_exact(model):
@@ -80,16 +82,16 @@ def why_not(model: Any) -> str | None:
             lin = getattr({"self_attn": attn, "mlp": mlp}[part], name, None)
             if getattr(lin, "exchanges_rows", False):  # parallel.exact_tp.GatheredRows: ranks talk mid-layer
                 return "a tensor-parallel rank (--tp-size) gathers its rows from the other ranks inside each layer"
-            if type(lin) not in cpu_weights.KERNEL_LINEARS:
+            if type(lin) not in cpu_layers.KERNEL_LINEARS:
                 return f"layer {i} {part}.{name} is not on the kernel"
-            if type(lin) is cpu_weights.RowExactFloatLinear and lin.n % 16:
+            if type(lin) is cpu_layers.RowExactFloatLinear and lin.n % 16:
                 return f"layer {i} {part}.{name} has {lin.n} outputs, not whole groups of 16"
         norms = [layer.get("input_layernorm"), layer.get("post_attention_layernorm")]
         if kind == "qwen3":
             norms += [attn.get("q_norm"), attn.get("k_norm")]
         if any(type(n) is not nn.RMSNorm for n in norms):
             return f"layer {i} has a norm other than RMSNorm"
-        if type(getattr(attn, "rope", None)) is not cpu_weights.RowExactRoPE:
+        if type(getattr(attn, "rope", None)) is not cpu_row_ops.RowExactRoPE:
             return f"layer {i} has a rope other than plain RoPE"
     if not getattr(inner, "layers", None):
         return "no decoder layers found"
@@ -145,7 +147,7 @@ def install(model: Any) -> int:
     MLXCEL_NO_FUSED_LAYERS=1 keeps mlx-lm's layer code (for A/B runs)."""
     if os.environ.get("MLXCEL_NO_FUSED_LAYERS") or why_not(model) is not None:
         return 0
-    qmm, _ = cpu_weights.kernel_status()
+    qmm, _ = cpu_extension.kernel_status()
     _, inner = text_model(model)
     qwen3 = model_type(model) == "qwen3"
     ops = [_layer_op(qmm, layer, qwen3) for layer in inner.layers]
@@ -208,7 +210,7 @@ def _plan(inputs, cache, input_embeddings, kwargs, n_layers: int) -> tuple[list[
     None when it is not one for the fused layers."""
     if kwargs or input_embeddings is not None or cache is None or len(cache) != n_layers:
         return None
-    if not cpu_kernels.row_exact_now() or inputs.ndim != 2 or inputs.size > cpu_weights.KERNEL_ROWS:
+    if not cpu_kernels.row_exact_now() or inputs.ndim != 2 or inputs.size > cpu_layers.KERNEL_ROWS:
         return None
     first = cache[0]
     if type(first) is KVCache:

@@ -14,13 +14,16 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelError
 from ..paths import cache_dir
 from . import default_model
 from .config import read_config
 from .gguf import convert as gguf
+
+if TYPE_CHECKING:
+    from ..cpu.weights import WeightsReport
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 BARE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -45,7 +48,7 @@ class LoadedModel:
     dtype: str
     load_seconds: float
     kernels: str  # what computes attention and SwiGLU (cpu_kernels.enable)
-    weights: Any = None  # cpu_weights.WeightsReport on the CPU (None: weights as stored)
+    weights: WeightsReport | None = None  # on the CPU (None: weights as stored)
 
     @property
     def config(self) -> dict:
@@ -275,10 +278,12 @@ def load(
     # only the CPU backend has the slow exp these kernels replace
     kernels = cpu_kernels.enable(model) if fast_kernels and mx.default_device() == mx.cpu else cpu_kernels.STOCK
     if weights is not None and weights.kernel_layers and not weights.inexact:
-        from ..cpu import weights as cw
+        from ..cpu import row_ops as cw_row_ops
 
-        cpu_kernels.enable_row_exact(model, cw.attention, cw.swiglu)  # why_rows_not_exact checked that it routes
-        kernels += "; row-exact attention, SwiGLU" + ("; rope" if cw.patch_rope(model) else "")
+        cpu_kernels.enable_row_exact(
+            model, cw_row_ops.attention, cw_row_ops.swiglu
+        )  # why_rows_not_exact checked that it routes
+        kernels += "; row-exact attention, SwiGLU" + ("; rope" if cw_row_ops.patch_rope(model) else "")
         from . import decoder_layers
 
         if fused := decoder_layers.install(model):

@@ -16,7 +16,7 @@ from dataclasses import replace
 from fastapi import APIRouter, Request
 
 from ..engine.text import TextPiece
-from . import reasoning, tool_calls
+from . import reasoning, tool_calls, tool_stream
 from .context import ctx_of
 from .http import ApiError
 from .responses import generation_settings, timings, usage
@@ -104,7 +104,7 @@ async def chat_completions(request: Request):
         # the thought and text that cannot be a call stream as they come; a call goes out, in
         # OpenAI's pieces (id and name, then argument fragments), once the reply is parsed whole
         # under a grammar (a required or named call, the generic format) calls go out as decoded
-        calls_out = tool_calls.ToolStream(tools, live_args=jobs[0].grammar is not None)
+        calls_out = tool_stream.ToolStream(tools, live_args=jobs[0].grammar is not None)
         split = reasoning.ReasoningSplit(think) if think is not None else None
         called = [False]
 

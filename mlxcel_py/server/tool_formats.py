@@ -57,7 +57,8 @@ _MINIMAX_PARAM = re.compile(r'<parameter name="([^"]+)">\n?(.*?)\n?</parameter>'
 _COMMAND_R = re.compile(r"<\|START_ACTION\|>(.*?)(?:<\|END_ACTION\|>|$)", re.S)
 
 
-def _json(text: str) -> Any:
+def json_or_none(text: str) -> Any:
+    """`text` parsed as JSON, or None where it is not JSON (a reply's calls may be cut off)."""
     try:
         return json.loads(text)
     except ValueError:
@@ -69,7 +70,7 @@ def _typed(value: str, schema: dict | None) -> Any:
     kind = (schema or {}).get("type")
     if kind == "string" or (kind is None and not schema):
         return value
-    parsed = _json(value)
+    parsed = json_or_none(value)
     return value if parsed is None and value.strip() not in ("null",) else parsed
 
 
@@ -85,7 +86,7 @@ def deepseek(text: str, params: dict[str, dict]) -> Parsed:
     calls = []
     for m in _DEEPSEEK.finditer(text):
         name = (m.group("n1") or m.group("n2") or "").strip()
-        calls.append((name, _json(m.group("a1") if m.group("n1") else m.group("a2")), ""))
+        calls.append((name, json_or_none(m.group("a1") if m.group("n1") else m.group("a2")), ""))
     rest = _DEEPSEEK_BLOCK.sub("", text) if "<｜tool▁calls▁begin｜>" in text else _DEEPSEEK.sub("", text)
     return rest, calls
 
@@ -98,7 +99,7 @@ def dsml(text: str, params: dict[str, dict]) -> Parsed:
     for m in _DSML_INVOKE.finditer(text):
         args = {}
         for k, is_string, v in _DSML_PARAM.findall(m.group(2)):
-            args[k] = v if is_string == "true" else _json(v)
+            args[k] = v if is_string == "true" else json_or_none(v)
         calls.append((m.group(1), args, ""))
     return _DSML_BLOCK.sub("", text), calls
 
@@ -108,7 +109,7 @@ def kimi(text: str, params: dict[str, dict]) -> Parsed:
     `functions.name:0` is the call's id."""
     if "<|tool_call_begin|>" not in text:
         return None
-    calls = [(m.group(2), _json(m.group(3)), m.group(1)) for m in _KIMI.finditer(text)]
+    calls = [(m.group(2), json_or_none(m.group(3)), m.group(1)) for m in _KIMI.finditer(text)]
     first = text.find("<|tool_calls_section_begin|>")
     cut = first if first >= 0 else text.find("<|tool_call_begin|>")
     return _KIMI_SECTION.sub("", text[:cut]), calls
@@ -120,7 +121,7 @@ def phi4(text: str, params: dict[str, dict]) -> Parsed:
         return None
     calls = []
     for m in _PHI4.finditer(text):
-        body = _json(m.group(1))
+        body = json_or_none(m.group(1))
         for c in body if isinstance(body, list) else [body]:
             if isinstance(c, dict):
                 calls.append((c.get("name"), c.get("arguments", c.get("parameters", {})), ""))
@@ -168,7 +169,7 @@ def command_r(text: str, params: dict[str, dict]) -> Parsed:
         return None
     calls = []
     for block in _COMMAND_R.findall(text):
-        body = _json(block.strip())
+        body = json_or_none(block.strip())
         for c in body if isinstance(body, list) else [body]:
             if isinstance(c, dict):
                 calls.append((c.get("tool_name"), c.get("parameters", {}), ""))

@@ -29,13 +29,19 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..engine.text import TextStream
 from ..options import SamplingOptions
 from ..parallel import distributed
+
+if TYPE_CHECKING:
+    from ..engine.generation import RoundLoop, Tick
+    from ..engine.grammar import Constraint
+    from ..engine.text import TextPiece
+    from ..formats.grammars import GrammarSpec
 
 
 @dataclass
@@ -50,13 +56,13 @@ class Job:
     speculative: bool = True  # False: this request decodes plainly (speculative.n_max 0)
     cache_prompt: bool = True  # False: no cached prefix is reused, the whole prompt is fed (llama-server's)
     predict_ms: float | None = None  # time limit for decoding, from the first piece (t_max_predict_ms)
-    grammar: Any = None  # grammars.GrammarSpec the output follows
-    constraint: Any = None  # engine.grammar.Constraint: `grammar` compiled (by the route, off this thread)
+    grammar: GrammarSpec | None = None  # what the output follows
+    constraint: Constraint | None = None  # `grammar` compiled (by the route, off this thread)
     progress: bool = False  # "progress" events while the prompt is fed (llama-server's return_progress)
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
-    generation: Any = None  # engine.Generation while it runs (/slots reads its progress)
+    generation: RoundLoop | None = None  # while it runs (/slots reads its progress)
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -95,9 +101,9 @@ class Slot:
 
     id: int
     job: Job
-    gen: Any  # engine.Generation
+    gen: RoundLoop
     stream: TextStream
-    pieces: Any  # iterator over the stream
+    pieces: Iterator[TextPiece | Tick]  # over the stream
     sent: int = 0  # logprobs already emitted
     deadline: float | None = None  # monotonic time its decoding must end (set at its first piece)
     timed_out: bool = False  # ended by its deadline: finish_reason "length"

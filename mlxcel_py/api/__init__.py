@@ -14,172 +14,40 @@ CLI's message, and loading and decoding are the CLI's too (`session.open_session
 greedy output equals `mlxcel generate`'s and plain decoding's token for token, whatever the
 drafter proposes. A user's drafter subclasses `Drafter` (drafters/base.py) and implements
 `draft(context, k)`; a proposal of garbage costs speed only.
+
+Here: loading (`Model`, `load`) and the calls; what a call asks for is `options`
+(`GenerateOptions`, `DraftPolicy`), what it returns `results` (`Generation`, `Stats`, `StreamPiece`).
 """
 
 from __future__ import annotations
 
-from .cpu import blas
+from ..cpu import blas
 
 blas.prepare()  # before anything below imports mlx.core (cpu/blas.py says why)
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from .drafters import registry
-from .drafters.base import Drafter
-from .engine.policy import make_policy, on_cuda
-from .engine.prompting import prompt_ids
-from .engine.text import TextStream
-from .errors import MlxcelError, UsageError
-from .options import (
+from ..drafters import registry
+from ..drafters.base import Drafter
+from ..engine.prompting import prompt_ids
+from ..engine.text import TextStream
+from ..errors import MlxcelError, UsageError
+from ..options import (
     DEFAULT_MAX_DRAFT,
-    POLICIES,
     CommandOptions,
-    GenerationOptions,
     ModelOptions,
     PromptLookupOptions,
+    PromptOptions,
     RunConfig,
     SamplingOptions,
     SpecOptions,
 )
-from .session import Session, open_session
-from .validate import validate
-
-DEFAULT_API_MAX_TOKENS = 256  # mlx-lm's generate() default; the CLI's is -1 (until EOS)
-
-
-@dataclass(frozen=True)
-class GenerateOptions:
-    """One request's budget and sampling (temperature 0: greedy). `stop` applies to text (generate,
-    stream); speculative_generate speaks token ids and ignores it."""
-
-    max_tokens: int = DEFAULT_API_MAX_TOKENS  # -1: until EOS or the context window
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    repetition_penalty: float = 1.0
-    repeat_last_n: int = -1
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    stop: tuple[str, ...] = ()
-
-    def _params(self) -> dict:
-        """The CLI's parameters, typed as its parser types them (so messages read the same)."""
-        f, i = _number(float), _number(int)
-        return dict(
-            max_tokens=i("max_tokens", self.max_tokens),
-            temp=f("temperature", self.temperature),
-            top_p=f("top_p", self.top_p),
-            top_k=i("top_k", self.top_k),
-            min_p=f("min_p", self.min_p),
-            seed=None if self.seed is None else i("seed", self.seed),
-            repetition_penalty=f("repetition_penalty", self.repetition_penalty),
-            repeat_last_n=i("repeat_last_n", self.repeat_last_n),
-            min_tokens=i("min_tokens", self.min_tokens),
-            ignore_eos=bool(self.ignore_eos),
-            stop=_strings("stop", self.stop),
-        )
-
-
-def _number(kind: type):
-    def coerce(name: str, value: Any):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not ok or (kind is int and value != int(value)) or value != value:  # NaN is no number
-            raise UsageError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
-        return kind(value)
-
-    return coerce
-
-
-def _strings(name: str, values: Any) -> tuple[str, ...]:
-    given = values
-    if isinstance(values, str):
-        values = (values,)
-    elif values is None or isinstance(values, (list, tuple)):
-        values = tuple(values or ())
-    if not isinstance(values, tuple) or not all(isinstance(v, str) for v in values):
-        raise UsageError(f"{name} must be a string or a list of strings, got {given!r}")
-    return values
-
-
-@dataclass(frozen=True)
-class DraftPolicy:
-    """How many tokens a round proposes. `auto()`: the drafter kind's own (the CLI's defaults);
-    `adaptive(n)`: an acceptance-driven width up to n (mlxcel's graded policy); `fixed(n)`: n every
-    round; `cost(n)`: the break-even governor (README, Speculative decoding)."""
-
-    name: str = "auto"
-    max_draft: int | None = None
-
-    @classmethod
-    def auto(cls, max_draft: int | None = None) -> DraftPolicy:
-        return cls("auto", max_draft)
-
-    @classmethod
-    def adaptive(cls, max_draft: int = DEFAULT_MAX_DRAFT) -> DraftPolicy:
-        return cls("graded", max_draft)
-
-    @classmethod
-    def fixed(cls, n: int) -> DraftPolicy:
-        return cls("fixed", n)
-
-    @classmethod
-    def cost(cls, max_draft: int = DEFAULT_MAX_DRAFT) -> DraftPolicy:
-        return cls("cost", max_draft)
-
-    def _make(self, kind: str, verify_cost: Sequence[float] | None):
-        if self.name != "fixed" and self.name not in POLICIES:
-            raise UsageError(f"DraftPolicy {self.name!r} is not one of fixed, {', '.join(POLICIES)}")
-        entry = registry.KINDS.get(kind)
-        fixed = entry is not None and entry.sizing == registry.FIXED
-        width = self.max_draft if self.max_draft is not None else (entry.default_width if fixed else DEFAULT_MAX_DRAFT)
-        if not 1 <= width <= 64:
-            raise UsageError(f"DraftPolicy max_draft must be between 1 and 64, got {width}")
-        if self.name == "fixed" or (self.name == "auto" and fixed):
-            return make_policy("fixed", width, adaptive=False)
-        return make_policy(self.name, width, on_cuda=on_cuda(), verify_cost=verify_cost)
-
-
-@dataclass(frozen=True)
-class Stats:
-    """A generation's counters. steps: target forwards after the prompt (plain steps and verify
-    rounds); verifies: rounds that verified a proposal; drafted/accepted: proposed and accepted
-    draft tokens; pauses: rounds the policy declined to draft."""
-
-    steps: int
-    verifies: int
-    drafted: int
-    accepted: int
-    pauses: int
-    prompt_tokens: int
-    generated_tokens: int
-    prefill_s: float
-    decode_s: float
-    decode_tps: float
-    acceptance_rate: float
-    draft_kind: str | None
-    policy: str | None
-
-    @classmethod
-    def of(cls, st: Any) -> Stats:
-        return cls(
-            st.rounds,
-            st.drafted_rounds,
-            st.proposed,
-            st.accepted,
-            st.paused_rounds,
-            st.prompt_tokens,
-            st.generated_tokens,
-            st.prefill_s,
-            st.decode_s,
-            st.decode_tps,
-            st.acceptance_rate,
-            st.draft_kind,
-            st.policy,
-        )
+from ..session import Session, open_session
+from ..validate import validate
+from .options import DEFAULT_API_MAX_TOKENS, DraftPolicy, GenerateOptions
+from .results import Generation, Stats, StreamPiece, _pieces
 
 
 class Model:
@@ -239,7 +107,7 @@ def load(
         command="generate",
         model=ModelOptions(model=model, revision=revision, draft_model=draft, cpu_weights=cpu_weights),
         # a one-shot prompt stands in for the calls to come (validation asks whether there is one)
-        generation=GenerationOptions(prompt=""),
+        generation=PromptOptions(prompt=""),
         spec=SpecOptions(
             draft_kind=draft_kind,
             draft_block_size=draft_block_size,
@@ -282,31 +150,6 @@ def _request(model: Model, options: GenerateOptions, *, prompt_lookup: bool = Fa
         spec=replace(base.spec, lookup=PromptLookupOptions(enabled=prompt_lookup), tree_budget=None),
     )
     return validate(opts)
-
-
-class Generation:
-    """An iterator of token ids; `stats()`, `finish_reason` and `tokens` once it has run."""
-
-    def __init__(self, inner: Any):
-        self._inner = inner
-
-    def __iter__(self) -> Iterator[int]:
-        for event in self._inner:
-            yield event.token
-
-    @property
-    def finish_reason(self) -> str | None:
-        return self._inner.finish_reason
-
-    @property
-    def tokens(self) -> list[int]:
-        return list(self._inner.tokens)
-
-    def stats(self) -> Stats:
-        return Stats.of(self._inner.stats)
-
-    def close(self) -> None:
-        self._inner.close()
 
 
 def speculative_generate(
@@ -378,6 +221,7 @@ def stream(
     min_p: float = 0.0,
     seed: int | None = None,
     repetition_penalty: float = 1.0,
+    repeat_last_n: int = -1,
     stop: Sequence[str] = (),
     prompt_lookup: bool = False,
     speculative: bool = True,
@@ -385,9 +229,11 @@ def stream(
     system: str | None = None,
     min_tokens: int = 0,
     ignore_eos: bool = False,
-) -> Iterator[str]:
-    """Text pieces of the reply to `prompt`, as `mlxcel generate -p PROMPT` streams them to stdout
-    (arguments are checked when it is called, before the first piece).
+) -> Iterator[StreamPiece]:
+    """Pieces of the reply to `prompt`, as `mlxcel generate -p PROMPT` streams them to stdout
+    (arguments are checked when it is called, before the first piece). Each is a `StreamPiece`: the
+    text itself (a str), with its token ids, how many came from accepted drafts, the decoding speed
+    so far and, on the last piece (whose text may be empty), the finish reason.
     prompt_lookup=True drafts from the prompt (the CLI's --prompt-lookup defaults); the model's own
     drafter runs unless speculative=False."""
     options = GenerateOptions(
@@ -398,6 +244,7 @@ def stream(
         min_p=min_p,
         seed=seed,
         repetition_penalty=repetition_penalty,
+        repeat_last_n=repeat_last_n,
         min_tokens=min_tokens,
         ignore_eos=ignore_eos,
         stop=stop,  # checked (a string or strings) with the rest in _request
@@ -420,18 +267,9 @@ def stream(
     return _pieces(TextStream(gen, model.tokenizer, run.options.generation.stop))
 
 
-def _pieces(text: TextStream) -> Iterator[str]:
-    """Validation ran when stream() was called; this only runs the generation."""
-    try:
-        for piece in text:
-            yield piece.text
-    finally:
-        text.generation.close()
-
-
 def generate(model: Model, prompt: str, **kwargs: Any) -> str:
     """The whole reply to `prompt` (the arguments of `stream`)."""
-    return "".join(stream(model, prompt, **kwargs))
+    return "".join(p.text for p in stream(model, prompt, **kwargs))
 
 
 __all__ = [
@@ -441,6 +279,7 @@ __all__ = [
     "Generation",
     "Model",
     "Stats",
+    "StreamPiece",
     "generate",
     "load",
     "speculative_generate",
