@@ -30,7 +30,7 @@ import mlx.core as mx  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
 from mlxcel_py.cpu import kernels as cpu_kernels  # noqa: E402
-from mlxcel_py.engine.prompting import prompt_ids  # noqa: E402
+from mlxcel_py.formats.prompting import prompt_ids  # noqa: E402
 from mlxcel_py.models import loading
 
 

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from conftest import mlxcel_cmd
 
-from mlxcel_py.bench import runner as benchmark
+from mlxcel_py.bench import report
 from mlxcel_py.bench.runner import BenchResult, RunRecord
 
 SUMMARY_FIELDS = {
@@ -242,7 +242,7 @@ def test_summary_takes_medians_of_per_prompt_ratios_and_pools_counters():
                 speedup=spec / plain,
             )
         )
-    rows = {(r.kind): r for r in benchmark.summarize(res)}
+    rows = {(r.kind): r for r in report.summarize(res)}
     assert rows["a"].speedup == pytest.approx(2.0)  # median of 3.0 and 1.0
     assert rows["all"].speedup == pytest.approx(1.5)  # median of 3.0, 1.0, 1.5
     assert rows["all"].mean_accepted_prefix == pytest.approx(9 / 6)
@@ -252,7 +252,7 @@ def test_summary_takes_medians_of_per_prompt_ratios_and_pools_counters():
 
 def test_recommended_width_is_the_narrowest_within_two_percent_of_the_best():
     def row(w, speedup):
-        return benchmark.SummaryRow(
+        return report.SummaryRow(
             config=f"prompt-lookup k={w}",
             width=w,
             kind="all",
@@ -271,9 +271,9 @@ def test_recommended_width_is_the_narrowest_within_two_percent_of_the_best():
             identical=1,
         )
 
-    (c,) = benchmark.recommend_widths([row(2, 1.5), row(4, 2.45), row(7, 2.5), row(12, 2.3)])
+    (c,) = report.recommend_widths([row(2, 1.5), row(4, 2.45), row(7, 2.5), row(12, 2.3)])
     assert (c.width, c.flag) == (4, "--prompt-lookup-max-draft")
-    (c,) = benchmark.recommend_widths([row(2, 1.5), row(4, 2.0), row(7, 2.5)])
+    (c,) = report.recommend_widths([row(2, 1.5), row(4, 2.0), row(7, 2.5)])
     assert c.width == 7
 
 

@@ -9,8 +9,8 @@ import pytest
 from conftest import mlxcel_cmd
 
 from mlxcel_py.commands._options import build_options
-from mlxcel_py.engine.prompting import render_messages
 from mlxcel_py.errors import UsageError
+from mlxcel_py.formats.prompting import render_messages
 from mlxcel_py.session import open_session
 from mlxcel_py.validate import validate
 

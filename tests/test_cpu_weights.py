@@ -342,7 +342,7 @@ def test_every_drafter_equals_plain_on_the_default_model(real, workloads):
     on float32, in test_mtp.py / test_gemma4_assistant.py)."""
     from test_engine import engine_for, lookup, run
 
-    from mlxcel_py.engine.prompting import prompt_ids
+    from mlxcel_py.formats.prompting import prompt_ids
     from mlxcel_py.options import DraftConfig, LookupConfig
 
     configs = {

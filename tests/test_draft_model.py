@@ -15,8 +15,8 @@ from conftest import make_tiny_model
 from test_engine import engine_for, prompts, run
 
 from mlxcel_py.commands._options import build_options
-from mlxcel_py.engine.prompting import prompt_ids
 from mlxcel_py.errors import ModelError
+from mlxcel_py.formats.prompting import prompt_ids
 from mlxcel_py.models import loading
 from mlxcel_py.options import DraftConfig, SamplingOptions
 from mlxcel_py.session import open_session

@@ -58,7 +58,7 @@ def engine(real):
 
     eng = Engine(real.model, eos_ids=real.tokenizer.eos_token_ids, vocab_size=real.vocab_size, context_length=2048)
     index = TokenizerIndex(real.tokenizer._tokenizer, real.vocab_size, real.tokenizer.eos_token_ids)
-    from mlxcel_py.engine.prompting import render_messages
+    from mlxcel_py.formats.prompting import render_messages
 
     prompt = render_messages(real.tokenizer, [{"role": "user", "content": COPY}])
     return eng, index, prompt, real.tokenizer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from test_engine import engine_for, lookup, run
 
-from mlxcel_py.engine.prompting import prompt_ids
+from mlxcel_py.formats.prompting import prompt_ids
 from mlxcel_py.options import SamplingOptions
 
 pytestmark = pytest.mark.real

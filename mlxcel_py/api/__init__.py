@@ -31,9 +31,9 @@ from typing import Any
 
 from ..drafters import registry
 from ..drafters.base import Drafter
-from ..engine.prompting import prompt_ids
 from ..engine.text import TextStream
 from ..errors import MlxcelError, UsageError
+from ..formats.prompting import prompt_ids
 from ..options import (
     DEFAULT_MAX_DRAFT,
     CommandOptions,

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import MlxcelError
-from .runner import ALL_KINDS, SummaryRow, WidthChoice
+from .report import SummaryRow, WidthChoice
+from .runner import ALL_KINDS
 
 
 def require() -> None:

@@ -1,49 +1,199 @@
-"""`mlxcel bench` after validation: load once, run the interleaved benchmark, report it.
-
-Reports go to stderr (rich table, recommendation, plot path); `--markdown` puts the summary
-table on stdout; `--json` writes every run plus the summary.
+"""What `mlxcel bench` reports of a run (pure: no MLX, rich or plotting): per (configuration,
+kind) summaries the way the seed page's "Choosing a Proposal Width" asks (mean accepted prefix and
+useful tokens per verify rather than acceptance alone, draft and verify time apart, target-only
+latency and memory beside them; ratios are medians of per-prompt ratios), the width each kind
+should use, the peers' ratios, the JSON, and the markdown table.
 """
 
 from __future__ import annotations
 
-import json
-import platform
-import sys
+import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..drafters import registry
-from ..errors import MlxcelError
-from ..options import BenchPlan, DraftConfig
-from ..session import open_session
-from ..terminal import ui
-from . import runner as benchmark
-from .busy import busy_loops
-from .runner import ALL_KINDS, SummaryRow, WidthChoice
-from .workload import Trace, WorkItem
+from ..options import PEERS
+from .runner import ALL_KINDS, BenchResult, RunRecord
 
-DEFAULT_PLOT = "mlxcel-bench-widths.png"
+WIDTH_TIE = 0.02  # widths within 2% of the best median speedup count as tied: pick the narrowest
 
 
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
+@dataclass
+class SummaryRow:
+    config: str
+    width: int | None
+    kind: str
+    prompts: int
+    plain_tps: float
+    spec_tps: float
+    speedup: float  # median of per-prompt ratios
+    mean_accepted_prefix: float
+    tokens_per_verify: float  # useful tokens per verify forward: accepted + the target's own token
+    acceptance_rate: float
+    draft_ms_per_round: float
+    verify_ms_per_round: float
+    plain_ms_per_token: float
+    plain_peak_mib: float
+    spec_peak_mib: float
+    identical: int
+    peer_tps: float | None = None  # the peer on the same prompts (plain, or its speculation of the same kind)
+    vs_peer: float | None = None  # median of per-prompt spec_tps / peer_tps
+    weights: str = ""  # --cpu-weights mode (bench --cpu-weights A,B,...)
+    plain_vs_first: float | None = None  # median of per-prompt plain tps / the first mode's plain tps
 
-    out = {}
-    for pkg in ("mlx", "mlx-lm", "mlxcel-py", "llama-cpp-python"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = "unknown"
+
+def _median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else 0.0
+
+
+def _is_peer(config: str) -> bool:
+    return config.split(" ", 1)[0] in PEERS
+
+
+def _peer_for(config: str, width: int | None, records: Sequence[RunRecord]) -> list[RunRecord]:
+    """The peer runs to compare a configuration with: the peer's own speculation of the same kind at
+    the same width (mlx-lm's draft path for a full-model drafter, llama.cpp's prompt lookup for
+    prompt lookup), else the peer's plain decoding."""
+    same = {"full-model": f"mlx-lm draft k={width}", "prompt-lookup": f"llama.cpp lookup k={width}"}
+    for prefix, label in same.items():
+        if config.startswith(prefix):
+            runs = [r for r in records if r.config == label]
+            if runs:
+                return runs
+    return [r for r in records if _is_peer(r.config) and r.config.endswith(" plain")]
+
+
+def summarize(result: BenchResult) -> list[SummaryRow]:
+    """One row per speculative configuration and kind, plus an `all` row per configuration."""
+    recs = result.records
+    plain_by_prompt = {(r.weights, r.prompt_index): r for r in recs if r.config == "plain"}
+    first = result.weights[0]
+    kinds = sorted({r.kind for r in recs})
+    rows = []
+    for mode, config in ((m, c) for m in result.weights for c in result.configs):
+        if config == "plain" or _is_peer(config):
+            continue
+        mine = [r for r in recs if r.config == config and r.weights == mode]
+        peer_all = _peer_for(config, mine[0].width if mine else None, recs)
+        for kind in kinds + [ALL_KINDS]:
+            sel = [r for r in mine if kind in (ALL_KINDS, r.kind)]
+            if not sel:
+                continue
+            base = [plain_by_prompt[(mode, r.prompt_index)] for r in sel]
+            firsts = [(b, plain_by_prompt.get((first, b.prompt_index))) for b in base]
+            vs_first = [b.decode_tps / f.decode_tps for b, f in firsts if f is not None and f.decode_tps > 0]
+            drafted = sum(r.drafted_rounds for r in sel)
+            accepted = sum(r.accepted for r in sel)
+            proposed = sum(r.proposed for r in sel)
+            peer = {r.prompt_index: r for r in peer_all if kind in (ALL_KINDS, r.kind)}
+            vs_peer = [
+                r.decode_tps / peer[r.prompt_index].decode_tps
+                for r in sel
+                if r.prompt_index in peer and peer[r.prompt_index].decode_tps > 0
+            ]
+            plain_tokens = sum(b.tokens for b in base)
+            rows.append(
+                SummaryRow(
+                    config=config,
+                    width=sel[0].width,
+                    kind=kind,
+                    prompts=len(sel),
+                    plain_tps=_median([b.decode_tps for b in base]),
+                    spec_tps=_median([r.decode_tps for r in sel]),
+                    speedup=_median([r.speedup or 0.0 for r in sel]),
+                    mean_accepted_prefix=accepted / drafted if drafted else 0.0,
+                    tokens_per_verify=(accepted + drafted) / drafted if drafted else 0.0,
+                    acceptance_rate=accepted / proposed if proposed else 0.0,
+                    draft_ms_per_round=1000 * sum(r.draft_s for r in sel) / drafted if drafted else 0.0,
+                    verify_ms_per_round=1000 * sum(r.verify_s for r in sel) / drafted if drafted else 0.0,
+                    plain_ms_per_token=1000 * sum(b.decode_s for b in base) / plain_tokens if plain_tokens else 0.0,
+                    plain_peak_mib=max(b.peak_memory_mib for b in base),
+                    spec_peak_mib=max(r.peak_memory_mib for r in sel),
+                    identical=sum(bool(r.identical) for r in sel),
+                    peer_tps=_median([r.decode_tps for r in peer.values()]) if peer else None,
+                    vs_peer=_median(vs_peer) if vs_peer else None,
+                    weights=mode,
+                    plain_vs_first=_median(vs_first) if mode and vs_first else None,
+                )
+            )
+    return rows
+
+
+def plain_vs_peer(result: BenchResult) -> float | None:
+    """Median over prompts of our plain decode tok/s over the peer's plain decode tok/s."""
+    return _vs_peer(result, lambda ours, peer: ours.decode_tps / peer.decode_tps if peer.decode_tps > 0 else None)
+
+
+def prefill_vs_peer(result: BenchResult) -> float | None:
+    """Median over prompts of the peer's prefill time over ours (above 1: ours is faster), where
+    the peer measures it (llama.cpp: its call's start to the first token)."""
+    return _vs_peer(
+        result, lambda ours, peer: peer.prefill_s / ours.prefill_s if min(peer.prefill_s, ours.prefill_s) > 0 else None
+    )
+
+
+def _vs_peer(result: BenchResult, ratio) -> float | None:
+    peer = {r.prompt_index: r for r in result.records if _is_peer(r.config) and r.config.endswith(" plain")}
+    got = [
+        ratio(r, peer[r.prompt_index])
+        for r in result.records
+        if r.config == "plain" and r.weights == result.weights[0] and r.prompt_index in peer
+    ]
+    got = [g for g in got if g is not None]
+    return _median(got) if got else None
+
+
+@dataclass(frozen=True)
+class WidthChoice:
+    drafter: str  # "prompt-lookup" | "full-model" | "mtp" | "dflash" | "eagle3" | "suffix"
+    width: int  # the flag's value
+    speedup: float
+    flag: str  # the flag that sets it
+
+
+def recommend_widths(rows: Sequence[SummaryRow]) -> list[WidthChoice]:
+    """Per drafter, the width with the best median speedup over all prompts; widths within
+    WIDTH_TIE of the best count as tied and the narrowest wins (less verify work and memory:
+    the seed page's 'stop increasing width when verification grows faster than useful work')."""
+    out = []
+    for drafter, flag in (
+        ("prompt-lookup", "--prompt-lookup-max-draft"),
+        ("full-model", "--draft-block-size"),
+        ("mtp", "--draft-block-size"),
+        ("dflash", "--draft-block-size"),
+        ("eagle3", "--draft-block-size"),
+        ("suffix", "--draft-block-size"),
+    ):
+        cands = [r for r in rows if r.kind == ALL_KINDS and r.config.startswith(drafter) and r.width]
+        if not cands:
+            continue
+        best = max(r.speedup for r in cands)
+        pick = min((r for r in cands if r.speedup >= best * (1 - WIDTH_TIE)), key=lambda r: r.width)
+        # a DFlash block is its drafts plus the last committed token
+        value = pick.width + 1 if registry.kind_of(drafter).anchored else pick.width
+        out.append(WidthChoice(drafter, value, pick.speedup, flag))
     return out
+
+
+def to_json(result: BenchResult, rows: Sequence[SummaryRow], choices: Sequence[WidthChoice], **meta: Any) -> dict:
+    return {
+        **meta,
+        "plain_vs_peer": plain_vs_peer(result),
+        "prefill_vs_peer": prefill_vs_peer(result),
+        "configs": list(result.configs),
+        "cpu_weights": list(result.weights) if result.weights != [""] else None,
+        "summary": [asdict(r) for r in rows],
+        "recommended_widths": [asdict(c) for c in choices],
+        "runs": [asdict(r) for r in result.records],
+    }
 
 
 def _fmt(x: float | None, spec: str = ".1f", suffix: str = "") -> str:
     return "–" if x is None else f"{x:{spec}}{suffix}"
 
 
-def _columns(rows: Sequence[SummaryRow], peer_name: str | None = "mlx-lm") -> tuple[list[str], list[list[str]]]:
+def columns(rows: Sequence[SummaryRow], peer_name: str | None = "mlx-lm") -> tuple[list[str], list[list[str]]]:
     peer = any(r.peer_tps is not None for r in rows)
     modes = [r.weights for r in rows if r.weights]
     first = modes[0] if modes else None
@@ -90,181 +240,7 @@ def _columns(rows: Sequence[SummaryRow], peer_name: str | None = "mlx-lm") -> tu
 
 
 def markdown(rows: Sequence[SummaryRow], peer_name: str | None = "mlx-lm") -> str:
-    headers, body = _columns(rows, peer_name)
+    headers, body = columns(rows, peer_name)
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(r) + " |" for r in body]
     return "\n".join(lines) + "\n"
-
-
-def _as_loaded(d: DraftConfig, loaded: DraftConfig, *, sweeping: bool) -> DraftConfig:
-    """A planned model drafter as the session resolved it: an MTP, DFlash or EAGLE-3 checkpoint
-    given as --draft-model runs as its kind, at its declared width unless a width was asked for (a swept
-    width is the tokens proposed a round, so a DFlash block is one wider)."""
-    if not d.enabled or not registry.kind_of(d.kind).loads_weights or loaded.kind not in ("mtp", "dflash", "eagle3"):
-        return d
-    if sweeping:
-        anchored = registry.kind_of(loaded.kind).anchored and not registry.kind_of(d.kind).anchored
-        return replace(d, kind=loaded.kind, block_size=d.block_size + 1 if anchored else d.block_size)
-    return replace(d, kind=loaded.kind, block_size=d.block_size if d.block_explicit else loaded.block_size)
-
-
-def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace] | None = None) -> None:
-    opts = plan.run.options
-    g = opts.generation
-    b = plan.bench
-    session = open_session(plan.run, say=ui.info, warn=ui.warn)
-    target = session.target
-    drafts = [_as_loaded(d, session.engine.draft, sweeping=bool(plan.widths)) for d in plan.drafts]
-    peer = None
-    if b.vs == "mlx-lm":
-        from .peers import MlxLmPeer
-
-        # mlx-lm's own speculative path takes a full draft model only
-        widths = [d.block_size for d in plan.drafts if d.kind == "full-model"]
-        loaded_draft = getattr(session.drafters, "loaded", None)  # drafters.full_model.Source's
-        ui.info("starting stock mlx-lm (its own process, bundled BLAS, weights as stored)")
-        peer = MlxLmPeer(
-            target.resolved.path,
-            draft_path=loaded_draft.resolved.path if loaded_draft else None,
-            draft_widths=widths,
-            sampling=opts.sampling,
-        )
-    elif b.vs == "llama.cpp":
-        from .peers import LlamaCppPeer
-
-        if target.resolved.gguf is None:  # validation checked -m; a config file can still name a folder
-            raise MlxcelError("--vs llama.cpp runs llama.cpp on the same GGUF file, and this model is not one")
-        lookups = [d for d in plan.drafts if d.kind == "prompt-lookup"]
-        widths = sorted({d.lookup.max_draft for d in lookups})
-        ngram = lookups[0].lookup.ngram_max if lookups else 3
-        ui.info(f"starting llama.cpp (llama-cpp-python, its own process) on {target.resolved.gguf.name}")
-        peer = LlamaCppPeer(target.resolved.gguf, lookup_widths=widths, ngram_max=ngram, sampling=opts.sampling)
-    loaded_by_mode = {plan.weights[0]: target}
-    if len(plan.weights) > 1:  # bench --cpu-weights A,B,...: the same model again in each other form
-        from ..models import loading
-
-        mopts = opts.model
-        for mode in plan.weights[1:]:
-            loaded_by_mode[mode] = loading.load(
-                target.resolved, dequantize=mopts.dequantize, fast_kernels=mopts.fast_kernels, cpu_weights=mode
-            )
-            ui.info(f"--cpu-weights {mode}: weights {loaded_by_mode[mode].dtype}")
-    weights = [(mode, m.model) for mode, m in loaded_by_mode.items()] if len(loaded_by_mode) > 1 else []
-    loaded_of = {id(m.model): m for m in loaded_by_mode.values()}
-
-    def drafters_for(d: DraftConfig, model) -> Any:
-        """The session's loaded drafter (its draft model or head) at this configuration and target,
-        or a new source for a kind that loads nothing (each configuration with its own memory)."""
-        loaded = loaded_of[id(model)]
-        own = session.drafters
-        if own is not None and own.kind == d.kind and registry.kind_of(d.kind).loads_weights:
-            return own.retarget(d, loaded)
-        return registry.kind_of(d.kind).runtime().Source.of(d, loaded)
-
-    per_prompt = (len(weights) or 1) * (1 + len(drafts)) * b.repeats + (len(peer.configs()) if peer else 0) * b.repeats
-    n_prompts = sum(len(t.turns) for t in traces) if traces else len(items)
-    ui.info(
-        f"benchmark: {n_prompts} prompts{f' in {len(traces)} traces' if traces else ''} x {per_prompt} runs, max {g.max_tokens} tokens, "
-        f"{'greedy' if opts.sampling.greedy else f'temp {opts.sampling.temp}'}; interleaved after warmup"
-        + (f"; {b.busy} busy loop(s) at nice 19 beside it" if b.busy else "")
-    )
-    try:
-        with busy_loops(b.busy), ui.progress(1 + n_prompts * per_prompt, "bench") as step:
-            result = benchmark.run(
-                target.model,
-                target.tokenizer,
-                items=items,
-                drafts=drafts,
-                max_tokens=g.max_tokens,
-                sampling=opts.sampling,
-                vocab_size=target.vocab_size,
-                context_length=target.context_length,
-                drafters_for=drafters_for,
-                chat_template=g.chat_template,
-                peer=peer,
-                repeats=b.repeats,
-                traces=traces,
-                on_step=step,
-                weights=weights,
-            )
-    finally:
-        if peer is not None:
-            peer.close()
-    rows = benchmark.summarize(result)
-    choices = benchmark.recommend_widths(rows) if plan.widths else []
-    headers, body = _columns(rows, b.vs)
-    ui.table(f"mlxcel bench: {target.resolved.source}", headers, body, right_from=3 if weights else 2)
-    overall = [r for r in rows if r.kind == ALL_KINDS]  # one row per configuration
-    if overall:
-        r0 = overall[0]
-        ui.info(
-            f"target only: {r0.plain_ms_per_token:.1f} ms/token, peak {r0.plain_peak_mib:.0f} MiB "
-            f"(speculative peak {max(r.spec_peak_mib for r in overall):.0f} MiB); "
-            f"BLAS {session.blas.name}, weights {target.dtype}, kernels {target.kernels}"
-        )
-    ratio = benchmark.plain_vs_peer(result)
-    if ratio is not None:
-        ui.info(f"plain decode vs {b.vs} plain decode: {ratio:.2f}x (median over prompts)")
-    prefill = benchmark.prefill_vs_peer(result)
-    if prefill is not None:
-        ui.info(f"prefill: {prefill:.2f}x {b.vs}'s speed (its time to the first token over ours, median over prompts)")
-    for r in (r for r in overall if r.identical < r.prompts):
-        ui.warn(
-            f"{r.config}: {r.prompts - r.identical} prompt(s) produced output different from plain decoding"
-            + ("" if opts.sampling.greedy or opts.sampling.seed is not None else " (sampling without --seed)")
-        )
-    plot_path = None
-    if plan.widths:
-        plot_path = Path(b.plot_path or DEFAULT_PLOT)
-        from .plot import plot_sweep
-
-        name = target.resolved.source.split(" (")[0]
-        plot_sweep(
-            rows,
-            choices,
-            plot_path,
-            title=f"mlxcel bench: {name}, {n_prompts} prompts, max {g.max_tokens} "
-            f"tokens, BLAS {session.blas.name}, weights {target.dtype.split(' (')[0]}",
-        )
-        ui.info(f"plot: {plot_path}")
-        _say_choices(choices)
-    if b.json_path:
-        data = benchmark.to_json(
-            result,
-            rows,
-            choices,
-            command=["mlxcel", *sys.argv[1:]],
-            model=target.resolved.source,
-            blas=session.blas.name,
-            weights=target.dtype,
-            kernels=target.kernels,
-            max_tokens=g.max_tokens,
-            cpu_weights_modes={
-                mode: m.weights.as_json() for mode, m in loaded_by_mode.items() if m.weights is not None
-            },
-            sampling=asdict(opts.sampling),
-            workload=b.trace or b.workload or "built-in",
-            trace=bool(b.trace),
-            repeats=b.repeats,
-            busy=b.busy,
-            widths=list(plan.widths),
-            plot=str(plot_path) if plot_path else None,
-            peer=b.vs,
-            versions=_versions(),
-            machine=f"{platform.system()} {platform.machine()}",
-        )
-        try:
-            Path(b.json_path).write_text(json.dumps(data, indent=2))
-        except OSError as exc:
-            raise MlxcelError(f"--json {b.json_path}: cannot write it ({exc.strerror})") from None
-        ui.info(f"json: {b.json_path}")
-    if b.markdown:
-        ui.write_out(markdown(rows, b.vs))
-
-
-def _say_choices(choices: Sequence[WidthChoice]) -> None:
-    for c in choices:
-        ui.info(
-            f"recommended width for {c.drafter}: {c.width} (median speedup {c.speedup:.2f}x over all prompts; "
-            f"narrowest within {benchmark.WIDTH_TIE:.0%} of the best) -> {c.flag} {c.width}"
-        )

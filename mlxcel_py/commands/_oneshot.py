@@ -7,9 +7,9 @@ import time
 from typing import Any
 
 from ..drafters import registry
-from ..engine.prompting import beyond_any_tokenization, longest_token_chars, prompt_ids
 from ..engine.text import TextStream
 from ..errors import MlxcelError, UsageError
+from ..formats.prompting import beyond_any_tokenization, longest_token_chars, prompt_ids
 from ..options import RunConfig
 from ..session import Session, describe_draft, open_session, resolved_drafter_line
 from ..terminal import ui

@@ -12,8 +12,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from ..engine.prompting import render_messages
 from ..engine.text import TextStream
+from ..formats.prompting import render_messages
 from ..options import RunConfig
 from ..session import describe_draft, open_session
 from ..terminal import chat_view, ui

@@ -46,6 +46,6 @@ def bench(**params) -> None:
 
             bench_plot.require()
         blas.prepare(plan.run.options.model.blas)
-        from ..bench.report import run_bench
+        from ..bench.driver import run_bench
 
         run_bench(plan, items, traces)

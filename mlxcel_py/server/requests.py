@@ -28,8 +28,8 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from ..engine.grammar import GrammarError, TokenizerIndex
-from ..engine.prompting import beyond_any_tokenization, longest_token_chars, render_messages
 from ..errors import UsageError
+from ..formats.prompting import beyond_any_tokenization, longest_token_chars, render_messages
 from ..inputs.digits import whole_number
 from ..options import SamplingOptions
 from ..validate import check_sampling
