@@ -55,104 +55,132 @@ async def chat_completions(request: Request):
         # a template that opens <think> (DeepSeek R1, Qwen3) before a reply under a grammar (a
         # required call, structured output): the grammar's text is the reply, never a thought
         think = False
-    legacy = fmt == "deepseek-legacy"  # the thought split out, and the text kept whole in content
-    base = {
-        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-        "created": int(time.time()),
-        "model": ctx.model_id,
-        "system_fingerprint": ctx.fingerprint,
-    }
-    # stream_options.include_usage (OpenAI): usage and timings in a last chunk of their own, choices []
-    usage_chunk = _include_usage(req)
-    chunk = {**base, "object": "chat.completion.chunk"}
-
-    def progress_chunk(p: dict) -> dict:  # return_progress: a chunk per prompt chunk fed
-        return {**chunk, "choices": [], "prompt_progress": p}
-
-    def head(i: int) -> dict:  # llama-server's first chunk: the role, content null
-        return {
-            **chunk,
-            "choices": [{"index": i, "delta": {"role": "assistant", "content": None}, "finish_reason": None}],
-        }
-
+    reply = _ChatReply(ctx, req, lp, think, legacy=fmt == "deepseek-legacy")
     if req.stream and len(jobs) > 1:
         if tools:
             raise ApiError("'n' above 1 with 'tools' is served without 'stream'")
-        splitters = [reasoning.ReasoningSplit(think) if think is not None else None for _ in jobs]
+        return reply.stream_choices(jobs, request)
+    if req.stream and tools:
+        return reply.stream_tool_calls(jobs[0], request, tools)
+    if req.stream:
+        return reply.stream_text(jobs[0], request)
+    results = await ctx.collect_many(jobs, request)
+    return reply.whole(results, tools, jobs[0], prompt)
 
-        def part_chunks(i: int, parts: list[tuple[str, str]]) -> list[dict]:
-            return [{**chunk, "choices": [{"index": i, "delta": {f: t}, "finish_reason": None}]} for f, t in parts]
 
-        return ctx.stream_many(
+class _ChatReply:
+    """One chat request's answer in OpenAI's shapes: a stream of chunks (its `n` choices side by
+    side, a reply that may hold tool calls, or plain text with reasoning split out), or the whole
+    completion."""
+
+    def __init__(self, ctx, req: ChatRequest, lp: int | None, think: bool | None, *, legacy: bool):
+        self.ctx, self.req, self.lp, self.think = ctx, req, lp, think
+        self.legacy = legacy  # the thought split out, and the text kept whole in content
+        self.base = {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "created": int(time.time()),
+            "model": ctx.model_id,
+            "system_fingerprint": ctx.fingerprint,
+        }
+        # stream_options.include_usage (OpenAI): usage and timings in a last chunk of their own, choices []
+        self.usage_chunk = _include_usage(req)
+        self.chunk = {**self.base, "object": "chat.completion.chunk"}
+
+    def progress_chunk(self, p: dict) -> dict:  # return_progress: a chunk per prompt chunk fed
+        return {**self.chunk, "choices": [], "prompt_progress": p}
+
+    def head(self, i: int) -> dict:  # llama-server's first chunk: the role, content null
+        return {
+            **self.chunk,
+            "choices": [{"index": i, "delta": {"role": "assistant", "content": None}, "finish_reason": None}],
+        }
+
+    def frame(self, delta: dict, i: int = 0) -> dict:
+        return {**self.chunk, "choices": [{"index": i, "delta": delta, "finish_reason": None}]}
+
+    def splitter(self) -> reasoning.ReasoningSplit | None:
+        return reasoning.ReasoningSplit(self.think) if self.think is not None else None
+
+    def stream_choices(self, jobs: list, request: Request):
+        """`n` choices streamed side by side, each with its own reasoning split."""
+        splitters = [self.splitter() for _ in jobs]
+
+        def parts(i: int, text: str) -> list[tuple[str, str]]:
+            return splitters[i].feed(text) if splitters[i] else [("content", text)]
+
+        def done(i: int, r) -> list[dict]:
+            held = splitters[i].finish() if splitters[i] else []
+            end = {**self.chunk, "choices": [{"index": i, "delta": {}, "finish_reason": r.finish_reason}]}
+            return [self.frame({f: t}, i) for f, t in held] + [end]
+
+        def totals(results: list) -> list[dict]:
+            if not self.usage_chunk:
+                return []
+            return [{**self.chunk, "choices": [], "usage": _usage_of(results), "timings": timings(results[0].stats)}]
+
+        return self.ctx.stream_many(
             jobs,
             request,
-            lambda i, piece, lps: part_chunks(
-                i, splitters[i].feed(piece.text) if splitters[i] else [("content", piece.text)]
-            ),
-            lambda i, r: (
-                part_chunks(i, splitters[i].finish() if splitters[i] else [])
-                + [{**chunk, "choices": [{"index": i, "delta": {}, "finish_reason": r.finish_reason}]}]
-            ),
-            lambda results: (
-                [{**chunk, "choices": [], "usage": _usage_of(results), "timings": timings(results[0].stats)}]
-                if usage_chunk
-                else []
-            ),
-            head=[head(i) for i in range(len(jobs))],
+            lambda i, piece, lps: [self.frame({f: t}, i) for f, t in parts(i, piece.text)],
+            done,
+            totals,
+            head=[self.head(i) for i in range(len(jobs))],
         )
-    if req.stream and tools:
-        # the thought and text that cannot be a call stream as they come; a call goes out, in
-        # OpenAI's pieces (id and name, then argument fragments), once the reply is parsed whole
-        # under a grammar (a required or named call, the generic format) calls go out as decoded
-        calls_out = tool_stream.ToolStream(tools, live_args=jobs[0].grammar is not None)
-        split = reasoning.ReasoningSplit(think) if think is not None else None
-        called = [False]
 
-        def frame(delta: dict) -> dict:
-            return {**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+    def stream_tool_calls(self, job, request: Request, tools: list[dict]):
+        """The thought and text that cannot be a call stream as they come; a call goes out, in
+        OpenAI's pieces (id and name, then argument fragments), once the reply is parsed whole;
+        under a grammar (a required or named call, the generic format) calls go out as decoded."""
+        calls_out = tool_stream.ToolStream(tools, live_args=job.grammar is not None)
+        split = self.splitter()
+        called = [False]
 
         def tool_deltas(parts: list[tuple[str, str]]) -> list[dict]:
             out = []
             for field, text in parts:
                 if field == "reasoning_content":
-                    out.append(frame({field: text}))
+                    out.append(self.frame({field: text}))
                     continue
                 content, entries = calls_out.feed(text)
                 if content:
-                    out.append(frame({"content": content}))
+                    out.append(self.frame({"content": content}))
                 called[0] = called[0] or bool(entries)
-                out += [frame({"tool_calls": [e]}) for e in entries]
+                out += [self.frame({"tool_calls": [e]}) for e in entries]
             return out
 
         def tool_done(r) -> list[dict]:
             frames = tool_deltas(split.finish()) if split else []
             content, calls, entries = calls_out.finish()
-            frames += [frame({"content": content})] if content else []
-            frames += [frame({"tool_calls": [e]}) for e in entries]
+            frames += [self.frame({"content": content})] if content else []
+            frames += [self.frame({"tool_calls": [e]}) for e in entries]
             finish = "tool_calls" if (calls or called[0]) and r.finish_reason != "length" else r.finish_reason
-            return frames + _stream_end(chunk, [{"index": 0, "delta": {}, "finish_reason": finish}], r, usage_chunk)
+            end = [{"index": 0, "delta": {}, "finish_reason": finish}]
+            return frames + _stream_end(self.chunk, end, r, self.usage_chunk)
 
-        return ctx.stream(
-            jobs[0],
+        return self.ctx.stream(
+            job,
             request,
             lambda piece, lps: tool_deltas(split.feed(piece.text) if split else [("content", piece.text)]),
             tool_done,
-            head=head(0),
-            on_progress=progress_chunk,
+            head=self.head(0),
+            on_progress=self.progress_chunk,
         )
-    if req.stream:
-        splitter = reasoning.ReasoningSplit(think) if think is not None else None
+
+    def stream_text(self, job, request: Request):
+        """One choice's text, its thought split out (and, deepseek-legacy, kept whole in content too)."""
+        splitter = self.splitter()
+        logprobs = self.ctx.responses.chat_logprobs if self.lp is not None else None
 
         def piece_chunks(parts: list[tuple[str, str]], lps: list) -> list[dict]:
             return [
                 {
-                    **chunk,
+                    **self.chunk,
                     "choices": [
                         {
                             "index": 0,
                             "delta": {field: text},
                             "finish_reason": None,
-                            "logprobs": ctx.responses.chat_logprobs(lps) if lp is not None and i == 0 else None,
+                            "logprobs": logprobs(lps) if logprobs is not None and i == 0 else None,
                         }
                     ],
                 }
@@ -160,7 +188,7 @@ async def chat_completions(request: Request):
             ]
 
         def thought(parts: list[tuple[str, str]], raw: str) -> list[tuple[str, str]]:
-            if not legacy:
+            if not self.legacy:
                 return parts
             return [p for p in parts if p[0] == "reasoning_content"] + ([("content", raw)] if raw else [])
 
@@ -171,38 +199,40 @@ async def chat_completions(request: Request):
 
         def on_done(r) -> list[dict]:
             held = piece_chunks(thought(splitter.finish(), ""), []) if splitter else []
-            return held + _stream_end(
-                chunk, [{"index": 0, "delta": {}, "finish_reason": r.finish_reason}], r, usage_chunk
-            )
+            end = [{"index": 0, "delta": {}, "finish_reason": r.finish_reason}]
+            return held + _stream_end(self.chunk, end, r, self.usage_chunk)
 
-        return ctx.stream(jobs[0], request, on_text, on_done, head=head(0), on_progress=progress_chunk)
-    results = await ctx.collect_many(jobs, request)
-    choices = []
-    for i, r in enumerate(results):
-        message, finish = _message(r, tools, think, legacy)
-        choices.append(
-            {
-                "index": i,
-                "message": message,
-                "finish_reason": finish,
-                "logprobs": ctx.responses.chat_logprobs(r.logprobs) if lp is not None else None,
-            }
-        )
-    out = {
-        **base,
-        "object": "chat.completion",
-        "choices": choices,
-        "usage": _usage_of(results),
-        "timings": timings(results[0].stats),
-    }
-    if ctx.verbose or (req.model_extra or {}).get("verbose") is True:  # llama-server's -v: what was decoded
-        out["__verbose"] = {
-            "prompt": ctx.tokenizer.decode(prompt),
-            "content": results[0].text,
-            "tokens_evaluated": len(prompt),
-            "generation_settings": generation_settings(jobs[0]),
+        return self.ctx.stream(job, request, on_text, on_done, head=self.head(0), on_progress=self.progress_chunk)
+
+    def whole(self, results: list, tools: list[dict], job, prompt: list[int]) -> dict:
+        """The completion, every choice at once (llama-server's `__verbose` with -v)."""
+        ctx = self.ctx
+        choices = []
+        for i, r in enumerate(results):
+            message, finish = _message(r, tools, self.think, self.legacy)
+            choices.append(
+                {
+                    "index": i,
+                    "message": message,
+                    "finish_reason": finish,
+                    "logprobs": ctx.responses.chat_logprobs(r.logprobs) if self.lp is not None else None,
+                }
+            )
+        out = {
+            **self.base,
+            "object": "chat.completion",
+            "choices": choices,
+            "usage": _usage_of(results),
+            "timings": timings(results[0].stats),
         }
-    return out
+        if ctx.verbose or (self.req.model_extra or {}).get("verbose") is True:  # llama-server's -v: what was decoded
+            out["__verbose"] = {
+                "prompt": ctx.tokenizer.decode(prompt),
+                "content": results[0].text,
+                "tokens_evaluated": len(prompt),
+                "generation_settings": generation_settings(job),
+            }
+        return out
 
 
 @router.post("/v1/chat/completions/input_tokens")
