@@ -32,12 +32,7 @@ DEFAULT_POLICY = "auto"
 NGRAM_MAX_LIMIT = 16
 MAX_DRAFT_LIMIT = 64
 DEFAULT_FULL_MODEL_BLOCK = 4
-DEFAULT_MTP_BLOCK = 4  # when the head's checkpoint declares no width
-DEFAULT_EAGLE3_BLOCK = 4  # autoregressive drafts a round, when the checkpoint declares none
-DEFAULT_DFLASH_BLOCK = 16  # block rows (the last committed token + 15 drafts), when the checkpoint declares none
-DEFAULT_SUFFIX_BLOCK = 16  # the longest suffix draft; the cost policy sizes each one below it
 DEFAULT_SUFFIX_CACHE_TOKENS = 50_000
-DEFAULT_SERVER_LOOKUP_BLOCK = 7
 DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 2
 # --draft-tree-budget: nodes a round's draft tree may add beside its chain; 0 verifies chains
 # (engine/tree.py). Off by default: measured slower than chains here (docs/speculative-decoding.md)

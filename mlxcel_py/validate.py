@@ -15,7 +15,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from .drafters import registry
-from .drafters.registry import DRAFT_KINDS
 from .errors import UsageError
 from .formats import flag_texts
 from .formats.grammars import GrammarSpec
@@ -328,8 +327,8 @@ def _validate(opts: CommandOptions) -> RunConfig:
     kind = spec.draft_kind
     draft_model = opts.model.draft_model
 
-    if kind is not None and kind not in DRAFT_KINDS:
-        raise UsageError(f'--draft-kind="{kind}" is not recognised; accepted values: {", ".join(DRAFT_KINDS)}')
+    if kind is not None and kind not in registry.KINDS:
+        raise UsageError(f'--draft-kind="{kind}" is not recognised; accepted values: {", ".join(registry.KINDS)}')
     if spec.draft_block_size is not None and spec.draft_block_size < 1:
         raise UsageError(f"--draft-block-size must be at least 1, got {spec.draft_block_size}")
     if spec.draft_block_size is not None and spec.draft_block_size > MAX_DRAFT_LIMIT:

@@ -306,3 +306,37 @@ def test_logit_bias_steers_plain_and_speculative_decoding_alike(tiny):
                 assert banned not in a
     forced, _ = run(spec, p, max_tokens=12, sampling=SamplingOptions(logit_bias=((42, 1e4),)), ignore_eos=True)
     assert forced == [42] * 12
+
+
+def test_a_new_drafter_kind_is_one_module_and_its_row(tiny_dir, monkeypatch, cli_env):
+    """tests/toy_kinds/echo.py and the row below are all a kind needs: the CLI takes it, its help
+    lists it, and it drafts with the output unchanged."""
+    from typer.testing import CliRunner
+
+    import mlxcel_py as mc
+    from mlxcel_py.cli import app
+
+    row = registry.DrafterKind(
+        name="toy",
+        module="toy_kinds.echo",
+        sizing=registry.FIXED,
+        default_width=3,
+        checkpoint=registry.NONE,
+        loads_weights=False,
+        help="the newest token's last follower",
+        width_help="toy default 3",
+    )
+    monkeypatch.setitem(registry.KINDS, "toy", row)
+    assert "toy (the newest token's last follower)" in registry.kind_help()
+    prompt = "one two three one two three one two three one two"
+    model = mc.load(str(tiny_dir), draft_kind="toy")
+    ids = model.encode(prompt)
+    gen = mc.speculative_generate(model, ids, mc.GenerateOptions(max_tokens=24, ignore_eos=True))
+    toy = list(gen)
+    plain = list(
+        mc.speculative_generate(mc.load(str(tiny_dir)), ids, mc.GenerateOptions(max_tokens=24, ignore_eos=True))
+    )
+    st = gen.stats()
+    assert toy == plain and st.draft_kind == "toy" and st.verifies > 0 and st.drafted > 0
+    r = CliRunner().invoke(app, ["generate", "-m", str(tiny_dir), "-p", prompt, "-n", "8", "--draft-kind", "toy"])
+    assert r.exit_code == 0, r.output

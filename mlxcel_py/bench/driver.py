@@ -45,7 +45,7 @@ def _as_loaded(d: DraftConfig, loaded: DraftConfig, *, sweeping: bool) -> DraftC
     """A planned model drafter as the session resolved it: an MTP, DFlash or EAGLE-3 checkpoint
     given as --draft-model runs as its kind, at its declared width unless a width was asked for (a swept
     width is the tokens proposed a round, so a DFlash block is one wider)."""
-    if not d.enabled or not registry.kind_of(d.kind).loads_weights or loaded.kind not in ("mtp", "dflash", "eagle3"):
+    if not d.enabled or not registry.kind_of(d.kind).loads_weights or not registry.kind_of(loaded.kind).detected:
         return d
     if sweeping:
         anchored = registry.kind_of(loaded.kind).anchored and not registry.kind_of(d.kind).anchored

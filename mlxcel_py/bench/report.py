@@ -146,7 +146,7 @@ def _vs_peer(result: BenchResult, ratio) -> float | None:
 
 @dataclass(frozen=True)
 class WidthChoice:
-    drafter: str  # "prompt-lookup" | "full-model" | "mtp" | "dflash" | "eagle3" | "suffix"
+    drafter: str  # a drafter kind (drafters/registry.py)
     width: int  # the flag's value
     speedup: float
     flag: str  # the flag that sets it
@@ -157,14 +157,8 @@ def recommend_widths(rows: Sequence[SummaryRow]) -> list[WidthChoice]:
     WIDTH_TIE of the best count as tied and the narrowest wins (less verify work and memory:
     the seed page's 'stop increasing width when verification grows faster than useful work')."""
     out = []
-    for drafter, flag in (
-        ("prompt-lookup", "--prompt-lookup-max-draft"),
-        ("full-model", "--draft-block-size"),
-        ("mtp", "--draft-block-size"),
-        ("dflash", "--draft-block-size"),
-        ("eagle3", "--draft-block-size"),
-        ("suffix", "--draft-block-size"),
-    ):
+    order = ("prompt-lookup", *(k for k in registry.KINDS if k != "prompt-lookup"))  # lookup first, then the table
+    for drafter, flag in ((k, registry.KINDS[k].width_flag) for k in order):
         cands = [r for r in rows if r.kind == ALL_KINDS and r.config.startswith(drafter) and r.width]
         if not cands:
             continue

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from .. import options as O
+from ..drafters import registry
 
 MODEL = "Model"
 GEN = "Generation"
@@ -63,8 +64,9 @@ SeedOpt = Annotated[Optional[int], typer.Option("--seed", "-s", help="Random see
 RepetitionPenaltyOpt = Annotated[float, typer.Option("--repetition-penalty", "--repeat-penalty", metavar="FLOAT", help="Penalty for repeated tokens; 1.0 is off.", rich_help_panel=SAMPLING)]
 RepeatLastNOpt = Annotated[int, typer.Option("--repeat-last-n", metavar="N", help="Tokens the repetition penalty looks back over; -1 whole context, 0 off.", rich_help_panel=SAMPLING)]
 
-DraftKindOpt = Annotated[Optional[str], typer.Option("--draft-kind", envvar="MLXCEL_DRAFT_KIND", metavar="KIND", help="Drafter: full-model | prompt-lookup (serve) | mtp (the checkpoint's own head: Qwen3.5, Qwen3-Next; a Gemma 4 assistant) | suffix (SuffixDecoding: the context and earlier sequences) | dflash (a DFlash block-diffusion drafter as --draft-model) | eagle3 (an EAGLE-3 feature drafter as --draft-model); both detected from their folders.", rich_help_panel=SPEC)]
-DraftBlockSizeOpt = Annotated[Optional[int], typer.Option("--draft-block-size", "--draft-max", metavar="N", help="Proposal width (full-model default 4; mtp: the head checkpoint's width, else 4; dflash: block rows, the checkpoint's block_size, else 16; eagle3: its num_speculative_tokens, else 4; suffix at most 16; serve prompt lookup default 7).", rich_help_panel=SPEC)]
+# each drafter kind's row (drafters/registry.py) says what these two helps say of it
+DraftKindOpt = Annotated[Optional[str], typer.Option("--draft-kind", envvar="MLXCEL_DRAFT_KIND", metavar="KIND", help=registry.kind_help(), rich_help_panel=SPEC)]
+DraftBlockSizeOpt = Annotated[Optional[int], typer.Option("--draft-block-size", "--draft-max", metavar="N", help=registry.width_help(), rich_help_panel=SPEC)]
 SpecTypeOpt = Annotated[Optional[str], typer.Option("--spec-type", metavar="TYPE", help="llama-server selector: none turns speculation off; draft-simple = full-model; draft-mtp = mtp.", rich_help_panel=SPEC)]
 SuffixCacheTokensOpt = Annotated[Optional[int], typer.Option("--suffix-cache-tokens", metavar="N", help=f"Suffix drafter: tokens of earlier sequences kept (default {O.DEFAULT_SUFFIX_CACHE_TOKENS}), least recently used first out.", rich_help_panel=SPEC)]
 DraftTreeBudgetOpt = Annotated[Optional[int], typer.Option("--draft-tree-budget", metavar="N", help="Draft trees: up to N more nodes a round beside the drafter's chain (other earlier matches' continuations, runner-up tokens), verified in the same forward; 0 (default) verifies chains. Greedy only; plain KV-cache models on the row-exact CPU kernel.", rich_help_panel=SPEC)]

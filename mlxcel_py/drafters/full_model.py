@@ -20,7 +20,7 @@ import mlx.core as mx
 from ..engine.cache import SequenceCache
 from ..errors import ModelError
 from ..models import loading, preflight
-from ..options import DEFAULT_DFLASH_BLOCK, DEFAULT_EAGLE3_BLOCK, DEFAULT_MTP_BLOCK, DraftConfig
+from ..options import DraftConfig
 from .base import Drafter, DrafterSource, Plan, Proposal, chain_proposal, draw
 from .branching import runner_ups
 from .registry import kind_of
@@ -122,7 +122,9 @@ def prepare(draft: DraftConfig, target: loading.ResolvedModel, model_options: An
                 f"use --draft-kind mtp"
             )
         # as the seed page says: an MTP checkpoint given as the drafter means the mtp kind
-        mtp = replace(draft, kind="mtp", block_size=draft.block_size if draft.block_explicit else DEFAULT_MTP_BLOCK)
+        mtp = replace(
+            draft, kind="mtp", block_size=draft.block_size if draft.block_explicit else kind_of("mtp").default_width
+        )
         return kind_of("mtp").prepare(mtp, target, model_options)
     if preflight.is_eagle3_config(resolved.config):
         if draft.kind_explicit:
@@ -131,13 +133,17 @@ def prepare(draft: DraftConfig, target: loading.ResolvedModel, model_options: An
                 f"use --draft-kind eagle3 (or drop --draft-kind: the folder is detected)"
             )
         eagle = replace(
-            draft, kind="eagle3", block_size=draft.block_size if draft.block_explicit else DEFAULT_EAGLE3_BLOCK
+            draft,
+            kind="eagle3",
+            block_size=draft.block_size if draft.block_explicit else kind_of("eagle3").default_width,
         )
         return kind_of("eagle3").prepare(eagle, target, model_options)
     if preflight.is_dflash_config(resolved.config) and not draft.kind_explicit:
         # a DFlash folder as the drafter means the dflash kind (mlxcel's structural detection)
         dflash = replace(
-            draft, kind="dflash", block_size=draft.block_size if draft.block_explicit else DEFAULT_DFLASH_BLOCK
+            draft,
+            kind="dflash",
+            block_size=draft.block_size if draft.block_explicit else kind_of("dflash").default_width,
         )
         return kind_of("dflash").prepare(dflash, target, model_options)
     preflight.check_drafter(target, resolved)

@@ -17,31 +17,29 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from ..options import (
-    DEFAULT_DFLASH_BLOCK,
-    DEFAULT_EAGLE3_BLOCK,
-    DEFAULT_FULL_MODEL_BLOCK,
-    DEFAULT_MTP_BLOCK,
-    DEFAULT_SERVER_LOOKUP_BLOCK,
-    DEFAULT_SUFFIX_BLOCK,
-    DraftConfig,
-)
+from ..options import DEFAULT_FULL_MODEL_BLOCK, DraftConfig
 
 ADAPTIVE, FIXED = "adaptive", "fixed"
 NONE, REQUIRED, OPTIONAL = "none", "required", "optional"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DrafterKind:
     name: str  # --draft-kind
-    module: str | None  # drafters/<module>.py builds it; None: recognised, not available yet
+    # drafters/<module>.py builds it (a dotted path: a module anywhere); None: recognised, not available yet
+    module: str | None
     # ADAPTIVE: a policy sizes every round up to lookup.max_draft (graded, gated, cost);
     # FIXED: block_size tokens every round (model drafters: their forward is the cost)
     sizing: str
-    default_width: int
+    default_width: int  # proposal width when neither a flag nor a checkpoint sets one
     checkpoint: str  # whether --draft-model names its weights: NONE, REQUIRED or OPTIONAL
-    parallel: tuple[str, ...]  # the layouts it runs under: "tp" (--tp-size), "pp" (--pp-size)
     loads_weights: bool  # a model drafter: its own weights load beside the target's
+    help: str  # what --draft-kind's help says of it
+    width_help: str  # what --draft-block-size's help says of its width
+    parallel: tuple[str, ...] = ()  # the layouts it runs under: "tp" (--tp-size), "pp" (--pp-size)
+    width_flag: str = "--draft-block-size"  # the flag that sets its width (bench recommends it)
+    # a checkpoint given as a plain --draft-model runs as this kind (its folder is detected)
+    detected: bool = False
     spec_type: str | None = None  # llama-server's --spec-type value for it
     unsharded: str = ""  # what stays in one process, for the refusal under --tp-size/--pp-size
     flag: str = ""  # the flag a refusal names (default --draft-kind NAME)
@@ -56,6 +54,8 @@ class DrafterKind:
     def runtime(self) -> ModuleType:
         if self.module is None:
             raise RuntimeError(f"no drafter module for kind {self.name!r}")
+        if "." in self.module:  # a kind defined outside this package
+            return importlib.import_module(self.module)
         return importlib.import_module(f"{__package__}.{self.module}")
 
     def prepare(self, draft: DraftConfig, target: Any, model_options: Any):
@@ -72,49 +72,97 @@ KINDS: dict[str, DrafterKind] = {
     k.name: k
     for k in (
         DrafterKind(
-            "full-model",
-            "full_model",
-            FIXED,
-            DEFAULT_FULL_MODEL_BLOCK,
-            REQUIRED,
-            (),
-            True,
+            name="full-model",
+            module="full_model",
+            sizing=FIXED,
+            default_width=DEFAULT_FULL_MODEL_BLOCK,
+            checkpoint=REQUIRED,
+            loads_weights=True,
+            help="a smaller model of the target's family as --draft-model",
+            width_help=f"full-model default {DEFAULT_FULL_MODEL_BLOCK}",
             spec_type="draft-simple",
             unsharded="drafter",
             flag="--draft-model",
         ),
         # the CLI's --prompt-lookup flags configure this kind too; --draft-kind prompt-lookup is serve's
-        DrafterKind("prompt-lookup", "prompt_lookup", ADAPTIVE, DEFAULT_SERVER_LOOKUP_BLOCK, NONE, ("tp",), False),
         DrafterKind(
-            "mtp", "mtp", FIXED, DEFAULT_MTP_BLOCK, OPTIONAL, (), True, spec_type="draft-mtp", unsharded="head"
+            name="prompt-lookup",
+            module="prompt_lookup",
+            sizing=ADAPTIVE,
+            default_width=7,
+            checkpoint=NONE,
+            loads_weights=False,
+            help="serve: n-grams of each request's own context",
+            width_help="serve prompt lookup default 7",
+            parallel=("tp",),
+            width_flag="--prompt-lookup-max-draft",
         ),
         DrafterKind(
-            "dflash",
-            "dflash",
-            FIXED,
-            DEFAULT_DFLASH_BLOCK,
-            REQUIRED,
-            (),
-            True,
+            name="mtp",
+            module="mtp",
+            sizing=FIXED,
+            default_width=4,
+            checkpoint=OPTIONAL,
+            loads_weights=True,
+            help="the checkpoint's own head: Qwen3.5, Qwen3-Next; a Gemma 4 assistant",
+            width_help="mtp: the head checkpoint's width, else 4",
+            detected=True,
+            spec_type="draft-mtp",
+            unsharded="head",
+        ),
+        DrafterKind(
+            name="dflash",
+            module="dflash",
+            sizing=FIXED,
+            default_width=16,  # block rows: the last committed token + 15 drafts
+            checkpoint=REQUIRED,
+            loads_weights=True,
+            help="a DFlash block-diffusion drafter as --draft-model",
+            width_help="dflash: block rows, the checkpoint's block_size, else 16",
+            detected=True,
             spec_type="draft-dflash",
             unsharded="drafter",
             anchored=True,
         ),
         DrafterKind(
-            "eagle3",
-            "eagle3",
-            FIXED,
-            DEFAULT_EAGLE3_BLOCK,
-            REQUIRED,
-            (),
-            True,
+            name="eagle3",
+            module="eagle3",
+            sizing=FIXED,
+            default_width=4,  # autoregressive drafts a round, when the checkpoint declares none
+            checkpoint=REQUIRED,
+            loads_weights=True,
+            help="an EAGLE-3 feature drafter as --draft-model",
+            width_help="eagle3: its num_speculative_tokens, else 4",
+            detected=True,
             spec_type="draft-eagle3",
             unsharded="drafter",
         ),
-        DrafterKind("suffix", "suffix", ADAPTIVE, DEFAULT_SUFFIX_BLOCK, NONE, ("tp",), False, default_policy="cost"),
+        DrafterKind(
+            name="suffix",
+            module="suffix",
+            sizing=ADAPTIVE,
+            default_width=16,
+            checkpoint=NONE,
+            loads_weights=False,
+            help="SuffixDecoding: the context and earlier sequences",
+            width_help="suffix at most 16",
+            parallel=("tp",),
+            default_policy="cost",
+        ),
     )
 }
 DRAFT_KINDS = tuple(KINDS)
+
+
+def kind_help() -> str:
+    """--draft-kind's help: every kind and what it drafts from."""
+    kinds = " | ".join(f"{k.name} ({k.help})" for k in KINDS.values())
+    return f"Drafter: {kinds}; a detected checkpoint given as --draft-model runs as its kind."
+
+
+def width_help() -> str:
+    """--draft-block-size's help: each kind's default width."""
+    return f"Proposal width ({'; '.join(k.width_help for k in KINDS.values())})."
 
 
 def kind_of(name: str | None) -> DrafterKind:
