@@ -241,7 +241,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l kv-unified -o kvu -
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l warmup -l no-warmup -d 'Warm every verify width at startup'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l api-key -d 'Require this key (Authorization: Bearer KEY or X-Api-Key: KEY) on every route but /health and /models; repeat it or separate keys with commas'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l api-key-file -d 'Read API keys from FILE, one per line'
-complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l cors-origins -d 'Comma-separated origins web pages may call the server from: localhost is any loopback origin and port, * any origin,  none (default: every origin, as llama-server)'
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l cors-origins -d 'Comma-separated origins web pages may call the server from: localhost is any loopback origin and port, * any origin (llama-servers default),  none'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l cors-methods -d 'Methods a CORS preflight allows (default GET, POST)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l cors-headers -d 'Headers a CORS preflight allows (default *; list Authorization to send a key from a page)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l cors-credentials -l no-cors-credentials -d 'Allow credentialed cross-origin requests (default on)'

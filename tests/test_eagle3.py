@@ -231,7 +231,9 @@ def test_trained_drafter_runner_up_trees_take_branches_and_yield_more_per_round(
         (lambda c: c.update(num_hidden_layers=2), r"has one decoder layer; config.json declares 2"),
         (lambda c: c.update(intermediate_size=64), r"tensor midlayer.mlp.gate_proj.weight has shape \[128, 64\]"),
         (lambda c: c.update(target_hidden_size=128), r"differs from the one it reads \(target_hidden_size 128\)"),
-        (lambda c: c.update(num_attention_heads=0), r"malformed EAGLE-3 field"),
+        # a config.json's sizes are checked for every model it belongs to (models/config.py)
+        (lambda c: c.update(num_attention_heads=0), r"'num_attention_heads' must be a whole number from 1 to 4096"),
+        (lambda c: c.update(rope_theta="fast"), r"malformed EAGLE-3 field"),
     ],
 )
 def test_refuses_a_drafter_that_does_not_fit(dirs, tmp_path, no_weights, edit, message):
