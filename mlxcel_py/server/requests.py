@@ -292,18 +292,10 @@ class RequestReader:
     def longest_token_chars(self) -> int:
         return longest_token_chars(self.tokenizer)
 
-    async def job(
-        self,
-        req: schemas.Sampling,
-        prompt: list[int],
-        logprobs: int | None = None,
-        grammar=None,
-        constraint_fields: dict | None = None,
-    ) -> Job:
-        """`grammar`: one the route requires (tool calls); else the request's own, if any (read
-        from `constraint_fields`, else the body's extra fields). Built in a thread (`make_job`):
-        checking and compiling a grammar and tokenizing logit_bias texts grow with the request."""
-        return await asyncio.to_thread(self.make_job, req, prompt, logprobs, grammar, constraint_fields)
+    async def job(self, *args: Any, **kwargs: Any) -> Job:
+        """`make_job` in a thread: checking and compiling a grammar and tokenizing logit_bias
+        texts grow with the request."""
+        return await asyncio.to_thread(self.make_job, *args, **kwargs)
 
     def make_job(
         self,
@@ -313,6 +305,8 @@ class RequestReader:
         grammar=None,
         constraint_fields: dict | None = None,
     ) -> Job:
+        """`grammar`: one the route requires (tool calls); else the request's own, if any (read
+        from `constraint_fields`, else the body's extra fields)."""
         fields = constraint_fields if constraint_fields is not None else req.model_extra or {}
         try:
             asked = schemas.grammar_spec(fields)
