@@ -151,7 +151,6 @@ KINDS: dict[str, DrafterKind] = {
         ),
     )
 }
-DRAFT_KINDS = tuple(KINDS)
 
 
 def kind_help() -> str:

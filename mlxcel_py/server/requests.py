@@ -322,19 +322,11 @@ class RequestReader:
         texts grow with the request."""
         fields = constraint_fields if constraint_fields is not None else req.model_extra or {}
         constrained = grammar is not None or any(fields.get(k) for k in GRAMMAR_FIELDS)
-        return await _off_loop(constrained, self.make_job, req, prompt, logprobs, grammar, constraint_fields)
+        return await _off_loop(constrained, self.make_job, req, prompt, logprobs, grammar, fields)
 
-    def make_job(
-        self,
-        req: schemas.Sampling,
-        prompt: list[int],
-        logprobs: int | None = None,
-        grammar=None,
-        constraint_fields: dict | None = None,
-    ) -> Job:
-        """`grammar`: one the route requires (tool calls); else the request's own, if any (read
-        from `constraint_fields`, else the body's extra fields)."""
-        fields = constraint_fields if constraint_fields is not None else req.model_extra or {}
+    def make_job(self, req: schemas.Sampling, prompt: list[int], logprobs: int | None, grammar, fields: dict) -> Job:
+        """`grammar`: one the route requires (tool calls); else the request's own, if any, read
+        from `fields` (`job` resolves them: `constraint_fields`, else the body's extra fields)."""
         try:
             asked = schemas.grammar_spec(fields)
         except ValueError as exc:
