@@ -16,6 +16,7 @@ import pytest
 
 from mlxcel_py.formats.grammars import check
 from mlxcel_py.server import tool_calls as tc
+from mlxcel_py.server import tool_formats
 from mlxcel_py.server.tool_stream import ToolStream
 
 WEATHER = {
@@ -438,7 +439,7 @@ def test_a_stream_holds_text_from_any_markup_and_sends_the_text_before_it():
     ],
 )
 def test_the_call_format_follows_the_template_source(marker, name):
-    assert tc.call_format("{% for m in messages %}{{ m.content }}{% endfor %}" + marker).name == name
+    assert tool_formats.call_format("{% for m in messages %}{{ m.content }}{% endfor %}" + marker).name == name
 
 
 def test_special_tokens_enter_a_lark_grammar_as_tokens_and_text_as_strings():
@@ -466,12 +467,13 @@ def test_a_required_call_is_decoded_in_each_templates_own_format(tiny_dir, tmp_p
         {"messages": [{"role": "user", "content": "weather?"}], "tools": [WEATHER, TIME], "tool_choice": "required"}
     )
     seen = set()
-    for marker, _ in tc.CALL_FORMATS:
+    markers = [m for f in tool_formats.FORMATS if f.writer is not None for m in f.template]
+    for marker in markers:
         inner.chat_template = (
             "{%- for t in tools %}{{ t | tojson }}{% endfor %}{#- " + marker + " #}"
             "{%- for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant: "
         )
-        fmt = tc.call_format(inner.chat_template)
+        fmt = tool_formats.call_format(inner.chat_template)
         if fmt.name in seen:
             continue
         seen.add(fmt.name)
@@ -678,3 +680,35 @@ def test_special_token_markers_are_decoded_as_single_tokens(tmp_path):
         assert sum(t in special_ids for t in out) == sum(text.count(m) for m in markers) >= 2, (marker, text)
         _, calls = tc.parse(text, [WEATHER])
         assert len(calls) == 1 and calls[0].name == "get_weather", (marker, text)
+
+
+def _written(writer, name: str, args: dict) -> str:
+    """One call as a format's writer lays it out (what its grammar makes a model emit)."""
+    body = json.dumps(args)
+    if writer.named is not None:
+        before, after = writer.named
+        call = before.format(name=name) + body + after
+    else:
+        obj = json.dumps({"name": name, writer.arguments: args})
+        call = f"[{obj}]" if writer.listed else obj
+    return writer.open + call + writer.close
+
+
+@pytest.mark.parametrize("fmt", [f for f in tool_formats.FORMATS if f.writer is not None], ids=lambda f: f.name)
+def test_each_formats_writer_reads_back_through_the_table(fmt):
+    """A call laid out by a row's writer parses back into that call, by that row's own parser
+    (a writer and a parser that disagree would make a required call unreadable)."""
+    text = _written(fmt.writer, "get_weather", {"city": "Paris"})
+    params = {"get_weather": WEATHER["function"]["parameters"]}
+    rest, raw = fmt.parse(text, params)
+    assert [(n, a if isinstance(a, dict) else json.loads(a)) for n, a, _ in raw] == [("get_weather", {"city": "Paris"})]
+    content, calls = tc.parse(text, [WEATHER, TIME])
+    assert content is None and [(c.name, c.arguments) for c in calls] == [("get_weather", {"city": "Paris"})]
+    # while streaming, the call's start is held back rather than sent as text
+    assert text.lstrip().startswith(tool_formats.CALL_STARTS)
+
+
+def test_every_parser_leaves_plain_text_alone():
+    for fmt in tool_formats.FORMATS:
+        assert fmt.parse("It is sunny in Paris today.", {"get_weather": {}}) is None, fmt.name
+    assert tc.parse("It is sunny in Paris today.", [WEATHER]) == ("It is sunny in Paris today.", [])

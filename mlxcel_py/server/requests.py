@@ -37,7 +37,7 @@ from ..formats.prompting import beyond_any_tokenization, longest_token_chars, re
 from ..inputs.digits import whole_number
 from ..options import SamplingOptions
 from ..validate import check_sampling
-from . import schemas, tool_calls
+from . import schemas, tool_calls, tool_formats
 from .http import BODY_LIMIT, ApiError, read_json
 from .worker import Job
 
@@ -283,7 +283,7 @@ class RequestReader:
             if name not in {t["function"]["name"] for t in listed}:
                 raise ApiError(f"'tool_choice' names {name}, which is not one of the tools")
         native = tool_calls.template_takes_tools(self.tokenizer)
-        fmt = tool_calls.call_format(tool_calls.template_source(self.tokenizer))
+        fmt = tool_formats.call_format(tool_calls.template_source(self.tokenizer))
         special = tool_calls.special_tokens(self.tokenizer) if native else frozenset()
         return tool_calls.constraint(listed, choice or "auto", native=native, fmt=fmt, special=special)
 

@@ -23,13 +23,13 @@ a small model returns a call whose arguments match the tool's parameters.
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from ..formats.grammars import GrammarSpec
 from . import tool_formats
+from .tool_formats import HERMES_CALL, CallFormat
 
 GENERIC_PROMPT = (
     "You can call these tools (JSON schemas of their arguments):\n{tools}\n\n"
@@ -38,7 +38,6 @@ GENERIC_PROMPT = (
 )
 # compact JSON in calls: a model's whitespace between tokens could otherwise run on to max_tokens
 COMPACT = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 
 
 @dataclass(frozen=True)
@@ -157,68 +156,7 @@ def _arguments(fn: dict) -> Any:
     return args if args is not None else {}
 
 
-# ---- the call format a template's model writes, for a required or named call's grammar ----------
-
-
-@dataclass(frozen=True)
-class CallFormat:
-    """How a template's model writes one call, for the grammar of a required or named call:
-    `open`, the call, `close`; the call is a JSON object holding the name and the arguments under
-    `arguments` (in a one-item list when `listed`), or with `named` the name outside the JSON:
-    `before(name)`, the arguments object, `after`."""
-
-    name: str
-    open: str
-    close: str
-    arguments: str = "arguments"
-    listed: bool = False
-    named: tuple[str, str] | None = None  # (text before the arguments, with {name}; text after them)
-
-
-HERMES_CALL = CallFormat("hermes", "<tool_call>\n", "\n</tool_call>")
-CALL_FORMATS = (
-    # (a marker the template's source holds, the format); the first that matches wins
-    ("[TOOL_CALLS]", CallFormat("mistral", "[TOOL_CALLS]", "", listed=True)),
-    ("<|tool_call|>", CallFormat("phi4", "<|tool_call|>", "<|/tool_call|>")),
-    (
-        "function<｜tool▁sep｜>",
-        CallFormat(
-            "deepseek-r1",
-            "<｜tool▁calls▁begin｜>",
-            "<｜tool▁calls▁end｜>",
-            named=("<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n", "\n```<｜tool▁call▁end｜>"),
-        ),
-    ),
-    (
-        "<｜tool▁sep｜>",
-        CallFormat(
-            "deepseek-v3.1",
-            "<｜tool▁calls▁begin｜>",
-            "<｜tool▁calls▁end｜>",
-            named=("<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>", "<｜tool▁call▁end｜>"),
-        ),
-    ),
-    (
-        "<|tool_call_begin|>",
-        CallFormat(
-            "kimi-k2",
-            "<|tool_calls_section_begin|>",
-            "<|tool_calls_section_end|>",
-            named=("<|tool_call_begin|>functions.{name}:0<|tool_call_argument_begin|>", "<|tool_call_end|>"),
-        ),
-    ),
-    ("<tool_call>", HERMES_CALL),
-    ("<|python_tag|>", CallFormat("llama3", "", "", arguments="parameters")),
-    ("ipython", CallFormat("llama3", "", "", arguments="parameters")),
-)
-
-
-def call_format(template: str | None) -> CallFormat:
-    """The call format a chat template's model writes (Hermes when its source names none)."""
-    for marker, fmt in CALL_FORMATS:
-        if marker in (template or ""):
-            return fmt
-    return HERMES_CALL
+# ---- the grammar of a required or named call, in the template's own format (tool_formats) ----
 
 
 def lark_text(text: str, special: frozenset[str]) -> str:
@@ -248,7 +186,7 @@ def constraint(
 ) -> GrammarSpec | None:
     """The grammar a reply must follow: None (free text) unless a call is required, or the
     generic format is in use (its reply is JSON by construction). A required or named call on a
-    template that takes tools follows that template's own format (`fmt`, from `call_format`)."""
+    template that takes tools follows that template's own format (`fmt`, from tool_formats.call_format)."""
     fns = functions(tools)
     if isinstance(choice, dict):
         wanted = choice.get("function", {}).get("name")
@@ -358,60 +296,28 @@ def _call_schema(fns: list[dict], key: str) -> dict:
 
 
 def parse(text: str, tools: list[dict]) -> tuple[str | None, list[ToolCall]]:
-    """(content left as text, the calls) of a reply."""
-    names = {f["name"] for f in functions(tools)}
-    stripped = text.strip()
-    calls: list[ToolCall] = []
-
-    def take(obj: Any, cid: str = "") -> bool:
-        if not isinstance(obj, dict):
-            return False
-        name = obj.get("name")
-        args = obj.get("arguments", obj.get("parameters", {}))
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except ValueError:
-                return False
-        if name in names and isinstance(args, dict):
-            calls.append(ToolCall(name, args, cid))
-            return True
-        return False
-
-    # Hermes / Qwen: <tool_call>{...}</tool_call>, possibly several, possibly after some text
-    if "<tool_call>" in stripped:
-        rest = stripped
-        for m in _HERMES.finditer(stripped):
-            if take(tool_formats.json_or_none(m.group(1))):
-                rest = rest.replace(m.group(0), "")
-        if calls:
-            return (rest.strip() or None), calls
-    # the tag markups of other families (DeepSeek, Kimi K2, Phi-4-mini, Qwen3-Coder, GLM, MiniMax...)
+    """(content left as text, the calls) of a reply: by the first format (tool_formats.FORMATS,
+    in order) whose markup holds calls that all name one of the tools with object arguments."""
     params = {f["name"]: f.get("parameters") or {} for f in functions(tools)}
-    for fmt in tool_formats.PARSERS:
-        found = fmt(stripped, params)
+    stripped = text.strip()
+    body = tool_formats.json_or_none(stripped.removeprefix("<|python_tag|>"))
+    if isinstance(body, dict) and len(body) == 1 and isinstance(body.get("response"), str):
+        return body["response"], []  # the generic format's answer in words
+    for fmt in tool_formats.FORMATS:
+        found = fmt.parse(stripped, params)
         if found is None:
             continue
         rest, raw = found
-        if all(take({"name": n, "arguments": a}, cid) for n, a, cid in raw) and calls:
-            return (rest.strip() or None), calls
-        calls.clear()
-    # Mistral: [TOOL_CALLS][{...}, ...]
-    if stripped.startswith("[TOOL_CALLS]"):
-        body = tool_formats.json_or_none(stripped[len("[TOOL_CALLS]") :])
-        if isinstance(body, list) and all(take(c) for c in body) and calls:
-            return None, calls
-        calls.clear()
-    body = tool_formats.json_or_none(stripped.removeprefix("<|python_tag|>"))
-    if isinstance(body, dict):
-        if "tool_call" in body and take(body["tool_call"]):  # generic
-            return None, calls
-        if "tool_calls" in body and isinstance(body["tool_calls"], list):
-            if all(take(c) for c in body["tool_calls"]) and calls:
-                return None, calls
-            calls.clear()
-        if "response" in body and isinstance(body["response"], str) and len(body) == 1:
-            return body["response"], []
-        if take(body):  # Llama 3.x: {"name": ..., "parameters": {...}}
-            return None, calls
+        calls = [_checked(name, args, cid, params) for name, args, cid in raw]
+        if calls and all(calls):
+            return (rest.strip() or None), calls  # type: ignore[misc]  # all() saw no None
     return text, []
+
+
+def _checked(name: Any, args: Any, cid: str, params: dict[str, dict]) -> ToolCall | None:
+    """A parsed call as a ToolCall, or None when it names no tool or its arguments are no object."""
+    if isinstance(args, str):
+        args = tool_formats.json_or_none(args)
+    if name in params and isinstance(args, dict):
+        return ToolCall(name, args, cid)
+    return None

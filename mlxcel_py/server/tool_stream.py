@@ -11,9 +11,10 @@ from . import tool_formats
 from .tool_calls import ToolCall, functions, parse
 
 # how a reply that is a call begins (after whitespace): while its start could still be one of
-# these, or a JSON object (Llama 3.x, the generic format), the text is held back
-_OPENERS = ("<tool_call>", *tool_formats.OPENERS)  # a call's markup may also follow some text
-_CALL_STARTS = (*_OPENERS, "[TOOL_CALLS]", "<|python_tag|>", "{")
+# these (a JSON object too: Llama 3.x, the generic format), the text is held back; a call's
+# markup may also follow some text (_OPENERS)
+_OPENERS = tool_formats.OPENERS
+_CALL_STARTS = tool_formats.CALL_STARTS
 ARGUMENT_FRAGMENT = 24  # characters of a call's arguments per streamed delta
 HEAD_REACH = 256  # characters a call's head ("name": ..., "arguments": ) can span
 
