@@ -340,3 +340,44 @@ def test_a_new_drafter_kind_is_one_module_and_its_row(tiny_dir, monkeypatch, cli
     assert toy == plain and st.draft_kind == "toy" and st.verifies > 0 and st.drafted > 0
     r = CliRunner().invoke(app, ["generate", "-m", str(tiny_dir), "-p", prompt, "-n", "8", "--draft-kind", "toy"])
     assert r.exit_code == 0, r.output
+
+
+def test_a_new_kinds_checkpoint_folder_is_detected_by_its_row(tiny_dir, tmp_path, monkeypatch, cli_env):
+    """A kind's row says which folders are its checkpoints (`detect`): such a folder given as a
+    plain --draft-model runs as that kind, and is refused as -m or under another --draft-kind,
+    with no code outside the row and the kind's module."""
+    import json
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from mlxcel_py.cli import app
+
+    row = registry.DrafterKind(
+        name="toy",
+        module="toy_kinds.echo",
+        sizing=registry.FIXED,
+        default_width=3,
+        checkpoint=registry.REQUIRED,
+        loads_weights=False,
+        help="the newest token's last follower",
+        width_help="toy default 3",
+        detect=lambda cfg: "toy_drafter" in cfg,
+        what="a toy drafter ({model_type})",
+    )
+    monkeypatch.setitem(registry.KINDS, "toy", row)
+    folder = tmp_path / "toy"
+    shutil.copytree(tiny_dir, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "toy_drafter": {}}))
+    prompt = "one two three one two three one two three one two"
+    base = ["generate", "-m", str(tiny_dir), "-p", prompt, "-n", "12", "--ignore-eos", "--profile"]
+    plain = CliRunner().invoke(app, base)
+    ran = CliRunner().invoke(app, [*base, "--draft-model", str(folder)])
+    assert plain.exit_code == 0 and ran.exit_code == 0, ran.output
+    assert ran.stdout == plain.stdout and "toy" in ran.stderr
+    refused = CliRunner().invoke(app, [*base, "--draft-model", str(folder), "--draft-kind", "full-model"])
+    assert refused.exit_code == 1
+    assert f"is a toy drafter ({cfg['model_type']}), not a standalone model; use --draft-kind toy" in refused.output
+    as_model = CliRunner().invoke(app, ["generate", "-m", str(folder), "-p", prompt, "-n", "4"])
+    assert as_model.exit_code == 1 and "pass its target model as -m" in as_model.output

@@ -35,7 +35,6 @@ from ..engine.prompt_cache import common_prefix
 from ..errors import ModelError
 from ..models import loading
 from ..models.config import text_config
-from ..models.preflight import is_dflash_config as is_dflash
 from ..models.safetensors import load_named, tensor_shapes
 from ..models.taps import layer_tap, lm_head_and_embed
 from ..options import DraftConfig
@@ -43,6 +42,7 @@ from .base import Drafter, NetworkSource, Plan, Proposal, chain_proposal, draw
 from .branching import best_first
 from .checkpoints import check_shapes, check_sizes, fit
 from .dflash_net import DFlashNet, Spec
+from .registry import is_dflash_checkpoint as is_dflash
 
 ARCHITECTURE = "DFlashDraftModel"
 MAX_LAYERS = 64  # published drafters have 1-8; a config asking for millions is refused, not built

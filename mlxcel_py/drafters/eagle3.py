@@ -31,7 +31,6 @@ import mlx.core as mx
 from ..errors import ModelError
 from ..models import loading
 from ..models.config import text_config
-from ..models.preflight import is_eagle3_config as is_eagle3
 from ..models.safetensors import load_named, load_tensors, tensor_shapes
 from ..models.taps import layer_tap, lm_head_and_embed
 from ..options import DraftConfig
@@ -39,6 +38,7 @@ from .base import Drafter, NetworkSource, Plan, Proposal, chain_proposal, draw
 from .branching import runner_ups
 from .checkpoints import check_shapes, check_sizes, fit
 from .eagle3_net import Eagle3Net, Spec
+from .registry import is_eagle3_checkpoint as is_eagle3
 
 
 def default_aux_ids(n: int) -> tuple[int, ...]:

@@ -4,9 +4,9 @@ from its own caches.
 Argmax drafts when greedy; otherwise it samples from its filtered distribution q and the verifier
 applies the lossless p/q rule. Rejected drafts leave its cache through the same rollback the
 target uses (SequenceCache.truncate: trim, window slice or checkpoint replay). Before any weight
-loads, `prepare` checks the pair from their files: vocabulary size, every token id, rollback; an
-MTP checkpoint given as --draft-model is handed to the mtp kind, a DFlash folder to the dflash
-kind (as the seed page says), an EAGLE-3 folder to the eagle3 kind.
+loads, `prepare` checks the pair from their files: vocabulary size, every token id, rollback; a
+folder another kind's row detects (an MTP head, a DFlash or EAGLE-3 drafter: registry.detect) is
+handed to that kind, as the seed page says.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from ..engine.cache import SequenceCache
 from ..errors import ModelError
 from ..models import loading, preflight
 from ..options import DraftConfig
+from . import registry
 from .base import Drafter, DrafterSource, Plan, Proposal, chain_proposal, draw
 from .branching import runner_ups
-from .registry import kind_of
 
 
 class FullModelDrafter(Drafter):
@@ -111,41 +111,17 @@ def check_token_ids(target_tok: Any, draft_tok: Any, draft_path: Any) -> None:
 
 
 def prepare(draft: DraftConfig, target: loading.ResolvedModel, model_options: Any) -> Plan:
-    from .mtp import is_mtp_checkpoint
-
     resolved = loading.resolve(draft.draft_model, what="--draft-model")
-    if is_mtp_checkpoint(resolved.config):
+    detected = registry.detected_kind(resolved.config)
+    if detected is not None:
         if draft.kind_explicit:
             raise ModelError(
-                f"--draft-model {draft.draft_model} is an MTP head "
-                f"({resolved.config.get('model_type')}), not a standalone model; "
-                f"use --draft-kind mtp"
+                f"--draft-model {draft.draft_model} is {detected.describe(resolved.config)}, not a standalone "
+                f"model; use --draft-kind {detected.name} (or drop --draft-kind: the folder is detected)"
             )
-        # as the seed page says: an MTP checkpoint given as the drafter means the mtp kind
-        mtp = replace(
-            draft, kind="mtp", block_size=draft.block_size if draft.block_explicit else kind_of("mtp").default_width
-        )
-        return kind_of("mtp").prepare(mtp, target, model_options)
-    if preflight.is_eagle3_config(resolved.config):
-        if draft.kind_explicit:
-            raise ModelError(
-                f"--draft-model {draft.draft_model} is an EAGLE-3 drafter, not a standalone model; "
-                f"use --draft-kind eagle3 (or drop --draft-kind: the folder is detected)"
-            )
-        eagle = replace(
-            draft,
-            kind="eagle3",
-            block_size=draft.block_size if draft.block_explicit else kind_of("eagle3").default_width,
-        )
-        return kind_of("eagle3").prepare(eagle, target, model_options)
-    if preflight.is_dflash_config(resolved.config) and not draft.kind_explicit:
-        # a DFlash folder as the drafter means the dflash kind (mlxcel's structural detection)
-        dflash = replace(
-            draft,
-            kind="dflash",
-            block_size=draft.block_size if draft.block_explicit else kind_of("dflash").default_width,
-        )
-        return kind_of("dflash").prepare(dflash, target, model_options)
+        # as the seed page says: a drafter's checkpoint given as --draft-model means its kind
+        width = draft.block_size if draft.block_explicit else detected.default_width
+        return detected.prepare(replace(draft, kind=detected.name, block_size=width), target, model_options)
     preflight.check_drafter(target, resolved)
     check_token_ids(loading.load_tokenizer_only(target), loading.load_tokenizer_only(resolved), draft.draft_model)
     loading.check_rollback_config(resolved.config, what="the draft model")

@@ -45,7 +45,6 @@ from .branching import runner_ups
 from .checkpoints import fit
 
 FAMILIES = with_mtp_heads()
-MTP_CHECKPOINT_TYPES = ("qwen3_5_mtp", "qwen3_next_mtp", "gemma4_assistant")
 _NORMS = ("norm.weight", "layernorm.weight")  # every RMSNorm weight of the head ends so
 
 
@@ -53,10 +52,6 @@ def head_name(name: str) -> str | None:
     """'model.mtp.fc.weight' / 'mtp.fc.weight' -> 'fc.weight'; None for trunk tensors."""
     i = name.find("mtp.")
     return name[i + 4 :] if i >= 0 and (i == 0 or name[i - 1] == ".") else None
-
-
-def is_mtp_checkpoint(cfg: dict) -> bool:
-    return cfg.get("model_type") in MTP_CHECKPOINT_TYPES
 
 
 @dataclass(frozen=True)

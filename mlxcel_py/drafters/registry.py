@@ -13,6 +13,7 @@ source directly (tests, the bench, the Python API).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -38,8 +39,10 @@ class DrafterKind:
     width_help: str  # what --draft-block-size's help says of its width
     parallel: tuple[str, ...] = ()  # the layouts it runs under: "tp" (--tp-size), "pp" (--pp-size)
     width_flag: str = "--draft-block-size"  # the flag that sets its width (bench recommends it)
-    # a checkpoint given as a plain --draft-model runs as this kind (its folder is detected)
-    detected: bool = False
+    # whether a folder's config.json is this kind's checkpoint: given as a plain --draft-model it
+    # runs as this kind; as -m, or as --draft-model under another --draft-kind, it is refused
+    detect: Callable[[dict], bool] | None = None
+    what: str = ""  # what a detected folder is, in those refusals ({model_type}: its config's)
     spec_type: str | None = None  # llama-server's --spec-type value for it
     unsharded: str = ""  # what stays in one process, for the refusal under --tp-size/--pp-size
     flag: str = ""  # the flag a refusal names (default --draft-kind NAME)
@@ -50,6 +53,14 @@ class DrafterKind:
     @property
     def named(self) -> str:
         return self.flag or f"--draft-kind {self.name}"
+
+    @property
+    def detected(self) -> bool:
+        return self.detect is not None
+
+    def describe(self, cfg: dict) -> str:
+        """What a folder with this config is, for a refusal ("an MTP head (qwen3_5_mtp)")."""
+        return self.what.format(model_type=cfg.get("model_type"))
 
     def runtime(self) -> ModuleType:
         if self.module is None:
@@ -66,6 +77,27 @@ class DrafterKind:
         """The engine's DrafterSource from what is loaded already (`assets`: a draft model, an
         MTP head, a suffix store)."""
         return self.runtime().Source(draft, model=model, eos_ids=eos_ids, vocab_size=vocab_size, assets=assets)
+
+
+# ---- the checkpoint folders kinds recognise, from config.json alone ------------------------------
+MTP_CHECKPOINT_TYPES = ("qwen3_5_mtp", "qwen3_next_mtp", "gemma4_assistant")
+
+
+def is_mtp_checkpoint(cfg: dict) -> bool:
+    """A head-only checkpoint (Qwen3.5 / Qwen3-Next MTP, a Gemma 4 assistant)."""
+    return cfg.get("model_type") in MTP_CHECKPOINT_TYPES
+
+
+def is_dflash_checkpoint(cfg: dict) -> bool:
+    """Structural, as mlxcel checks it: a dflash_config block or a DFlash architecture."""
+    return "dflash_config" in cfg or any("dflash" in str(a).lower() for a in cfg.get("architectures") or [])
+
+
+def is_eagle3_checkpoint(cfg: dict) -> bool:
+    """An EAGLE-3 checkpoint: an Eagle3 architecture or vLLM speculators' eagle3 algorithm."""
+    archs = " ".join(str(a) for a in cfg.get("architectures") or []).lower()
+    spec = cfg.get("speculators_config") if isinstance(cfg.get("speculators_config"), dict) else {}
+    return "eagle3" in archs or cfg.get("speculators_model_type") == "eagle3" or spec.get("algorithm") == "eagle3"
 
 
 KINDS: dict[str, DrafterKind] = {
@@ -106,7 +138,8 @@ KINDS: dict[str, DrafterKind] = {
             loads_weights=True,
             help="the checkpoint's own head: Qwen3.5, Qwen3-Next; a Gemma 4 assistant",
             width_help="mtp: the head checkpoint's width, else 4",
-            detected=True,
+            detect=is_mtp_checkpoint,
+            what="an MTP head ({model_type})",
             spec_type="draft-mtp",
             unsharded="head",
         ),
@@ -119,7 +152,8 @@ KINDS: dict[str, DrafterKind] = {
             loads_weights=True,
             help="a DFlash block-diffusion drafter as --draft-model",
             width_help="dflash: block rows, the checkpoint's block_size, else 16",
-            detected=True,
+            detect=is_dflash_checkpoint,
+            what="a DFlash speculative drafter",
             spec_type="draft-dflash",
             unsharded="drafter",
             anchored=True,
@@ -133,7 +167,8 @@ KINDS: dict[str, DrafterKind] = {
             loads_weights=True,
             help="an EAGLE-3 feature drafter as --draft-model",
             width_help="eagle3: its num_speculative_tokens, else 4",
-            detected=True,
+            detect=is_eagle3_checkpoint,
+            what="an EAGLE-3 speculative drafter",
             spec_type="draft-eagle3",
             unsharded="drafter",
         ),
@@ -169,6 +204,11 @@ def kind_of(name: str | None) -> DrafterKind:
         return KINDS[name or ""]
     except KeyError:
         raise ValueError(f"no drafter kind {name!r}") from None
+
+
+def detected_kind(cfg: dict) -> DrafterKind | None:
+    """The kind whose checkpoint a folder's config is (None: a standalone model)."""
+    return next((k for k in KINDS.values() if k.detect is not None and k.detect(cfg)), None)
 
 
 def by_spec_type(value: str) -> DrafterKind | None:

@@ -2,45 +2,30 @@
 
 Validation (`validate.py`) is pure: flags only. What needs a model's files lives here, next to
 loading, and reads each config once through `loading.read_config` (the `ResolvedModel.config` a
-resolve already parsed): DFlash folders given where a standalone model belongs, and a drafter
+resolve already parsed): a drafter's checkpoint given where a standalone model belongs, and a drafter
 whose vocabulary cannot be the target's.
 """
 
 from __future__ import annotations
 
+from ..drafters import registry
 from ..errors import ModelError
 from .loading import ResolvedModel
 
 
-def is_dflash_config(cfg: dict) -> bool:
-    """Structural, as mlxcel checks it: a dflash_config block or a DFlash architecture."""
-    return "dflash_config" in cfg or any("dflash" in str(a).lower() for a in cfg.get("architectures") or [])
-
-
-def is_eagle3_config(cfg: dict) -> bool:
-    """An EAGLE-3 checkpoint: an Eagle3 architecture or vLLM speculators' eagle3 algorithm."""
-    archs = " ".join(str(a) for a in cfg.get("architectures") or []).lower()
-    spec = cfg.get("speculators_config") if isinstance(cfg.get("speculators_config"), dict) else {}
-    return "eagle3" in archs or cfg.get("speculators_model_type") == "eagle3" or spec.get("algorithm") == "eagle3"
-
-
 def check_target(target: ResolvedModel) -> None:
-    for kind, found in (("DFlash", is_dflash_config), ("EAGLE-3", is_eagle3_config)):
-        if found(target.config):
-            raise ModelError(
-                f"--model {target.path} is a{'n' if kind[0] in 'AEIOU' else ''} {kind} speculative drafter, not a "
-                f"standalone model; pass its target model as -m and this folder as --draft-model"
-            )
+    """A drafter's checkpoint (any kind's, registry.detected_kind) given where the model belongs."""
+    kind = registry.detected_kind(target.config)
+    if kind is not None:
+        raise ModelError(
+            f"--model {target.path} is {kind.describe(target.config)}, not a standalone model; "
+            f"pass its target model as -m and this folder as --draft-model"
+        )
 
 
 def check_drafter(target: ResolvedModel, draft: ResolvedModel) -> None:
     """A full-model drafter against its target, from their configs."""
     cfg = draft.config
-    if is_dflash_config(cfg):
-        raise ModelError(
-            f"--draft-model {draft.path} is a DFlash speculative drafter, not a standalone model; "
-            f"use --draft-kind dflash (or drop --draft-kind: the folder is detected)"
-        )
     tv, dv = target.config.get("vocab_size"), cfg.get("vocab_size")
     if not isinstance(tv, int):
         raise ModelError(
