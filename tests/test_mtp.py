@@ -245,6 +245,8 @@ def test_refuses_an_mtp_checkpoint_as_a_full_model_drafter(mtp_dirs, no_weights)
         ModelError, match="is an MTP head \\(qwen3_5_mtp\\), not a standalone model; use --draft-kind mtp"
     ):
         session(mtp_dirs["plain"], draft_model=mtp_dirs["head"], draft_kind="full-model")
+    with pytest.raises(ModelError, match="is an MTP head \\(qwen3_5_mtp\\), not a standalone model; pass its target"):
+        session(mtp_dirs["head"])
 
 
 def test_serve_mtp_reports_draft_kind_in_timings(mtp_dirs, cli_env):
