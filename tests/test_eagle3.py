@@ -263,7 +263,9 @@ def test_refuses_damaged_tensors(dirs, tmp_path, no_weights, change, message):
 def test_refuses_eagle3_as_the_model_as_a_full_model_and_the_kind_on_another_folder(dirs, no_weights):
     with pytest.raises(ModelError, match="is an EAGLE-3 speculative drafter, not a standalone model; pass its"):
         session(dirs["draft"])
-    with pytest.raises(ModelError, match="is an EAGLE-3 speculative drafter, not a standalone model; use --draft-kind eagle3"):
+    with pytest.raises(
+        ModelError, match="is an EAGLE-3 speculative drafter, not a standalone model; use --draft-kind eagle3"
+    ):
         session(dirs["qwen3"], draft_model=dirs["draft"], draft_kind="full-model")
     with pytest.raises(ModelError, match="is not an EAGLE-3 drafter"):
         session(dirs["qwen3"], draft_model=dirs["qwen3"], draft_kind="eagle3")

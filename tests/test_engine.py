@@ -308,6 +308,21 @@ def test_logit_bias_steers_plain_and_speculative_decoding_alike(tiny):
     assert forced == [42] * 12
 
 
+def _toy_row(**fields) -> registry.DrafterKind:
+    """The row of tests/toy_kinds/echo.py (a kind's whole registration)."""
+    base = {
+        "name": "toy",
+        "module": "toy_kinds.echo",
+        "sizing": registry.FIXED,
+        "default_width": 3,
+        "checkpoint": registry.NONE,
+        "loads_weights": False,
+        "help": "the newest token's last follower",
+        "width_help": "toy default 3",
+    }
+    return registry.DrafterKind(**{**base, **fields})
+
+
 def test_a_new_drafter_kind_is_one_module_and_its_row(tiny_dir, monkeypatch, cli_env):
     """tests/toy_kinds/echo.py and the row below are all a kind needs: the CLI takes it, its help
     lists it, and it drafts with the output unchanged."""
@@ -316,17 +331,7 @@ def test_a_new_drafter_kind_is_one_module_and_its_row(tiny_dir, monkeypatch, cli
     import mlxcel_py as mc
     from mlxcel_py.cli import app
 
-    row = registry.DrafterKind(
-        name="toy",
-        module="toy_kinds.echo",
-        sizing=registry.FIXED,
-        default_width=3,
-        checkpoint=registry.NONE,
-        loads_weights=False,
-        help="the newest token's last follower",
-        width_help="toy default 3",
-    )
-    monkeypatch.setitem(registry.KINDS, "toy", row)
+    monkeypatch.setitem(registry.KINDS, "toy", _toy_row())
     assert "toy (the newest token's last follower)" in registry.kind_help()
     prompt = "one two three one two three one two three one two"
     model = mc.load(str(tiny_dir), draft_kind="toy")
@@ -353,17 +358,8 @@ def test_a_new_kinds_checkpoint_folder_is_detected_by_its_row(tiny_dir, tmp_path
 
     from mlxcel_py.cli import app
 
-    row = registry.DrafterKind(
-        name="toy",
-        module="toy_kinds.echo",
-        sizing=registry.FIXED,
-        default_width=3,
-        checkpoint=registry.REQUIRED,
-        loads_weights=False,
-        help="the newest token's last follower",
-        width_help="toy default 3",
-        detect=lambda cfg: "toy_drafter" in cfg,
-        what="a toy drafter ({model_type})",
+    row = _toy_row(
+        checkpoint=registry.REQUIRED, detect=lambda cfg: "toy_drafter" in cfg, what="a toy drafter ({model_type})"
     )
     monkeypatch.setitem(registry.KINDS, "toy", row)
     folder = tmp_path / "toy"
