@@ -188,6 +188,9 @@ class ServerOptions:
     cors_credentials: bool = True
     slots: bool = True  # GET /slots (--no-slots: 501, as llama-server)
     reasoning_format: str = "auto"  # a request's default reasoning_format (REASONING_FORMATS)
+    reasoning: str = "auto"  # --reasoning: on / off tell templates enable_thinking; auto leaves it
+    reasoning_budget: int = -1  # --reasoning-budget: -1 unlimited, 0 no thinking (as --reasoning off)
+    chat_template_kwargs: str | None = None  # --chat-template-kwargs: a JSON object, as given
     verbose: bool = False  # -v: chat replies carry llama-server's `__verbose` (the rendered prompt)
     alias: str | None = None
     threads: int | None = None
@@ -196,7 +199,7 @@ class ServerOptions:
     parallel: int = DEFAULT_PARALLEL
     parallel_given: bool = False  # -np given: the window is split across the slots unless -kvu
     log_disable: bool = False
-    webui: bool = True  # the chat page at / (--no-webui: / answers as /health)
+    webui: bool = True  # the chat page at / (--no-webui: / is a 404, as llama-server's)
     shutdown_grace: int = 5  # seconds requests in flight get after SIGTERM before they are cancelled
     max_predict_ms: int = DEFAULT_MAX_PREDICT_MS  # a request's decoding time limit (0: none)
     sampling_given: tuple[str, ...] = ()  # sampling flags given on the command line (the rest: model/server defaults)

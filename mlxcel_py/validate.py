@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .drafters import registry
 from .errors import UsageError
-from .formats import flag_texts
+from .formats import flag_texts, template_vars
 from .formats.grammars import GrammarSpec
 from .options import (
     CPU_WEIGHTS,
@@ -270,6 +270,7 @@ def _server(opts: CommandOptions) -> None:
         )
     if srv.reasoning_format not in REASONING_FORMATS:
         raise UsageError(f"--reasoning-format {srv.reasoning_format} is not one of {', '.join(REASONING_FORMATS)}")
+    template_vars.check(srv)
     if srv.shutdown_grace < 0:
         raise UsageError(f"--shutdown-grace must be 0 or more seconds, got {srv.shutdown_grace}")
     if srv.max_predict_ms < 0:

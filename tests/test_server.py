@@ -9,6 +9,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, mlxcel_cmd
@@ -551,6 +552,8 @@ def test_props_root_and_a_plain_request_beside_the_drafter(server):
     p = get(url + "/props")
     assert p["speculative"] == {"enabled": True, "kind": "prompt-lookup", "plain_request_field": "speculative.n_max"}
     assert p["total_slots"] == 4 and p["default_generation_settings"]["n_ctx"] > 0
+    assert Path(p["model_path"]).exists()  # llama-server's fields (#52)
+    assert p["default_generation_settings"]["params"]["seed"] == 4294967295  # random, as llama-server says
     assert get(url + "/")["status"] == "ok"
     req = urllib.request.Request(url + "/", headers={"Accept": "text/html,application/xhtml+xml"})
     with urllib.request.urlopen(req, timeout=60) as r:

@@ -99,6 +99,9 @@ CorsOpt = Annotated[Optional[str], typer.Option("--cors-origins", metavar="ORIGI
 CorsMethodsOpt = Annotated[Optional[str], typer.Option("--cors-methods", metavar="METHODS", help="Methods a CORS preflight allows (default 'GET, POST').", rich_help_panel=SERVER)]
 CorsHeadersOpt = Annotated[Optional[str], typer.Option("--cors-headers", metavar="HEADERS", help="Headers a CORS preflight allows (default '*'; list Authorization to send a key from a page).", rich_help_panel=SERVER)]
 CorsCredentialsOpt = Annotated[bool, typer.Option("--cors-credentials/--no-cors-credentials", help="Allow credentialed cross-origin requests (default on).", rich_help_panel=SERVER)]
+ReasoningOpt = Annotated[Optional[str], typer.Option("--reasoning", metavar="on|off|auto", help="Tell chat templates to think (on) or not (off: enable_thinking false, and a think block the template opens is closed); auto: the template's default.", rich_help_panel=SERVER)]
+ReasoningBudgetOpt = Annotated[int, typer.Option("--reasoning-budget", metavar="N", help="llama-server's thinking budget: -1 unlimited, 0 no thinking (as --reasoning off).", rich_help_panel=SERVER)]
+ChatTemplateKwargsOpt = Annotated[Optional[str], typer.Option("--chat-template-kwargs", metavar="JSON", help='Variables every chat template gets, a JSON object (e.g. \'{"enable_thinking": false}\'); a request\'s chat_template_kwargs add to them.', rich_help_panel=SERVER)]
 ReasoningFormatOpt = Annotated[Optional[str], typer.Option("--reasoning-format", metavar="FORMAT", help="How chat replies carry a model's <think> block unless a request says: auto or deepseek (into reasoning_content), deepseek-legacy (that, and the tags kept in content), none (left in content).", rich_help_panel=SERVER)]
 ServeVerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Chat replies carry llama-server's __verbose object (the rendered prompt, the settings).", rich_help_panel=SERVER)]
 SlotsOpt = Annotated[bool, typer.Option("--slots/--no-slots", help="Serve GET /slots (--no-slots: 501, as llama-server).", rich_help_panel=SERVER)]
@@ -122,7 +125,7 @@ CacheRamOpt = Annotated[int, typer.Option("--cache-ram", "-cram", metavar="MIB",
 ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", metavar="N", help=f"Requests decoded together (llama-server's slots; default {O.DEFAULT_PARALLEL}): their plain steps share one batched forward, the rest wait in the queue. Given, it splits -c across the slots (each gets -c/N tokens) unless -kvu.", rich_help_panel=SERVER)]
 MaxPredictMsOpt = Annotated[int, typer.Option("--max-predict-ms", metavar="MS", help="Longest a request may decode, from its first token, before it ends with finish_reason length (0: no limit); a request may ask for less with t_max_predict_ms.", rich_help_panel=SERVER)]
 ShutdownGraceOpt = Annotated[int, typer.Option("--shutdown-grace", metavar="SECONDS", help="On SIGTERM/Ctrl-C, how long requests in flight may finish before they are cancelled.", rich_help_panel=SERVER)]
-WebuiOpt = Annotated[bool, typer.Option("--webui/--no-webui", help="Serve the chat page at / (--no-webui: / answers as /health does).", rich_help_panel=SERVER)]
+WebuiOpt = Annotated[bool, typer.Option("--webui/--no-webui", help="Serve the chat page at / (--no-webui: / is a 404, as llama-server's).", rich_help_panel=SERVER)]
 LogDisableOpt = Annotated[bool, typer.Option("--log-disable", help="No per-request access line on stderr.", rich_help_panel=SERVER)]
 GpuLayersOpt = Annotated[Optional[str], typer.Option("--n-gpu-layers", "-ngl", "--gpu-layers", metavar="N", help="llama-server's GPU offload (accepted; MLX places the whole model on its device).", rich_help_panel=SERVER)]
 FlashAttnOpt = Annotated[Optional[str], typer.Option("--flash-attn", "-fa", metavar="on|off|auto", help="llama-server's flash attention switch (accepted; MLX picks its own attention kernel).", rich_help_panel=SERVER)]
@@ -216,6 +219,9 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             cors_credentials=g("cors_credentials", True),
             slots=g("slots", True),
             reasoning_format=_given(g("reasoning_format"), "auto"),
+            reasoning=_given(g("reasoning"), "auto"),
+            reasoning_budget=g("reasoning_budget", -1),
+            chat_template_kwargs=g("chat_template_kwargs"),
             verbose=g("serve_verbose", False),
             threads=g("threads"),
             ctx_size=g("ctx_size", 0),
@@ -347,6 +353,9 @@ SERVER_PARAMS = [
     _kw("cors_credentials", CorsCredentialsOpt, True),
     _kw("slots", SlotsOpt, True),
     _kw("reasoning_format", ReasoningFormatOpt, None),
+    _kw("reasoning", ReasoningOpt, None),
+    _kw("reasoning_budget", ReasoningBudgetOpt, -1),
+    _kw("chat_template_kwargs", ChatTemplateKwargsOpt, None),
     _kw("serve_verbose", ServeVerboseOpt, False),
     _kw("alias", AliasOpt, None),
     _kw("threads", ThreadsOpt, None),

@@ -41,19 +41,25 @@ class TemplateError(ValueError):
 
 
 def resolve(value: str) -> str:
-    """A built-in's text by name, or `value` itself when it is a template (has Jinja tags)."""
+    """A built-in's text by name, or `value` itself as a template. Text without Jinja tags is a
+    template too (llama-server renders it as it is), unless it is one word: that is a name this
+    table lacks (llama-server knows more: vicuna, zephyr...), and a typo must not become the prompt."""
     if value in BUILTIN:
         return BUILTIN[value]
-    if "{{" not in value and "{%" not in value:
+    if "{{" not in value and "{%" not in value and len(value.split()) <= 1:
         raise TemplateError(f"{value!r} is neither a Jinja template nor one of: {', '.join(BUILTIN)}")
     check(value)
     return value
+
+
+# the Jinja extensions transformers' and llama.cpp's renderers enable ({% break %}, {% continue %})
+EXTENSIONS = ("jinja2.ext.loopcontrols",)
 
 
 def check(text: str) -> None:
     import jinja2
 
     try:
-        jinja2.Environment().parse(text)
+        jinja2.Environment(extensions=list(EXTENSIONS)).parse(text)
     except jinja2.TemplateSyntaxError as exc:
         raise TemplateError(f"the template does not parse (line {exc.lineno}: {exc.message})") from None

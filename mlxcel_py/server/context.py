@@ -41,6 +41,8 @@ class ServerContext:
     max_predict_ms: int = 0  # --max-predict-ms
     reasoning_format: str = "auto"  # --reasoning-format: a request's default
     verbose: bool = False  # -v: chat replies carry `__verbose`
+    model_path: str = ""  # the model's folder or file, for /props
+    template_kwargs: dict = field(default_factory=dict)  # every chat template's variables (--reasoning...)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
@@ -56,6 +58,7 @@ class ServerContext:
             self.max_predict_ms,
             eos_ids=tuple(self.engine.eos_ids),
             grammar_vocab=self.engine.vocab_size,
+            template_kwargs=self.template_kwargs,
         )
         self.responses = ResponseShapes(self.tokenizer)
         # llama-server's form, b<build>-<commit>: here the version and a hash of version and model

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import exit_on_signal
+from ..formats.template_vars import server_kwargs
 from ..options import SERVER_SAMPLING_DEFAULTS, RunConfig, SamplingOptions
 from ..session import describe_draft, open_session, resolved_drafter_line
 
@@ -212,6 +213,8 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         max_predict_ms=srv.max_predict_ms,
         reasoning_format=srv.reasoning_format,
         verbose=srv.verbose,
+        template_kwargs=server_kwargs(srv),
+        model_path=str(session.target.resolved.path),
     )
     say(line)
     url = f"http://{_url_host(srv.host)}:{sock.getsockname()[1]}"

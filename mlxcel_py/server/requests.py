@@ -25,7 +25,7 @@ import math
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -33,7 +33,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..engine.grammar import GrammarError, TokenizerIndex
 from ..errors import UsageError
-from ..formats.prompting import beyond_any_tokenization, longest_token_chars, render_messages
+from ..formats.prompting import beyond_any_tokenization, longest_token_chars, render_messages, template_source
 from ..inputs.digits import whole_number
 from ..options import SamplingOptions
 from ..validate import check_sampling
@@ -94,6 +94,15 @@ def _prefill(turns: list[dict]) -> bool:
     return last.get("role") == "assistant" and bool(last.get("content")) and not last.get("tool_calls")
 
 
+@dataclass(frozen=True)
+class Rendering:
+    """One request's say on its chat template: `add_generation_prompt` (None: the default, true
+    unless the reply continues a final assistant turn) and variables for the template."""
+
+    add_generation_prompt: bool | None = None
+    kwargs: dict = field(default_factory=dict)
+
+
 @dataclass
 class RequestReader:
     tokenizer: Any
@@ -105,6 +114,8 @@ class RequestReader:
     max_predict_ms: int = 0  # the server's --max-predict-ms (0: none)
     eos_ids: tuple[int, ...] = ()  # the engine's, for compiling grammars
     grammar_vocab: int | None = None  # the engine's vocab_size, for compiling grammars
+    # variables every chat template gets (--chat-template-kwargs, --reasoning's enable_thinking)
+    template_kwargs: dict = field(default_factory=dict)
 
     async def parse(self, request: Request, model: type[Body]) -> Body:
         data = await read_json(request, self.body_limit)
@@ -232,29 +243,51 @@ class RequestReader:
                 ids.append(part)
         return self.token_ids(ids, "prompt")
 
-    def chat_prompt(self, messages: list[schemas.Message], tools: list[schemas.Tool] | None = None) -> list[int]:
+    def rendering(self, body: Any) -> Rendering:
+        """A chat request's own say on its template (llama-server's fields beside the messages):
+        `add_generation_prompt` and `chat_template_kwargs`, over the server's."""
+        extra = body.model_extra or {}
+        kwargs = extra.get("chat_template_kwargs")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise ApiError("'chat_template_kwargs' must be an object of the template's variables")
+        gen = extra.get("add_generation_prompt")
+        if gen is not None and not isinstance(gen, bool):
+            raise ApiError("'add_generation_prompt' must be true or false")
+        return Rendering(gen, kwargs or {})
+
+    def chat_prompt(
+        self,
+        messages: list[schemas.Message],
+        tools: list[schemas.Tool] | None = None,
+        rendering: Rendering | None = None,
+    ) -> list[int]:
         turns = [
             {"role": m.role, "content": m.text()}
             | ({"tool_calls": [c.model_dump(exclude_none=True) for c in m.tool_calls]} if m.tool_calls else {})
             | ({"tool_call_id": m.tool_call_id} if m.tool_call_id else {})
+            | ({"reasoning_content": m.reasoning_content} if m.reasoning_content else {})
             | ({"name": m.model_extra["name"]} if isinstance((m.model_extra or {}).get("name"), str) else {})
             for m in messages
         ]
-        return self.tool_prompt(turns, [t.model_dump(exclude_none=True) for t in tools or []])
+        return self.tool_prompt(turns, [t.model_dump(exclude_none=True) for t in tools or []], rendering)
 
-    def tool_prompt(self, turns: list[dict], listed: list[dict]) -> list[int]:
+    def tool_prompt(self, turns: list[dict], listed: list[dict], rendering: Rendering | None = None) -> list[int]:
         """Prompt ids of turns (with tool calls and results) and the tools offered (chat shape).
         A conversation that ends with an assistant turn is a prefill: the reply continues it."""
+        rendering = rendering or Rendering()
         prefill = _prefill(turns)
+        if prefill and rendering.add_generation_prompt:
+            raise ApiError(
+                "'add_generation_prompt' cannot be true when the last message is the assistant's to continue "
+                "(a prefill): drop one of the two"
+            )
         if not listed:
-            return self.turns_prompt(turns, prefill=prefill)
+            return self.turns_prompt(turns, prefill=prefill, rendering=rendering)
         if tool_calls.template_takes_tools(self.tokenizer):
             turns = [{**t, "role": ROLE_FOR_TEMPLATE.get(t["role"], t["role"])} for t in tool_calls.native_turns(turns)]
             self.fits(sum(len(t.get("content") or "") + len(t.get("name") or "") for t in turns) + len(str(listed)))
-            opening = {"continue_final_message": True} if prefill else {"add_generation_prompt": True}
-            with template_refusal():
-                return list(self.tokenizer.apply_chat_template(turns, tools=listed, **opening))
-        return self.turns_prompt(tool_calls.generic_turns(turns, listed), prefill=prefill)
+            return self._render(turns, prefill, rendering, tools=listed)
+        return self.turns_prompt(tool_calls.generic_turns(turns, listed), prefill=prefill, rendering=rendering)
 
     def tools(self, req: Any) -> tuple[list[dict], Any]:
         """A request's tools (the chat route's shape) and the grammar its reply must follow (None:
@@ -283,16 +316,30 @@ class RequestReader:
             if name not in {t["function"]["name"] for t in listed}:
                 raise ApiError(f"'tool_choice' names {name}, which is not one of the tools")
         native = tool_calls.template_takes_tools(self.tokenizer)
-        fmt = tool_formats.call_format(tool_calls.template_source(self.tokenizer))
+        fmt = tool_formats.call_format(template_source(self.tokenizer))
         special = tool_calls.special_tokens(self.tokenizer) if native else frozenset()
         return tool_calls.constraint(listed, choice or "auto", native=native, fmt=fmt, special=special)
 
-    def turns_prompt(self, turns: list[dict], prefill: bool = False) -> list[int]:
+    def turns_prompt(self, turns: list[dict], prefill: bool = False, rendering: Rendering | None = None) -> list[int]:
         """Prompt ids of {role, content} turns through the model's chat template."""
-        turns = [{"role": ROLE_FOR_TEMPLATE.get(t["role"], t["role"]), "content": t["content"]} for t in turns]
-        self.fits(sum(len(t["content"]) for t in turns))
+        turns = [
+            {"role": ROLE_FOR_TEMPLATE.get(t["role"], t["role"]), "content": t["content"]}
+            | ({"reasoning_content": t["reasoning_content"]} if t.get("reasoning_content") else {})
+            for t in turns
+        ]
+        self.fits(sum(len(t["content"]) + len(t.get("reasoning_content", "")) for t in turns))
+        return self._render(turns, prefill, rendering or Rendering())
+
+    def _render(self, turns: list[dict], prefill: bool, rendering: Rendering, tools: list[dict] | None = None):
         with template_refusal():
-            return render_messages(self.tokenizer, turns, continue_last=prefill)
+            return render_messages(
+                self.tokenizer,
+                turns,
+                continue_last=prefill,
+                add_generation_prompt=rendering.add_generation_prompt is not False,
+                tools=tools,
+                extra={**self.template_kwargs, **rendering.kwargs},
+            )
 
     def fits(self, chars: int) -> None:
         """Refuse, before tokenizing, text that cannot fit the context in any tokenization: no

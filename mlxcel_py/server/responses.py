@@ -85,6 +85,28 @@ def sse_event(obj: dict) -> str:
 RANDOM_SEED = 4294967295  # llama-server's LLAMA_DEFAULT_SEED: what it reports for a random seed
 
 
+SAMPLERS_OFF = {
+    "typical_p": 1.0,
+    "top_n_sigma": -1.0,
+    "xtc_probability": 0.0,
+    "xtc_threshold": 0.1,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "dry_multiplier": 0.0,
+    "dry_base": 1.75,
+    "dry_allowed_length": 2,
+    "dry_penalty_last_n": -1,
+    "mirostat": 0,
+    "mirostat_tau": 5.0,
+    "mirostat_eta": 0.1,
+    "adaptive_target": -1.0,
+    "adaptive_decay": 0.9,
+    "n_keep": 0,
+    "n_discard": 0,
+    "min_keep": 0,
+}
+
+
 def generation_settings(job: Any, *, n_probs: int = 0, stream: bool = False) -> dict:
     """llama-server's `generation_settings`: the sampling and limits a request decoded with."""
     s = job.sampling
@@ -104,6 +126,8 @@ def generation_settings(job: Any, *, n_probs: int = 0, stream: bool = False) -> 
         "n_probs": n_probs,
         "logit_bias": [[t, b if math.isfinite(b) else False] for t, b in s.logit_bias],  # false: banned
         "grammar": job.grammar.text if job.grammar is not None else "",
+        # llama-server's samplers mlxcel-py does not have, at the values that turn them off
+        **SAMPLERS_OFF,
         "speculative.n_max": None if job.speculative else 0,
         "t_max_predict_ms": job.predict_ms or -1,
     }

@@ -85,8 +85,18 @@ async def messages(request: Request):
         "content": blocks,
         "stop_reason": reason,
         "stop_sequence": sequence,
-        "usage": {"input_tokens": r.stats.prompt_tokens, "output_tokens": r.stats.generated_tokens},
+        "usage": {
+            "input_tokens": r.stats.prompt_tokens,
+            "output_tokens": r.stats.generated_tokens,
+            **_cache_usage(r),
+        },
     }
+
+
+def _cache_usage(r) -> dict:
+    """Anthropic's cache counters: the prompt tokens the prompt cache held (input_tokens still
+    counts the whole prompt, as count_tokens does); nothing is written to a cache on request."""
+    return {"cache_read_input_tokens": r.stats.cached_tokens, "cache_creation_input_tokens": 0}
 
 
 def _stream(ctx, request: Request, job, mid: str, prompt_tokens: int, tools: list[dict]):
@@ -100,7 +110,12 @@ def _stream(ctx, request: Request, job, mid: str, prompt_tokens: int, tools: lis
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
+            "usage": {
+                "input_tokens": prompt_tokens,
+                "output_tokens": 0,
+                "cache_read_input_tokens": 0,  # known once the prompt is fed: message_delta says
+                "cache_creation_input_tokens": 0,
+            },
         },
     }
     block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
@@ -111,7 +126,7 @@ def _stream(ctx, request: Request, job, mid: str, prompt_tokens: int, tools: lis
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                "usage": {"output_tokens": r.stats.generated_tokens},
+                "usage": {"output_tokens": r.stats.generated_tokens, **_cache_usage(r)},
             },
             {"type": "message_stop"},
         ]

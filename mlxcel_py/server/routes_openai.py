@@ -44,7 +44,7 @@ async def chat_completions(request: Request):
         raise ApiError("'top_logprobs' needs 'logprobs': true")
     lp = (req.top_logprobs or 0) if req.logprobs else None
     tools, grammar = ctx.requests.tools(req)
-    prompt = await asyncio.to_thread(ctx.requests.chat_prompt, req.messages, req.tools)  # templating off the loop
+    prompt = await asyncio.to_thread(ctx.requests.chat_prompt, req.messages, req.tools, ctx.requests.rendering(req))
     jobs = await _choice_jobs(ctx, req, [prompt], lp, grammar=grammar)
     # reasoning_format (llama-server): <think>...</think> into reasoning_content unless "none"
     fmt = (req.model_extra or {}).get("reasoning_format", ctx.reasoning_format)
@@ -248,7 +248,8 @@ async def _rendered(request: Request) -> tuple:
     ctx = ctx_of(request)
     req = await ctx.requests.parse(request, ChatRequest)
     ctx.requests.tools(req)  # the same checks of tools and tool_choice
-    return ctx, await asyncio.to_thread(ctx.requests.chat_prompt, req.messages, req.tools)
+    rendering = ctx.requests.rendering(req)
+    return ctx, await asyncio.to_thread(ctx.requests.chat_prompt, req.messages, req.tools, rendering)
 
 
 @router.post("/apply-template")

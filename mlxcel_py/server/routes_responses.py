@@ -24,7 +24,7 @@ from fastapi import APIRouter, Request
 from . import tool_calls
 from .context import ctx_of
 from .http import ApiError
-from .responses import sse_event
+from .responses import sse_event, timings
 from .schemas import ResponsesRequest
 
 router = APIRouter()
@@ -70,6 +70,7 @@ def _items(r, tools: list[dict]) -> list[dict]:
 
 
 @router.post("/v1/responses")
+@router.post("/responses")  # llama-server serves its OpenAI routes unprefixed too
 async def responses(request: Request):
     ctx = ctx_of(request)
     req = await ctx.requests.parse(request, ResponsesRequest)
@@ -112,7 +113,7 @@ async def responses(request: Request):
             if r.finish_reason == "length":
                 body["status"] = "incomplete"
                 body["incomplete_details"] = {"reason": "max_output_tokens"}
-            body["timings"] = None
+            body["timings"] = timings(r.stats)  # llama-server adds its timings, streamed or not
         return body
 
     if not req.stream:

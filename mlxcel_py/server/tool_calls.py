@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..formats.grammars import GrammarSpec
+from ..formats.prompting import template_source
 from . import tool_formats
 from .tool_formats import HERMES_CALL, CallFormat
 
@@ -52,16 +53,6 @@ class ToolCall:
             "type": "function",
             "function": {"name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)},
         }
-
-
-def template_source(tokenizer: Any) -> str:
-    """The model's chat template as text ("" without one)."""
-    template = getattr(tokenizer, "chat_template", None)
-    if template is None:
-        template = getattr(getattr(tokenizer, "_tokenizer", None), "chat_template", None)
-    if isinstance(template, dict):  # named templates: the default one, or any
-        template = template.get("default") or next(iter(template.values()), "")
-    return template if isinstance(template, str) else ""
 
 
 def template_takes_tools(tokenizer: Any) -> bool:

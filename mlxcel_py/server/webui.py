@@ -1,7 +1,8 @@
 """The chat page at `/` (`--no-webui` turns it off) and llama-server's `/props`, which it reads.
 
-`/` gives the page to a browser (a request whose Accept names text/html) and the health JSON to
-everyone else, so `curl /` and health probes see what they saw before the page existed. The page
+`/` gives the page to a browser (a request whose Accept names text/html; under --no-webui a 404,
+as llama-server's) and the health JSON to everyone else, so `curl /` and health probes see what
+they saw before the page existed. The page
 is one file shipped in the package (webui/index.html: no CDN, no network); it talks to the
 OpenAI chat route like any client, with the key the user typed (kept in the browser).
 `/props` follows llama-server's shape (default_generation_settings, total_slots, model_alias,
@@ -15,10 +16,11 @@ import functools
 from pathlib import Path
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 
 from .. import __version__
 from .context import ctx_of
+from .responses import RANDOM_SEED
 from .routes_native import health
 
 router = APIRouter()
@@ -32,7 +34,12 @@ def page() -> str:
 
 @router.get("/")
 async def root(request: Request):
-    if getattr(request.app.state, "webui", False) and "text/html" in request.headers.get("accept", ""):
+    if "text/html" in request.headers.get("accept", ""):
+        if not getattr(request.app.state, "webui", False):  # --no-webui: no page, as llama-server's
+            return JSONResponse(
+                {"error": {"code": 404, "message": "the chat page is off (--no-webui)", "type": "not_found_error"}},
+                status_code=404,
+            )
         # the page's own script and style are inline; nothing else may load
         csp = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:"
         return HTMLResponse(page(), headers={"Content-Security-Policy": csp, "Cache-Control": "no-cache"})
@@ -55,10 +62,12 @@ async def props(request: Request):
                 "min_p": d.min_p,
                 "repeat_penalty": d.repetition_penalty,
                 "n_predict": ctx.max_tokens,
+                "seed": RANDOM_SEED if d.seed is None else d.seed,
             },
         },
         "total_slots": ctx.worker.parallel,
         "model_alias": ctx.model_id,
+        "model_path": ctx.model_path,
         "build_info": f"mlxcel-py {__version__}",
         "speculative": {
             "enabled": drafting,

@@ -20,6 +20,9 @@ class AnthropicBlock(_Body):
     tool_use_id: str | None = None  # tool_result
     content: Union[str, list[dict[str, Any]], None] = None  # tool_result: a string or text blocks
     is_error: bool | None = None  # tool_result
+    thinking: str | None = None  # thinking: the model's reasoning, kept for the template
+    signature: str | None = None  # thinking (opaque; not checked here)
+    data: str | None = None  # redacted_thinking (opaque: nothing a template can read)
 
     def result_text(self) -> str:
         if isinstance(self.content, str):
@@ -44,9 +47,25 @@ class AnthropicMessage(_Body):
             elif block.type == "tool_result":
                 if not block.tool_use_id:
                     raise ValueError("a tool_result block needs 'tool_use_id'")
-            else:
-                raise ValueError(f"'{block.type}' blocks are not supported (text, tool_use, tool_result)")
+                parts = block.content if isinstance(block.content, list) else []
+                kinds = sorted({str(p.get("type")) for p in parts if p.get("type") not in (None, "text")})
+                if kinds:
+                    raise ValueError(
+                        f"a tool_result holds {', '.join(kinds)} content; this server reads text only "
+                        "(images are not supported yet): send the result as text"
+                    )
+            elif block.type == "thinking":
+                if not isinstance(block.thinking, str):
+                    raise ValueError("a thinking block needs a string 'thinking'")
+            elif block.type != "redacted_thinking":
+                raise ValueError(f"'{block.type}' blocks are not supported (text, tool_use, tool_result, thinking)")
         return v
+
+    def reasoning(self) -> str:
+        """The thinking blocks' text (an assistant turn's reasoning, as `reasoning_content`)."""
+        if isinstance(self.content, str):
+            return ""
+        return "".join(b.thinking or "" for b in self.content if b.type == "thinking")
 
     def text(self) -> str:
         return (
@@ -69,9 +88,13 @@ class AnthropicMessage(_Body):
             for b in self.content
             if b.type == "tool_use"
         ]
-        text = self.text()
-        if text or calls or not out:
-            out.append({"role": self.role, "content": text} | ({"tool_calls": calls} if calls else {}))
+        text, thought = self.text(), self.reasoning()
+        if text or calls or thought or not out:
+            out.append(
+                {"role": self.role, "content": text}
+                | ({"tool_calls": calls} if calls else {})
+                | ({"reasoning_content": thought} if thought else {})
+            )
         return out
 
 

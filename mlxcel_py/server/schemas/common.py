@@ -160,6 +160,7 @@ class Message(_Body):
     content: Union[str, list[TextPart], None] = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an assistant turn's thinking (llama-server's), for the template
 
     @field_validator("content")
     @classmethod

@@ -1,0 +1,217 @@
+"""llama-server's template behaviour (#52): Jinja loop controls, today's date, `add_generation_prompt`,
+`--reasoning on|off|auto`, `chat_template_kwargs`, reasoning kept in the history; and the smaller
+llama-server / Anthropic / Responses shapes (`/props`, `generation_settings`, `--no-webui`, cache
+counters, unprefixed `/responses`). Rendering goes through a real tokenizer (the tiny model's) and
+the real app; the worker is the fake one of test_server_requests (it records each job's prompt)."""
+
+from __future__ import annotations
+
+import datetime
+from types import SimpleNamespace
+
+import pytest
+from fastapi.testclient import TestClient
+from test_server_requests import FakeWorker, make_client
+
+from mlxcel_py.errors import UsageError
+from mlxcel_py.formats import chat_templates, template_vars
+from mlxcel_py.models import loading
+from mlxcel_py.options import SamplingOptions, ServerOptions
+from mlxcel_py.server.app import create_app
+
+# what llama.cpp's own template tests expect at the end of the prompt, on templates written here
+# in the shape of the real ones (the real files are not copied into this repository)
+R1_STYLE = (
+    "{% for m in messages %}<｜{{ m.role }}｜>{{ m.content }}{% endfor %}"
+    "{% if add_generation_prompt %}<｜Assistant｜><think>\n{% endif %}"
+)
+QWEN3_STYLE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+R7B_STYLE = (
+    "{% for m in messages %}{% if loop.index > 50 %}{% break %}{% endif %}"
+    "<|START_OF_TURN_TOKEN|>{{ m.role }}{{ m.content }}<|END_OF_TURN_TOKEN|>{% endfor %}"
+    "{% if add_generation_prompt %}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>{% endif %}"
+    "{# <|START_THINKING|> marks its reasoning #}"
+)
+LLAMA33_STYLE = (
+    '{% if not date_string is defined %}{% set date_string = "26 Jul 2024" %}{% endif %}'
+    "Today Date: {{ date_string }}\n{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>{% endif %}"
+)
+HISTORY_STYLE = (  # prints each assistant turn's reasoning, as Qwen3's template does
+    "{% for m in messages %}{{ m.role }}:{% if m.reasoning_content %}[{{ m.reasoning_content }}]{% endif %}"
+    "{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
+ASK = [{"role": "user", "content": "What is today?"}]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dir):
+    return loading.load_tokenizer_only(loading.resolve(str(tiny_dir)))
+
+
+def client_for(tokenizer, template: str, *, template_kwargs=None, webui=True):
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    inner.chat_template = template
+    tokenizer.has_chat_template = True
+    session = SimpleNamespace(
+        tokenizer=tokenizer,
+        engine=SimpleNamespace(vocab_size=None, context_length=2048, eos_ids=()),
+        target=SimpleNamespace(resolved=SimpleNamespace(path="/m")),
+    )
+    worker = FakeWorker()
+    app = create_app(session, worker, defaults=SamplingOptions(), model_id="tiny", webui=webui)
+    app.state.ctx.requests.template_kwargs = dict(template_kwargs or {})
+    return TestClient(app, raise_server_exceptions=False), worker
+
+
+def applied(client, **body) -> str:
+    r = client.post("/apply-template", json={"messages": ASK, **body})
+    assert r.status_code == 200, r.text
+    return r.json()["prompt"]
+
+
+def test_loop_controls_parse_and_render_as_in_transformers(tokenizer):
+    chat_templates.check(R7B_STYLE)  # {% break %}: refused before (no loopcontrols extension)
+    client, _ = client_for(tokenizer, R7B_STYLE)
+    assert applied(client).endswith("<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
+
+
+def test_a_template_without_tags_is_taken_as_llama_server_does_but_a_lone_word_is_not():
+    assert chat_templates.resolve("You are a plain template.") == "You are a plain template."
+    with pytest.raises(chat_templates.TemplateError, match="neither a Jinja template nor one of"):
+        chat_templates.resolve("chatm1")
+
+
+def test_todays_date_reaches_a_llama3_style_template(tokenizer):
+    client, _ = client_for(tokenizer, LLAMA33_STYLE)
+    prompt = applied(client)
+    assert datetime.date.today().strftime("%d %b %Y") in prompt and "26 Jul 2024" not in prompt
+    client, _ = client_for(tokenizer, "{{ strftime_now('%b %d %Y') }}|{{ datetime }}")
+    today = datetime.date.today().strftime("%b %d %Y")
+    assert applied(client).startswith(f"{today}|{today}")
+
+
+def test_add_generation_prompt_false_leaves_the_generation_prompt_out(tokenizer):
+    client, _ = client_for(tokenizer, LLAMA33_STYLE)
+    assert "<|start_header_id|>assistant<|end_header_id|>" in applied(client, add_generation_prompt=True)
+    assert "<|start_header_id|>assistant<|end_header_id|>" not in applied(client, add_generation_prompt=False)
+    r = client.post("/apply-template", json={"messages": ASK, "add_generation_prompt": "yes"})
+    assert r.status_code == 400 and "add_generation_prompt" in r.json()["error"]["message"]
+
+
+def test_add_generation_prompt_with_a_prefill_is_a_400(tokenizer):
+    client, worker = client_for(tokenizer, LLAMA33_STYLE)
+    prefill = [*ASK, {"role": "assistant", "content": "Today is"}]
+    r = client.post("/v1/chat/completions", json={"messages": prefill, "add_generation_prompt": True})
+    assert r.status_code == 400 and "add_generation_prompt" in r.json()["error"]["message"]
+    assert client.post("/v1/chat/completions", json={"messages": prefill}).status_code == 200
+    assert tokenizer.decode(worker.jobs[-1].prompt).endswith("assistant: Today is")
+
+
+@pytest.mark.parametrize(
+    "template,reasoning,end",
+    [  # llama.cpp's test_reasoning cases, on templates of the same shape
+        (R1_STYLE, "on", "<think>\n"),
+        (R1_STYLE, "auto", "<think>\n"),
+        (R1_STYLE, "off", "<think>\n</think>"),
+        (QWEN3_STYLE, "auto", "<|im_start|>assistant\n"),
+        (QWEN3_STYLE, "off", "<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+        (R7B_STYLE, "auto", "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"),
+        (R7B_STYLE, "off", "<|CHATBOT_TOKEN|><|START_THINKING|><|END_THINKING|>"),
+    ],
+)
+def test_reasoning_switch_tells_the_template_and_closes_an_opened_think_block(tokenizer, template, reasoning, end):
+    kwargs = template_vars.server_kwargs(ServerOptions(reasoning=reasoning))
+    client, worker = client_for(tokenizer, template, template_kwargs=kwargs)
+    assert applied(client).endswith(end)
+    # the chat route renders the same prompt, and a request's own chat_template_kwargs win
+    assert client.post("/v1/chat/completions", json={"messages": ASK}).status_code == 200
+    assert tokenizer.decode(worker.jobs[-1].prompt).endswith(end)
+    if reasoning == "auto" and template is QWEN3_STYLE:
+        off = applied(client, chat_template_kwargs={"enable_thinking": False})
+        assert off.endswith("<think>\n\n</think>\n\n")
+
+
+def test_serve_flags_for_template_variables_are_checked_before_loading():
+    assert template_vars.server_kwargs(ServerOptions(reasoning_budget=0)) == {"enable_thinking": False}
+    assert template_vars.server_kwargs(ServerOptions(chat_template_kwargs='{"x": 1}', reasoning="on")) == {
+        "x": 1,
+        "enable_thinking": True,
+    }
+    for srv, words in (
+        (ServerOptions(reasoning="maybe"), "--reasoning maybe is not one of on, off, auto"),
+        (ServerOptions(reasoning_budget=256), "--reasoning-budget 256: only -1"),
+        (ServerOptions(reasoning="on", reasoning_budget=0), "contradict"),
+        (ServerOptions(chat_template_kwargs="{enable_thinking: false}"), "--chat-template-kwargs is not JSON"),
+        (ServerOptions(chat_template_kwargs="[1]"), "must be a JSON object"),
+    ):
+        with pytest.raises(UsageError, match=words):
+            template_vars.check(srv)
+
+
+def test_reasoning_in_the_history_reaches_the_template(tokenizer):
+    client, worker = client_for(tokenizer, HISTORY_STYLE)
+    history = [
+        *ASK,
+        {"role": "assistant", "content": "Friday.", "reasoning_content": "check the calendar"},
+        {"role": "user", "content": "Sure?"},
+    ]
+    assert client.post("/v1/chat/completions", json={"messages": history}).status_code == 200
+    assert "assistant:[check the calendar]Friday." in tokenizer.decode(worker.jobs[-1].prompt)
+    # Anthropic: thinking blocks (and redacted ones) are kept as the turn's reasoning
+    blocks = [
+        {"type": "thinking", "thinking": "look it up", "signature": "sig"},
+        {"type": "redacted_thinking", "data": "opaque"},
+        {"type": "text", "text": "Friday."},
+    ]
+    messages = [*ASK, {"role": "assistant", "content": blocks}, {"role": "user", "content": "Sure?"}]
+    r = client.post("/v1/messages", json={"max_tokens": 8, "messages": messages})
+    assert r.status_code == 200, r.text
+    assert "assistant:[look it up]Friday." in tokenizer.decode(worker.jobs[-1].prompt)
+    usage = r.json()["usage"]
+    assert usage["cache_read_input_tokens"] == 0 and usage["input_tokens"] == len(worker.jobs[-1].prompt)
+
+
+def test_an_image_in_a_tool_result_is_refused_clearly():
+    client, _ = make_client()
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "image", "source": {}}]}
+    call = {"type": "tool_use", "id": "t1", "name": "shot", "input": {}}
+    messages = [*ASK, {"role": "assistant", "content": [call]}, {"role": "user", "content": [result]}]
+    r = client.post("/v1/messages", json={"max_tokens": 8, "messages": messages})
+    assert r.status_code == 400 and "tool_result holds image content" in r.json()["error"]["message"]
+
+
+def test_generation_settings_responses_and_no_webui_match_llama_server(tokenizer):
+    client, _ = make_client()  # /props: test_server.py, on a real server
+    settings = client.post("/completion", json={"prompt": "hi"}).json()["generation_settings"]
+    assert settings["adaptive_target"] == -1.0 and settings["dry_multiplier"] == 0.0
+    for path in ("/responses", "/v1/responses"):
+        r = client.post(path, json={"input": "hi"})
+        assert r.status_code == 200 and r.json()["timings"]["predicted_n"] == 1, r.text
+    html = {"Accept": "text/html"}
+    off, _ = client_for(tokenizer, LLAMA33_STYLE, webui=False)
+    assert off.get("/", headers=html).status_code == 404
+    assert off.get("/").status_code == 200  # probes and curl still get health
+    on, _ = client_for(tokenizer, LLAMA33_STYLE)
+    assert on.get("/", headers=html).headers["content-type"].startswith("text/html")
+
+
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        (["--reasoning", "maybe"], "--reasoning maybe is not one of on, off, auto"),
+        (["--reasoning-budget", "100"], "--reasoning-budget 100: only -1"),
+        (["--chat-template-kwargs", "{oops"], "--chat-template-kwargs is not JSON"),
+    ],
+)
+def test_serve_refuses_bad_template_flags_with_a_usage_error(flags, words, cli_env):
+    from typer.testing import CliRunner
+
+    from mlxcel_py.cli import app
+
+    r = CliRunner().invoke(app, ["serve", *flags])
+    assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output
