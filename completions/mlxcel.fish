@@ -248,7 +248,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l cors-credentials -l
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l slots -l no-slots -d 'Serve GET /slots (--no-slots: 501, as llama-server)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l reasoning-format -d 'How chat replies carry a models <think> block unless a request says: auto or deepseek (into reasoning_content), deepseek-legacy (that, and the tags kept in content), none (left in content)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l reasoning -d 'Tell chat templates to think (on) or not (off: enable_thinking false, and a think block the template opens is closed); auto: the templates default'
-complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l reasoning-budget -d 'llama-servers thinking budget: -1 unlimited, 0 no thinking (as --reasoning off)'
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l reasoning-budget -d 'llama-servers thinking budget: -1 unlimited, 0 no thinking (as --reasoning off), N: a replys think block is closed after N tokens'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l chat-template-kwargs -d 'Variables every chat template gets, a JSON object (e'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l verbose -s v -d 'Chat replies carry llama-servers __verbose object (the rendered prompt, the settings)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l alias -s a -d 'Model id reported by /v1/models'

@@ -144,7 +144,7 @@ def test_serve_flags_for_template_variables_are_checked_before_loading():
     }
     for srv, words in (
         (ServerOptions(reasoning="maybe"), "--reasoning maybe is not one of on, off, auto"),
-        (ServerOptions(reasoning_budget=256), "--reasoning-budget 256: only -1"),
+        (ServerOptions(reasoning_budget=-2), "--reasoning-budget must be -1"),
         (ServerOptions(reasoning="on", reasoning_budget=0), "contradict"),
         (ServerOptions(chat_template_kwargs="{enable_thinking: false}"), "--chat-template-kwargs is not JSON"),
         (ServerOptions(chat_template_kwargs="[1]"), "must be a JSON object"),
@@ -204,7 +204,7 @@ def test_generation_settings_responses_and_no_webui_match_llama_server(tokenizer
     "flags,words",
     [
         (["--reasoning", "maybe"], "--reasoning maybe is not one of on, off, auto"),
-        (["--reasoning-budget", "100"], "--reasoning-budget 100: only -1"),
+        (["--reasoning-budget", "-5"], "--reasoning-budget must be -1 (unlimited), 0 (no thinking) or a number"),
         (["--chat-template-kwargs", "{oops"], "--chat-template-kwargs is not JSON"),
     ],
 )
@@ -215,3 +215,18 @@ def test_serve_refuses_bad_template_flags_with_a_usage_error(flags, words, cli_e
 
     r = CliRunner().invoke(app, ["serve", *flags])
     assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output
+
+
+def test_a_positive_reasoning_budget_caps_the_think_block_the_template_opened(tokenizer):
+    from mlxcel_py.engine.thinking_budget import ThinkingBudget
+
+    client, worker = client_for(tokenizer, R1_STYLE)
+    client.app.state.ctx.requests.reasoning_budget = 3
+    assert client.post("/v1/chat/completions", json={"messages": ASK}).status_code == 200
+    rule = worker.jobs[-1].constraint
+    assert isinstance(rule, ThinkingBudget) and rule.budget == 3 and rule.state[0] == "thinking"
+    assert tokenizer.decode(list(rule.close_ids)) == "</think>"
+    # under a grammar the reply is the grammar's: no budget rule
+    fmt = {"type": "json_object"}
+    assert client.post("/v1/chat/completions", json={"messages": ASK, "response_format": fmt}).status_code == 200
+    assert not isinstance(worker.jobs[-1].constraint, ThinkingBudget)

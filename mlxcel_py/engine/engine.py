@@ -24,7 +24,7 @@ from .sampling import Decider
 
 if TYPE_CHECKING:
     from .batch import Gate
-    from .grammar import Constraint
+    from .grammar import OutputRule
 
 
 class Engine:
@@ -120,7 +120,7 @@ class Engine:
         gate: Gate | None = None,
         drafter: RoundDrafter | None = None,
         policy: Policy | None = None,
-        constraint: Constraint | None = None,
+        constraint: OutputRule | None = None,
     ) -> RoundLoop:
         """A request's round loop (`drafter`, `policy`: the caller's instead of the engine's;
         `constraint`: a grammar the output follows); generation.DecodeRequest says each field."""

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ..drafters.base import Proposal
     from .batch import Gate
     from .engine import Engine
-    from .grammar import Constraint
+    from .grammar import OutputRule
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class DecodeRequest:
     gate: Gate | None = None
     drafter: RoundDrafter | None = None  # the caller's (the Python API), else the engine's
     policy: Policy | None = None  # the caller's, else the engine's
-    constraint: Constraint | None = None  # the output follows a grammar: drafts cut to it, rows masked
+    constraint: OutputRule | None = None  # the output follows a grammar: drafts cut to it, rows masked
 
 
 @dataclass

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -69,6 +69,18 @@ class TokenizerIndex:
         if matcher.is_error():
             raise GrammarError(f"the {spec.describe()} does not compile: {str(matcher.get_error()).strip()}")
         return Constraint(matcher, self.vocab_size, spec)
+
+
+class OutputRule(Protocol):
+    """What the round loop asks of a rule on the output's tokens: a grammar (Constraint) or a
+    thinking budget (engine/thinking_budget.py)."""
+
+    def admissible(self, tokens: Sequence[int]) -> int: ...  # how many of them it accepts in a row
+    def mask_rows(self, logits: Any, drafts: Sequence[int] = ()) -> Any: ...  # row r after drafts[:r]
+    def commit(self, tokens: Sequence[int]) -> None: ...
+
+    @property
+    def finished(self) -> bool: ...  # nothing more may follow
 
 
 class Constraint:

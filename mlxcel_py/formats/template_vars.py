@@ -17,9 +17,9 @@ def check(srv: ServerOptions) -> None:
     template is told beside the messages."""
     if srv.reasoning not in REASONING_MODES:
         raise UsageError(f"--reasoning {srv.reasoning} is not one of {', '.join(REASONING_MODES)}")
-    if srv.reasoning_budget not in (-1, 0):
+    if srv.reasoning_budget < -1:
         raise UsageError(
-            f"--reasoning-budget {srv.reasoning_budget}: only -1 (unlimited) and 0 (no thinking) are supported"
+            f"--reasoning-budget must be -1 (unlimited), 0 (no thinking) or a number of tokens, got {srv.reasoning_budget}"
         )
     if srv.reasoning_budget == 0 and srv.reasoning == "on":
         raise UsageError("--reasoning on and --reasoning-budget 0 contradict each other: drop one")

@@ -43,6 +43,7 @@ class ServerContext:
     verbose: bool = False  # -v: chat replies carry `__verbose`
     model_path: str = ""  # the model's folder or file, for /props
     template_kwargs: dict = field(default_factory=dict)  # every chat template's variables (--reasoning...)
+    reasoning_budget: int = -1  # --reasoning-budget
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
@@ -59,6 +60,7 @@ class ServerContext:
             eos_ids=tuple(self.engine.eos_ids),
             grammar_vocab=self.engine.vocab_size,
             template_kwargs=self.template_kwargs,
+            reasoning_budget=self.reasoning_budget,
         )
         self.responses = ResponseShapes(self.tokenizer)
         # llama-server's form, b<build>-<commit>: here the version and a hash of version and model

@@ -214,6 +214,7 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         reasoning_format=srv.reasoning_format,
         verbose=srv.verbose,
         template_kwargs=server_kwargs(srv),
+        reasoning_budget=srv.reasoning_budget,
         model_path=str(session.target.resolved.path),
     )
     say(line)

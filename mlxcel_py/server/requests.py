@@ -32,12 +32,13 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from ..engine.grammar import GrammarError, TokenizerIndex
+from ..engine.thinking_budget import ThinkingBudget
 from ..errors import UsageError
 from ..formats.prompting import beyond_any_tokenization, longest_token_chars, render_messages, template_source
 from ..inputs.digits import whole_number
 from ..options import SamplingOptions
 from ..validate import check_sampling
-from . import schemas, tool_calls, tool_formats
+from . import reasoning, schemas, tool_calls, tool_formats
 from .http import BODY_LIMIT, ApiError, read_json
 from .worker import Job
 
@@ -116,6 +117,7 @@ class RequestReader:
     grammar_vocab: int | None = None  # the engine's vocab_size, for compiling grammars
     # variables every chat template gets (--chat-template-kwargs, --reasoning's enable_thinking)
     template_kwargs: dict = field(default_factory=dict)
+    reasoning_budget: int = -1  # --reasoning-budget: -1 unlimited, N > 0 a reply's thinking capped
 
     async def parse(self, request: Request, model: type[Body]) -> Body:
         data = await read_json(request, self.body_limit)
@@ -384,7 +386,7 @@ class RequestReader:
         return Job(
             prompt=prompt,
             grammar=grammar,
-            constraint=self.constraint(grammar),
+            constraint=self.constraint(grammar) if grammar is not None else self.thinking_budget(prompt),
             max_tokens=self.budget(req, prompt),
             sampling=self.sampling(req),
             stop=req.stops(),
@@ -406,6 +408,15 @@ class RequestReader:
             return TokenizerIndex.of(self.tokenizer, vocab, self.eos_ids).compile(grammar)
         except GrammarError as exc:
             raise ApiError(str(exc), code="invalid_grammar") from None
+
+    def thinking_budget(self, prompt: list[int]) -> ThinkingBudget | None:
+        """--reasoning-budget N (N > 0): the reply's think block capped at N tokens, then closed
+        (engine/thinking_budget.py). Under a grammar the reply is the grammar's, not thinking."""
+        if self.reasoning_budget <= 0:
+            return None
+        opened = reasoning.opened_by(self.tokenizer.decode(prompt[-32:]))
+        encode = functools.partial(self.tokenizer.encode, add_special_tokens=False)
+        return ThinkingBudget(self.reasoning_budget, encode(reasoning.OPEN), encode(reasoning.CLOSE), opened=opened)
 
     def predict_ms(self, req: schemas.Sampling) -> float | None:
         """The request's decoding time limit: its own t_max_predict_ms within the server's."""

@@ -39,7 +39,7 @@ from ..parallel import distributed
 
 if TYPE_CHECKING:
     from ..engine.generation import RoundLoop, Tick
-    from ..engine.grammar import Constraint
+    from ..engine.grammar import OutputRule
     from ..engine.text import TextPiece
     from ..formats.grammars import GrammarSpec
 
@@ -57,7 +57,7 @@ class Job:
     cache_prompt: bool = True  # False: no cached prefix is reused, the whole prompt is fed (llama-server's)
     predict_ms: float | None = None  # time limit for decoding, from the first piece (t_max_predict_ms)
     grammar: GrammarSpec | None = None  # what the output follows
-    constraint: Constraint | None = None  # `grammar` compiled (by the route, off this thread)
+    constraint: OutputRule | None = None  # `grammar` compiled (by the route, off this thread)
     progress: bool = False  # "progress" events while the prompt is fed (llama-server's return_progress)
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
