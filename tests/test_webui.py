@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -161,7 +162,8 @@ def test_the_page_streams_counts_stops_keeps_and_explains_keys(server, browser):
     assert "stopped" in _replies(d)[-1].find_element(By.CLASS_NAME, "stats").text
 
 
-def test_no_webui_keeps_health_at_the_root(tmp_path):
+def test_no_webui_is_a_404_for_browsers_and_health_for_the_rest(tmp_path):
+    """llama-server's --no-webui: no page at / (#52); probes and curl still get health there."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path / "cfg"))
     from conftest import make_tiny_model
 
@@ -169,7 +171,10 @@ def test_no_webui_keeps_health_at_the_root(tmp_path):
     proc, url, _ = start_server(env, "-m", str(model), "--no-webui")
     try:
         req = urllib.request.Request(url + "/", headers={"Accept": "text/html"})
-        with urllib.request.urlopen(req) as r:
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req)
+        assert err.value.code == 404 and "--no-webui" in json.loads(err.value.read())["error"]["message"]
+        with urllib.request.urlopen(url + "/") as r:
             assert r.headers["content-type"].startswith("application/json")
             assert json.loads(r.read())["status"] == "ok"
     finally:
