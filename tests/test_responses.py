@@ -149,3 +149,34 @@ def test_malformed_requests_are_400(server, body, message):
 
     status, r = post(server + "/v1/responses", body)
     assert status == 400 and message in r["error"]["message"], r
+
+
+def test_stream_telemetry_as_llama_server_sends_it(server):
+    """llama.cpp's test_responses_stream_with_llama_telemetry, on unprefixed /responses:
+    `prompt_progress` on `response.in_progress` events, `timings` on text deltas
+    (`timings_per_token`) and on `response.completed` (#52)."""
+    import urllib.request
+
+    body = {
+        "input": "This is a test" * 10,
+        "max_output_tokens": 8,
+        "temperature": 0.8,
+        "stream": True,
+        "timings_per_token": True,
+        "return_progress": True,
+    }
+    req = urllib.request.Request(
+        server + "/responses", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=120) as r:
+        lines = r.read().decode().splitlines()
+    events = [json.loads(ln[6:]) for ln in lines if ln.startswith("data: ")]
+    progress = [e for e in events if "prompt_progress" in e]
+    assert progress and all(e["type"] == "response.in_progress" for e in progress)
+    assert all(e["prompt_progress"]["total"] > 0 for e in progress)
+    assert all(e["prompt_progress"]["processed"] >= e["prompt_progress"]["cache"] for e in progress)
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas and all({"prompt_per_second", "predicted_per_second"} <= e["timings"].keys() for e in deltas)
+    done = [e for e in events if e["type"] == "response.completed"]
+    assert len(done) == 1 and "usage" in done[0]["response"] and "timings" in done[0]
+    assert done[0]["timings"]["predicted_n"] == done[0]["response"]["usage"]["output_tokens"]

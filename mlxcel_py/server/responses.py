@@ -143,12 +143,16 @@ def usage(r: Result) -> dict:
     }
 
 
-def timings(stats: Any) -> dict:
-    """llama-server's `timings`, plus the drafter's counters when a round drafted."""
+def timings(stats: Any, so_far: tuple[int, float] | None = None) -> dict:
+    """llama-server's `timings`, plus the drafter's counters when a round drafted. `so_far`:
+    (tokens, ms) decoded until now, for a stream's per-token timings (the stats' decode time is
+    known at the end)."""
     prompt_n = stats.prompt_tokens - stats.cached_tokens
     prompt_ms = stats.prefill_s * 1000
     pred_n = stats.generated_tokens
     pred_ms = max(stats.decode_s - stats.ttft_s + stats.prefill_s, 0.0) * 1000 if pred_n else 0.0
+    if so_far is not None:
+        pred_n, pred_ms = so_far
     t = {
         "cache_n": stats.cached_tokens,
         "prompt_n": prompt_n,

@@ -119,10 +119,14 @@ async def responses(request: Request):
     if not req.stream:
         r = await ctx.collect(job, request)
         return response("completed", _items(r, tools), r)
-    return _stream(ctx, request, job, response, tools)
+    per_token = (req.model_extra or {}).get("timings_per_token") is True
+    return _stream(ctx, request, job, response, tools, per_token)
 
 
-def _stream(ctx, request: Request, job, response, tools: list[dict]):
+def _stream(ctx, request: Request, job, response, tools: list[dict], per_token: bool = False):
+    """Responses events; llama-server's telemetry where asked: `prompt_progress` on
+    `response.in_progress` events (`return_progress`), `timings` on each text delta
+    (`timings_per_token`), and `timings` on `response.completed` always."""
     seq = iter(range(1 << 62))
     mid = f"msg_{uuid.uuid4().hex[:24]}"
 
@@ -148,8 +152,19 @@ def _stream(ctx, request: Request, job, response, tools: list[dict]):
             ]
         return out
 
+    started: list[float] = []  # when the first piece came (per-token timings count from it)
+
     def on_text(piece, _lps) -> list[dict]:
-        return [] if tools else [ev("output_text.delta", delta=piece.text, **where)]
+        if tools:
+            return []
+        extra = {}
+        if per_token and job.generation is not None:
+            started or started.append(time.perf_counter())
+            extra["timings"] = timings(job.generation.stats, (piece.tokens, (time.perf_counter() - started[0]) * 1000))
+        return [ev("output_text.delta", delta=piece.text, **where, **extra)]
+
+    def on_progress(p: dict) -> dict:
+        return ev("in_progress", response=response("in_progress", []), prompt_progress=p)
 
     def on_done(r) -> list[dict]:
         if not tools:
@@ -159,7 +174,7 @@ def _stream(ctx, request: Request, job, response, tools: list[dict]):
                 ev("output_text.done", text=r.text, **where),
                 ev("content_part.done", part=done_part, **where),
                 ev("output_item.done", output_index=0, item=item),
-                ev("completed", response=response("completed", [item], r)),
+                ev("completed", response=response("completed", [item], r), timings=timings(r.stats)),
             ]
         items = _items(r, tools)
         out: list[dict] = []
@@ -182,7 +197,7 @@ def _stream(ctx, request: Request, job, response, tools: list[dict]):
                     ev("content_part.done", part=item["content"][0], **w),
                     ev("output_item.done", output_index=i, item=item),
                 ]
-        return out + [ev("completed", response=response("completed", items, r))]
+        return out + [ev("completed", response=response("completed", items, r), timings=timings(r.stats))]
 
     return ctx.stream(
         job,
@@ -192,6 +207,7 @@ def _stream(ctx, request: Request, job, response, tools: list[dict]):
         head=head(),
         done_sentinel=False,
         frame=sse_event,
+        on_progress=on_progress,
         on_error=lambda message, kind: {
             "type": "error",
             "sequence_number": next(seq),
