@@ -155,7 +155,7 @@ def test_stream_telemetry_as_llama_server_sends_it(server):
     """llama.cpp's test_responses_stream_with_llama_telemetry, on unprefixed /responses:
     `prompt_progress` on `response.in_progress` events, `timings` on text deltas
     (`timings_per_token`) and on `response.completed` (#52)."""
-    import urllib.request
+    from test_server import sse_data
 
     body = {
         "input": "This is a test" * 10,
@@ -165,12 +165,7 @@ def test_stream_telemetry_as_llama_server_sends_it(server):
         "timings_per_token": True,
         "return_progress": True,
     }
-    req = urllib.request.Request(
-        server + "/responses", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=120) as r:
-        lines = r.read().decode().splitlines()
-    events = [json.loads(ln[6:]) for ln in lines if ln.startswith("data: ")]
+    events = sse_data(server + "/responses", body)
     progress = [e for e in events if "prompt_progress" in e]
     assert progress and all(e["type"] == "response.in_progress" for e in progress)
     assert all(e["prompt_progress"]["total"] > 0 for e in progress)

@@ -54,6 +54,14 @@ def server(tmp_path_factory):
     proc.wait(timeout=30)
 
 
+def sse_data(url, body) -> list[dict]:
+    """The JSON of every `data:` line of a streamed POST (the closing [DONE] left out)."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        lines = r.read().decode().splitlines()
+    return [json.loads(ln[6:]) for ln in lines if ln.startswith("data: ") and ln != "data: [DONE]"]
+
+
 def post(url, body, raw=False):
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
@@ -952,13 +960,7 @@ def test_return_progress_reports_each_prompt_chunk_as_llama_server(server):
             "stream": True,
             "return_progress": True,
         }
-        req = urllib.request.Request(
-            url + "/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(req, timeout=120) as r:
-            lines = r.read().decode().splitlines()
-        frames = [json.loads(ln[6:]) for ln in lines if ln.startswith("data: ") and ln != "data: [DONE]"]
-        return [f["prompt_progress"] for f in frames if "prompt_progress" in f]
+        return [f["prompt_progress"] for f in sse_data(url + "/v1/chat/completions", body) if "prompt_progress" in f]
 
     first = progress()
     assert len(first) >= 3 and first[0]["cache"] == first[0]["processed"]

@@ -269,6 +269,11 @@ HERMES_CALL = CallFormat("hermes", "<tool_call>\n", "\n</tool_call>")
 _DEEPSEEK_OPENS = ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>")
 _KIMI_OPENS = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>")
 _LLAMA3_CALL = CallFormat("llama3", "", "", arguments="parameters")
+# the named formats' calls: (text before the arguments, with {name}; text after them)
+_DEEPSEEK_CALLS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
+_R1_CALL = ("<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n", "\n```<｜tool▁call▁end｜>")
+_V31_CALL = ("<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>", "<｜tool▁call▁end｜>")
+_KIMI_CALL = ("<|tool_call_begin|>functions.{name}:0<|tool_call_argument_begin|>", "<|tool_call_end|>")
 
 FORMATS = (
     ToolFormat(
@@ -282,24 +287,14 @@ FORMATS = (
         "deepseek-r1",
         deepseek_r1,
         template=("function<｜tool▁sep｜>",),
-        writer=CallFormat(
-            "deepseek-r1",
-            "<｜tool▁calls▁begin｜>",
-            "<｜tool▁calls▁end｜>",
-            named=("<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n", "\n```<｜tool▁call▁end｜>"),
-        ),
+        writer=CallFormat("deepseek-r1", *_DEEPSEEK_CALLS, named=_R1_CALL),
         opens=_DEEPSEEK_OPENS,
     ),
     ToolFormat(
         "deepseek-v3.1",
         deepseek_v31,
         template=("<｜tool▁sep｜>",),
-        writer=CallFormat(
-            "deepseek-v3.1",
-            "<｜tool▁calls▁begin｜>",
-            "<｜tool▁calls▁end｜>",
-            named=("<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>", "<｜tool▁call▁end｜>"),
-        ),
+        writer=CallFormat("deepseek-v3.1", *_DEEPSEEK_CALLS, named=_V31_CALL),
         opens=_DEEPSEEK_OPENS,
     ),
     ToolFormat("dsml", dsml, opens=("<｜DSML｜",)),
@@ -307,12 +302,7 @@ FORMATS = (
         "kimi-k2",
         kimi,
         template=("<|tool_call_begin|>",),
-        writer=CallFormat(
-            "kimi-k2",
-            "<|tool_calls_section_begin|>",
-            "<|tool_calls_section_end|>",
-            named=("<|tool_call_begin|>functions.{name}:0<|tool_call_argument_begin|>", "<|tool_call_end|>"),
-        ),
+        writer=CallFormat("kimi-k2", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", named=_KIMI_CALL),
         opens=_KIMI_OPENS,
     ),
     ToolFormat(
