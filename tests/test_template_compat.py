@@ -7,6 +7,7 @@ the real app; the worker is the fake one of test_server_requests (it records eac
 from __future__ import annotations
 
 import datetime
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -230,3 +231,15 @@ def test_a_positive_reasoning_budget_caps_the_think_block_the_template_opened(to
     fmt = {"type": "json_object"}
     assert client.post("/v1/chat/completions", json={"messages": ASK, "response_format": fmt}).status_code == 200
     assert not isinstance(worker.jobs[-1].constraint, ThinkingBudget)
+
+
+@pytest.mark.parametrize("kwargs", [{"tokenize": False}, {"return_dict": True}, {"messages": []}, {"tools": 1}])
+def test_template_variables_that_are_the_renderers_arguments_are_refused(tokenizer, kwargs):
+    """`tokenize: false` as a template variable made transformers return text where ids belong."""
+    client, worker = client_for(tokenizer, QWEN3_STYLE)
+    r = client.post("/v1/chat/completions", json={"messages": ASK, "chat_template_kwargs": kwargs})
+    assert r.status_code == 400 and "chat_template_kwargs" in r.json()["error"]["message"]
+    assert client.post("/v1/chat/completions", json={"messages": ASK}).status_code == 200  # still serving
+    assert all(isinstance(t, int) for t in worker.jobs[-1].prompt)
+    with pytest.raises(UsageError, match="cannot be set as template variables"):
+        template_vars.check(ServerOptions(chat_template_kwargs=json.dumps(kwargs)))

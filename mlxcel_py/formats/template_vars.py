@@ -10,6 +10,35 @@ from ..errors import UsageError
 from ..options import ServerOptions
 
 REASONING_MODES = ("on", "off", "auto")
+# transformers' apply_chat_template parameters (and the messages): a template variable of one of
+# these names would not reach the template but change the call (`tokenize: false` returns text)
+RESERVED = frozenset(
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+
+
+def reserved_in(kwargs: dict) -> str | None:
+    """What is wrong with template variables given as `kwargs` (None: nothing)."""
+    taken = sorted(k for k in kwargs if k in RESERVED)
+    if taken:
+        return f"{', '.join(taken)} cannot be set as template variables (they are the renderer's own arguments)"
+    return None
 
 
 def check(srv: ServerOptions) -> None:
@@ -39,6 +68,8 @@ def server_kwargs(srv: ServerOptions) -> dict:
             ) from None
         if not isinstance(kwargs, dict):
             raise UsageError("--chat-template-kwargs must be a JSON object of the template's variables")
+        if (why := reserved_in(kwargs)) is not None:
+            raise UsageError(f"--chat-template-kwargs: {why}")
     if srv.reasoning == "off" or srv.reasoning_budget == 0:
         kwargs["enable_thinking"] = False
     elif srv.reasoning == "on":

@@ -35,6 +35,7 @@ from ..engine.grammar import GrammarError, TokenizerIndex
 from ..engine.thinking_budget import ThinkingBudget
 from ..errors import UsageError
 from ..formats.prompting import beyond_any_tokenization, longest_token_chars, render_messages, template_source
+from ..formats.template_vars import reserved_in
 from ..inputs.digits import whole_number
 from ..options import SamplingOptions
 from ..validate import check_sampling
@@ -252,6 +253,8 @@ class RequestReader:
         kwargs = extra.get("chat_template_kwargs")
         if kwargs is not None and not isinstance(kwargs, dict):
             raise ApiError("'chat_template_kwargs' must be an object of the template's variables")
+        if kwargs and (why := reserved_in(kwargs)) is not None:
+            raise ApiError(f"'chat_template_kwargs': {why}; 'add_generation_prompt' is a field of its own")
         gen = extra.get("add_generation_prompt")
         if gen is not None and not isinstance(gen, bool):
             raise ApiError("'add_generation_prompt' must be true or false")
@@ -287,7 +290,8 @@ class RequestReader:
             return self.turns_prompt(turns, prefill=prefill, rendering=rendering)
         if tool_calls.template_takes_tools(self.tokenizer):
             turns = [{**t, "role": ROLE_FOR_TEMPLATE.get(t["role"], t["role"])} for t in tool_calls.native_turns(turns)]
-            self.fits(sum(len(t.get("content") or "") + len(t.get("name") or "") for t in turns) + len(str(listed)))
+            texts = ("content", "name", "reasoning_content")
+            self.fits(sum(len(t.get(k) or "") for t in turns for k in texts) + len(str(listed)))
             return self._render(turns, prefill, rendering, tools=listed)
         return self.turns_prompt(tool_calls.generic_turns(turns, listed), prefill=prefill, rendering=rendering)
 
