@@ -420,7 +420,10 @@ class RequestReader:
             return None
         opened = reasoning.opened_by(self.tokenizer.decode(prompt[-32:]))
         encode = functools.partial(self.tokenizer.encode, add_special_tokens=False)
-        return ThinkingBudget(self.reasoning_budget, encode(reasoning.OPEN), encode(reasoning.CLOSE), opened=opened)
+        open_ids, close_ids = encode(reasoning.OPEN), encode(reasoning.CLOSE)
+        if not open_ids or not close_ids:  # a tokenizer that cannot spell the tags: nothing to cap
+            return None
+        return ThinkingBudget(self.reasoning_budget, open_ids, close_ids, opened=opened)
 
     def predict_ms(self, req: schemas.Sampling) -> float | None:
         """The request's decoding time limit: its own t_max_predict_ms within the server's."""
