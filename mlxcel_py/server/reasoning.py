@@ -10,9 +10,9 @@ be the opening tag or a cut-off closing one, so an answer without thinking strea
 
 from __future__ import annotations
 
+from ..formats.prompting import THINK_CLOSE as CLOSE
+from ..formats.prompting import THINK_OPEN as OPEN
 from ..options import REASONING_FORMATS as FORMATS  # noqa: F401 (the routes check a request's against it)
-
-OPEN, CLOSE = "<think>", "</think>"
 
 
 def _held(text: str, tag: str) -> int:
