@@ -159,7 +159,8 @@ def _stream(ctx, request: Request, job, response, tools: list[dict], per_token: 
             return []
         extra = {}
         if per_token and job.generation is not None:
-            started or started.append(time.perf_counter())
+            if not started:
+                started.append(time.perf_counter())
             extra["timings"] = timings(job.generation.stats, (piece.tokens, (time.perf_counter() - started[0]) * 1000))
         return [ev("output_text.delta", delta=piece.text, **where, **extra)]
 
