@@ -107,7 +107,10 @@ def main() -> int:
             results.append((name, got == want, got, want))
         bad = [r for r in results if not r[1]]
         failed += bool(bad)
-        print(f"{'ok  ' if not bad else 'FAIL'} {path.name}: " + ", ".join(f"{n} {'=' if ok else '!='}" for n, ok, *_ in results))
+        print(
+            f"{'ok  ' if not bad else 'FAIL'} {path.name}: "
+            + ", ".join(f"{n} {'=' if ok else '!='}" for n, ok, *_ in results)
+        )
         for name, _, got, want in bad:
             print(f"     {name}: mlxcel-py {got[-120:]!r}\n     {' ' * len(name)}  transformers {want[-120:]!r}")
     print(f"{len(args.templates) - failed}/{len(args.templates)} templates render as transformers renders them")
