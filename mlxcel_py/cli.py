@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from . import __version__
-from .commands import bench, cache, chat, generate, launch, run, serve
+from .commands import bench, cache, chat, draft, generate, launch, run, serve
 from .commands._stdio import std_streams
 from .errors import EXIT_INTERRUPTED, MlxcelError
 
@@ -100,6 +100,7 @@ app.command(
     **_plain,
 )(launch.launch)
 app.add_typer(cache.app, name="cache")
+app.add_typer(draft.app, name="draft")
 
 
 def main() -> None:

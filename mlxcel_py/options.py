@@ -256,6 +256,9 @@ class DraftConfig:
         DEFAULT_TREE_BUDGET  # branch nodes a round may verify beside its chain (engine/tree.py); 0: chains
     )
     tree_margin: float = DEFAULT_TREE_MARGIN  # model drafters: branch to tokens this close to the best logit
+    # generate --prompt-lookup --draft-model: prompt lookup where the context has a match, this
+    # model drafter elsewhere, in one round loop (drafters/composite.py); `lookup` configures it
+    lookup_first: bool = False
 
     @property
     def enabled(self) -> bool:

@@ -139,6 +139,10 @@ def open_session(
         + f"; kernels {target.kernels}"
     )
     drafters = plan.load(target, say) if plan is not None else None
+    if drafters is not None and run.draft.lookup_first:  # --prompt-lookup beside a model drafter
+        from .drafters import composite
+
+        drafters = composite.Source(drafters)
     from .engine.engine import Engine
 
     engine = Engine(

@@ -343,13 +343,11 @@ def _validate(opts: CommandOptions) -> RunConfig:
         )
     if tuning and not lk.enabled:
         raise UsageError(f"{tuning[0]} requires --prompt-lookup; add --prompt-lookup or drop {tuning[0]}")
-    if lk.enabled and draft_model:
-        raise UsageError(
-            "--prompt-lookup conflicts with --draft-model: prompt lookup takes no drafter checkpoint; drop one of them"
-        )
-    if lk.enabled and kind not in (None, "prompt-lookup"):
+    # --prompt-lookup beside a drafter checkpoint: the composite drafter (drafters/composite.py)
+    composite = lk.enabled and bool(draft_model)
+    if lk.enabled and kind not in (None, "prompt-lookup") and not (composite and registry.kind_of(kind).loads_weights):
         raise UsageError(f"--prompt-lookup conflicts with --draft-kind {kind}: one drafter per run; drop one of them")
-    if lk.enabled and spec.draft_block_size is not None:
+    if lk.enabled and spec.draft_block_size is not None and not composite:
         raise UsageError(
             "--draft-block-size (--draft-max) does not apply to --prompt-lookup; use --prompt-lookup-max-draft N"
         )
@@ -402,7 +400,8 @@ def _validate(opts: CommandOptions) -> RunConfig:
         if lk.ngram_min is not None and lk.ngram_max is None and cfg.ngram_min > cfg.ngram_max:
             cfg = replace(cfg, ngram_max=min(cfg.ngram_min, NGRAM_MAX_LIMIT))
         validate_lookup_bounds(cfg.ngram_min, cfg.ngram_max, cfg.max_draft)
-        return RunConfig(opts, DraftConfig(kind="prompt-lookup", lookup=cfg))
+        if not composite:
+            return RunConfig(opts, DraftConfig(kind="prompt-lookup", lookup=cfg))
 
     if kind is None and not draft_model:
         return RunConfig(opts, DraftConfig())
@@ -426,7 +425,9 @@ def _validate(opts: CommandOptions) -> RunConfig:
             f"it drafts block size - 1 tokens; pass 2 or more"
         )
     lookup = (
-        LookupConfig(max_draft=block, policy=entry.default_policy)
+        cfg
+        if lk.enabled
+        else LookupConfig(max_draft=block, policy=entry.default_policy)
         if entry.sizing == registry.ADAPTIVE
         else LookupConfig()
     )
@@ -441,6 +442,7 @@ def _validate(opts: CommandOptions) -> RunConfig:
             kind_explicit=kind is not None,
             suffix_cache_tokens=spec.suffix_cache_tokens or DEFAULT_SUFFIX_CACHE_TOKENS,
             suffix_store=spec.suffix_store,
+            lookup_first=lk.enabled,
         ),
     )
 

@@ -146,8 +146,15 @@ def test_bench_draft_model_and_lookup_side_by_side_with_mlx_lm(
     )
     assert r.returncode == 0, r.stderr
     data = json.loads(out_json.read_text())
-    assert data["configs"] == ["plain", "full-model k=2", "prompt-lookup k=7", "mlx-lm plain", "mlx-lm draft k=2"]
-    assert len(data["runs"]) == 2 * 5  # --limit 1: one prompt per kind
+    assert data["configs"] == [
+        "plain",
+        "full-model k=2",
+        "prompt-lookup k=7",
+        "prompt-lookup+full-model k=7/2",  # both flags: the composite too (drafters/composite.py)
+        "mlx-lm plain",
+        "mlx-lm draft k=2",
+    ]
+    assert len(data["runs"]) == 2 * 6  # --limit 1: one prompt per kind
     for s in data["summary"]:
         assert s["identical"] == s["prompts"]
         assert s["peer_tps"] > 0 and s["vs_peer"] > 0

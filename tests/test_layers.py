@@ -37,6 +37,7 @@ LAYERS = {
     "terminal": 9,
     "server": 9,
     "bench": 9,
+    "training": 9,  # `mlxcel draft train`: loads the target through api, writes a drafter
     "bench.checks": 3,  # bench's flags, checked with validate's rules before any model loads
     "commands": 10,
     "cli": 11,

@@ -13,7 +13,6 @@ from mlxcel_py.models import loading
 
 RULES = [
     # (argv, message fragment)
-    (["generate", "-p", "x", "--prompt-lookup", "--draft-model", "d"], "--prompt-lookup conflicts with --draft-model"),
     (
         ["generate", "-p", "x", "--draft-kind", "prompt-lookup"],
         "--draft-kind=prompt-lookup takes no drafter checkpoint; pass --prompt-lookup",

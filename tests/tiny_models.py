@@ -374,7 +374,7 @@ def dflash_checkpoint(
 PATTERN_LO, PATTERN_M = 100, 16  # the synthetic pattern's tokens: LO .. LO+M-1
 
 
-def pattern(rng, n: int) -> list[int]:
+def pattern(rng, n: int, lo: int = PATTERN_LO) -> list[int]:
     """A synthetic sequence for trained-drafter tests. Second order: each token depends on the two
     before it, so a drafter must read the context (the target's hidden states), not only the
     last token."""
@@ -382,11 +382,12 @@ def pattern(rng, n: int) -> list[int]:
     seq = [rng.randrange(m), rng.randrange(m)]
     while len(seq) < n:
         seq.append((3 * seq[-1] + 5 * seq[-2] + 1) % m)
-    return [PATTERN_LO + t for t in seq]
+    return [lo + t for t in seq]
 
 
-def train_target(model, rng, *, steps: int, lr: float, batch: int = 8, length: int = 32) -> float:
-    """Train `model` (an mlx-lm model) on `pattern` for next-token prediction; its last loss."""
+def train_target(model, rng, *, steps: int, lr: float, batch: int = 8, length: int = 32, make=None) -> float:
+    """Train `model` (an mlx-lm model) on `pattern` (or `make(rng)`'s sequences, one length) for
+    next-token prediction; its last loss."""
     import mlx.nn as nn
     import mlx.optimizers as optim
 
@@ -397,7 +398,8 @@ def train_target(model, rng, *, steps: int, lr: float, batch: int = 8, length: i
 
     step = nn.value_and_grad(model, loss_fn)
     for _ in range(steps):
-        loss, grads = step(model, mx.array([pattern(rng, length) for _ in range(batch)]))
+        rows = [make(rng) if make else pattern(rng, length) for _ in range(batch)]
+        loss, grads = step(model, mx.array(rows))
         opt.update(model, grads)
         mx.eval(model.parameters(), opt.state)
     return loss.item()

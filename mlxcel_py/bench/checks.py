@@ -42,7 +42,8 @@ def _parse_widths(text: str) -> tuple[int, ...]:
 
 def validate_bench(opts: CommandOptions, bench: BenchOptions) -> BenchPlan:
     """`mlxcel bench`: the same rules as generate, except that --prompt-lookup and --draft-model
-    may be given together (each is benchmarked), and with neither, prompt lookup is benchmarked.
+    given together benchmark each alone and the composite of the two, and with neither, prompt
+    lookup is benchmarked.
     --cpu-weights may list several modes: the session loads the first, the others are loaded beside it."""
     weights = _parse_weights(opts.model.cpu_weights)
     opts = replace(opts, model=replace(opts.model, cpu_weights=weights[0]))
@@ -97,6 +98,8 @@ def validate_bench(opts: CommandOptions, bench: BenchOptions) -> BenchPlan:
             ),
         )
         runs.append(validate(only_lookup))
+    if wants_model and lk.enabled and opts.model.draft_model and not widths:
+        runs.append(validate(opts))  # both at once: the composite drafter (a width sweep: each alone)
     drafters = [r.draft for r in runs]
     drafts = tuple(registry.with_width(d, w) for d in drafters for w in widths) if widths else tuple(drafters)
     if bench.tree_budgets is not None:  # each drafter at each tree budget (0: its chains)

@@ -14,7 +14,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from ..drafters import registry
+from ..drafters import composite, registry
 from ..errors import MlxcelError
 from ..options import BenchPlan, DraftConfig
 from ..session import open_session
@@ -65,7 +65,7 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
         from .peers import MlxLmPeer
 
         # mlx-lm's own speculative path takes a full draft model only
-        widths = [d.block_size for d in plan.drafts if d.kind == "full-model"]
+        widths = [d.block_size for d in plan.drafts if d.kind == "full-model" and not d.lookup_first]
         loaded_draft = getattr(session.drafters, "loaded", None)  # drafters.full_model.Source's
         ui.info("starting stock mlx-lm (its own process, bundled BLAS, weights as stored)")
         peer = MlxLmPeer(
@@ -103,7 +103,8 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
         loaded = loaded_of[id(model)]
         own = session.drafters
         if own is not None and own.kind == d.kind and registry.kind_of(d.kind).loads_weights:
-            return own.retarget(d, loaded)
+            source = own.retarget(d, loaded)
+            return composite.Source(source) if d.lookup_first else source
         return registry.kind_of(d.kind).runtime().Source.of(d, loaded)
 
     per_prompt = (len(weights) or 1) * (1 + len(drafts)) * b.repeats + (len(peer.configs()) if peer else 0) * b.repeats

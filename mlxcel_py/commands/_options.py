@@ -80,7 +80,7 @@ SuffixStoreOpt = Annotated[Optional[str], typer.Option("--suffix-store", metavar
 PpSizeOpt = Annotated[int, typer.Option("--pp-size", metavar="N", help="Pipeline-parallel stages: each rank runs a contiguous run of layers (start the ranks with `mlxcel launch`).", rich_help_panel=DISTRIBUTED)]
 TpSizeOpt = Annotated[int, typer.Option("--tp-size", metavar="N", help="Tensor-parallel ranks: each holds 1/N of every layer's heads and feed-forward width (start the ranks with `mlxcel launch`).", rich_help_panel=DISTRIBUTED)]
 
-PromptLookupOpt = Annotated[bool, typer.Option("--prompt-lookup", help="Prompt-lookup speculation (n-gram drafts from the prompt and output).", rich_help_panel=LOOKUP)]
+PromptLookupOpt = Annotated[bool, typer.Option("--prompt-lookup", help="Prompt-lookup speculation (n-gram drafts from the prompt and output). With --draft-model: lookup where the context has a match, the model drafter elsewhere (a composite).", rich_help_panel=LOOKUP)]
 NgramMaxOpt = Annotated[Optional[int], typer.Option("--prompt-lookup-ngram-max", metavar="N", help=f"Longest suffix n-gram matched (default {O.DEFAULT_NGRAM_MAX}, at most {O.NGRAM_MAX_LIMIT}).", rich_help_panel=LOOKUP)]
 NgramMinOpt = Annotated[Optional[int], typer.Option("--prompt-lookup-ngram-min", metavar="N", help=f"Shortest suffix n-gram matched (default {O.DEFAULT_NGRAM_MIN}).", rich_help_panel=LOOKUP)]
 MaxDraftOpt = Annotated[Optional[int], typer.Option("--prompt-lookup-max-draft", metavar="N", help=f"Most tokens proposed per round (default {O.DEFAULT_MAX_DRAFT}, at most {O.MAX_DRAFT_LIMIT}); the verify block is one wider.", rich_help_panel=LOOKUP)]

@@ -176,6 +176,8 @@ class DrafterSource:
                 on_cuda=on_cuda(),
                 verify_cost=verify_cost,
             )
+        if registry.kind_of(d.kind).gated:
+            return make_policy("break-even", self.width)
         return make_policy("fixed", self.width, adaptive=False)
 
     @classmethod

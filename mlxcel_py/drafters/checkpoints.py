@@ -4,7 +4,9 @@ into the network with a one-line error when they do not fit (those two and the M
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -47,3 +49,26 @@ def fit(net: Any, weights: dict[str, mx.array], failure: str) -> Any:
         raise ModelError(f"{failure}: {str(exc).splitlines()[0]}") from None
     mx.eval(net.parameters())
     return net
+
+
+CARD = "mlxcel_card.json"
+
+
+def check_card(where: str, folder: Path, target: Any) -> None:
+    """A drafter trained here is refused for any target but its own (its card's fingerprint);
+    published checkpoints carry no card and are checked by their sizes alone."""
+    from ..models.fingerprint import fingerprint
+
+    path = folder / CARD
+    if not path.is_file():
+        return
+    try:
+        named = json.loads(path.read_text())["target"]
+        mark, name = str(named["fingerprint"]), str(named.get("name") or named.get("path"))
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ModelError(f"{where}: {CARD} is unreadable or damaged; train the drafter again") from None
+    if fingerprint(target.path, target.gguf) != mark:
+        raise ModelError(
+            f"{where} was trained for another target ({name}); pass that model as -m, or train a drafter for "
+            f"this one with `mlxcel draft train -m MODEL --out DIR`"
+        )

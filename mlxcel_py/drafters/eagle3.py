@@ -36,7 +36,7 @@ from ..models.taps import layer_tap, lm_head_and_embed
 from ..options import DraftConfig
 from .base import Drafter, NetworkSource, Plan, Proposal, chain_proposal, draw
 from .branching import runner_ups
-from .checkpoints import check_shapes, check_sizes, fit
+from .checkpoints import check_card, check_shapes, check_sizes, fit
 from .eagle3_net import Eagle3Net, Spec
 from .registry import is_eagle3_checkpoint as is_eagle3
 
@@ -167,7 +167,22 @@ def load_net(spec: Spec, tensors: dict, d2t: mx.array | None, folder: Path, targ
     dtype = embed(mx.array([0])).dtype
     weights = {n: w.astype(dtype) for n, w in weights.items()}
     weights["d2t"] = (d2t if d2t is not None else mx.zeros((spec.draft_vocab_size,))).astype(mx.int32)
-    return fit(net, weights, f"--draft-model {folder}: its tensors do not fit the EAGLE-3 network")
+    net = fit(net, weights, f"--draft-model {folder}: its tensors do not fit the EAGLE-3 network")
+    return on_the_kernel(net)
+
+
+def on_the_kernel(net: Eagle3Net) -> Eagle3Net:
+    """The drafter's layers in 8 bits on the row-exact kernel where it built: a draft step is
+    bandwidth-bound like the target's, and its precision only moves acceptance, never the output
+    (every token is the target's). Measured with a trained drafter for SmolLM2-135M: draft time
+    a round 9.2 -> 3.5 ms (float32 on BLAS -> q8), the same drafts accepted."""
+    from ..cpu import weights as cpu_weights
+    from ..cpu.extension import kernel_status
+
+    qmm, _ = kernel_status()
+    if qmm is not None:
+        cpu_weights.apply(net, "q8")
+    return net
 
 
 class Eagle3Drafter(Drafter):
@@ -223,8 +238,7 @@ class Eagle3Drafter(Drafter):
         first = self.base + len(self.tokens)  # next pair j to feed; pairs run to j = L - 2
         hidden = self.net.features(self.target.hidden_rows(first, L - 1)[None])
         new = list(context[first + 1 : L])
-        logits, out = self.net.step(self.embed(mx.array([new], dtype=mx.int32)), hidden, self.cache)
-        logits, out = logits[:, -1:], out[:, -1:]
+        logits, out = self.net.step(self.embed(mx.array([new], dtype=mx.int32)), hidden, self.cache, last_only=True)
         self.tokens.extend(new)
         self.target.drop_hidden_before(L - 1)
         picks, rows, steps = [], [], []
@@ -260,6 +274,7 @@ def prepare(draft: DraftConfig, target: loading.ResolvedModel, model_options: An
             f"--draft-model {draft.draft_model} is not an EAGLE-3 drafter (its config.json names no Eagle3 "
             f"architecture); drop --draft-kind eagle3 to run it as a full-model drafter"
         )
+    check_card(f"--draft-model {draft.draft_model}", d.path, target)
     tcfg = text_config(target.config)
     has_embedding = any(_stored(n) == "embed_tokens.weight" for n in tensor_shapes(d.path))
     spec = read_spec(d.config, d.path, int(tcfg.get("num_hidden_layers") or 0), has_embedding)

@@ -147,13 +147,19 @@ class Eagle3Net(nn.Module):
 
         return [KVCache()]
 
-    def step(self, embedded: mx.array, hidden: mx.array, cache: list) -> tuple[mx.array, mx.array]:
+    def step(
+        self, embedded: mx.array, hidden: mx.array, cache: list, *, last_only: bool = False
+    ) -> tuple[mx.array, mx.array]:
         """Rows (1, L, H) of embeddings and hidden states at the cache's next positions (causal):
-        (the draft-vocabulary logits of every row, its output before the final norm)."""
+        (the draft-vocabulary logits of every row, its output before the final norm). `last_only`:
+        the last row's alone (drafting reads only it: catching up on 100 positions, the output
+        layer was half the step)."""
         from mlx_lm.models.base import create_attention_mask
 
         mask = create_attention_mask(embedded, cache[0]) if cache is not None else "causal"
         out = self.midlayer(embedded, hidden, self.rope, cache[0] if cache is not None else None, mask)
+        if last_only:
+            out = out[:, -1:]
         return self.lm_head(self.norm(out)), out
 
     def features(self, tapped: mx.array) -> mx.array:

@@ -47,6 +47,9 @@ class DrafterKind:
     unsharded: str = ""  # what stays in one process, for the refusal under --tp-size/--pp-size
     flag: str = ""  # the flag a refusal names (default --draft-kind NAME)
     default_policy: str = "auto"  # ADAPTIVE kinds: the policy unless --prompt-lookup-policy says
+    # FIXED kinds: pause while the drafts do not pay (engine.policy.BreakEvenPolicy), for drafters
+    # whose worth depends on the text; else every round drafts block_size tokens
+    gated: bool = False
     # the block's first row is the last committed token (DFlash): block_size - 1 drafts a round
     anchored: bool = False
 
@@ -171,6 +174,7 @@ KINDS: dict[str, DrafterKind] = {
             what="an EAGLE-3 speculative drafter",
             spec_type="draft-eagle3",
             unsharded="drafter",
+            gated=True,  # trained here or published, its acceptance varies with the text
         ),
         DrafterKind(
             name="suffix",
@@ -220,6 +224,13 @@ def width(draft: DraftConfig) -> int:
     """The widest proposal a round can make (warmup runs every verify width up to one more)."""
     if not draft.enabled:
         return 0
+    if draft.lookup_first:
+        return max(draft.lookup.max_draft, model_width(draft))
+    return model_width(draft)
+
+
+def model_width(draft: DraftConfig) -> int:
+    """The kind's own widest proposal (a composite's model drafter: at most this a round)."""
     kind = kind_of(draft.kind)
     if kind.sizing == ADAPTIVE:
         return draft.lookup.max_draft
@@ -230,7 +241,7 @@ def calibrates(draft: DraftConfig) -> bool:
     """The cost policy sizes this drafter's proposals, so warmup times every verify width."""
     return (
         draft.enabled
-        and kind_of(draft.kind).sizing == ADAPTIVE
+        and (kind_of(draft.kind).sizing == ADAPTIVE or draft.lookup_first)
         and draft.lookup.adaptive
         and draft.lookup.policy == "cost"
     )
@@ -251,7 +262,10 @@ def with_width(draft: DraftConfig, w: int) -> DraftConfig:
 
 def policy_name(draft: DraftConfig, *, on_cuda: bool) -> str:
     """The policy a round loop runs with (auto resolved)."""
-    if kind_of(draft.kind).sizing == FIXED or not draft.lookup.adaptive:
+    kind = kind_of(draft.kind)
+    if kind.sizing == FIXED and not draft.lookup_first:
+        return "break-even" if kind.gated else "fixed"
+    if not draft.lookup.adaptive:
         return "fixed"
     if draft.lookup.policy == "auto":
         return "gated" if on_cuda else "graded"
@@ -264,6 +278,16 @@ def describe(draft: DraftConfig, *, on_cuda: bool = False, shadow: int = 0, max_
     prompt lookup shows)."""
     if not draft.enabled:
         return "speculative=off"
+    if draft.lookup_first:
+        from dataclasses import replace
+
+        lk = draft.lookup
+        model = describe(replace(draft, lookup_first=False, tree_budget=0)).removeprefix("speculative=")
+        return (
+            f"speculative=prompt-lookup+{draft.kind} (prompt lookup where the context has a match: max_draft="
+            f"{lk.max_draft}, ngram={lk.ngram_min}..{lk.ngram_max}, policy={policy_name(draft, on_cuda=on_cuda)}; "
+            f"elsewhere {model}{describe_tree(draft)})"
+        )
     if draft.kind == "prompt-lookup":
         lk = draft.lookup
         pol = policy_name(draft, on_cuda=on_cuda)
@@ -305,6 +329,8 @@ def label(draft: DraftConfig) -> str:
     tree = f" tree={draft.tree_budget}" if draft.tree_budget else ""
     if draft.kind == "prompt-lookup":
         return f"prompt-lookup k={draft.lookup.max_draft}{tree}"
+    if draft.lookup_first:
+        return f"prompt-lookup+{draft.kind} k={draft.lookup.max_draft}/{model_width(draft)}{tree}"
     return f"{draft.kind} k={width(draft)}{tree}"  # k: tokens proposed a round (a DFlash block is one wider)
 
 

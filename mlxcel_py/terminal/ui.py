@@ -102,3 +102,43 @@ def progress(total: int, description: str) -> Iterator:
     with bar:
         yield step
         bar.update(task, completed=total, description=description)
+
+
+@contextlib.contextmanager
+def timed_progress(total_s: float, description: str) -> Iterator:
+    """A bar over a time budget on stderr; yields `update(label, done_s)`, the label shown beside it.
+    Into a log file (not a terminal) a plain line every LOG_EVERY_S instead: a bar would only be
+    drawn at the end."""
+    import time
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if not err().is_terminal:
+        last = [-LOG_EVERY_S]
+
+        def log(label: str, done_s: float) -> None:
+            now = time.monotonic()
+            if now - last[0] >= LOG_EVERY_S:
+                last[0] = now
+                info(f"{description} {done_s / 60:.1f}/{total_s / 60:.0f} min: {label}")
+
+        yield log
+        return
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[label]}"),
+        TimeElapsedColumn(),
+        console=err(),
+        transient=False,
+    )
+    task = bar.add_task(description, total=total_s, label="")
+
+    def update(label: str, done_s: float) -> None:
+        bar.update(task, completed=min(done_s, total_s), label=label)
+
+    with bar:
+        yield update
+
+
+LOG_EVERY_S = 30.0

@@ -1,0 +1,163 @@
+"""The composite drafter (`generate --prompt-lookup --draft-model DIR`): prompt lookup where the
+context has an n-gram match, the model drafter everywhere else, in one round loop.
+
+Copy-heavy replies (edits, code, reformatting) repeat the context, where a lookup draft is free
+and long; prose does not, where only a model can guess. Each round asks the lookup index for a
+real match first (its one-token fallback does not count) and only then runs the model drafter,
+capped at its own width. The model drafter keeps up with the context whichever side drafted:
+drafters that read the target's hidden states (EAGLE-3, DFlash, MTP) feed every position they
+have not seen on their next proposal, and the target keeps those rows until then. Each side
+keeps its own policy (`CompositeDrafter`): lookup rounds are sized and paused as prompt lookup
+alone would be, and the model side drafts only while it pays (engine.policy.BreakEvenPolicy), so a drafter that
+guesses badly costs a few probe rounds, not every round. Every token is still the target's: a
+proposal of either kind is verified the same way, and sampled rounds judge a model draft with
+its own q and a lookup draft as one-hot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from ..engine.policy import BreakEvenPolicy, FixedPolicy, make_policy, on_cuda
+from . import registry
+from .base import Drafter, DrafterSource, Proposal, stop_at_eos
+from .prompt_lookup import PromptLookupDrafter, fallback_length
+
+
+class CompositeDrafter(Drafter):
+    """Each side keeps the policy it runs with alone: prompt lookup's (graded by default) sizes and
+    pauses lookup drafts, a break-even policy the model's (engine.policy.BreakEvenPolicy). The engine's own policy is fixed at the widest
+    proposal; a round neither side drafts is a plain step. What each proposal earned is read off
+    the context at the next round (its longest prefix the target kept)."""
+
+    def __init__(self, lookup: PromptLookupDrafter, model: Drafter, model_width: int, lookup_policy: Callable[[], Any]):
+        self.lookup, self.model, self.model_width = lookup, model, model_width
+        self.kind = f"prompt-lookup+{model.kind}"
+        self.hidden_tap = getattr(model, "hidden_tap", None)  # the engine keeps the rows it reads
+        self.new_lookup_policy = lookup_policy
+        self.lookup_policy: Any = lookup_policy()
+        self.gate = BreakEvenPolicy(model_width)
+        self.last: tuple[str, int, list[int]] | None = None  # (side, position, tokens) of the last proposal
+        self.from_lookup = self.from_model = 0  # proposals each side made (tests, profile)
+
+    @property
+    def tree_margin(self) -> float:
+        return self.model.tree_margin
+
+    @tree_margin.setter
+    def tree_margin(self, value: float) -> None:
+        self.model.tree_margin = value
+
+    def begin(self, context: Sequence[int], target: Any = None) -> None:
+        self.lookup.begin(context, target)
+        self.model.begin(context, target)
+        self.lookup_policy, self.gate, self.last = self.new_lookup_policy(), BreakEvenPolicy(self.model_width), None
+
+    def commit(self, context: Sequence[int]) -> None:
+        self.lookup.commit(context)
+        self.model.commit(context)
+
+    def _settle(self, context: Sequence[int]) -> None:
+        """Tell the side that drafted last round what it earned; a side that did not, that a round passed."""
+        side, at, tokens = self.last if self.last is not None else ("", 0, [])
+        self.last = None
+        kept = 0
+        while kept < len(tokens) and at + kept < len(context) and context[at + kept] == tokens[kept]:
+            kept += 1
+        if side == "lookup":
+            self.lookup_policy.drafted(len(tokens), kept)
+        else:
+            self.lookup_policy.plain()
+        if side == "model":
+            self.gate.drafted(len(tokens), kept)
+        else:
+            self.gate.plain()
+
+    def _lookup(self, context: Sequence[int], limit: int, decider) -> Proposal | None:
+        budget = min(limit, self.lookup_policy.budget())
+        if budget <= 0:
+            return None
+        lk = self.lookup
+        lk.commit(context)
+        tokens, match_len = lk.index.find_match(budget, periodic=lk.periodic, fallback=False)
+        tokens = stop_at_eos(tokens, lk.eos_ids, decider)
+        tokens = tokens[: self.lookup_policy.size(len(tokens), match_len)] if tokens else []
+        if not tokens:
+            return None
+        self.from_lookup += 1
+        self.last = ("lookup", len(context), tokens)
+        return Proposal(tokens, match_len=match_len)
+
+    def _propose(self, context: Sequence[int], limit: int, decider, nodes: int | None) -> Proposal:
+        self._settle(context)
+        found = self._lookup(context, limit, decider)
+        if found is not None:
+            return found
+        if self.gate.paused:
+            return Proposal([])
+        width = min(limit, self.model_width)
+        p = (
+            self.model.propose(context, width, decider)
+            if nodes is None
+            else self.model.propose_tree(context, width, decider, nodes)
+        )
+        if p.tokens:
+            self.from_model += 1
+            self.last = ("model", len(context), list(p.tokens))
+        return p
+
+    def propose(self, context: Sequence[int], limit: int, decider) -> Proposal:
+        return self._propose(context, limit, decider, None)
+
+    def propose_tree(self, context: Sequence[int], limit: int, decider, nodes: int) -> Proposal:
+        return self._propose(context, limit, decider, nodes)
+
+
+class Source(DrafterSource):
+    """Wraps the model drafter's source; `config` is the composite's (lookup_first)."""
+
+    def __init__(self, inner: DrafterSource):
+        config = inner.config
+        inner.config = replace(config, lookup_first=False)  # the model drafter alone: its own width, warmup
+        super().__init__(
+            config, model=inner.model, eos_ids=inner.eos_ids, vocab_size=inner.vocab_size, assets=inner.assets
+        )
+        self.inner = inner
+        self.shares_drafter = inner.shares_drafter
+
+    @property
+    def kind(self) -> str:
+        return f"prompt-lookup+{self.inner.kind}"
+
+    def new_drafter(self) -> CompositeDrafter:
+        lk = self.config.lookup
+        lookup = PromptLookupDrafter(
+            lk.ngram_min,
+            lk.ngram_max,
+            self.eos_ids,
+            periodic=lk.adaptive and lk.policy == "cost",
+            fallback=fallback_length(),
+        )
+        return CompositeDrafter(
+            lookup,
+            self.inner.new_drafter(),
+            registry.model_width(self.config),
+            lambda: make_policy(lk.policy, lk.max_draft, adaptive=lk.adaptive, on_cuda=on_cuda()),
+        )
+
+    def make_policy(self, verify_cost: Sequence[float] | None = None):
+        return FixedPolicy(self.width)  # each side's own policy runs inside the drafter
+
+    def retarget(self, draft, loaded: Any) -> DrafterSource:
+        return Source(self.inner.retarget(draft, loaded)) if draft.lookup_first else self.inner.retarget(draft, loaded)
+
+    def warm(self, tokens: Sequence[int]) -> None:
+        self.inner.warm(tokens)
+
+    def remember(self, tokens: Sequence[int]) -> None:
+        self.inner.remember(tokens)
+
+    def save(self) -> str | None:
+        return self.inner.save()

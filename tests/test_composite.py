@@ -1,0 +1,189 @@
+"""The composite drafter (`generate --prompt-lookup --draft-model DIR`): prompt lookup where the
+context has a match, the model drafter elsewhere, one round loop.
+
+A full-model drafter that is the target itself drafts only right tokens, so any round it loses
+track of the context (after lookup rounds it did not draft) shows as a rejected draft: every one
+of its drafts must be accepted. An EAGLE-3 drafter (random weights) proves the hidden-state
+catch-up path and the p/q rule; greedy output equals plain everywhere.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import tiny_models
+from conftest import mlxcel_cmd
+from test_dflash import plain_engine, session
+from test_engine import run
+from test_families import copy_prompts
+
+from mlxcel_py.commands._options import build_options
+from mlxcel_py.errors import UsageError
+from mlxcel_py.options import SamplingOptions
+from mlxcel_py.validate import validate
+
+QWEN3 = tiny_models.QWEN3
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("composite")
+    return {
+        "target": tiny_models.build(root / "target", QWEN3, seed=1, scale=0.5),
+        "eagle3": tiny_models.eagle3_checkpoint(root / "eagle3", tiny_models.eagle3_config(QWEN3)),
+    }
+
+
+def both_sides(s, prompts, n, sampled=False):
+    """Greedy output equals plain, sampled runs reach full length; returns the proposals each side
+    made and the rounds' (proposed, accepted)."""
+    plain = plain_engine(s)
+    lookup = model = 0
+    proposed = accepted = 0
+    for i, p in enumerate(prompts):
+        for sampling in (SamplingOptions(), SamplingOptions(temp=0.8, seed=i))[: 2 if sampled else 1]:
+            drafter = s.drafters.make(private=True)
+            a, _ = run(plain, p, max_tokens=n, sampling=sampling, ignore_eos=True)
+            b, g = run(s.engine, p, max_tokens=n, sampling=sampling, ignore_eos=True, drafter=drafter)
+            if sampling.greedy:
+                assert a == b, i
+            else:
+                assert len(b) == n
+            assert g.stats.draft_kind == s.drafters.kind
+            lookup, model = lookup + drafter.from_lookup, model + drafter.from_model
+            proposed, accepted = proposed + g.stats.proposed, accepted + g.stats.accepted
+    return lookup, model, proposed, accepted
+
+
+def test_validation_makes_a_composite_and_keeps_the_other_refusals(dirs):
+    opts = {"prompt": "x", "model": str(dirs["target"]), "prompt_lookup": True, "draft_model": str(dirs["eagle3"])}
+    run_cfg = validate(build_options("generate", {**opts, "draft_block_size": 2}))
+    d = run_cfg.draft
+    assert d.lookup_first and d.block_size == 2 and d.block_explicit and d.lookup.max_draft >= 2
+    for extra, message in (
+        ({"draft_kind": "suffix"}, "--prompt-lookup conflicts with --draft-kind suffix"),
+        ({"draft_model": None, "draft_kind": "full-model"}, "--prompt-lookup conflicts with --draft-kind full-model"),
+        ({"draft_model": None, "draft_block_size": 4}, "does not apply to --prompt-lookup"),
+    ):
+        with pytest.raises(UsageError, match=message):
+            validate(build_options("generate", {**opts, **extra}))
+
+
+def test_a_target_copy_as_the_model_side_is_never_wrong_after_lookup_rounds(dirs):
+    """The model drafter must follow the context through rounds the lookup side drafted."""
+    s = session(dirs["target"], draft_model=dirs["target"], prompt_lookup=True, draft_block_size=3)
+    assert s.drafters.kind == "prompt-lookup+full-model"
+    plain = plain_engine(s)
+    lookup = model = 0
+    for i, p in enumerate(copy_prompts(6, seed=3)):
+        drafter = s.drafters.make(private=True)
+        a, _ = run(plain, p, max_tokens=40, ignore_eos=True)
+        b, g = run(s.engine, p, max_tokens=40, ignore_eos=True, drafter=drafter)
+        assert a == b, i
+        lookup, model = lookup + drafter.from_lookup, model + drafter.from_model
+    assert lookup > 0 and model > 0, (lookup, model)
+
+
+def test_model_side_rounds_of_a_target_copy_are_all_accepted(dirs):
+    """Count the model side's own acceptance: wrap its drafter to see each of its proposals judged."""
+    s = session(dirs["target"], draft_model=dirs["target"], prompt_lookup=True, draft_block_size=3)
+    plain = plain_engine(s)
+    for p in copy_prompts(4, seed=5):
+        drafter = s.drafters.make(private=True)
+        model_side = drafter.model
+        drafted: list[list[int]] = []
+        real = model_side.propose
+
+        def spy(context, limit, decider, real=real, drafted=drafted):
+            out = real(context, limit, decider)
+            drafted.append((len(context), list(out.tokens)))
+            return out
+
+        model_side.propose = spy
+        a, _ = run(plain, p, max_tokens=40, ignore_eos=True)
+        b, _ = run(s.engine, p, max_tokens=40, ignore_eos=True, drafter=drafter)
+        assert a == b
+        full = list(p) + a
+        for at, tokens in drafted:  # each model draft is exactly what the target said next
+            assert tokens == full[at : at + len(tokens)], (at, tokens)
+        assert drafted
+
+
+def test_eagle3_side_catches_up_and_sampling_keeps_pq(dirs):
+    s = session(dirs["target"], draft_model=dirs["eagle3"], prompt_lookup=True)
+    assert s.drafters.kind == "prompt-lookup+eagle3"
+    lookup, model, proposed, _ = both_sides(s, copy_prompts(4, seed=1), 30, sampled=True)
+    assert lookup > 0 and model > 0 and proposed > 0
+
+
+def test_cli_generate_with_both_equals_plain(dirs, cli_env):
+    base = [*mlxcel_cmd(), "generate", "-m", str(dirs["target"]), "-p", "abcabcabc abc", "-n", "24", "--ignore-eos"]
+    plain = subprocess.run(base, capture_output=True, text=True, env=cli_env, timeout=300)
+    both = subprocess.run(
+        [*base, "--prompt-lookup", "--draft-model", str(dirs["eagle3"]), "--profile", "--verbose"],
+        capture_output=True, text=True, env=cli_env, timeout=300,
+    )  # fmt: skip
+    assert plain.returncode == both.returncode == 0, both.stderr[-2000:]
+    assert both.stdout == plain.stdout
+    assert "speculative=prompt-lookup+eagle3" in both.stderr and "prompt-lookup+eagle3" in both.stderr
+
+
+def test_the_break_even_policy_pauses_drafts_that_do_not_pay_and_probes_again():
+    from mlxcel_py.engine.policy import BreakEvenPolicy
+
+    g = BreakEvenPolicy(3)
+    g.drafted(3, 3)
+    assert g.budget() == 3
+    g.drafted(3, 0)  # share 0.5: below break-even
+    assert g.paused and g.budget() == 0 and g.backoff.left == 4
+    for _ in range(4):
+        g.plain()
+    assert not g.paused
+    g.drafted(3, 0)  # the probe fails: a pause twice as long
+    assert g.backoff.left == 8
+    for _ in range(100):
+        g.plain()
+    g.drafted(3, 3)  # it pays again: the next pause starts short
+    assert g.budget() == 3 and g.backoff.length == 4
+
+
+def test_a_drafter_that_guesses_badly_is_paused_and_lookup_still_drafts(dirs):
+    """A random-weight EAGLE-3 drafter is almost never right: after a few probes the model side
+    pauses, and the rounds with a lookup match still draft."""
+    s = session(dirs["target"], draft_model=dirs["eagle3"], prompt_lookup=True)
+    plain = plain_engine(s)
+    rounds = model = lookup = pauses = 0
+    for i, p in enumerate(copy_prompts(4, seed=9)):
+        drafter = s.drafters.make(private=True)
+        a, _ = run(plain, p, max_tokens=60, ignore_eos=True)
+        b, g = run(s.engine, p, max_tokens=60, ignore_eos=True, drafter=drafter)
+        assert a == b, i
+        rounds, model, lookup = rounds + g.stats.rounds, model + drafter.from_model, lookup + drafter.from_lookup
+        pauses += drafter.gate.backoff.count
+    assert pauses > 0 and lookup > 0
+    assert model < rounds / 3, (model, rounds)  # ungated, every round without a match would draft
+
+
+def test_eagle3_alone_runs_under_the_break_even_policy(dirs):
+    """A drafter whose drafts do not pay pauses (random weights: almost never right)."""
+    s = session(dirs["target"], draft_model=dirs["eagle3"])
+    plain = plain_engine(s)
+    p = copy_prompts(1, seed=2)[0]
+    a, _ = run(plain, p, max_tokens=60, ignore_eos=True)
+    b, g = run(s.engine, p, max_tokens=60, ignore_eos=True)
+    assert a == b
+    assert g.stats.policy == "break-even" and 0 < g.stats.drafted_rounds < g.stats.rounds / 2, g.stats
+
+
+def test_bench_plans_the_composite_beside_each_drafter_alone(dirs):
+    from mlxcel_py.bench.checks import validate_bench
+    from mlxcel_py.commands._options import build_bench_options
+
+    params = {"draft_model": str(dirs["eagle3"]), "prompt_lookup": True, "max_tokens": 16}
+    plan = validate_bench(build_options("bench", params), build_bench_options(params))
+    assert [(d.kind, d.lookup_first) for d in plan.drafts] == [
+        ("full-model", False),  # the folder's kind (eagle3) is resolved when the session loads it
+        ("prompt-lookup", False),
+        ("full-model", True),
+    ]
