@@ -492,7 +492,8 @@ def test_bench_runs_a_detected_dflash_drafter_beside_prompt_lookup(dirs, cli_env
     )
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
-    assert data["configs"] == ["plain", "dflash k=7", "prompt-lookup k=7"]  # the checkpoint's block of 8
+    # the checkpoint's block of 8; both flags also run the composite (drafters/composite.py)
+    assert data["configs"] == ["plain", "dflash k=7", "prompt-lookup k=7", "prompt-lookup+dflash k=7/7"]
     assert all(s["identical"] == s["prompts"] for s in data["summary"])
 
 

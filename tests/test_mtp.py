@@ -317,7 +317,8 @@ def test_bench_runs_an_auto_detected_mtp_head_beside_prompt_lookup(mtp_dirs, cli
     )
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
-    assert data["configs"] == ["plain", "mtp k=3", "prompt-lookup k=7"]  # the head's declared width
+    # the head's declared width; both flags also run the composite (drafters/composite.py)
+    assert data["configs"] == ["plain", "mtp k=3", "prompt-lookup k=7", "prompt-lookup+mtp k=7/3"]
     assert all(s["identical"] == s["prompts"] for s in data["summary"])
 
 
