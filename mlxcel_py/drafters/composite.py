@@ -8,8 +8,8 @@ capped at its own width. The model drafter keeps up with the context whichever s
 drafters that read the target's hidden states (EAGLE-3, DFlash, MTP) feed every position they
 have not seen on their next proposal, and the target keeps those rows until then. Each side
 keeps its own policy (`CompositeDrafter`): lookup rounds are sized and paused as prompt lookup
-alone would be, and the model side drafts only while it pays (engine.policy.BreakEvenPolicy), so a drafter that
-guesses badly costs a few probe rounds, not every round. Every token is still the target's: a
+alone would be, and the model side drafts only while it pays (engine.policy.BreakEvenPolicy),
+so a drafter that guesses badly costs a few probe rounds, not every round. Every token is still the target's: a
 proposal of either kind is verified the same way, and sampled rounds judge a model draft with
 its own q and a lookup draft as one-hot.
 """
@@ -22,14 +22,14 @@ from typing import Any
 
 from ..engine.policy import BreakEvenPolicy, FixedPolicy, make_policy, on_cuda
 from . import registry
-from .base import Drafter, DrafterSource, Proposal, stop_at_eos
-from .prompt_lookup import PromptLookupDrafter, fallback_length
+from .base import Drafter, DrafterSource, Proposal
+from .prompt_lookup import PromptLookupDrafter, drafter_for
 
 
 class CompositeDrafter(Drafter):
     """Each side keeps the policy it runs with alone: prompt lookup's (graded by default) sizes and
-    pauses lookup drafts, a break-even policy the model's (engine.policy.BreakEvenPolicy). The engine's own policy is fixed at the widest
-    proposal; a round neither side drafts is a plain step. What each proposal earned is read off
+    pauses lookup drafts, a break-even policy the model's (engine.policy.BreakEvenPolicy). The
+    engine's own policy is fixed at the widest proposal; a round neither side drafts is a plain step. What each proposal earned is read off
     the context at the next round (its longest prefix the target kept)."""
 
     def __init__(self, lookup: PromptLookupDrafter, model: Drafter, model_width: int, lookup_policy: Callable[[], Any]):
@@ -79,16 +79,13 @@ class CompositeDrafter(Drafter):
         budget = min(limit, self.lookup_policy.budget())
         if budget <= 0:
             return None
-        lk = self.lookup
-        lk.commit(context)
-        tokens, match_len = lk.index.find_match(budget, periodic=lk.periodic, fallback=False)
-        tokens = stop_at_eos(tokens, lk.eos_ids, decider)
-        tokens = tokens[: self.lookup_policy.size(len(tokens), match_len)] if tokens else []
+        p = self.lookup.propose(context, budget, decider, fallback=False)
+        tokens = p.tokens[: self.lookup_policy.size(len(p.tokens), p.match_len)] if p.tokens else []
         if not tokens:
             return None
         self.from_lookup += 1
         self.last = ("lookup", len(context), tokens)
-        return Proposal(tokens, match_len=match_len)
+        return Proposal(tokens, match_len=p.match_len)
 
     def _propose(self, context: Sequence[int], limit: int, decider, nodes: int | None) -> Proposal:
         self._settle(context)
@@ -133,15 +130,8 @@ class Source(DrafterSource):
 
     def new_drafter(self) -> CompositeDrafter:
         lk = self.config.lookup
-        lookup = PromptLookupDrafter(
-            lk.ngram_min,
-            lk.ngram_max,
-            self.eos_ids,
-            periodic=lk.adaptive and lk.policy == "cost",
-            fallback=fallback_length(),
-        )
         return CompositeDrafter(
-            lookup,
+            drafter_for(lk, self.eos_ids),
             self.inner.new_drafter(),
             registry.model_width(self.config),
             lambda: make_policy(lk.policy, lk.max_draft, adaptive=lk.adaptive, on_cuda=on_cuda()),

@@ -178,9 +178,10 @@ class PromptLookupDrafter(Drafter):
     def commit(self, context: Sequence[int]) -> None:
         self.index.extend(context[len(self.index.tokens) :])
 
-    def propose(self, context: Sequence[int], limit: int, decider) -> Proposal:
+    def propose(self, context: Sequence[int], limit: int, decider, *, fallback: bool = True) -> Proposal:
+        """`fallback=False`: only a real n-gram match drafts (the composite drafter's test)."""
         self.commit(context)
-        tokens, match_len = self.index.find_match(limit, periodic=self.periodic)
+        tokens, match_len = self.index.find_match(limit, periodic=self.periodic, fallback=fallback)
         return Proposal(stop_at_eos(tokens, self.eos_ids, decider), match_len=match_len)
 
     def propose_tree(self, context: Sequence[int], limit: int, decider, nodes: int) -> Proposal:
@@ -198,16 +199,20 @@ class PromptLookupDrafter(Drafter):
 
 class Source(DrafterSource):
     def new_drafter(self) -> PromptLookupDrafter:
-        lk = self.config.lookup
-        # mlxcel's policies keep its drafter exactly (followers end at the context's end);
-        # our cost policy also drafts through loops, since it sizes every proposal itself
-        return PromptLookupDrafter(
-            lk.ngram_min,
-            lk.ngram_max,
-            self.eos_ids,
-            periodic=lk.adaptive and lk.policy == "cost",
-            fallback=fallback_length(),
-        )
+        return drafter_for(self.config.lookup, self.eos_ids)
+
+
+def drafter_for(lk: Any, eos_ids: Sequence[int]) -> PromptLookupDrafter:
+    """The drafter a LookupConfig asks for (prompt lookup alone, or a composite's lookup side)."""
+    # mlxcel's policies keep its drafter exactly (followers end at the context's end);
+    # our cost policy also drafts through loops, since it sizes every proposal itself
+    return PromptLookupDrafter(
+        lk.ngram_min,
+        lk.ngram_max,
+        eos_ids,
+        periodic=lk.adaptive and lk.policy == "cost",
+        fallback=fallback_length(),
+    )
 
 
 def fallback_length() -> int:

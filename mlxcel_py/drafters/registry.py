@@ -238,10 +238,11 @@ def model_width(draft: DraftConfig) -> int:
 
 
 def calibrates(draft: DraftConfig) -> bool:
-    """The cost policy sizes this drafter's proposals, so warmup times every verify width."""
+    """The cost policy sizes this drafter's proposals, so warmup times every verify width. Not a
+    composite's: its lookup side's policy lives inside the drafter and sizes from its priors."""
     return (
         draft.enabled
-        and (kind_of(draft.kind).sizing == ADAPTIVE or draft.lookup_first)
+        and kind_of(draft.kind).sizing == ADAPTIVE
         and draft.lookup.adaptive
         and draft.lookup.policy == "cost"
     )
