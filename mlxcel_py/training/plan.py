@@ -49,23 +49,25 @@ def check(plan: TrainPlan) -> TrainPlan:
             "--kind dflash: training a DFlash drafter is not implemented yet; --kind eagle3 (the default) trains "
             "an EAGLE-3 drafter"
         )
-    for name, value, low in (
-        ("--tokens", plan.tokens, 1),
-        ("--draft-vocab", plan.draft_vocab, 16),
-        ("--width", plan.width, 1),
-        ("--max-answer", plan.max_answer, 8),
-        ("--batch", plan.batch, 1),
+    # Upper bounds catch a mistyped digit before it becomes hours of recording or an out-of-memory
+    # batch: the recorded answers (with their tapped features) live in memory until training.
+    for name, value, low, high, what in (
+        ("--tokens", plan.tokens, 1, 100_000_000, "answer tokens"),
+        ("--draft-vocab", plan.draft_vocab, 16, 1_000_000, "tokens"),
+        ("--width", plan.width, 1, 16, "drafts a round"),
+        ("--max-answer", plan.max_answer, 8, 8192, "tokens an answer"),
+        ("--batch", plan.batch, 1, 64, "prompts at once"),
     ):
         if value < low:
             raise UsageError(f"{name} {value}: must be at least {low}")
-    if plan.width > 16:
-        raise UsageError(f"--width {plan.width}: at most 16 drafts a round")
+        if value > high:
+            raise UsageError(f"{name} {value}: at most {high:,} {what}")
     if not 0 < plan.minutes <= 7 * 24 * 60:
         raise UsageError(f"--minutes {plan.minutes:g}: must be above 0 and at most a week (10080)")
-    if plan.intermediate_size is not None and plan.intermediate_size < 1:
-        raise UsageError(f"--intermediate-size {plan.intermediate_size}: must be positive")
-    if not plan.learning_rate > 0:
-        raise UsageError(f"--learning-rate {plan.learning_rate:g}: must be positive")
+    if plan.intermediate_size is not None and not 1 <= plan.intermediate_size <= 65536:
+        raise UsageError(f"--intermediate-size {plan.intermediate_size}: must be from 1 to 65536")
+    if not 0 < plan.learning_rate <= 1:  # also refuses nan
+        raise UsageError(f"--learning-rate {plan.learning_rate:g}: must be above 0 and at most 1")
     if not plan.prompts and not plan.builtin_prompts:
         raise UsageError("--no-builtin-prompts leaves nothing to train on; add --prompts FILE.jsonl")
     out = plan.out
