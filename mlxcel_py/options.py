@@ -192,7 +192,8 @@ class ServerOptions:
     reasoning_budget: int = -1  # --reasoning-budget: -1 unlimited, 0 no thinking (as --reasoning off)
     chat_template_kwargs: str | None = None  # --chat-template-kwargs: a JSON object, as given
     verbose: bool = False  # -v: chat replies carry llama-server's `__verbose` (the rendered prompt)
-    alias: str | None = None
+    alias: str | None = None  # comma-separated names (llama-server's --alias)
+    tags: str | None = None  # comma-separated, informational (llama-server's --tags)
     threads: int | None = None
     ctx_size: int = 0  # 0: the model's context window
     cache_ram: int = DEFAULT_CACHE_RAM_MIB  # finished requests' caches kept, MiB; -1 no limit, 0 off

@@ -311,3 +311,18 @@ def test_cache_rm_removes_an_entry_that_is_a_symlink_and_never_its_target(tmp_pa
     assert rm.returncode == 0 and "removed 1 conversion(s)" in rm.stderr, rm.stderr
     assert run("ls").stdout == "" and not (cache / "gguf" / "linked").exists()
     assert (elsewhere / "weights").read_bytes() == b"x" * 10  # what it pointed to is the user's
+
+
+def test_a_gguf_model_is_named_by_its_file_not_its_conversion(tmp_path, monkeypatch):
+    """/props' model_path (llama.cpp's test_server_props asserts ".gguf" in it) and every other
+    place that shows the model say the file the user gave, not the cache folder it became."""
+    from mlxcel_py.models import loading
+
+    monkeypatch.setenv("MLXCEL_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "m.gguf"
+    gguf_files.write(path, "llama", [Q.Q8_0])
+    resolved = loading.resolve(str(path))
+    assert resolved.named == path.resolve() and resolved.path != resolved.named
+    assert resolved.path.is_relative_to(tmp_path / "cache")
+    folder = loading.resolve(str(resolved.path))  # a folder is named by itself
+    assert folder.named == folder.path == resolved.path

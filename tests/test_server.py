@@ -297,6 +297,10 @@ def test_mlxcel_server_script_and_api_key(tmp_path):
             "--api-key",
             "s3cret",
             "--no-warmup",
+            "--alias",
+            " tinyllama-2, fim,code,",
+            "--tags",
+            "chat,small",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -329,7 +333,11 @@ def test_mlxcel_server_script_and_api_key(tmp_path):
         with urllib.request.urlopen(req, timeout=30) as resp:
             assert json.loads(resp.read())["tokens"]
         with urllib.request.urlopen(url + "/v1/models", timeout=30) as resp:  # public, as in llama-server
-            assert json.loads(resp.read())["data"][0]["id"] == "SmolLM2-135M-Instruct"
+            model = json.loads(resp.read())["data"][0]
+        # llama-server's comma-separated --alias and --tags (llama.cpp's test_server_model_aliases_and_tags):
+        # the id is the first alias in alphabetical order
+        assert model["id"] == "code" and model["aliases"] == ["code", "fim", "tinyllama-2"]
+        assert model["tags"] == ["chat", "small"]
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -554,15 +562,19 @@ def test_slots_show_the_request_being_decoded(server):
 
 
 def test_props_root_and_a_plain_request_beside_the_drafter(server):
-    """/props (llama-server's shape plus `speculative`); `/` is JSON health for clients and the
-    chat page for browsers; `speculative.n_max: 0` decodes one request plainly, same text."""
+    """/props (llama-server's shape plus `speculative`); `/` is JSON health for a client that
+    asks for JSON and the chat page for the rest; `speculative.n_max: 0` decodes one request plainly, same text."""
     url, _, _ = server
     p = get(url + "/props")
     assert p["speculative"] == {"enabled": True, "kind": "prompt-lookup", "plain_request_field": "speculative.n_max"}
     assert p["total_slots"] == 4 and p["default_generation_settings"]["n_ctx"] > 0
-    assert Path(p["model_path"]).exists()  # llama-server's fields (#52)
+    assert Path(p["model_path"]).is_file() and p["model_path"].endswith(".gguf")  # the file, not its conversion (#52)
+    model = get(url + "/v1/models")["data"][0]
+    assert model["id"] == "SmolLM2-135M-Instruct" and model["aliases"] == [] and model["tags"] == []
     assert p["default_generation_settings"]["params"]["seed"] == 4294967295  # random, as llama-server says
-    assert get(url + "/")["status"] == "ok"
+    json_client = urllib.request.Request(url + "/", headers={"Accept": "application/json"})
+    with urllib.request.urlopen(json_client, timeout=60) as r:
+        assert json.loads(r.read())["status"] == "ok"
     req = urllib.request.Request(url + "/", headers={"Accept": "text/html,application/xhtml+xml"})
     with urllib.request.urlopen(req, timeout=60) as r:
         assert r.headers["content-type"].startswith("text/html")

@@ -110,7 +110,7 @@ def make_client(
     session = SimpleNamespace(
         tokenizer=tok,
         engine=SimpleNamespace(vocab_size=VOCAB, context_length=512, eos_ids=()),
-        target=SimpleNamespace(resolved=SimpleNamespace(path="/m")),
+        target=SimpleNamespace(resolved=SimpleNamespace(path="/m", gguf=None)),
     )
     worker = worker or FakeWorker()
     app = create_app(

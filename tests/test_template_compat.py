@@ -61,7 +61,7 @@ def client_for(tokenizer, template: str, *, template_kwargs=None, webui=True):
     session = SimpleNamespace(
         tokenizer=tokenizer,
         engine=SimpleNamespace(vocab_size=None, context_length=2048, eos_ids=()),
-        target=SimpleNamespace(resolved=SimpleNamespace(path="/m")),
+        target=SimpleNamespace(resolved=SimpleNamespace(path="/m", gguf=None)),
     )
     worker = FakeWorker()
     app = create_app(session, worker, defaults=SamplingOptions(), model_id="tiny", webui=webui)
@@ -196,9 +196,11 @@ def test_generation_settings_responses_and_no_webui_match_llama_server(tokenizer
     html = {"Accept": "text/html"}
     off, _ = client_for(tokenizer, LLAMA33_STYLE, webui=False)
     assert off.get("/", headers=html).status_code == 404
-    assert off.get("/").status_code == 200  # probes and curl still get health
+    assert off.get("/", headers={"Accept": "*/*"}).status_code == 404  # as llama-server, for curl too
+    assert off.get("/", headers={"Accept": "application/json"}).json()["status"] == "ok"  # probes
     on, _ = client_for(tokenizer, LLAMA33_STYLE)
     assert on.get("/", headers=html).headers["content-type"].startswith("text/html")
+    assert on.get("/", headers={"Accept": "*/*"}).headers["content-type"].startswith("text/html")
 
 
 @pytest.mark.parametrize(

@@ -191,6 +191,10 @@ RULES = [
         "--draft-block-size (--draft-max) does not apply to --prompt-lookup",
     ),
     (
+        ["generate", "-p", "x", "--prompt-lookup", "--draft", "4"],  # llama-server's alias of --draft-max
+        "--draft-block-size (--draft-max) does not apply to --prompt-lookup",
+    ),
+    (
         ["bench", "--prompt-lookup", "--draft-block-size", "4"],
         "--draft-block-size (--draft-max) does not apply to --prompt-lookup",
     ),

@@ -84,9 +84,11 @@ def _idle(driver):
 def test_the_page_streams_counts_stops_keeps_and_explains_keys(server, browser):
     url, _ = server
     d = browser
-    # curl and health probes still get JSON at /; a browser gets the page
-    with urllib.request.urlopen(url + "/") as r:
+    # a client asking for JSON gets health at /; everyone else the page, as from llama-server
+    with urllib.request.urlopen(urllib.request.Request(url + "/", headers={"Accept": "application/json"})) as r:
         assert json.loads(r.read())["status"] == "ok"
+    with urllib.request.urlopen(urllib.request.Request(url + "/", headers={"Accept": "*/*"})) as r:
+        assert r.headers["content-type"].startswith("text/html")
     d.get(url + "/")
     assert d.title == "mlxcel-py chat"
 
@@ -162,19 +164,21 @@ def test_the_page_streams_counts_stops_keeps_and_explains_keys(server, browser):
     assert "stopped" in _replies(d)[-1].find_element(By.CLASS_NAME, "stats").text
 
 
-def test_no_webui_is_a_404_for_browsers_and_health_for_the_rest(tmp_path):
-    """llama-server's --no-webui: no page at / (#52); probes and curl still get health there."""
+def test_no_webui_is_a_404_at_the_root_and_health_for_json_clients(tmp_path):
+    """llama-server's --no-webui: no page at / for any client (#52; llama.cpp's test_no_webui reads
+    it with Accept: */*); a client that asks for JSON still gets health there."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path / "cfg"))
     from conftest import make_tiny_model
 
     model = make_tiny_model(tmp_path / "m")
     proc, url, _ = start_server(env, "-m", str(model), "--no-webui")
     try:
-        req = urllib.request.Request(url + "/", headers={"Accept": "text/html"})
-        with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(req)
-        assert err.value.code == 404 and "--no-webui" in json.loads(err.value.read())["error"]["message"]
-        with urllib.request.urlopen(url + "/") as r:
+        for accept in ("text/html", "*/*"):
+            req = urllib.request.Request(url + "/", headers={"Accept": accept})
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(req)
+            assert err.value.code == 404 and "--no-webui" in json.loads(err.value.read())["error"]["message"]
+        with urllib.request.urlopen(urllib.request.Request(url + "/", headers={"Accept": "application/json"})) as r:
             assert r.headers["content-type"].startswith("application/json")
             assert json.loads(r.read())["status"] == "ok"
     finally:

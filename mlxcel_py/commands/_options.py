@@ -45,9 +45,9 @@ GrammarOpt = Annotated[Optional[str], typer.Option("--grammar", metavar="GBNF", 
 GrammarFileOpt = Annotated[Optional[str], typer.Option("--grammar-file", metavar="FILE", help="--grammar, read from FILE.", rich_help_panel=GEN)]
 JsonSchemaOpt = Annotated[Optional[str], typer.Option("--json-schema", "-j", metavar="SCHEMA", help="Constrain the output to JSON matching this JSON schema ('{}': any JSON). generate/run.", rich_help_panel=GEN)]
 JsonSchemaFileOpt = Annotated[Optional[str], typer.Option("--json-schema-file", metavar="FILE", help="--json-schema, read from FILE.", rich_help_panel=GEN)]
-ChatTemplateOpt = Annotated[Optional[str], typer.Option("--chat-template", metavar="NAME|TEMPLATE", help="Replace the model's chat template: a Jinja template, or chatml | llama3 | mistral | gemma | phi3.", rich_help_panel=MODEL)]
+ChatTemplateOpt = Annotated[Optional[str], typer.Option("--chat-template", metavar="NAME|TEMPLATE", help="Replace the model's chat template: a Jinja template, or a name: chatml, llama3, mistral, gemma, phi3, or one of llama-server's command-r, vicuna, vicuna-orca, zephyr, deepseek, deepseek2, deepseek3, openchat, phi4, bailing.", rich_help_panel=MODEL)]
 ChatTemplateFileOpt = Annotated[Optional[str], typer.Option("--chat-template-file", metavar="FILE", help="--chat-template, read from a Jinja file.", rich_help_panel=MODEL)]
-JinjaOpt = Annotated[bool, typer.Option("--jinja", help="llama-server's switch: chat templates are always rendered with Jinja here, so it changes nothing.", rich_help_panel=MODEL)]
+JinjaOpt = Annotated[bool, typer.Option("--jinja/--no-jinja", help="llama-server's switch: chat templates are always rendered with Jinja here, so either changes nothing.", rich_help_panel=MODEL)]
 StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable); output ends before it.", rich_help_panel=GEN)]
 IgnoreEosOpt = Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence tokens.", rich_help_panel=GEN)]
 ImageOpt = Annotated[Optional[list[str]], typer.Option("--image", help="Image input (accepted to be refused: text models only).", rich_help_panel=GEN)]
@@ -66,7 +66,7 @@ RepeatLastNOpt = Annotated[int, typer.Option("--repeat-last-n", metavar="N", hel
 
 # each drafter kind's row (drafters/registry.py) says what these two helps say of it
 DraftKindOpt = Annotated[Optional[str], typer.Option("--draft-kind", envvar="MLXCEL_DRAFT_KIND", metavar="KIND", help=registry.kind_help(), rich_help_panel=SPEC)]
-DraftBlockSizeOpt = Annotated[Optional[int], typer.Option("--draft-block-size", "--draft-max", metavar="N", help=registry.width_help(), rich_help_panel=SPEC)]
+DraftBlockSizeOpt = Annotated[Optional[int], typer.Option("--draft-block-size", "--draft-max", "--draft", metavar="N", help=registry.width_help(), rich_help_panel=SPEC)]
 SpecTypeOpt = Annotated[Optional[str], typer.Option("--spec-type", metavar="TYPE", help="llama-server selector: none turns speculation off; draft-simple = full-model; draft-mtp = mtp.", rich_help_panel=SPEC)]
 SuffixCacheTokensOpt = Annotated[Optional[int], typer.Option("--suffix-cache-tokens", metavar="N", help=f"Suffix drafter: tokens of earlier sequences kept (default {O.DEFAULT_SUFFIX_CACHE_TOKENS}), least recently used first out.", rich_help_panel=SPEC)]
 DraftTreeBudgetOpt = Annotated[Optional[int], typer.Option("--draft-tree-budget", metavar="N", help="Draft trees: up to N more nodes a round beside the drafter's chain (other earlier matches' continuations, runner-up tokens), verified in the same forward; 0 (default) verifies chains. Greedy only; plain KV-cache models on the row-exact CPU kernel.", rich_help_panel=SPEC)]
@@ -132,7 +132,8 @@ FlashAttnOpt = Annotated[Optional[str], typer.Option("--flash-attn", "-fa", meta
 ContBatchingOpt = Annotated[bool, typer.Option("--cont-batching", "-cb", help="llama-server's continuous batching switch (accepted; batching is on whenever -np is above 1).", rich_help_panel=SERVER)]
 CacheTypeKOpt = Annotated[Optional[str], typer.Option("--cache-type-k", "-ctk", metavar="TYPE", help="llama-server's K cache type (accepted; the KV cache keeps the model's dtype).", rich_help_panel=SERVER)]
 CacheTypeVOpt = Annotated[Optional[str], typer.Option("--cache-type-v", "-ctv", metavar="TYPE", help="llama-server's V cache type (accepted; the KV cache keeps the model's dtype).", rich_help_panel=SERVER)]
-AliasOpt = Annotated[Optional[str], typer.Option("--alias", "-a", help="Model id reported by /v1/models.", rich_help_panel=SERVER)]
+AliasOpt = Annotated[Optional[str], typer.Option("--alias", "-a", help="Model names for the API, comma-separated: /v1/models lists them as aliases, its id the first in alphabetical order (llama-server's).", rich_help_panel=SERVER)]
+TagsOpt = Annotated[Optional[str], typer.Option("--tags", help="Model tags, comma-separated, listed by /v1/models (informational, as llama-server's).", rich_help_panel=SERVER)]
 # fmt: on
 
 
@@ -213,6 +214,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             api_keys=tuple(g("api_key") or ()),
             api_key_file=g("api_key_file"),
             alias=g("alias"),
+            tags=g("tags"),
             cors_origins=g("cors_origins"),
             cors_methods=g("cors_methods"),
             cors_headers=g("cors_headers"),
@@ -358,6 +360,7 @@ SERVER_PARAMS = [
     _kw("chat_template_kwargs", ChatTemplateKwargsOpt, None),
     _kw("serve_verbose", ServeVerboseOpt, False),
     _kw("alias", AliasOpt, None),
+    _kw("tags", TagsOpt, None),
     _kw("threads", ThreadsOpt, None),
     _kw("ctx_size", CtxSizeOpt, 0),
     _kw("cache_ram", CacheRamOpt, O.DEFAULT_CACHE_RAM_MIB),

@@ -39,6 +39,11 @@ class ResolvedModel:
     config: dict = field(repr=False, hash=False, compare=False, default_factory=dict)
     gguf: Path | None = None  # the GGUF file the folder was converted from (peers run on it)
 
+    @property
+    def named(self) -> Path:
+        """What the user named: a GGUF file itself, not the folder it was converted into."""
+        return self.gguf or self.path
+
 
 @dataclass
 class LoadedModel:

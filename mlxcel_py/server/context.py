@@ -44,6 +44,8 @@ class ServerContext:
     model_path: str = ""  # the model's folder or file, for /props
     template_kwargs: dict = field(default_factory=dict)  # every chat template's variables (--reasoning...)
     reasoning_budget: int = -1  # --reasoning-budget
+    aliases: list[str] = field(default_factory=list)  # --alias, for /v1/models
+    tags: list[str] = field(default_factory=list)  # --tags, for /v1/models
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:

@@ -196,7 +196,13 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
             f"slots: {parallel} requests decoded together (-np); {how}"
             + (f"; verify rounds while at most {srv.prompt_lookup_max_batch} are live" if speculative else "")
         )
-    model_id = srv.alias or (DEFAULT_MODEL_NAME if opts.model.model is None else session.target.resolved.path.name)
+    aliases, tags = names(srv.alias), names(srv.tags)
+    # llama-server keeps its aliases in a sorted set and takes the first as the id
+    model_id = (
+        aliases[0]
+        if aliases
+        else (DEFAULT_MODEL_NAME if opts.model.model is None else session.target.resolved.named.name)
+    )
     defaults = server_sampling(opts.sampling, srv.sampling_given, session.target.resolved.path)
     say(
         f"default sampling: temp {defaults.temp:g}, top-p {defaults.top_p:g}, top-k {defaults.top_k}, "
@@ -215,7 +221,9 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         verbose=srv.verbose,
         template_kwargs=server_kwargs(srv),
         reasoning_budget=srv.reasoning_budget,
-        model_path=str(session.target.resolved.path),
+        model_path=str(session.target.resolved.named),
+        aliases=aliases,
+        tags=tags,
     )
     say(line)
     url = f"http://{_url_host(srv.host)}:{sock.getsockname()[1]}"
@@ -224,6 +232,11 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         say(f"chat page: {url}/ (--no-webui turns it off)")
     sys.stderr.flush()
     return session, worker
+
+
+def names(text: str | None) -> list[str]:
+    """llama-server's comma-separated --alias / --tags: stripped, empty ones dropped, a sorted set."""
+    return sorted({n.strip() for n in (text or "").split(",") if n.strip()})
 
 
 def server_sampling(flags: SamplingOptions, given: tuple[str, ...], model_dir: Path) -> SamplingOptions:

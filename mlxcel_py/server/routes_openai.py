@@ -31,7 +31,16 @@ async def models(request: Request):
     ctx = ctx_of(request)
     return {
         "object": "list",
-        "data": [{"id": ctx.model_id, "object": "model", "created": ctx.created, "owned_by": "mlxcel-py"}],
+        "data": [
+            {
+                "id": ctx.model_id,
+                "aliases": ctx.aliases,  # llama-server's --alias names and --tags
+                "tags": ctx.tags,
+                "object": "model",
+                "created": ctx.created,
+                "owned_by": "mlxcel-py",
+            }
+        ],
     }
 
 

@@ -1,8 +1,9 @@
 """The chat page at `/` (`--no-webui` turns it off) and llama-server's `/props`, which it reads.
 
-`/` gives the page to a browser (a request whose Accept names text/html; under --no-webui a 404,
-as llama-server's) and the health JSON to everyone else, so `curl /` and health probes see what
-they saw before the page existed. The page
+`/` gives the page to every client, as llama-server does (under --no-webui a 404, as its), except
+one that asks for JSON (Accept names application/json and not text/html): that one gets the health
+JSON, so a probe can still read health at `/`. llama.cpp's own suite reads the page with
+`requests.get(url)` (Accept: */*) and expects the 404 the same way. The page
 is one file shipped in the package (webui/index.html: no CDN, no network); it talks to the
 OpenAI chat route like any client, with the key the user typed (kept in the browser).
 `/props` follows llama-server's shape (default_generation_settings, total_slots, model_alias,
@@ -32,18 +33,23 @@ def page() -> str:
     return PAGE.read_text(encoding="utf-8")
 
 
+def wants_json(accept: str) -> bool:
+    accept = accept.lower()
+    return "application/json" in accept and "text/html" not in accept
+
+
 @router.get("/")
 async def root(request: Request):
-    if "text/html" in request.headers.get("accept", ""):
-        if not getattr(request.app.state, "webui", False):  # --no-webui: no page, as llama-server's
-            return JSONResponse(
-                {"error": {"code": 404, "message": "the chat page is off (--no-webui)", "type": "not_found_error"}},
-                status_code=404,
-            )
-        # the page's own script and style are inline; nothing else may load
-        csp = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:"
-        return HTMLResponse(page(), headers={"Content-Security-Policy": csp, "Cache-Control": "no-cache"})
-    return await health(request)
+    if wants_json(request.headers.get("accept", "")):
+        return await health(request)
+    if not getattr(request.app.state, "webui", False):  # --no-webui: no page, as llama-server's
+        return JSONResponse(
+            {"error": {"code": 404, "message": "the chat page is off (--no-webui)", "type": "not_found_error"}},
+            status_code=404,
+        )
+    # the page's own script and style are inline; nothing else may load
+    csp = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:"
+    return HTMLResponse(page(), headers={"Content-Security-Policy": csp, "Cache-Control": "no-cache"})
 
 
 @router.get("/props")

@@ -1,0 +1,117 @@
+"""llama.cpp's own server test suite, run against `mlxcel serve`.
+
+    python scripts/llama_cpp_suite.py LLAMA_CPP_CHECKOUT [--python PY] [--json out.json] [-- PYTEST ARGS]
+
+llama.cpp's tools/server/tests start `llama-server` from $LLAMA_SERVER_BIN_PATH with llama-server's
+own flags, on small reference models they download. This script points that variable at itself:
+called as the server (`--as-llama-server FLAGS...`), it drops what names or fetches a reference
+model (`--hf-repo`, `--hf-file`, `--model-url`, `--model`, `--model-draft`, `--offline`) and the
+flags of features mlxcel-py does not have (embeddings, reranking, LoRA, slot files, the router,
+context shift, images; each listed in DROPPED), then runs `mlxcel serve` with the rest, on the
+default model (or $MLXCEL_SUITE_MODEL). Every other llama-server flag is passed on unchanged, so a
+flag `mlxcel serve` lacks shows up as a failing test, not as a silent pass.
+
+The suite's requirements (aiohttp, pytest, openai, requests, wget, prometheus-client...) are not
+this project's: install them in the interpreter given by --python (default: this one). Without
+network the suite's presets cannot download their models, which this stand-in never needs.
+
+Prints pytest's summary and a table of failures by test file; --json writes every test's outcome.
+Many tests compare against the reference models' exact text (stories260K's "Suddenly"...): those
+fail on any other model and are counted, not fixed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+# llama-server flags whose feature mlxcel-py lacks or whose value names a reference model: dropped
+# with their value (the number says how many values follow the flag).
+DROPPED = {
+    "--hf-repo": 1, "-hfr": 1, "--hf-file": 1, "-hff": 1, "--model-url": 1, "-mu": 1, "--model": 1,
+    "--model-draft": 1, "--offline": 0, "--embedding": 0, "--embeddings": 0, "--reranking": 0,
+    "--pooling": 1, "--lora": 1, "--slot-save-path": 1, "--models-dir": 1, "--models-max": 1,
+    "--models-preset": 1, "--no-models-autoload": 0, "--context-shift": 0, "--grp-attn-n": 1,
+    "--grp-attn-w": 1, "--mmproj-url": 1, "--media-path": 1, "--sleep-idle-seconds": 1,
+    "--webui-mcp-proxy": 0, "--metrics": 0, "--batch-size": 1, "--ubatch-size": 1,
+    "--draft-min": 1,
+}  # fmt: skip
+
+
+def server_argv(flags: list[str], mlxcel: str) -> list[str]:
+    """`mlxcel serve` argv for llama-server's: reference-model and missing-feature flags dropped."""
+    out, i = [mlxcel, "serve"], 0
+    model = os.environ.get("MLXCEL_SUITE_MODEL")
+    if model:
+        out += ["-m", model]
+    while i < len(flags):
+        flag = flags[i]
+        if flag in DROPPED:
+            i += 1 + DROPPED[flag]
+            continue
+        out.append(flag)
+        i += 1
+    return out
+
+
+def run_suite(args: argparse.Namespace) -> int:
+    tests = Path(args.checkout) / "tools" / "server" / "tests"
+    if not (tests / "utils.py").is_file():
+        print(f"{args.checkout}: no tools/server/tests/utils.py; name a llama.cpp checkout", file=sys.stderr)
+        return 2
+    mlxcel = shutil.which("mlxcel") or str(Path(sys.executable).with_name("mlxcel"))
+    with tempfile.TemporaryDirectory() as tmp:
+        stand_in = Path(tmp) / "llama-server"
+        stand_in.write_text(
+            f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).resolve()}" --as-llama-server "{mlxcel}" "$@"\n'
+        )
+        stand_in.chmod(0o755)
+        report = Path(tmp) / "junit.xml"
+        env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(stand_in), "LLAMA_CACHE": str(Path(tmp) / "cache")}
+        cmd = [args.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *args.pytest]
+        rc = subprocess.call(cmd, cwd=tests, env=env)
+        outcomes = read_junit(report) if report.is_file() else {}
+    by_file = Counter(name.split("::")[0] for name, outcome in outcomes.items() if outcome == "failed")
+    totals = Counter(outcomes.values())
+    print(f"\n{dict(totals)}", file=sys.stderr)
+    for name, n in by_file.most_common():
+        print(f"  {n:4d} failed  {name}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(outcomes, indent=1, sort_keys=True))
+    return rc
+
+
+def read_junit(path: Path) -> dict[str, str]:
+    out = {}
+    for case in ET.parse(path).iter("testcase"):
+        name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        kinds = {child.tag for child in case}
+        out[name] = "failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed"
+    return out
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--as-llama-server":
+        argv = server_argv(sys.argv[3:], sys.argv[2])
+        os.execv(argv[0], argv)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("checkout", help="a llama.cpp checkout (its tools/server/tests are run)")
+    p.add_argument("--python", default=sys.executable, help="the interpreter with the suite's requirements")
+    p.add_argument("--json", help="write every test's outcome here")
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = p.parse_args(argv[:cut])
+    args.pytest = argv[cut + 1 :]  # after --: pytest's own arguments (e.g. unit/test_basic.py -x)
+    return run_suite(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
