@@ -137,6 +137,7 @@ class PromptLookupOptions:
 class SpecOptions:
     draft_kind: str | None = None
     draft_block_size: int | None = None
+    draft_min: int | None = None  # --draft-min: drafts shorter than this are not verified
     spec_type: str | None = None
     lookup: PromptLookupOptions = field(default_factory=PromptLookupOptions)
     suffix_cache_tokens: int | None = None
@@ -257,6 +258,8 @@ class DraftConfig:
         DEFAULT_TREE_BUDGET  # branch nodes a round may verify beside its chain (engine/tree.py); 0: chains
     )
     tree_margin: float = DEFAULT_TREE_MARGIN  # model drafters: branch to tokens this close to the best logit
+    # llama-server's --draft-min: a round whose draft is shorter than this decodes plainly instead
+    min_draft: int = 0
     # generate --prompt-lookup --draft-model: prompt lookup where the context has a match, this
     # model drafter elsewhere, in one round loop (drafters/composite.py); `lookup` configures it
     lookup_first: bool = False

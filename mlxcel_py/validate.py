@@ -178,6 +178,8 @@ def validate(opts: CommandOptions) -> RunConfig:
     template = flag_texts.chat_template(opts)
     run = _validate(opts)
     run = replace(run, draft=with_trees(opts, run.draft, grammar))
+    if opts.spec.draft_min:
+        run = replace(run, draft=replace(run.draft, min_draft=opts.spec.draft_min))
     notes = _server_notes(opts) if opts.command == "serve" else ()
     notes += _tree_notes(opts, run.draft) if opts.command == "serve" else ()
     run = replace(run, grammar=grammar, chat_template=template)
@@ -334,6 +336,8 @@ def _validate(opts: CommandOptions) -> RunConfig:
         raise UsageError(f"--draft-block-size must be at least 1, got {spec.draft_block_size}")
     if spec.draft_block_size is not None and spec.draft_block_size > MAX_DRAFT_LIMIT:
         raise UsageError(f"--draft-block-size ({spec.draft_block_size}) must be at most {MAX_DRAFT_LIMIT}")
+    if spec.draft_min is not None and not 0 <= spec.draft_min <= MAX_DRAFT_LIMIT:
+        raise UsageError(f"--draft-min must be between 0 and {MAX_DRAFT_LIMIT}, got {spec.draft_min}")
     par = opts.parallel
 
     if lk.enabled and cmd not in ("generate", "bench"):

@@ -37,7 +37,10 @@ def test_a_named_template_a_template_text_and_a_file_replace_the_models_own(tiny
 @pytest.mark.parametrize(
     "params,message",
     [
-        ({"chat_template": "vicuna-9000"}, "'vicuna-9000' is neither a Jinja template nor one of: chatml"),
+        (
+            {"chat_template": "vicuna-9000"},
+            "'vicuna-9000' is neither a Jinja template nor one of: bailing, bailing-think, bailing2, chatglm3",
+        ),
         ({"chat_template": "{% for m in messages %}"}, "--chat-template: the template does not parse"),
         ({"chat_template_file": "/nonexistent.jinja"}, "--chat-template-file /nonexistent.jinja: no such file"),
         ({"chat_template": "chatml", "chat_template_file": "/x"}, "both set the template"),

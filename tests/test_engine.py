@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import mlx.core as mx
 import pytest
@@ -377,3 +378,24 @@ def test_a_new_kinds_checkpoint_folder_is_detected_by_its_row(tiny_dir, tmp_path
     assert f"is a toy drafter ({cfg['model_type']}), not a standalone model; use --draft-kind toy" in refused.output
     as_model = CliRunner().invoke(app, ["generate", "-m", str(folder), "-p", prompt, "-n", "4"])
     assert as_model.exit_code == 1 and "pass its target model as -m" in as_model.output
+
+
+def test_draft_min_drops_short_drafts_and_keeps_the_output(tiny):
+    """llama-server's --draft-min (a request's speculative.n_min): a draft shorter than N is not
+    verified, the round decodes plainly; the tokens are the same either way."""
+    base = engine_for(tiny, lookup("graded", False))
+    short = engine_for(tiny, replace(lookup("graded", False), min_draft=4))
+    plain = engine_for(tiny)
+    sizes, kept = [], []
+    for p in prompts(8, seed=7):
+        a, _ = run(plain, p, max_tokens=30)
+        b, g = run(base, p, max_tokens=30)
+        c, h = run(short, p, max_tokens=30)
+        d, k = run(base, p, max_tokens=30, min_draft=64)  # the request's own, over the engine's
+        assert a == b == c == d
+        sizes.append((g.stats.drafted_rounds, g.stats.proposed))
+        kept.append((h.stats.drafted_rounds, h.stats.proposed))
+        assert k.stats.drafted_rounds == 0  # no draft is 64 long
+    # drafts of 1..3 tokens were verified without the minimum and dropped with it
+    assert sum(r for r, _ in kept) < sum(r for r, _ in sizes)
+    assert all(n >= 4 * r for r, n in kept)

@@ -1,67 +1,86 @@
 """llama-server's built-in template names (`--chat-template command-r` ...), each rendered on
 llama.cpp's own test conversation and compared with the text llama.cpp's
-tests/test-chat-template.cpp expects from that name's format (its legacy `expected_output`)."""
+tests/test-chat-template.cpp expects from that name's format (its legacy `expected_output`), or
+with src/llama-chat.cpp's format written out where that file has no case."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import jinja2
 import pytest
 from test_template_compat import client_for, tokenizer  # noqa: F401 (a fixture)
 
 from mlxcel_py.formats import chat_templates
+from mlxcel_py.formats.llama_cpp_templates import NAMED
 
-CONVERSATION = [
-    {"role": "system", "content": "You are a helpful assistant"},
-    {"role": "user", "content": "Hello"},
-    {"role": "assistant", "content": "Hi there"},
-    {"role": "user", "content": "Who are you"},
-    {"role": "assistant", "content": "   I am an assistant   "},
-    {"role": "user", "content": "Another question"},
-]
-EOS_DS = "<\uff5cend\u2581of\u2581sentence\uff5c>"
+# {"conversation": llama.cpp's test conversation, "cases": {name: {"source", "expected", ["template",
+# "extra"]}}}: "source" says where the text comes from, llama.cpp's tests/test-chat-template.cpp
+# (its `expected_output`) or, for a name that file has no case for, src/llama-chat.cpp's format
+# written out by hand
+CASES = json.loads((Path(__file__).parent / "llama_cpp_named_templates.json").read_text())
+CONVERSATION = CASES["conversation"]
 CR = "<|START_OF_TURN_TOKEN|>"
-EXPECTED = {
-    "command-r": f"{CR}<|SYSTEM_TOKEN|>You are a helpful assistant<|END_OF_TURN_TOKEN|>{CR}<|USER_TOKEN|>Hello"
-    f"<|END_OF_TURN_TOKEN|>{CR}<|CHATBOT_TOKEN|>Hi there<|END_OF_TURN_TOKEN|>{CR}<|USER_TOKEN|>Who are you"
-    f"<|END_OF_TURN_TOKEN|>{CR}<|CHATBOT_TOKEN|>I am an assistant<|END_OF_TURN_TOKEN|>{CR}<|USER_TOKEN|>"
-    f"Another question<|END_OF_TURN_TOKEN|>{CR}<|CHATBOT_TOKEN|>",
-    "vicuna": "You are a helpful assistant\n\nUSER: Hello\nASSISTANT: Hi there</s>\nUSER: Who are you\n"
-    "ASSISTANT:    I am an assistant   </s>\nUSER: Another question\nASSISTANT:",
-    "vicuna-orca": "SYSTEM: You are a helpful assistant\nUSER: Hello\nASSISTANT: Hi there</s>\nUSER: Who are you\n"
-    "ASSISTANT:    I am an assistant   </s>\nUSER: Another question\nASSISTANT:",
-    "deepseek": "You are a helpful assistant### Instruction:\nHello\n### Response:\nHi there\n<|EOT|>\n"
-    "### Instruction:\nWho are you\n### Response:\n   I am an assistant   \n<|EOT|>\n### Instruction:\n"
-    "Another question\n### Response:\n",
-    "deepseek2": f"You are a helpful assistant\n\nUser: Hello\n\nAssistant: Hi there{EOS_DS}User: Who are you\n\n"
-    f"Assistant:    I am an assistant   {EOS_DS}User: Another question\n\nAssistant:",
-    "openchat": "You are a helpful assistant<|end_of_turn|>GPT4 Correct User: Hello<|end_of_turn|>GPT4 Correct "
-    "Assistant: Hi there<|end_of_turn|>GPT4 Correct User: Who are you<|end_of_turn|>GPT4 Correct Assistant:    "
-    "I am an assistant   <|end_of_turn|>GPT4 Correct User: Another question<|end_of_turn|>GPT4 Correct Assistant:",
-    "phi4": "<|im_start|>system<|im_sep|>You are a helpful assistant<|im_end|><|im_start|>user<|im_sep|>Hello"
-    "<|im_end|><|im_start|>assistant<|im_sep|>Hi there<|im_end|><|im_start|>user<|im_sep|>Who are you<|im_end|>"
-    "<|im_start|>assistant<|im_sep|>   I am an assistant   <|im_end|><|im_start|>user<|im_sep|>Another question"
-    "<|im_end|><|im_start|>assistant<|im_sep|>",
-    "bailing": "<role>SYSTEM</role>You are a helpful assistant<role>HUMAN</role>Hello<role>ASSISTANT</role>Hi there"
-    "<role>HUMAN</role>Who are you<role>ASSISTANT</role>   I am an assistant   <role>HUMAN</role>Another question"
-    "<role>ASSISTANT</role>",
-    # no case in llama.cpp's test file: its src/llama-chat.cpp format, written out
-    "zephyr": "<|system|>\nYou are a helpful assistant<|endoftext|>\n<|user|>\nHello<|endoftext|>\n<|assistant|>\n"
-    "Hi there<|endoftext|>\n<|user|>\nWho are you<|endoftext|>\n<|assistant|>\n   I am an assistant   "
-    "<|endoftext|>\n<|user|>\nAnother question<|endoftext|>\n<|assistant|>\n",
-    "deepseek3": "You are a helpful assistant\n\n<\uff5cUser\uff5c>Hello<\uff5cAssistant\uff5c>Hi there"
-    f"{EOS_DS}<\uff5cUser\uff5c>Who are you<\uff5cAssistant\uff5c>   I am an assistant   {EOS_DS}"
-    "<\uff5cUser\uff5c>Another question<\uff5cAssistant\uff5c>",
-}
+# formats that print nothing for the reply's opening in llama.cpp (their user turn ends where the
+# reply starts, or they have no such marker)
+NO_REPLY_OPENING = {
+    "llama2", "llama2-sys", "llama2-sys-bos", "llama2-sys-strip", "mistral-v1", "mistral-v3",
+    "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken", "orion", "minicpm", "rwkv-world",
+    "hunyuan-moe", "hunyuan-dense", "deepseek-ocr",
+}  # fmt: skip
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_a_llama_server_template_name_renders_as_llama_cpp_formats_it(name):
+def render(text: str, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    env = jinja2.Environment(extensions=list(chat_templates.EXTENSIONS))
+    return env.from_string(text).render(messages=messages, add_generation_prompt=add_generation_prompt, bos_token="")
+
+
+@pytest.mark.parametrize("case", sorted(CASES["cases"]))
+def test_a_llama_server_template_name_renders_as_llama_cpp_formats_it(case):
+    spec = CASES["cases"][case]
+    name = spec.get("template", case)
     text = chat_templates.resolve(name)
     chat_templates.check(text)
-    rendered = jinja2.Environment().from_string(text).render(messages=CONVERSATION, add_generation_prompt=True)
-    assert rendered == EXPECTED[name]
-    without = jinja2.Environment().from_string(text).render(messages=CONVERSATION, add_generation_prompt=False)
-    assert rendered.startswith(without) and rendered != without
+    rendered = render(text, CONVERSATION + spec.get("extra", []))
+    assert rendered == spec["expected"]
+    without = render(text, CONVERSATION + spec.get("extra", []), add_generation_prompt=False)
+    if name in NO_REPLY_OPENING:
+        assert rendered == without
+    else:
+        assert rendered.startswith(without) and rendered != without
+
+
+def test_every_llama_server_name_is_known_and_tested():
+    """llama.cpp's LLM_CHAT_TEMPLATES names (src/llama-chat.cpp), all accepted by --chat-template."""
+    llama_cpp_names = {
+        "chatml", "llama2", "llama2-sys", "llama2-sys-bos", "llama2-sys-strip", "mistral-v1", "mistral-v3",
+        "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken", "phi3", "phi4", "falcon3", "zephyr", "monarch",
+        "gemma", "orion", "openchat", "vicuna", "vicuna-orca", "deepseek", "deepseek2", "deepseek3",
+        "deepseek-ocr", "command-r", "llama3", "chatglm3", "chatglm4", "glmedge", "minicpm", "exaone3", "exaone4",
+        "exaone-moe", "rwkv-world", "granite", "granite-4.0", "gigachat", "megrez", "yandex", "bailing",
+        "bailing-think", "bailing2", "llama4", "smolvlm", "hunyuan-moe", "gpt-oss", "hunyuan-dense", "kimi-k2",
+        "seed_oss", "grok-2", "pangu-embedded", "solar-open",
+    }  # fmt: skip
+    assert llama_cpp_names <= set(chat_templates.BUILTIN)
+    assert set(NAMED) <= set(CASES["cases"])
+
+
+def test_gemma_merges_a_system_message_into_the_next_user_turn_after_its_bos():
+    """llama.cpp's gemma format (no system turn in Gemma): the system text opens the user's turn."""
+    text = chat_templates.resolve("gemma")
+    messages = [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "Hi"}]
+    rendered = (
+        jinja2.Environment().from_string(text).render(messages=messages, add_generation_prompt=True, bos_token="<bos>")
+    )
+    assert rendered == "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+
+
+def test_a_one_word_name_that_is_not_built_in_is_refused_with_the_list():
+    with pytest.raises(
+        chat_templates.TemplateError, match="neither a Jinja template nor one of: bailing, bailing-think"
+    ):
+        chat_templates.resolve("llama9")
 
 
 def test_command_r_by_name_through_apply_template_as_llama_cpp_s_suite(tokenizer):  # noqa: F811

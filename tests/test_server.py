@@ -571,6 +571,16 @@ def test_props_root_and_a_plain_request_beside_the_drafter(server):
     assert Path(p["model_path"]).is_file() and p["model_path"].endswith(".gguf")  # the file, not its conversion (#52)
     model = get(url + "/v1/models")["data"][0]
     assert model["id"] == "SmolLM2-135M-Instruct" and model["aliases"] == [] and model["tags"] == []
+    # llama-server's meta block: SmolLM2-135M has 134,515,008 parameters, 576 wide, a GPT-2 style BPE
+    assert model["meta"] == {
+        "vocab_type": 2,
+        "n_vocab": 49152,
+        "n_ctx": p["default_generation_settings"]["n_ctx"],
+        "n_ctx_train": 8192,
+        "n_embd": 576,
+        "n_params": 134515008,
+        "size": Path(p["model_path"]).stat().st_size,
+    }
     assert p["default_generation_settings"]["params"]["seed"] == 4294967295  # random, as llama-server says
     json_client = urllib.request.Request(url + "/", headers={"Accept": "application/json"})
     with urllib.request.urlopen(json_client, timeout=60) as r:
@@ -587,6 +597,14 @@ def test_props_root_and_a_plain_request_beside_the_drafter(server):
     assert plain["choices"][0]["message"]["content"] == spec["choices"][0]["message"]["content"]
     status, err = post(url + "/v1/chat/completions", {**body, "speculative.n_max": 4})
     assert status == 400 and "'speculative.n_max'" in err["error"]["message"] and "only 0" in err["error"]["message"]
+    # llama-server's speculative.n_min (--draft-min): no prompt-lookup draft is 64 long, so none is verified
+    _, short = post(url + "/v1/chat/completions", {**body, "speculative.n_min": 64})
+    assert "draft_rounds" not in short["timings"]
+    assert short["choices"][0]["message"]["content"] == spec["choices"][0]["message"]["content"]
+    _, native = post(url + "/completion", {"prompt": COPY_PROMPT, "n_predict": 4, "speculative.n_min": 2})
+    assert native["generation_settings"]["speculative.n_min"] == 2
+    status, err = post(url + "/v1/chat/completions", {**body, "speculative.n_min": -1})
+    assert status == 400 and "speculative.n_min" in err["error"]["message"]
 
 
 def test_extreme_temperatures_sample_real_tokens(server):

@@ -235,6 +235,37 @@ def test_a_positive_reasoning_budget_caps_the_think_block_the_template_opened(to
     assert not isinstance(worker.jobs[-1].constraint, ThinkingBudget)
 
 
+def test_a_request_s_own_thinking_budget_applies_where_the_server_sets_none(tokenizer):
+    """llama-server's `thinking_budget_tokens` (and Anthropic's `thinking.budget_tokens`, which it
+    maps there) cap one reply's think block when --reasoning-budget is -1; the server's own wins."""
+    from mlxcel_py.engine.thinking_budget import ThinkingBudget
+
+    client, worker = client_for(tokenizer, R1_STYLE)
+    assert client.post("/v1/chat/completions", json={"messages": ASK}).status_code == 200
+    assert worker.jobs[-1].constraint is None  # -1 and nothing asked: unlimited
+    for asked in (5, 0):
+        r = client.post("/v1/chat/completions", json={"messages": ASK, "thinking_budget_tokens": asked})
+        assert r.status_code == 200
+        rule = worker.jobs[-1].constraint
+        assert isinstance(rule, ThinkingBudget) and rule.budget == asked and rule.state[0] == "thinking"
+    # budget 0: the close is the only token the first step may take
+    assert rule.forced(rule.state) == rule.close_ids[0]
+    body = {"model": "m", "max_tokens": 8, "messages": ASK, "thinking": {"type": "enabled", "budget_tokens": 7}}
+    assert client.post("/v1/messages", json=body).status_code == 200
+    assert worker.jobs[-1].constraint.budget == 7
+    body["thinking"] = {"type": "disabled"}
+    assert client.post("/v1/messages", json=body).status_code == 200 and worker.jobs[-1].constraint is None
+    for bad in ({"thinking_budget_tokens": -3}, {"thinking_budget_tokens": 2.5}):
+        r = client.post("/v1/chat/completions", json={"messages": ASK, **bad})
+        assert r.status_code == 400 and "thinking_budget_tokens" in r.json()["error"]["message"]
+    body["thinking"] = {"type": "enabled", "budget_tokens": -1}
+    r = client.post("/v1/messages", json=body)
+    assert r.status_code == 400 and "budget_tokens" in r.text
+    client.app.state.ctx.requests.reasoning_budget = 3  # the server's own wins over the request's
+    r = client.post("/v1/chat/completions", json={"messages": ASK, "thinking_budget_tokens": 50})
+    assert r.status_code == 200 and worker.jobs[-1].constraint.budget == 3
+
+
 @pytest.mark.parametrize("kwargs", [{"tokenize": False}, {"return_dict": True}, {"messages": []}, {"tools": 1}])
 def test_template_variables_that_are_the_renderers_arguments_are_refused(tokenizer, kwargs):
     """`tokenize: false` as a template variable made transformers return text where ids belong."""

@@ -417,6 +417,17 @@ def test_serve_takes_llama_server_command_lines(monkeypatch, no_loading, tmp_pat
         "--cors-origins",
         "https://x.example, https://y.example",
         "--log-disable",
+        "-b",
+        "2048",
+        "-ub",
+        "512",
+        "--metrics",
+        "--draft-min",
+        "3",
+        "--draft-max",
+        "8",
+        "--draft-kind",
+        "prompt-lookup",
     ]
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 0, result.output
@@ -424,10 +435,13 @@ def test_serve_takes_llama_server_command_lines(monkeypatch, no_loading, tmp_pat
     assert (srv.parallel, srv.ctx_size, srv.threads, srv.kv_unified, srv.log_disable) == (2, 256, 1, True, True)
     assert seen[0].options.generation.max_tokens == 64 and seen[0].options.sampling.temp == 0.7
     assert srv.api_keys == ("a,b", "c") and srv.cors_origins == "https://x.example, https://y.example"
-    assert set(srv.ignored) == {"--n-gpu-layers", "--flash-attn", "--cache-type-k", "--cache-type-v"}
+    assert set(srv.ignored) == {
+        "--n-gpu-layers", "--flash-attn", "--cache-type-k", "--cache-type-v", "--batch-size", "--ubatch-size"
+    }  # fmt: skip
+    assert seen[0].draft.min_draft == 3  # --draft-min takes effect (engine/generation.py)
     warnings = seen[0].warnings
     assert "--n-gpu-layers is a llama.cpp setting that does not apply to MLX; ignored" in warnings
-    assert not any("--parallel" in w or "--cont-batching" in w for w in warnings)  # both take effect
+    assert not any(f in w for w in warnings for f in ("--parallel", "--cont-batching", "--metrics", "--draft-min"))
     import os
 
     assert os.environ.get("OPENBLAS_NUM_THREADS") == "1"
@@ -462,3 +476,25 @@ def test_an_explicit_np_splits_the_window_as_llama_server_and_kvu_or_the_default
     run = SimpleNamespace(options=SimpleNamespace(server=ServerOptions(parallel=2, parallel_given=True, ctx_size=512)))
     assert context_window(run, 8192) == 256  # llama-server's n_ctx // n_slots (its test_context_size_exceeded)
     assert context_window(run, 8192, world=object()) == 512  # one slot under --tp-size/--pp-size
+
+
+@pytest.mark.parametrize("value", ["-1", "65"])
+def test_draft_min_out_of_range_is_refused_before_loading(value, no_loading):
+    result = CliRunner().invoke(app, ["generate", "-p", "x", "--prompt-lookup", "--draft-min", value])
+    assert result.exit_code == 2
+    assert f"--draft-min must be between 0 and 64, got {value}" in result.output
+    assert no_loading == []
+
+
+def test_offline_refuses_a_repo_id_not_in_the_cache_without_the_network(tmp_path, monkeypatch):
+    """llama.cpp's --offline: a repo id not in the Hugging Face cache is a one-line error (exit 1),
+    with no download tried (the hub's address is unreachable here: a try would fail otherwise)."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # recorded, so the flag's "1" is undone after the test
+    result = CliRunner().invoke(app, ["generate", "-m", "someorg/not-cached", "--offline", "-p", "hi"])
+    assert result.exit_code == 1
+    assert "not in the local Hugging Face cache, and --offline (HF_HUB_OFFLINE) forbids downloading it" in result.output
+    import os
+
+    assert os.environ["HF_HUB_OFFLINE"] == "1"  # what the flag set, for huggingface_hub too

@@ -7,6 +7,7 @@ returns the frozen CommandOptions the validation layer checks. Defaults come fro
 from __future__ import annotations
 
 import copy
+import os
 from typing import Annotated, Any, Optional
 
 import typer
@@ -45,8 +46,9 @@ GrammarOpt = Annotated[Optional[str], typer.Option("--grammar", metavar="GBNF", 
 GrammarFileOpt = Annotated[Optional[str], typer.Option("--grammar-file", metavar="FILE", help="--grammar, read from FILE.", rich_help_panel=GEN)]
 JsonSchemaOpt = Annotated[Optional[str], typer.Option("--json-schema", "-j", metavar="SCHEMA", help="Constrain the output to JSON matching this JSON schema ('{}': any JSON). generate/run.", rich_help_panel=GEN)]
 JsonSchemaFileOpt = Annotated[Optional[str], typer.Option("--json-schema-file", metavar="FILE", help="--json-schema, read from FILE.", rich_help_panel=GEN)]
-ChatTemplateOpt = Annotated[Optional[str], typer.Option("--chat-template", metavar="NAME|TEMPLATE", help="Replace the model's chat template: a Jinja template, or a name: chatml, llama3, mistral, gemma, phi3, or one of llama-server's command-r, vicuna, vicuna-orca, zephyr, deepseek, deepseek2, deepseek3, openchat, phi4, bailing.", rich_help_panel=MODEL)]
+ChatTemplateOpt = Annotated[Optional[str], typer.Option("--chat-template", metavar="NAME|TEMPLATE", help="Replace the model's chat template: a Jinja template, or a name: any of llama-server's 52 (chatml, llama2, llama3, llama4, mistral-v7, gemma, phi3, phi4, command-r, gpt-oss, granite, ...; docs/serving.md lists them) or mlxcel's mistral.", rich_help_panel=MODEL)]
 ChatTemplateFileOpt = Annotated[Optional[str], typer.Option("--chat-template-file", metavar="FILE", help="--chat-template, read from a Jinja file.", rich_help_panel=MODEL)]
+OfflineOpt = Annotated[bool, typer.Option("--offline", help="Never download: a repo id must already be in the Hugging Face cache (llama.cpp's; also HF_HUB_OFFLINE=1).", rich_help_panel=MODEL)]
 JinjaOpt = Annotated[bool, typer.Option("--jinja/--no-jinja", help="llama-server's switch: chat templates are always rendered with Jinja here, so either changes nothing.", rich_help_panel=MODEL)]
 StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable); output ends before it.", rich_help_panel=GEN)]
 IgnoreEosOpt = Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence tokens.", rich_help_panel=GEN)]
@@ -67,6 +69,7 @@ RepeatLastNOpt = Annotated[int, typer.Option("--repeat-last-n", metavar="N", hel
 # each drafter kind's row (drafters/registry.py) says what these two helps say of it
 DraftKindOpt = Annotated[Optional[str], typer.Option("--draft-kind", envvar="MLXCEL_DRAFT_KIND", metavar="KIND", help=registry.kind_help(), rich_help_panel=SPEC)]
 DraftBlockSizeOpt = Annotated[Optional[int], typer.Option("--draft-block-size", "--draft-max", "--draft", metavar="N", help=registry.width_help(), rich_help_panel=SPEC)]
+DraftMinOpt = Annotated[Optional[int], typer.Option("--draft-min", "--draft-n-min", metavar="N", help="Verify a draft only when it has at least N tokens; a shorter one is dropped and the round decodes plainly (llama-server's; default 0: every draft).", rich_help_panel=SPEC)]
 SpecTypeOpt = Annotated[Optional[str], typer.Option("--spec-type", metavar="TYPE", help="llama-server selector: none turns speculation off; draft-simple = full-model; draft-mtp = mtp.", rich_help_panel=SPEC)]
 SuffixCacheTokensOpt = Annotated[Optional[int], typer.Option("--suffix-cache-tokens", metavar="N", help=f"Suffix drafter: tokens of earlier sequences kept (default {O.DEFAULT_SUFFIX_CACHE_TOKENS}), least recently used first out.", rich_help_panel=SPEC)]
 DraftTreeBudgetOpt = Annotated[Optional[int], typer.Option("--draft-tree-budget", metavar="N", help="Draft trees: up to N more nodes a round beside the drafter's chain (other earlier matches' continuations, runner-up tokens), verified in the same forward; 0 (default) verifies chains. Greedy only; plain KV-cache models on the row-exact CPU kernel.", rich_help_panel=SPEC)]
@@ -132,6 +135,9 @@ FlashAttnOpt = Annotated[Optional[str], typer.Option("--flash-attn", "-fa", meta
 ContBatchingOpt = Annotated[bool, typer.Option("--cont-batching", "-cb", help="llama-server's continuous batching switch (accepted; batching is on whenever -np is above 1).", rich_help_panel=SERVER)]
 CacheTypeKOpt = Annotated[Optional[str], typer.Option("--cache-type-k", "-ctk", metavar="TYPE", help="llama-server's K cache type (accepted; the KV cache keeps the model's dtype).", rich_help_panel=SERVER)]
 CacheTypeVOpt = Annotated[Optional[str], typer.Option("--cache-type-v", "-ctv", metavar="TYPE", help="llama-server's V cache type (accepted; the KV cache keeps the model's dtype).", rich_help_panel=SERVER)]
+BatchSizeOpt = Annotated[Optional[int], typer.Option("--batch-size", "-b", metavar="N", help="llama-server's logical batch size (accepted; prompts are fed in chunks sized for the CPU kernels).", rich_help_panel=SERVER)]
+UbatchSizeOpt = Annotated[Optional[int], typer.Option("--ubatch-size", "-ub", metavar="N", help="llama-server's physical batch size (accepted; prompts are fed in chunks sized for the CPU kernels).", rich_help_panel=SERVER)]
+MetricsOpt = Annotated[bool, typer.Option("--metrics", help="llama-server's switch for /metrics (accepted: /metrics is always served, Prometheus text).", rich_help_panel=SERVER)]
 AliasOpt = Annotated[Optional[str], typer.Option("--alias", "-a", help="Model names for the API, comma-separated: /v1/models lists them as aliases, its id the first in alphabetical order (llama-server's).", rich_help_panel=SERVER)]
 TagsOpt = Annotated[Optional[str], typer.Option("--tags", help="Model tags, comma-separated, listed by /v1/models (informational, as llama-server's).", rich_help_panel=SERVER)]
 # fmt: on
@@ -144,6 +150,8 @@ def _given(value: Any, default: Any) -> Any:
 def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
     """Map one command's parameter values onto the frozen CommandOptions."""
     g = params.get
+    if g("offline"):  # llama.cpp's --offline: read by models/loading and by huggingface_hub itself
+        os.environ["HF_HUB_OFFLINE"] = "1"
     return O.CommandOptions(
         command=command,
         model=O.ModelOptions(
@@ -188,6 +196,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
         spec=O.SpecOptions(
             draft_kind=g("draft_kind"),
             draft_block_size=g("draft_block_size"),
+            draft_min=g("draft_min"),
             spec_type=g("spec_type"),
             suffix_cache_tokens=g("suffix_cache_tokens"),
             suffix_store=g("suffix_store"),
@@ -243,6 +252,8 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
                     ("--flash-attn", "flash_attn"),
                     ("--cache-type-k", "cache_type_k"),
                     ("--cache-type-v", "cache_type_v"),
+                    ("--batch-size", "batch_size"),
+                    ("--ubatch-size", "ubatch_size"),
                 )
                 if g(name)
             ),
@@ -285,6 +296,7 @@ MODEL_PARAMS = [
     _kw("chat_template", ChatTemplateOpt, None),
     _kw("chat_template_file", ChatTemplateFileOpt, None),
     _kw("jinja", JinjaOpt, False),
+    _kw("offline", OfflineOpt, False),
 ]
 RUNTIME_PARAMS = [
     _kw("no_blas", NoBlasOpt, False),
@@ -322,6 +334,7 @@ SAMPLING_PARAMS = [
 SPEC_PARAMS = [
     _kw("draft_kind", DraftKindOpt, None),
     _kw("draft_block_size", DraftBlockSizeOpt, None),
+    _kw("draft_min", DraftMinOpt, None),
     _kw("spec_type", SpecTypeOpt, None),
     _kw("verify_exact", VerifyExactOpt, False),
     _kw("suffix_cache_tokens", SuffixCacheTokensOpt, None),
@@ -374,6 +387,9 @@ SERVER_PARAMS = [
     _kw("cont_batching", ContBatchingOpt, False),
     _kw("cache_type_k", CacheTypeKOpt, None),
     _kw("cache_type_v", CacheTypeVOpt, None),
+    _kw("batch_size", BatchSizeOpt, None),
+    _kw("ubatch_size", UbatchSizeOpt, None),
+    _kw("metrics", MetricsOpt, False),
 ]
 
 

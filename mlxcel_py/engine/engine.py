@@ -121,9 +121,13 @@ class Engine:
         drafter: RoundDrafter | None = None,
         policy: Policy | None = None,
         constraint: OutputRule | None = None,
+        min_draft: int | None = None,
     ) -> RoundLoop:
         """A request's round loop (`drafter`, `policy`: the caller's instead of the engine's;
-        `constraint`: a grammar the output follows); generation.DecodeRequest says each field."""
+        `constraint`: a grammar the output follows; `min_draft`: the request's own --draft-min);
+        generation.DecodeRequest says each field."""
+        if min_draft is None:
+            min_draft = self.drafters.config.min_draft if self.drafters is not None else 0
         request = DecodeRequest(
             prompt=tuple(prompt),
             max_tokens=self.resolve_max_tokens(max_tokens, len(prompt)),
@@ -140,6 +144,7 @@ class Engine:
             drafter=drafter,
             policy=policy,
             constraint=constraint,
+            min_draft=min_draft,
         )
         return RoundLoop(self, request)
 

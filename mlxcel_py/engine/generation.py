@@ -125,6 +125,9 @@ class DecodeRequest:
     drafter: RoundDrafter | None = None  # the caller's (the Python API), else the engine's
     policy: Policy | None = None  # the caller's, else the engine's
     constraint: OutputRule | None = None  # the output follows a grammar: drafts cut to it, rows masked
+    # llama-server's --draft-min (speculative.n_min): a draft shorter than this is dropped and the
+    # round decodes plainly, as a verify block that short would cost more than it saves
+    min_draft: int = 0
 
 
 @dataclass
@@ -366,6 +369,8 @@ class RoundLoop:
         k = policy.size(len(draft), proposal.match_len) if draft else 0
         if draft and self.constraint is not None:  # the target would never pick a token past this
             k = min(k, self.constraint.admissible(draft[:k]))
+        if 0 < k < self.request.min_draft:
+            k = 0
         if k < len(draft):  # the policy declines part (or all) of the proposal
             draft, q = draft[:k], (q[:k] if q is not None and k else None)
             if not k:

@@ -24,8 +24,8 @@ State = tuple[str, int, int]  # (phase, thinking tokens so far, tokens of the op
 
 class ThinkingBudget:
     def __init__(self, budget: int, open_ids: Sequence[int], close_ids: Sequence[int], *, opened: bool):
-        if budget < 1 or not close_ids or not open_ids:
-            raise ValueError("a thinking budget needs a positive budget and the open and close tokens")
+        if budget < 0 or not close_ids or not open_ids:
+            raise ValueError("a thinking budget needs a budget of 0 or more and the open and close tokens")
         self.budget = budget
         self.open_ids = tuple(int(t) for t in open_ids)
         self.close_ids = tuple(int(t) for t in close_ids)

@@ -127,6 +127,12 @@ def _hub_snapshot(repo_id: str, revision: str | None, what: str = "--model", ask
         return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns, local_files_only=True))
     except Exception:
         pass
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        named = f"{asked} (read as {repo_id})" if asked else repo_id
+        raise ModelError(
+            f"{what} {named}: not in the local Hugging Face cache, and --offline (HF_HUB_OFFLINE) forbids downloading it",
+            hint="drop --offline where the hub is reachable, or pass a local folder or .gguf file",
+        )
     try:
         return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
     except Exception as exc:

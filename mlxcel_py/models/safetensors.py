@@ -53,3 +53,25 @@ def load_named(tensors: dict[str, tuple[Path, str]]) -> dict[str, mx.array]:
             files[f] = load_tensors(f)
         out[name] = files[f][stored]
     return out
+
+
+def parameter_count(folder: Path, config: dict) -> int:
+    """The model's parameters, from the headers alone: a quantized layer's packed uint32 weight
+    counts as the values it packs (32 / bits each; config's `quantization`, per-layer overrides
+    included), and its scales and biases are not parameters of the model."""
+    shapes = tensor_shapes(folder)
+    quant = config.get("quantization") or config.get("quantization_config") or {}
+    total = 0
+    for name, (_, shape) in shapes.items():
+        module, _, leaf = name.rpartition(".")
+        quantized = f"{module}.scales" in shapes
+        if quantized and leaf in ("scales", "biases"):
+            continue
+        n = 1
+        for d in shape:
+            n *= d
+        if quantized and leaf == "weight":
+            bits = (quant.get(module) or {}).get("bits", quant.get("bits", 4)) if isinstance(quant, dict) else 4
+            n = n * 32 // bits
+        total += n
+    return total

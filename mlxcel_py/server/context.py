@@ -46,6 +46,7 @@ class ServerContext:
     reasoning_budget: int = -1  # --reasoning-budget
     aliases: list[str] = field(default_factory=list)  # --alias, for /v1/models
     tags: list[str] = field(default_factory=list)  # --tags, for /v1/models
+    model_meta: dict = field(default_factory=dict)  # /v1/models' `meta` (model_meta.py)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
@@ -63,6 +64,7 @@ class ServerContext:
             grammar_vocab=self.engine.vocab_size,
             template_kwargs=self.template_kwargs,
             reasoning_budget=self.reasoning_budget,
+            min_draft=drafters.config.min_draft if (drafters := getattr(self.engine, "drafters", None)) else 0,
         )
         self.responses = ResponseShapes(self.tokenizer)
         # llama-server's form, b<build>-<commit>: here the version and a hash of version and model

@@ -21,6 +21,7 @@ from ..errors import exit_on_signal
 from ..formats.template_vars import server_kwargs
 from ..options import SERVER_SAMPLING_DEFAULTS, RunConfig, SamplingOptions
 from ..session import describe_draft, open_session, resolved_drafter_line
+from .model_meta import model_meta
 
 
 def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[str], None], world: Any = None) -> None:
@@ -224,6 +225,12 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         model_path=str(session.target.resolved.named),
         aliases=aliases,
         tags=tags,
+        model_meta=model_meta(
+            session.target.resolved,
+            n_vocab=session.engine.vocab_size or len(session.tokenizer.get_vocab()),
+            n_ctx=session.engine.context_length,
+            n_ctx_train=session.target.context_length,
+        ),
     )
     say(line)
     url = f"http://{_url_host(srv.host)}:{sock.getsockname()[1]}"

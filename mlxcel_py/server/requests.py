@@ -119,6 +119,7 @@ class RequestReader:
     # variables every chat template gets (--chat-template-kwargs, --reasoning's enable_thinking)
     template_kwargs: dict = field(default_factory=dict)
     reasoning_budget: int = -1  # --reasoning-budget: -1 unlimited, N > 0 a reply's thinking capped
+    min_draft: int = 0  # --draft-min: a request's speculative.n_min when it sends none
 
     async def parse(self, request: Request, model: type[Body]) -> Body:
         data = await read_json(request, self.body_limit)
@@ -390,13 +391,16 @@ class RequestReader:
         return Job(
             prompt=prompt,
             grammar=grammar,
-            constraint=self.constraint(grammar) if grammar is not None else self.thinking_budget(prompt),
+            constraint=self.constraint(grammar)
+            if grammar is not None
+            else self.thinking_budget(prompt, req.thinking_budget()),
             max_tokens=self.budget(req, prompt),
             sampling=self.sampling(req),
             stop=req.stops(),
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
             speculative=req.speculative(),
+            min_draft=self.min_draft if req.speculative_n_min is None else req.speculative_n_min,
             cache_prompt=req.cache_prompt is not False,
             predict_ms=self.predict_ms(req),
             progress=req.stream and (req.model_extra or {}).get("return_progress") is True,
@@ -413,17 +417,21 @@ class RequestReader:
         except GrammarError as exc:
             raise ApiError(str(exc), code="invalid_grammar") from None
 
-    def thinking_budget(self, prompt: list[int]) -> ThinkingBudget | None:
+    def thinking_budget(self, prompt: list[int], asked: int | None = None) -> ThinkingBudget | None:
         """--reasoning-budget N (N > 0): the reply's think block capped at N tokens, then closed
-        (engine/thinking_budget.py). Under a grammar the reply is the grammar's, not thinking."""
-        if self.reasoning_budget <= 0:
+        (engine/thinking_budget.py); where the server's is -1 (unlimited), the request's own
+        (`thinking_budget_tokens`, Anthropic's `thinking.budget_tokens`; 0 closes it at once), as
+        llama-server reads them. The server's 0 turns thinking off in the template instead. Under
+        a grammar the reply is the grammar's, not thinking."""
+        budget = asked if self.reasoning_budget == -1 else self.reasoning_budget
+        if budget is None or budget < 0 or (budget == 0 and self.reasoning_budget == 0):
             return None
         opened = reasoning.opened_by(self.tokenizer.decode(prompt[-32:]))
         encode = functools.partial(self.tokenizer.encode, add_special_tokens=False)
         open_ids, close_ids = encode(reasoning.OPEN), encode(reasoning.CLOSE)
         if not open_ids or not close_ids:  # a tokenizer that cannot spell the tags: nothing to cap
             return None
-        return ThinkingBudget(self.reasoning_budget, open_ids, close_ids, opened=opened)
+        return ThinkingBudget(budget, open_ids, close_ids, opened=opened)
 
     def predict_ms(self, req: schemas.Sampling) -> float | None:
         """The request's decoding time limit: its own t_max_predict_ms within the server's."""

@@ -129,6 +129,7 @@ def generation_settings(job: Any, *, n_probs: int = 0, stream: bool = False) -> 
         # llama-server's samplers mlxcel-py does not have, at the values that turn them off
         **SAMPLERS_OFF,
         "speculative.n_max": None if job.speculative else 0,
+        "speculative.n_min": job.min_draft or 0,
         "t_max_predict_ms": job.predict_ms or -1,
     }
 

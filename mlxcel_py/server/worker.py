@@ -54,6 +54,7 @@ class Job:
     logprobs: int | None = None  # top-N per token ("logprobs" events before each text piece)
     pieces: bool = True  # the consumer reads text as it comes (streaming); else only "done"/"error"
     speculative: bool = True  # False: this request decodes plainly (speculative.n_max 0)
+    min_draft: int | None = None  # speculative.n_min, else the server's --draft-min (None: the engine's)
     cache_prompt: bool = True  # False: no cached prefix is reused, the whole prompt is fed (llama-server's)
     predict_ms: float | None = None  # time limit for decoding, from the first piece (t_max_predict_ms)
     grammar: GrammarSpec | None = None  # what the output follows
@@ -236,6 +237,7 @@ class Worker:
             logprobs=job.logprobs,
             gate=self.gate,
             constraint=job.constraint,
+            min_draft=job.min_draft,
         )
         job.generation = gen
         stream = TextStream(gen, self.tokenizer, job.stop)

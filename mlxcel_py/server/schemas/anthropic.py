@@ -119,8 +119,28 @@ class AnthropicRequest(Sampling):
     stop_sequences: list[str] | None = None
     tools: Annotated[list[AnthropicTool], Field(max_length=128)] | None = None
     tool_choice: dict[str, Any] | None = None
+    # {"type": "enabled", "budget_tokens": N}: the reply's thinking capped at N tokens, as
+    # llama-server maps it (to thinking_budget_tokens; 10000 when N is left out)
+    thinking: dict[str, Any] | None = None
 
     _tools_within_limit = field_validator("tools", mode="before")(tools_within_limit)
+
+    @field_validator("thinking")
+    @classmethod
+    def _thinking(cls, v):
+        if v is None:
+            return v
+        if v.get("type") not in ("enabled", "disabled", "adaptive"):
+            raise ValueError("'thinking': type must be enabled, disabled or adaptive")
+        n = v.get("budget_tokens")
+        if n is not None and (type(n) is not int or n < 0):
+            raise ValueError("'thinking': budget_tokens must be a whole number of 0 or more")
+        return v
+
+    def thinking_budget(self) -> int | None:
+        if self.thinking is not None and self.thinking.get("type") == "enabled":
+            return self.thinking.get("budget_tokens", 10000)
+        return super().thinking_budget()
 
     @field_validator("stop_sequences")
     @classmethod

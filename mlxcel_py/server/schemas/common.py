@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ...formats.grammars import LIMITS, GrammarError, GrammarSpec
 from ...formats.grammars import check as check_grammar
+from ...options import MAX_DRAFT_LIMIT
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 TopCount = Annotated[int, Field(ge=0, le=20)]
@@ -53,6 +54,11 @@ class Sampling(_Body):
     # llama-server's per-request draft width; 0 decodes this request plainly (the chat page's
     # "plain next"), other widths are the server's own (--draft-max), so they are refused
     speculative_n_max: int | None = Field(None, alias="speculative.n_max")
+    # llama-server's per-request reasoning budget, where the server's --reasoning-budget is -1:
+    # the reply's think block is closed after this many tokens (0: at once)
+    thinking_budget_tokens: int | None = Field(None, ge=0)
+    # llama-server's per-request --draft-min: drafts shorter than this are not verified
+    speculative_n_min: int | None = Field(None, alias="speculative.n_min", ge=0, le=MAX_DRAFT_LIMIT)
     # llama-server's limit on decoding time (ms, from the first token; 0 none), within the server's
     t_max_predict_ms: int | None = None
     # llama-server's prompt cache switch: false feeds the whole prompt, reusing no cached prefix
@@ -69,6 +75,10 @@ class Sampling(_Body):
 
     def speculative(self) -> bool:
         return self.speculative_n_max is None
+
+    def thinking_budget(self) -> int | None:
+        """The thinking budget this request asks for (None: none of its own)."""
+        return self.thinking_budget_tokens
 
     @field_validator("stop")
     @classmethod
