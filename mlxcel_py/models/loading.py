@@ -127,8 +127,8 @@ def _hub_snapshot(repo_id: str, revision: str | None, what: str = "--model", ask
         return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns, local_files_only=True))
     except Exception:
         pass
+    named = f"{asked} (read as {repo_id}; set MLXCEL_DEFAULT_ORG for another organisation)" if asked else repo_id
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        named = f"{asked} (read as {repo_id})" if asked else repo_id
         raise ModelError(
             f"{what} {named}: not in the local Hugging Face cache, and --offline (HF_HUB_OFFLINE) forbids downloading it",
             hint="drop --offline where the hub is reachable, or pass a local folder or .gguf file",
@@ -137,7 +137,6 @@ def _hub_snapshot(repo_id: str, revision: str | None, what: str = "--model", ask
         return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
     except Exception as exc:
         reason = type(exc).__name__
-        named = f"{asked} (read as {repo_id}; set MLXCEL_DEFAULT_ORG for another organisation)" if asked else repo_id
         raise ModelError(
             f"{what} {named}: not in the local Hugging Face cache and could not be downloaded ({reason})",
             hint=f"run `huggingface-cli download {repo_id}` where the hub is reachable, or pass a local folder",
