@@ -100,6 +100,30 @@ def test_tokenizer_round_trips_the_vocabulary(tmp_path, family):
     assert tokens.index(merged) in tok.encode(" the", add_special_tokens=False).ids
 
 
+def test_a_whole_prompt_gets_the_bos_llama_cpp_adds_and_a_named_template_too(tmp_path):
+    """llama.cpp puts BOS before a sentencepiece vocabulary's prompt unless the file says not to
+    (a byte-level BPE one here says nothing: none); a llama-server named format, which prints no
+    BOS, gets it as llama-server gives it; a template printing bos_token still has exactly one."""
+    from mlxcel_py.commands._options import build_options
+    from mlxcel_py.formats.prompting import prompt_ids, render_messages
+    from mlxcel_py.session import open_session
+    from mlxcel_py.validate import validate
+
+    for family, bos in (("gemma3", 2), ("llama", None)):
+        path = tmp_path / f"{family}.gguf"
+        gguf_files.write(path, family, [Q.F16])
+        tok = loading.load(loading.resolve(str(path))).tokenizer
+        plain = tok.encode("hi there", add_special_tokens=False)
+        assert prompt_ids(tok, "hi there", chat_template=False) == ([bos] if bos else []) + plain
+    hi = [{"role": "user", "content": "hi"}]
+    for template, first in (("llama2", "[INST]"), ("{{ bos_token }}<{{ messages[0]['content'] }}>", "<hi>")):
+        opts = {"prompt": "x", "model": str(tmp_path / "gemma3.gguf"), "chat_template": template}
+        s = open_session(validate(build_options("generate", opts)))
+        ids = render_messages(s.tokenizer, hi)
+        assert ids[0] == 2 and 2 not in ids[1:], ids
+        assert s.tokenizer.decode(ids[1:]).startswith(first)
+
+
 def _k_quant_import(tmp_path, for_cpu: bool):
     """A qwen3 file of Q4_K, Q6_K and F16 tensors, converted: (file, names, folder, config, weights, expected)."""
     path = tmp_path / "m.gguf"

@@ -44,6 +44,18 @@ BUILTIN = {
 }
 
 
+def with_vocab_bos(text: str, adds_bos: bool) -> str:
+    """llama-server renders its named formats without a BOS and lets the tokenizer add one where
+    the vocabulary says add_bos (Llama 2, Mistral, Gemma...); the engine tokenizes a rendered
+    template as it is, so a named format on such a vocabulary prints the BOS itself."""
+    if adds_bos and text in _NAMED_TEXTS and "bos_token" not in text:
+        return "{{ bos_token }}" + text
+    return text
+
+
+_NAMED_TEXTS = frozenset(NAMED.values())
+
+
 class TemplateError(ValueError):
     """A template that does not parse, or a name that is none of BUILTIN."""
 

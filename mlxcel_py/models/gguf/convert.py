@@ -38,8 +38,9 @@ from .cache import COMPLETE
 
 GROUP_SIZE = 32  # every GGUF block quant MLX reads has 32 values per block
 # bump when the folder layout changes, so old cache entries are not re-used (v3: Q4_K direct; v4:
-# other decoded quantized types stored 8-bit on the CPU too, not float32)
-FORMAT = "v4"
+# other decoded quantized types stored 8-bit on the CPU too, not float32; v5: the tokenizer adds the
+# BOS/EOS llama.cpp adds to a whole prompt)
+FORMAT = "v5"
 MLX_NATIVE = frozenset({"F32", "F16", "Q4_0", "Q4_1", "Q8_0"})
 _FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
 # MLX affine bits for re-quantizing a decoded tensor off the CPU: at least the source's precision

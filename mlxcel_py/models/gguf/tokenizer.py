@@ -17,6 +17,36 @@ from ...errors import ModelError
 _DIGITS_FIRST = frozenset({"smollm", "starcoder", "refact"})
 
 
+def adds_special(md: dict) -> tuple[bool, bool]:
+    """(BOS, EOS) llama.cpp puts around tokenized text: the file's flags, and BOS for a
+    sentencepiece vocabulary that says nothing (llama.cpp's default)."""
+    add_bos = md.get("tokenizer.ggml.add_bos_token", md.get("tokenizer.ggml.model") == "llama")
+    return bool(add_bos), bool(md.get("tokenizer.ggml.add_eos_token", False))
+
+
+def _special_around(md: dict) -> Any:
+    """A post-processor adding the BOS/EOS llama.cpp adds to a whole prompt. transformers ignores
+    tokenizer_config's add_bos_token once there is a tokenizer.json, so the flag lives here."""
+    from tokenizers import processors
+
+    tokens = md.get("tokenizer.ggml.tokens") or []
+    add_bos, add_eos = adds_special(md)
+    around: dict[str, int] = {}
+    for flag, key in ((add_bos, "bos_token_id"), (add_eos, "eos_token_id")):
+        i = md.get(f"tokenizer.ggml.{key}")
+        if flag and isinstance(i, int) and 0 <= i < len(tokens):
+            around[key] = i
+    if not around:
+        return None
+    bos = tokens[around["bos_token_id"]] if "bos_token_id" in around else None
+    eos = tokens[around["eos_token_id"]] if "eos_token_id" in around else None
+    # lists, not one spaced string: a token's own text may hold a space
+    single = [f"{bos}:0"] * (bos is not None) + ["$A:0"] + [f"{eos}:0"] * (eos is not None)
+    pair = single + [f"{bos}:1"] * (bos is not None) + ["$B:1"] + [f"{eos}:1"] * (eos is not None)
+    specials = [(tokens[i], i) for i in around.values()]
+    return processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
+
+
 def tokenizer_json(md: dict, arch: str, path: Any) -> str:
     from tokenizers import pre_tokenizers
 
@@ -48,6 +78,9 @@ def tokenizer_json(md: dict, arch: str, path: Any) -> str:
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
             ]
         )
+    around = _special_around(md)
+    if around is not None:
+        backend.post_processor = around
     return backend.to_str()
 
 
@@ -58,8 +91,7 @@ def tokenizer_config(md: dict, context_length: int) -> dict:
         i = md.get(f"tokenizer.ggml.{key}")
         return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
 
-    # llama.cpp adds BOS to a sentencepiece vocabulary unless the file says otherwise
-    add_bos = md.get("tokenizer.ggml.add_bos_token", md.get("tokenizer.ggml.model") == "llama")
+    add_bos, add_eos = adds_special(md)
     eos = token("eos_token_id") or "<|endoftext|>"
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -67,8 +99,8 @@ def tokenizer_config(md: dict, context_length: int) -> dict:
         "bos_token": token("bos_token_id"),
         "unk_token": token("unknown_token_id"),
         "pad_token": token("padding_token_id") or eos,
-        "add_bos_token": bool(add_bos),
-        "add_eos_token": bool(md.get("tokenizer.ggml.add_eos_token", False)),
+        "add_bos_token": add_bos,
+        "add_eos_token": add_eos,
         "clean_up_tokenization_spaces": False,
         "model_max_length": context_length,
     }
