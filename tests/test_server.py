@@ -186,7 +186,8 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(server, body, status, ety
     code, r = post(url + "/v1/chat/completions", body)
     assert code == status
     assert {"message", "type", "code"} <= set(r["error"]) and r["error"]["type"] == etype
-    if etype == "exceed_context_size_error":  # llama-server's fields, for clients that trim and retry
+    if etype == "exceed_context_size_error":  # llama-server's fields and words, for clients that trim and retry
+        assert "exceeds the available context size" in r["error"]["message"]
         assert r["error"]["n_prompt_tokens"] > r["error"]["n_ctx"] > 0
     else:
         assert set(r["error"]) == {"message", "type", "code"}

@@ -668,7 +668,10 @@ def test_native_stream_frames_carry_their_tokens_and_the_last_the_generation_set
     assert last["stop"] is True and last["generation_settings"]["n_predict"] == 9
     assert last["generation_settings"]["seed"] == 42 and last["generation_settings"]["stream"] is True
     r = client.post("/completion", json={"prompt": "hi", "logit_bias": [[5, False]]}).json()
-    assert r["generation_settings"]["logit_bias"] == [[5, False]] and r["generation_settings"]["seed"] == 4294967295
+    assert (
+        r["generation_settings"]["logit_bias"] == [{"bias": None, "token": 5}]
+        and r["generation_settings"]["seed"] == 4294967295
+    )
     frames = _sse(client.post("/completion", json={"prompt": ["x", "y"], "stream": True}))
     assert sorted({f["index"] for f in frames}) == [0, 1] and sum(f["stop"] for f in frames) == 2
 

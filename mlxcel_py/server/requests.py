@@ -201,7 +201,8 @@ class RequestReader:
             raise ApiError(f"'max_tokens' must be -1 or >= 0, got {n}")
         if len(prompt) >= self.context_length:
             raise ApiError(
-                f"the prompt has {len(prompt)} tokens, which exceeds the context window ({self.context_length})",
+                f"request ({len(prompt)} tokens) exceeds the available context size ({self.context_length} tokens), "
+                "try increasing it (--ctx-size)",  # llama-server's words, which clients match
                 type="exceed_context_size_error",
                 extra={"n_prompt_tokens": len(prompt), "n_ctx": self.context_length},  # llama-server's fields
             )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,9 +108,12 @@ SAMPLERS_OFF = {
 }
 
 
-def generation_settings(job: Any, *, n_probs: int = 0, stream: bool = False) -> dict:
-    """llama-server's `generation_settings`: the sampling and limits a request decoded with."""
+def generation_settings(job: Any, *, n_probs: int = 0, stream: bool = False, eog: Sequence[int] = ()) -> dict:
+    """llama-server's `generation_settings`: the sampling and limits a request decoded with. Its
+    `logit_bias` lists `{"bias", "token"}` objects, a ban's -inf as null (nlohmann's JSON for it), and
+    with `ignore_eos` the end-of-generation tokens (`eog`) banned, as llama-server adds them."""
     s = job.sampling
+    biases = list(s.logit_bias) + ([(t, -math.inf) for t in eog] if job.ignore_eos else [])
     return {
         "seed": RANDOM_SEED if s.seed is None else s.seed,
         "temperature": s.temp,
@@ -124,7 +128,7 @@ def generation_settings(job: Any, *, n_probs: int = 0, stream: bool = False) -> 
         "ignore_eos": job.ignore_eos,
         "stream": stream,
         "n_probs": n_probs,
-        "logit_bias": [[t, b if math.isfinite(b) else False] for t, b in s.logit_bias],  # false: banned
+        "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in biases],
         "grammar": job.grammar.text if job.grammar is not None else "",
         # llama-server's samplers mlxcel-py does not have, at the values that turn them off
         **SAMPLERS_OFF,

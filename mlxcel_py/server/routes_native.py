@@ -129,10 +129,14 @@ def _native(
         "model": ctx.model_id,
         "tokens_predicted": r.stats.generated_tokens,
         "tokens_evaluated": len(job.prompt),
-        "generation_settings": generation_settings(job, n_probs=job.logprobs or 0, stream=stream),
+        "generation_settings": generation_settings(
+            job, n_probs=job.logprobs or 0, stream=stream, eog=ctx.engine.eos_ids
+        ),
         "prompt": prompt,
         "has_new_line": "\n" in r.text,
-        "truncated": False,
+        # llama-server's: generation stopped because the context window is full
+        "truncated": r.finish_reason == "length"
+        and len(job.prompt) + r.stats.generated_tokens >= ctx.engine.context_length,
         "stop_type": stop_type,
         "stopping_word": r.stop_word or "",
         "tokens_cached": r.stats.cached_tokens,

@@ -240,7 +240,7 @@ class _ChatReply:
                 "prompt": ctx.tokenizer.decode(prompt),
                 "content": results[0].text,
                 "tokens_evaluated": len(prompt),
-                "generation_settings": generation_settings(job),
+                "generation_settings": generation_settings(job, eog=ctx.engine.eos_ids),
             }
         return out
 

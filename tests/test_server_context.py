@@ -1,0 +1,68 @@
+"""A full context window on serve, as llama-server reports it: a generation that fills the window
+stops there with `truncated: true`, and a prompt over it is refused in llama-server's words
+("exceeds the available context size"), which clients match to trim and retry."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from test_server import start_server
+
+CTX = 64
+
+
+@pytest.fixture(scope="module")
+def small_server(tiny_dir, tmp_path_factory):
+    import os
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path_factory.mktemp("cfg")))
+    proc, url, _ = start_server(env, "-m", str(tiny_dir), "-c", str(CTX), "--no-warmup")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def completion(url: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(
+        url + "/completion", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_a_generation_that_fills_the_window_is_truncated_and_a_short_one_is_not(small_server):
+    prompt = {"prompt": "Hi how are you", "ignore_eos": True}
+    status, full = completion(small_server, {**prompt, "n_predict": -1})
+    assert status == 200
+    n_prompt = full["timings"]["prompt_n"]
+    assert full["timings"]["predicted_n"] == CTX - n_prompt  # llama-server's count: prompt + output = window
+    assert full["truncated"] is True and full["stop_type"] == "limit"
+    status, short = completion(small_server, {**prompt, "n_predict": 5})
+    assert status == 200 and short["timings"]["predicted_n"] == 5
+    assert short["truncated"] is False and short["stop_type"] == "limit"
+
+
+def test_a_prompt_over_the_window_is_refused_in_llama_server_words(small_server):
+    status, err = completion(small_server, {"prompt": "x" * (CTX + 10), "n_predict": 4})
+    assert status == 400 and err["error"]["type"] == "exceed_context_size_error"
+    assert "exceeds the available context size" in err["error"]["message"]
+    assert err["error"]["n_prompt_tokens"] > err["error"]["n_ctx"] == CTX
+    status, ok = completion(small_server, {"prompt": "still serving", "n_predict": 2})
+    assert status == 200 and ok["timings"]["predicted_n"] == 2
+
+
+def test_generation_settings_list_logit_biases_as_llama_server_and_ignore_eos_bans_the_eog(small_server):
+    """llama-server's form, `{"bias", "token"}` with a ban as null; `ignore_eos` shows the
+    end-of-generation tokens banned, as llama-server adds them to the request's biases."""
+    status, plain = completion(small_server, {"prompt": "Hi", "n_predict": 2, "logit_bias": {"5": 2.0}})
+    assert status == 200 and plain["generation_settings"]["logit_bias"] == [{"bias": 2.0, "token": 5}]
+    status, banned = completion(small_server, {"prompt": "Hi", "n_predict": 2, "ignore_eos": True})
+    biases = banned["generation_settings"]["logit_bias"]
+    assert status == 200 and biases and all(b["bias"] is None for b in biases)
+    assert 258 in {b["token"] for b in biases}  # the tiny model's <|im_end|>, its EOS
