@@ -197,6 +197,8 @@ class ServerOptions:
     tags: str | None = None  # comma-separated, informational (llama-server's --tags)
     threads: int | None = None
     ctx_size: int = 0  # 0: the model's context window
+    context_shift: bool = False  # --context-shift: a full window drops part of the context and goes on
+    keep: int = 0  # --keep: tokens of the prompt a shift keeps (-1: all of it)
     cache_ram: int = DEFAULT_CACHE_RAM_MIB  # finished requests' caches kept, MiB; -1 no limit, 0 off
     parallel: int = DEFAULT_PARALLEL
     parallel_given: bool = False  # -np given: the window is split across the slots unless -kvu

@@ -263,6 +263,8 @@ def _server(opts: CommandOptions) -> None:
         raise UsageError(
             f"--ctx-size must be 0 (the model's window) or a positive number of tokens, got {srv.ctx_size}"
         )
+    if srv.keep < -1:
+        raise UsageError(f"--keep must be -1 (the whole prompt) or 0 or more tokens, got {srv.keep}")
     if not 1 <= srv.parallel <= MAX_PARALLEL:
         raise UsageError(f"--parallel (-np) must be between 1 and {MAX_PARALLEL}, got {srv.parallel}")
     if srv.split_context and 0 < srv.ctx_size < srv.parallel * MIN_SLOT_CONTEXT:

@@ -35,7 +35,7 @@ SUITE_FLAGS = [
     "--sleep-idle-seconds", "5", "--webui-mcp-proxy",
 ]  # fmt: skip
 DROPPED_HERE = {"--model", "--model-draft", "--hf-repo", "--hf-file", "--embedding", "--pooling", "--slot-save-path",
-                "--grp-attn-n", "--grp-attn-w", "--lora", "--context-shift", "--sleep-idle-seconds",
+                "--grp-attn-n", "--grp-attn-w", "--lora", "--sleep-idle-seconds",
                 "--webui-mcp-proxy"}  # fmt: skip
 
 
@@ -45,7 +45,16 @@ def test_reference_model_flags_are_dropped_with_their_values_and_the_rest_passed
     kept = argv[2:]
     assert not DROPPED_HERE & set(kept)
     assert "stories260K.gguf" not in kept and "mean" not in kept and "l.gguf" not in kept
-    for flag in ("--offline", "--metrics", "--batch-size", "--ubatch-size", "--draft-min", "--draft", "--no-webui"):
+    for flag in (
+        "--offline",
+        "--metrics",
+        "--batch-size",
+        "--ubatch-size",
+        "--draft-min",
+        "--draft",
+        "--no-webui",
+        "--context-shift",
+    ):
         assert flag in kept
 
 

@@ -66,3 +66,47 @@ def test_generation_settings_list_logit_biases_as_llama_server_and_ignore_eos_ba
     biases = banned["generation_settings"]["logit_bias"]
     assert status == 200 and biases and all(b["bias"] is None for b in biases)
     assert 258 in {b["token"] for b in biases}  # the tiny model's <|im_end|>, its EOS
+
+
+@pytest.fixture(scope="module")
+def shifting_server(tiny_dir, tmp_path_factory):
+    """--context-shift on two slots sharing the window (-kvu): requests run under the scheduler."""
+    import os
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path_factory.mktemp("cfg")))
+    args = ["-m", str(tiny_dir), "-c", str(CTX), "--context-shift", "--keep", "2", "-np", "2", "-kvu"]
+    proc, url, _ = start_server(env, *args, "--no-warmup")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_context_shift_goes_past_the_window_with_the_engines_tokens(shifting_server, tiny):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_engine import engine_for, run
+
+    from mlxcel_py.engine.context_shift import ContextShift
+
+    body = {"prompt": "Hi how are you", "n_predict": 150, "ignore_eos": True, "return_tokens": True, "temperature": 0}
+    status, r = completion(shifting_server, body)
+    assert status == 200 and r["timings"]["predicted_n"] == 150 and r["truncated"] is True
+    assert r["generation_settings"]["n_keep"] == 2
+    eng = engine_for(tiny)
+    eng.context_length = CTX
+    prompt = tiny.tokenizer.encode("Hi how are you")
+    want, g = run(eng, prompt, max_tokens=150, ignore_eos=True, context_shift=ContextShift(keep=2))
+    assert g.stats.context_shifts >= 3 and r["tokens"] == want
+    # two at once, each shifting between the other's steps: each gets its solo tokens
+    other = {**body, "prompt": "Another prompt", "n_keep": -1, "n_discard": 9}
+    status, solo = completion(shifting_server, other)
+    assert status == 200 and solo["generation_settings"]["n_discard"] == 9
+    with ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(lambda b: completion(shifting_server, b), [body, other]))
+    assert [x[1]["tokens"] for x in both] == [r["tokens"], solo["tokens"]]
+
+
+def test_n_keep_and_n_discard_out_of_range_are_refused(shifting_server):
+    for field, value in (("n_keep", -2), ("n_discard", -1)):
+        status, err = completion(shifting_server, {"prompt": "Hi", field: value})
+        assert status == 400 and field in err["error"]["message"]

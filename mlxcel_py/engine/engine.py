@@ -22,8 +22,11 @@ from .generation import DecodeRequest, RoundDrafter, RoundLoop
 from .policy import Policy
 from .sampling import Decider
 
+UNLIMITED = 2**62  # a shifting request's budget when it asks for no limit: it ends at EOS
+
 if TYPE_CHECKING:
     from .batch import Gate
+    from .context_shift import ContextShift
     from .grammar import OutputRule
 
 
@@ -99,7 +102,11 @@ class Engine:
             raise RuntimeError("this engine has no drafter")
         return self.drafters.make_policy(self.verify_cost)
 
-    def resolve_max_tokens(self, max_tokens: int, prompt_len: int) -> int:
+    def resolve_max_tokens(self, max_tokens: int, prompt_len: int, shifting: bool = False) -> int:
+        """The request's budget within the window (-1: until the window is full); a request that
+        shifts its context is not capped by the window (-1: until EOS)."""
+        if shifting:
+            return UNLIMITED if max_tokens < 0 else max_tokens
         room = max(self.context_length - prompt_len, 0)
         return room if max_tokens < 0 else min(max_tokens, room)
 
@@ -122,15 +129,17 @@ class Engine:
         policy: Policy | None = None,
         constraint: OutputRule | None = None,
         min_draft: int | None = None,
+        context_shift: ContextShift | None = None,
     ) -> RoundLoop:
         """A request's round loop (`drafter`, `policy`: the caller's instead of the engine's;
-        `constraint`: a grammar the output follows; `min_draft`: the request's own --draft-min);
+        `constraint`: a grammar the output follows; `min_draft`: the request's own --draft-min;
+        `context_shift`: go on past a full window, engine/context_shift.py);
         generation.DecodeRequest says each field."""
         if min_draft is None:
             min_draft = self.drafters.config.min_draft if self.drafters is not None else 0
         request = DecodeRequest(
             prompt=tuple(prompt),
-            max_tokens=self.resolve_max_tokens(max_tokens, len(prompt)),
+            max_tokens=self.resolve_max_tokens(max_tokens, len(prompt), context_shift is not None),
             sampling=sampling or SamplingOptions(),
             min_tokens=min_tokens,
             ignore_eos=ignore_eos,
@@ -145,6 +154,7 @@ class Engine:
             policy=policy,
             constraint=constraint,
             min_draft=min_draft,
+            shift=context_shift,
         )
         return RoundLoop(self, request)
 

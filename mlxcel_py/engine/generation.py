@@ -27,6 +27,7 @@ import mlx.core as mx
 
 from ..cpu import extension as cpu_extension
 from ..options import SamplingOptions
+from . import context_shift
 from .cache import SequenceCache
 from .policy import Policy
 from .sampling import Decider
@@ -37,6 +38,7 @@ from .verify import RULE_GREEDY, RULE_PQ, RULE_SAMPLER_MATCH, Verdict, judge, ju
 if TYPE_CHECKING:
     from ..drafters.base import Proposal
     from .batch import Gate
+    from .context_shift import ContextShift
     from .engine import Engine
     from .grammar import OutputRule
 
@@ -104,7 +106,8 @@ class RoundDrafter(Protocol):
 
 @dataclass(frozen=True)
 class DecodeRequest:
-    """One request, as `Engine.generate` was asked for it (max_tokens already fits the window)."""
+    """One request, as `Engine.generate` was asked for it (max_tokens already fits the window,
+    unless the request shifts its context when the window fills: `shift`)."""
 
     prompt: tuple[int, ...]
     max_tokens: int
@@ -128,6 +131,7 @@ class DecodeRequest:
     # llama-server's --draft-min (speculative.n_min): a draft shorter than this is dropped and the
     # round decodes plainly, as a verify block that short would cost more than it saves
     min_draft: int = 0
+    shift: ContextShift | None = None  # llama-server's --context-shift (engine/context_shift.py)
 
 
 @dataclass
@@ -293,6 +297,8 @@ class RoundLoop:
             while d.emitted < self.max_tokens:
                 if self._cancelled():
                     return
+                if context_shift.due(self, d) and not (yield from context_shift.shift(self, d, PAUSE)):
+                    return
                 proposed = self._propose(d)
                 if proposed.draft:
                     verdict = yield from self._verify(d, proposed)
@@ -353,7 +359,7 @@ class RoundLoop:
         st, policy, drafter = self.stats, d.policy, d.drafter
         if drafter is None or policy is None or (self.gate is not None and not self.gate.open):
             return _Proposed()
-        budget = min(policy.budget(), self.max_tokens - d.emitted - 1)
+        budget = min(policy.budget(), self.max_tokens - d.emitted - 1, context_shift.room(self, d))
         if budget <= 0:
             if policy.paused:
                 st.paused_rounds += 1

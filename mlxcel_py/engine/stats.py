@@ -31,6 +31,7 @@ class GenerationStats:
     tree_rounds: int = 0  # verify rounds of a draft tree (engine/tree.py); the rest verified chains
     branch_accepts: int = 0  # tree rounds whose accepted path left the tree's first chain
     warmup_s: float = 0.0
+    context_shifts: int = 0  # times a full window was shifted (engine/context_shift.py)
 
     @property
     def acceptance_rate(self) -> float:

@@ -21,6 +21,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from .. import __version__
+from ..engine.context_shift import ContextShift
 from ..engine.text import TextPiece
 from ..options import SamplingOptions
 from .http import BODY_LIMIT, ApiError, error_body, log
@@ -47,6 +48,7 @@ class ServerContext:
     aliases: list[str] = field(default_factory=list)  # --alias, for /v1/models
     tags: list[str] = field(default_factory=list)  # --tags, for /v1/models
     model_meta: dict = field(default_factory=dict)  # /v1/models' `meta` (model_meta.py)
+    context_shift: ContextShift | None = None  # --context-shift (its --keep): requests' default
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
@@ -64,6 +66,7 @@ class ServerContext:
             grammar_vocab=self.engine.vocab_size,
             template_kwargs=self.template_kwargs,
             reasoning_budget=self.reasoning_budget,
+            context_shift=self.context_shift,
             min_draft=drafters.config.min_draft if (drafters := getattr(self.engine, "drafters", None)) else 0,
         )
         self.responses = ResponseShapes(self.tokenizer)

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..engine.context_shift import ContextShift
 from ..errors import exit_on_signal
 from ..formats.template_vars import server_kwargs
 from ..options import SERVER_SAMPLING_DEFAULTS, RunConfig, SamplingOptions
@@ -222,6 +223,7 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         verbose=srv.verbose,
         template_kwargs=server_kwargs(srv),
         reasoning_budget=srv.reasoning_budget,
+        context_shift=ContextShift(keep=srv.keep) if srv.context_shift else None,
         model_path=str(session.target.resolved.named),
         aliases=aliases,
         tags=tags,

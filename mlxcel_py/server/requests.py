@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
+from ..engine.context_shift import ContextShift
 from ..engine.grammar import GrammarError, TokenizerIndex
 from ..engine.thinking_budget import ThinkingBudget
 from ..errors import UsageError
@@ -120,6 +121,7 @@ class RequestReader:
     template_kwargs: dict = field(default_factory=dict)
     reasoning_budget: int = -1  # --reasoning-budget: -1 unlimited, N > 0 a reply's thinking capped
     min_draft: int = 0  # --draft-min: a request's speculative.n_min when it sends none
+    context_shift: ContextShift | None = None  # --context-shift (None: a full window ends a reply)
 
     async def parse(self, request: Request, model: type[Body]) -> Body:
         data = await read_json(request, self.body_limit)
@@ -404,8 +406,20 @@ class RequestReader:
             min_draft=self.min_draft if req.speculative_n_min is None else req.speculative_n_min,
             cache_prompt=req.cache_prompt is not False,
             predict_ms=self.predict_ms(req),
+            shift=self.shift(req, prompt),
             progress=req.stream and (req.model_extra or {}).get("return_progress") is True,
         )
+
+    def shift(self, req: schemas.Sampling, prompt: list[int]) -> ContextShift | None:
+        """The request's context shift under --context-shift: its n_keep (else --keep) and
+        n_discard; a kept count does not count the BOS, as llama-server adds it."""
+        if self.context_shift is None:
+            return None
+        keep = self.context_shift.keep if req.n_keep is None else req.n_keep
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        if keep >= 0 and bos is not None and prompt[:1] == [bos]:
+            keep += 1
+        return ContextShift(keep=keep, discard=req.n_discard or 0)
 
     def constraint(self, grammar):
         """The grammar compiled for this tokenizer (engine.grammar.Constraint), or None; a 400

@@ -135,6 +135,7 @@ def generation_settings(job: Any, *, n_probs: int = 0, stream: bool = False, eog
         "speculative.n_max": None if job.speculative else 0,
         "speculative.n_min": job.min_draft or 0,
         "t_max_predict_ms": job.predict_ms or -1,
+        **({"n_keep": job.shift.keep, "n_discard": job.shift.discard} if job.shift is not None else {}),
     }
 
 

@@ -134,9 +134,9 @@ def _native(
         ),
         "prompt": prompt,
         "has_new_line": "\n" in r.text,
-        # llama-server's: generation stopped because the context window is full
-        "truncated": r.finish_reason == "length"
-        and len(job.prompt) + r.stats.generated_tokens >= ctx.engine.context_length,
+        # llama-server's: the context window was shifted, or stopped the generation
+        "truncated": r.stats.context_shifts > 0
+        or (r.finish_reason == "length" and len(job.prompt) + r.stats.generated_tokens >= ctx.engine.context_length),
         "stop_type": stop_type,
         "stopping_word": r.stop_word or "",
         "tokens_cached": r.stats.cached_tokens,

@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..engine.context_shift import ContextShift
 from ..engine.text import TextStream
 from ..options import SamplingOptions
 from ..parallel import distributed
@@ -59,6 +60,7 @@ class Job:
     predict_ms: float | None = None  # time limit for decoding, from the first piece (t_max_predict_ms)
     grammar: GrammarSpec | None = None  # what the output follows
     constraint: OutputRule | None = None  # `grammar` compiled (by the route, off this thread)
+    shift: ContextShift | None = None  # --context-shift: what a full window drops (None: it ends the reply)
     progress: bool = False  # "progress" events while the prompt is fed (llama-server's return_progress)
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
@@ -238,6 +240,7 @@ class Worker:
             gate=self.gate,
             constraint=job.constraint,
             min_draft=job.min_draft,
+            context_shift=job.shift,
         )
         job.generation = gen
         stream = TextStream(gen, self.tokenizer, job.stop)

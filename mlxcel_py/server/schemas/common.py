@@ -65,6 +65,9 @@ class Sampling(_Body):
     # (the text is the same either way on the row-exact path; only the time differs); null is
     # the default, as llama-server reads it
     cache_prompt: bool | None = None
+    # llama-server's context shift (--context-shift): prompt tokens kept (-1 all), tokens dropped (0 half)
+    n_keep: int | None = Field(None, ge=-1)
+    n_discard: int | None = Field(None, ge=0)
 
     @field_validator("speculative_n_max")
     @classmethod
