@@ -199,6 +199,7 @@ class ServerOptions:
     ctx_size: int = 0  # 0: the model's context window
     context_shift: bool = False  # --context-shift: a full window drops part of the context and goes on
     keep: int = 0  # --keep: tokens of the prompt a shift keeps (-1: all of it)
+    slot_save_path: str | None = None  # --slot-save-path: the folder of slot files (POST /slots/{id})
     cache_ram: int = DEFAULT_CACHE_RAM_MIB  # finished requests' caches kept, MiB; -1 no limit, 0 off
     parallel: int = DEFAULT_PARALLEL
     parallel_given: bool = False  # -np given: the window is split across the slots unless -kvu

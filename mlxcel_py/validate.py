@@ -263,6 +263,8 @@ def _server(opts: CommandOptions) -> None:
         raise UsageError(
             f"--ctx-size must be 0 (the model's window) or a positive number of tokens, got {srv.ctx_size}"
         )
+    if srv.slot_save_path is not None and not Path(srv.slot_save_path).is_dir():
+        raise UsageError(f"--slot-save-path {srv.slot_save_path}: no such folder; create it or pass another")
     if srv.keep < -1:
         raise UsageError(f"--keep must be -1 (the whole prompt) or 0 or more tokens, got {srv.keep}")
     if not 1 <= srv.parallel <= MAX_PARALLEL:

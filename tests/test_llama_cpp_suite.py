@@ -34,7 +34,7 @@ SUITE_FLAGS = [
     "--reasoning-format", "deepseek", "--reasoning", "off", "--chat-template", "chatml",
     "--sleep-idle-seconds", "5", "--webui-mcp-proxy",
 ]  # fmt: skip
-DROPPED_HERE = {"--model", "--model-draft", "--hf-repo", "--hf-file", "--embedding", "--pooling", "--slot-save-path",
+DROPPED_HERE = {"--model", "--model-draft", "--hf-repo", "--hf-file", "--embedding", "--pooling",
                 "--grp-attn-n", "--grp-attn-w", "--lora", "--sleep-idle-seconds",
                 "--webui-mcp-proxy"}  # fmt: skip
 
@@ -54,6 +54,7 @@ def test_reference_model_flags_are_dropped_with_their_values_and_the_rest_passed
         "--draft",
         "--no-webui",
         "--context-shift",
+        "--slot-save-path",
     ):
         assert flag in kept
 

@@ -125,6 +125,7 @@ ServeMaxTokensOpt = Annotated[int, typer.Option("--n-predict", "-n", "--predict"
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", metavar="N", help="CPU threads for matrix products (OpenBLAS and the row-exact kernel); default: all cores.", rich_help_panel=SERVER)]
 CtxSizeOpt = Annotated[int, typer.Option("--ctx-size", "-c", metavar="N", help="Context window in tokens (0: the model's); prompt plus reply never exceed it.", rich_help_panel=SERVER)]
 ContextShiftOpt = Annotated[bool, typer.Option("--context-shift/--no-context-shift", help="When a generation fills the window, drop half of the context after the first --keep tokens and go on (llama-server's; default off: the generation stops there).", rich_help_panel=SERVER)]
+SlotSavePathOpt = Annotated[Optional[str], typer.Option("--slot-save-path", metavar="DIR", help="Folder for slot files: POST /slots/{id}?action=save|restore|erase writes a cached prompt's KV cache there and reads it back (llama-server's).", rich_help_panel=SERVER)]
 KeepOpt = Annotated[int, typer.Option("--keep", metavar="N", help="Tokens from the start of the prompt a context shift keeps (-1: the whole prompt); a request's n_keep overrides it.", rich_help_panel=SERVER)]
 CacheRamOpt = Annotated[int, typer.Option("--cache-ram", "-cram", metavar="MIB", help=f"Keep finished requests' KV caches up to this many MiB, so a later prompt sharing a prefix (a resent chat history, a common system prompt) skips it; -1 no limit, 0 off (default {O.DEFAULT_CACHE_RAM_MIB}).", rich_help_panel=SERVER)]
 ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", metavar="N", help=f"Requests decoded together (llama-server's slots; default {O.DEFAULT_PARALLEL}): their plain steps share one batched forward, the rest wait in the queue. Given, it splits -c across the slots (each gets -c/N tokens) unless -kvu.", rich_help_panel=SERVER)]
@@ -240,6 +241,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             ctx_size=g("ctx_size", 0),
             context_shift=g("context_shift", False),
             keep=g("keep", 0),
+            slot_save_path=g("slot_save_path"),
             cache_ram=g("cache_ram", O.DEFAULT_CACHE_RAM_MIB),
             parallel=_given(g("parallel"), O.DEFAULT_PARALLEL),
             parallel_given=g("parallel") is not None,
@@ -382,6 +384,7 @@ SERVER_PARAMS = [
     _kw("ctx_size", CtxSizeOpt, 0),
     _kw("context_shift", ContextShiftOpt, False),
     _kw("keep", KeepOpt, 0),
+    _kw("slot_save_path", SlotSavePathOpt, None),
     _kw("cache_ram", CacheRamOpt, O.DEFAULT_CACHE_RAM_MIB),
     _kw("parallel", ParallelOpt, None),
     _kw("log_disable", LogDisableOpt, False),

@@ -99,6 +99,14 @@ class PromptCache:
                 self.stats.evicted += 1
             self._entries = kept
 
-    def clear(self) -> None:
+    def take_latest(self) -> SequenceCache | None:
+        """The most recently given entry, out of the pool (a slot file is written from it), or None."""
         with self._lock:
+            return self._entries.pop()[0] if self._entries else None
+
+    def clear(self) -> int:
+        """Drop every entry; the tokens they held."""
+        with self._lock:
+            dropped = sum(len(c.tokens) for c, _ in self._entries)
             self._entries = []
+            return dropped

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..options import SamplingOptions
-from . import routes_anthropic, routes_native, routes_openai, routes_responses
+from . import routes_anthropic, routes_native, routes_openai, routes_responses, routes_slots
 from . import webui as webui_routes
 from .context import ServerContext
 from .http import BODY_LIMIT, ApiError, Cors, Guard, error_body
@@ -43,6 +43,7 @@ def create_app(
     app.state.body_limit = body_limit
     app.state.webui = webui
     app.state.slots = slots
+    app.state.slot_dir = None  # --slot-save-path, as a Path (main sets it)
     app.state.ctx = (
         None
         if session is None
@@ -65,6 +66,7 @@ def create_app(
     app.include_router(routes_native.router)
     app.include_router(routes_anthropic.router)  # /v1/messages, /v1/messages/count_tokens
     app.include_router(routes_responses.router)  # /v1/responses
+    app.include_router(routes_slots.router)  # POST /slots/{id}: slot files (--slot-save-path)
     app.include_router(webui_routes.router)  # / (the chat page, or health) and /props
     app.add_middleware(Guard, access=access, body_limit=body_limit, access_log=access_log, cors=cors)
     app.add_middleware(Cors, policy=cors)  # added last, so outermost: preflights never reach the key check

@@ -29,7 +29,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +69,32 @@ class Job:
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+
+@dataclass
+class Task:
+    """A call for the model's thread, run between steps (slot files read and write caches there:
+    no other thread runs MLX); its result or exception goes to `future` on the event loop."""
+
+    fn: Callable[[], Any]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+
+    def run(self) -> None:
+        try:
+            result = self.fn()
+        except Exception as exc:
+            self.loop.call_soon_threadsafe(_settle, self.future, None, exc)
+        else:
+            self.loop.call_soon_threadsafe(_settle, self.future, result, None)
+
+    def cancel(self) -> None:
+        self.loop.call_soon_threadsafe(_settle, self.future, None, RuntimeError("the server is shutting down"))
+
+
+def _settle(future: asyncio.Future, result: Any, exc: BaseException | None) -> None:
+    if not future.done():
+        future.set_result(result) if exc is None else future.set_exception(exc)
 
 
 class ShuttingDown(str):
@@ -136,7 +162,7 @@ class Worker:
         self.probe = None  # batch.Probe, at start when parallel > 1
         self.slots: list[Slot | None] = [None] * self.parallel
         self.metrics = None  # metrics.Metrics: every ended request is counted
-        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self.jobs: queue.Queue[Job | Task | None] = queue.Queue()
         self.served = 0
         self.ready = threading.Event()
         self.warmup_error: str | None = None
@@ -215,6 +241,9 @@ class Worker:
                         s.job.cancel()
                 if idle:
                     return False
+                continue
+            if isinstance(job, Task):
+                job.run() if not self._stopping else job.cancel()
                 continue
             if job.cancelled.is_set():
                 if self.shutting_down:  # its client still waits: a stream gets its error and [DONE]
@@ -381,6 +410,15 @@ class Worker:
                     return
         finally:
             job.cancel()
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """`fn()` on the model's thread, between steps (after the running requests' current turn)."""
+        if not self.alive:
+            raise RuntimeError("the model's thread is not running")
+        loop = asyncio.get_running_loop()
+        task = Task(fn, loop, loop.create_future())
+        self.jobs.put(task)
+        return await task.future
 
     def shut_down(self, reason: str) -> None:
         """Shutdown's last moment before its grace runs out: every job stops, and its client gets
