@@ -16,6 +16,7 @@ this project's: install them in the interpreter given by --python (default: this
 network the suite's presets cannot download their models, which this stand-in never needs.
 
 Prints pytest's summary and a table of failures by test file; --json writes every test's outcome.
+test_infill needs a model with FIM tokens, which the default model lacks (501, as llama-server answers).
 Many tests compare against the reference models' exact text (stories260K's "Suddenly"...): those
 fail on any other model and are counted, not fixed.
 """

@@ -218,6 +218,18 @@ class RequestReader:
             raise ApiError(f"'{key}' token ids must be integers in 0..{self.vocab - 1} (the model's vocabulary)")
         return list(values)
 
+    def mixed_ids(self, value: str | list, key: str) -> list[int]:
+        """Text, or token ids and text mixed (llama-server's tokenize_mixed), as ids: no BOS."""
+        parts = [value] if isinstance(value, str) else value
+        ids: list[int] = []
+        for part in parts:
+            if isinstance(part, str):
+                self.fits(len(part))
+                ids += self.tokenizer.encode(part, add_special_tokens=False) if part else []
+            else:
+                ids += self.token_ids([part], key)
+        return ids
+
     def prompts(self, prompt: Any) -> list[list[int]]:
         """llama-server's prompt forms, one id list per prompt: a string, token ids, ids and
         strings mixed in one sequence, a `{prompt_string}` object, or a list (batch) of these."""

@@ -1,4 +1,4 @@
-"""llama-server's native routes: `/completion`, `/tokenize`, `/detokenize`, `/health`.
+"""llama-server's native routes: `/completion`, `/infill`, `/tokenize`, `/detokenize`, `/health`.
 
 `/completion` streams bare JSON frames ending with the full object (no `[DONE]`), returns
 `tokens` with `return_tokens` and `completion_probabilities` with `n_probs`; `/tokenize` gives
@@ -15,8 +15,9 @@ from fastapi.responses import JSONResponse, Response
 
 from .context import LOADING, ServerContext, ctx_of
 from .http import ApiError
+from .infill import check_extra, fim_tokens, infill_prompt, why_not
 from .responses import generation_settings, timings
-from .schemas import DetokenizeRequest, NativeCompletionRequest, TokenizeRequest
+from .schemas import DetokenizeRequest, InfillRequest, NativeCompletionRequest, TokenizeRequest
 from .worker import Result
 
 router = APIRouter()
@@ -162,6 +163,43 @@ async def completion(request: Request):
     ctx = ctx_of(request)
     req = await ctx.requests.parse(request, NativeCompletionRequest)
     prompts = await asyncio.to_thread(ctx.requests.prompts, req.prompt)
+    return await _complete(ctx, request, req, prompts)
+
+
+@router.post("/infill")
+async def infill(request: Request):
+    """llama-server's fill-in-the-middle (infill.py builds the prompt); answered as /completion."""
+    ctx = ctx_of(request)
+    fim = fim_tokens(ctx.tokenizer.get_vocab())
+    refused = why_not(fim)
+    if refused:
+        raise ApiError(refused, status=501, type="not_supported_error")
+    req = await ctx.requests.parse(request, InfillRequest)
+    extra = check_extra(req.input_extra)
+
+    def build() -> list[int]:
+        ids = ctx.requests.mixed_ids
+        tok = ctx.tokenizer
+        bos = getattr(tok, "bos_token_id", None)
+        adds_bos = bos is not None and list(tok.encode("a"))[:1] == [bos]
+        return infill_prompt(
+            fim,
+            lambda text: list(tok.encode(text, add_special_tokens=False)),
+            ids(req.input_prefix, "input_prefix"),
+            ids(req.input_suffix, "input_suffix"),
+            extra,
+            ids(req.prompt, "prompt"),
+            n_ctx=ctx.engine.context_length,
+            n_predict=ctx.max_tokens,
+            bos=bos if adds_bos else None,
+        )
+
+    prompt = await asyncio.to_thread(build)
+    return await _complete(ctx, request, req, [prompt])
+
+
+async def _complete(ctx: ServerContext, request: Request, req, prompts: list[list[int]]):
+    """Decode each prompt and answer in llama-server's native shape (streamed or whole)."""
     lp = req.n_probs or None
     jobs = [await ctx.requests.job(req, p, lp) for p in prompts]
     texts = [ctx.tokenizer.decode(p) for p in prompts]  # llama-server echoes the prompt as decoded

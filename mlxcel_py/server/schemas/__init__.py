@@ -26,7 +26,7 @@ from .common import (
     schema_that_compiles,
     tools_within_limit,
 )
-from .native import DetokenizeRequest, NativeCompletionRequest, TokenizeRequest
+from .native import DetokenizeRequest, InfillRequest, NativeCompletionRequest, TokenizeRequest
 from .openai import ChatRequest, CompletionRequest
 from .responses import ResponsesRequest, ResponsesTool
 
@@ -44,6 +44,7 @@ __all__ = [
     "CompletionRequest",
     "DetokenizeRequest",
     "Message",
+    "InfillRequest",
     "NativeCompletionRequest",
     "PromptObject",
     "ResponsesRequest",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Union
+
 from .common import PromptField, TopCount, _Body, _NoTools
 
 
@@ -9,6 +11,17 @@ class NativeCompletionRequest(_NoTools):
     """llama-server `POST /completion`."""
 
     prompt: PromptField
+    n_probs: TopCount | None = None
+    return_tokens: bool = False
+
+
+class InfillRequest(_NoTools):
+    """llama-server `POST /infill`: text (or ids and text mixed) before and after the hole."""
+
+    input_prefix: Union[str, list[Union[int, str]]]
+    input_suffix: Union[str, list[Union[int, str]]]
+    prompt: Union[str, list[Union[int, str]]] = ""
+    input_extra: Any = None  # checked by infill.check_extra, in llama-server's words
     n_probs: TopCount | None = None
     return_tokens: bool = False
 
