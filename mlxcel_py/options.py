@@ -54,6 +54,7 @@ DEFAULT_PARALLEL = 4
 # llama-server's reasoning_format: auto/deepseek split <think> into reasoning_content, none leaves the
 # text whole, deepseek-legacy splits it and also keeps the tags in content
 REASONING_FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
+POOLINGS = ("none", "mean", "cls", "last")  # serve --pooling (engine/embeddings.py)
 MAX_PARALLEL = 256
 DEFAULT_CACHE_RAM_MIB = 8192  # llama-server's --cache-ram default
 DEFAULT_HOST = "127.0.0.1"
@@ -199,6 +200,8 @@ class ServerOptions:
     ctx_size: int = 0  # 0: the model's context window
     context_shift: bool = False  # --context-shift: a full window drops part of the context and goes on
     keep: int = 0  # --keep: tokens of the prompt a shift keeps (-1: all of it)
+    embeddings: bool = False  # --embeddings: /v1/embeddings and /embedding answer (501 without)
+    pooling: str = "last"  # --pooling: none, mean, cls or last (engine/embeddings.py)
     slot_save_path: str | None = None  # --slot-save-path: the folder of slot files (POST /slots/{id})
     cache_ram: int = DEFAULT_CACHE_RAM_MIB  # finished requests' caches kept, MiB; -1 no limit, 0 off
     parallel: int = DEFAULT_PARALLEL

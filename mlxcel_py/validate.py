@@ -31,6 +31,7 @@ from .options import (
     MAX_PARALLEL,
     NGRAM_MAX_LIMIT,
     POLICIES,
+    POOLINGS,
     REASONING_FORMATS,
     REPETITION_PENALTY_RANGE,
     CommandOptions,
@@ -265,6 +266,9 @@ def _server(opts: CommandOptions) -> None:
         )
     if srv.slot_save_path is not None and not Path(srv.slot_save_path).is_dir():
         raise UsageError(f"--slot-save-path {srv.slot_save_path}: no such folder; create it or pass another")
+    if srv.pooling not in POOLINGS:
+        why = " (reranking, which this server does not do)" if srv.pooling == "rank" else ""
+        raise UsageError(f"--pooling {srv.pooling}{why} is not one of {', '.join(POOLINGS)}")
     if srv.keep < -1:
         raise UsageError(f"--keep must be -1 (the whole prompt) or 0 or more tokens, got {srv.keep}")
     if not 1 <= srv.parallel <= MAX_PARALLEL:

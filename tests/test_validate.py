@@ -460,6 +460,7 @@ def test_serve_takes_llama_server_command_lines(monkeypatch, no_loading, tmp_pat
         (["serve", "-t", "0"], "--threads (-t) must be at least 1"),
         (["serve", "--context-shift", "--keep", "-2"], "--keep must be -1 (the whole prompt) or 0 or more tokens"),
         (["serve", "--slot-save-path", "/nonexistent-slots"], "--slot-save-path /nonexistent-slots: no such folder"),
+        (["serve", "--embeddings", "--pooling", "rank"], "--pooling rank (reranking, which this server does not do)"),
     ],
 )
 def test_serve_flag_ranges(argv, message, no_loading, monkeypatch, tmp_path):

@@ -49,6 +49,8 @@ class ServerContext:
     tags: list[str] = field(default_factory=list)  # --tags, for /v1/models
     model_meta: dict = field(default_factory=dict)  # /v1/models' `meta` (model_meta.py)
     context_shift: ContextShift | None = None  # --context-shift (its --keep): requests' default
+    embeddings: bool = False  # --embeddings: the embedding routes answer
+    pooling: str = "last"  # --pooling
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:

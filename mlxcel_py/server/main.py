@@ -225,6 +225,8 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         template_kwargs=server_kwargs(srv),
         reasoning_budget=srv.reasoning_budget,
         context_shift=ContextShift(keep=srv.keep) if srv.context_shift else None,
+        embeddings=srv.embeddings,
+        pooling=srv.pooling,
         model_path=str(session.target.resolved.named),
         aliases=aliases,
         tags=tags,
