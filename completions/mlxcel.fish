@@ -218,7 +218,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l chat-template -d 'R
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l chat-template-file -d '--chat-template, read from a Jinja file'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l jinja -l no-jinja -d 'llama-servers switch: chat templates are always rendered with Jinja here, so either changes nothing'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l offline -d 'Never download: a repo id must already be in the Hugging Face cache (llama'
-complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l n-predict -s n -l predict -l max-tokens -d 'Cap on every requests tokens (a request asking for more gets this many); -1: no cap'
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l n-predict -s n -l predict -l max-tokens -d 'Tokens a request that sets no max_tokens/n_predict (or -1) may generate; -1: until the context window is full'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l temp -l temperature -d 'Default sampling temperature; 0 is greedy'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l top-p -d 'Nucleus sampling mass; 1'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l top-k -d 'Sample from the K most likely tokens; 0 is off'

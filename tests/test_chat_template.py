@@ -60,3 +60,17 @@ def test_jinja_is_accepted(cli_env):
         timeout=60,
     )
     assert r.returncode == 1 and "--model /nonexistent-model: no such file or folder" in r.stderr, r.stderr
+
+
+def test_a_built_in_prints_no_bos_the_vocabulary_does_not_add(tiny_dir, tmp_path):
+    """SmolLM2's bos_token is <|im_start|>, which its vocabulary never puts first: `--chat-template
+    llama3` must not open the prompt with it (llama-server's tokenizer adds no BOS there either)."""
+    import json
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_dir, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "bos_token": "<|im_start|>"}))
+    text = rendered(folder, chat_template="llama3")
+    assert text.startswith("<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"), text

@@ -66,14 +66,17 @@ def test_every_llama_server_name_is_known_and_tested():
     assert set(NAMED) <= set(CASES["cases"])
 
 
-def test_gemma_merges_a_system_message_into_the_next_user_turn_after_its_bos():
-    """llama.cpp's gemma format (no system turn in Gemma): the system text opens the user's turn."""
-    text = chat_templates.resolve("gemma")
+@pytest.mark.parametrize("adds_bos", [True, False])
+def test_gemma_merges_a_system_message_into_the_next_user_turn_after_the_vocabularys_bos(adds_bos):
+    """llama.cpp's gemma format (no system turn in Gemma): the system text opens the user's turn;
+    the BOS comes first only where the vocabulary adds one, as llama-server's tokenizer puts it."""
+    text = chat_templates.with_vocab_bos(chat_templates.resolve("gemma"), adds_bos)
     messages = [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "Hi"}]
     rendered = (
         jinja2.Environment().from_string(text).render(messages=messages, add_generation_prompt=True, bos_token="<bos>")
     )
-    assert rendered == "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+    bos = "<bos>" if adds_bos else ""
+    assert rendered == bos + "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
 
 
 def test_a_one_word_name_that_is_not_built_in_is_refused_with_the_list():

@@ -498,14 +498,15 @@ def test_fuzzed_bodies_never_get_a_5xx():
     assert client.get("/health").status_code == 200
 
 
-def test_server_n_predict_caps_every_request_and_the_access_log(capfd):
+def test_server_n_predict_is_the_default_a_request_overrides_and_the_access_log(capfd):
+    """llama-server's -n: the budget of a request that sets none (or -1); a request's own wins."""
     client, worker = make_client(max_tokens=5, access_log=True)
-    for asked, got in ((100, 5), (None, 5), (3, 3), (-1, 5)):
+    for asked, got in ((100, 100), (None, 5), (3, 3), (-1, 5)):
         body = {"messages": HI} if asked is None else {"messages": HI, "max_tokens": asked}
         assert client.post(CHAT, json=body).status_code == 200
         assert worker.jobs[-1].max_tokens == got, asked
     assert client.post("/completion", json={"prompt": "hi", "n_predict": 50}).status_code == 200
-    assert worker.jobs[-1].max_tokens == 5
+    assert worker.jobs[-1].max_tokens == 50
     err = capfd.readouterr().err
     assert "POST /v1/chat/completions 200 1 tokens" in err and " ms" in err
 

@@ -16,12 +16,12 @@ _CHATML = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 _LLAMA3 = (
-    "{{ bos_token }}{% for m in messages %}"
+    "{% for m in messages %}"
     "{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
 )
 _MISTRAL = (
-    "{{ bos_token }}{% for m in messages %}"
+    "{% for m in messages %}"
     "{% if m['role'] == 'system' %}{{ '[SYSTEM_PROMPT]' + m['content'] + '[/SYSTEM_PROMPT]' }}"
     "{% elif m['role'] == 'user' %}{{ '[INST]' + m['content'] + '[/INST]' }}"
     "{% else %}{{ m['content'] + eos_token }}{% endif %}{% endfor %}"
@@ -31,29 +31,26 @@ _PHI3 = (
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
 
-# llama-server's names as llama.cpp formats them (llama_cpp_templates.py), and mlxcel's own four,
-# which print the BOS themselves (gemma too: llama.cpp's turns, a system message merged into the
-# next user turn, after the BOS)
+# llama-server's names as llama.cpp formats them (llama_cpp_templates.py), and mlxcel's own four;
+# none prints a BOS: with_vocab_bos puts one first where the vocabulary adds one
 BUILTIN = {
     **NAMED,
     "chatml": _CHATML,
     "llama3": _LLAMA3,
     "mistral": _MISTRAL,
     "phi3": _PHI3,
-    "gemma": "{{ bos_token }}" + NAMED["gemma"],
 }
+_BUILTIN_TEXTS = frozenset(BUILTIN.values())
 
 
 def with_vocab_bos(text: str, adds_bos: bool) -> str:
     """llama-server renders its named formats without a BOS and lets the tokenizer add one where
-    the vocabulary says add_bos (Llama 2, Mistral, Gemma...); the engine tokenizes a rendered
-    template as it is, so a named format on such a vocabulary prints the BOS itself."""
-    if adds_bos and text in _NAMED_TEXTS and "bos_token" not in text:
+    the vocabulary says add_bos (Llama 2 and 3, Mistral, Gemma...); the engine tokenizes a
+    rendered template as it is, so a built-in on such a vocabulary prints the BOS itself, and on
+    any other none (SmolLM2's bos_token is <|im_start|>, which its vocabulary never adds)."""
+    if adds_bos and text in _BUILTIN_TEXTS and "bos_token" not in text:
         return "{{ bos_token }}" + text
     return text
-
-
-_NAMED_TEXTS = frozenset(NAMED.values())
 
 
 class TemplateError(ValueError):

@@ -36,7 +36,7 @@ class ServerContext:
     engine: Any
     worker: Worker
     defaults: SamplingOptions
-    max_tokens: int  # the server's -n: -1 no cap
+    max_tokens: int  # the server's -n: a request's budget when it sets none (-1: the window)
     model_id: str
     body_limit: int = BODY_LIMIT
     max_predict_ms: int = 0  # --max-predict-ms

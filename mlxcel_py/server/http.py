@@ -101,9 +101,11 @@ class Cors:
         self.app, self.policy = app, policy
 
     def allow_headers(self, origin: str) -> list[tuple[bytes, bytes]]:
-        out = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin")]
+        # spelled as llama-server sends them: names are case-insensitive, but clients that copy
+        # headers into a plain dict (llama.cpp's own test suite) look them up by this spelling
+        out = [(b"Access-Control-Allow-Origin", origin.encode("latin-1")), (b"Vary", b"Origin")]
         if self.policy.credentials:
-            out.append((b"access-control-allow-credentials", b"true"))
+            out.append((b"Access-Control-Allow-Credentials", b"true"))
         return out
 
     async def __call__(self, scope, receive, send):
@@ -115,13 +117,13 @@ class Cors:
         origin = headers.get("origin")
         allowed = self.policy.allows(origin, headers.get("host"))
         if scope["method"] == "OPTIONS":
-            headers = [(b"content-length", b"0"), (b"allow", b"GET, POST, OPTIONS")]
+            headers = [(b"Content-Length", b"0"), (b"Allow", b"GET, POST, OPTIONS")]
             if allowed:
                 headers += self.allow_headers(origin)
                 headers += [
-                    (b"access-control-allow-methods", self.policy.methods.encode("latin-1")),
-                    (b"access-control-allow-headers", self.policy.headers.encode("latin-1")),
-                    (b"access-control-max-age", b"600"),
+                    (b"Access-Control-Allow-Methods", self.policy.methods.encode("latin-1")),
+                    (b"Access-Control-Allow-Headers", self.policy.headers.encode("latin-1")),
+                    (b"Access-Control-Max-Age", b"600"),
                 ]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": b""})

@@ -112,7 +112,7 @@ class RequestReader:
     vocab: int  # the embedding's rows: token ids must be below it
     context_length: int
     defaults: SamplingOptions
-    max_tokens: int  # the server's -n: -1 no cap
+    max_tokens: int  # the server's -n: a request's budget when it sets none (-1: the window)
     body_limit: int = BODY_LIMIT
     max_predict_ms: int = 0  # the server's --max-predict-ms (0: none)
     eos_ids: tuple[int, ...] = ()  # the engine's, for compiling grammars
@@ -208,10 +208,9 @@ class RequestReader:
                 type="exceed_context_size_error",
                 extra={"n_prompt_tokens": len(prompt), "n_ctx": self.context_length},  # llama-server's fields
             )
-        # the server's -n/--n-predict caps every request, as llama-server clamps n_predict
-        if n is None or n == -1:
-            return self.max_tokens
-        return min(n, self.max_tokens) if self.max_tokens >= 0 else n
+        # the server's -n/--n-predict is the budget of a request that sets none (or -1), as in
+        # llama-server (which no longer clamps a request's own n_predict to it); the window caps all
+        return self.max_tokens if n is None or n == -1 else n
 
     def token_ids(self, values: list[int], key: str) -> list[int]:
         if not all(0 <= t < self.vocab for t in values):
