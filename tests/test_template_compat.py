@@ -16,6 +16,7 @@ from test_server_requests import FakeWorker, make_client
 
 from mlxcel_py.errors import UsageError
 from mlxcel_py.formats import chat_templates, template_vars
+from mlxcel_py.formats.prompting import render_messages
 from mlxcel_py.models import loading
 from mlxcel_py.options import SamplingOptions, ServerOptions
 from mlxcel_py.server.app import create_app
@@ -276,3 +277,21 @@ def test_template_variables_that_are_the_renderers_arguments_are_refused(tokeniz
     assert all(isinstance(t, int) for t in worker.jobs[-1].prompt)
     with pytest.raises(UsageError, match="cannot be set as template variables"):
         template_vars.check(ServerOptions(chat_template_kwargs=json.dumps(kwargs)))
+
+
+def test_auto_tells_a_template_that_can_think_to_think_and_firefunction_gets_its_functions(tokenizer):
+    """llama-server always passes `enable_thinking` (auto: whether the template can think): llama.cpp's
+    R1 file closes the block on `not enable_thinking`, so an unset one must not reach it; FireFunction
+    adds `functions` to a string, which llama.cpp passes (the tools as JSON, or "")."""
+    r1_file_style = R1_STYLE.replace(
+        "<think>\n{% endif %}", "<think>\n{% if not enable_thinking %}</think>{% endif %}{% endif %}"
+    )
+    client, _ = client_for(tokenizer, r1_file_style)
+    assert applied(client).endswith("<｜Assistant｜><think>\n")
+    client, _ = client_for(tokenizer, r1_file_style, template_kwargs={"enable_thinking": False})
+    assert applied(client).endswith("<think>\n</think>")
+    client, _ = client_for(tokenizer, "{{ 'Available:' + functions + '|' }}{{ messages[0].content }}")
+    assert applied(client).startswith("Available:|")
+    tool = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
+    ids = render_messages(tokenizer, ASK, tools=[tool])
+    assert json.loads(tokenizer.decode(ids).split("|")[0][len("Available:") :]) == [tool]

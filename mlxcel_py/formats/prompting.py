@@ -3,6 +3,8 @@ the check that refuses text too long for the context window before it is tokeniz
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -12,17 +14,34 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _R7B_REPLY, _R7B_NO_THINKING = "<|CHATBOT_TOKEN|>", "<|START_THINKING|><|END_THINKING|>"
 
 
-def template_extras(source: str, now: datetime | None = None) -> dict:
+# what marks a template that can think: llama.cpp's test renders it and looks for a reasoning span
+_THINKING_MARKS = (THINK_OPEN, "<|START_THINKING|>", "<seed:think>", "[THINK]", "enable_thinking", "reasoning_content")
+
+
+_READS_FUNCTIONS = re.compile(r"\+\s*functions\b|\{\{-?\s*functions\b")
+
+
+def supports_thinking(source: str) -> bool:
+    return any(mark in source for mark in _THINKING_MARKS)
+
+
+def template_extras(source: str, now: datetime | None = None, tools: list[dict] | None = None) -> dict:
     """What llama.cpp's renderer passes a template beside the messages, where the template reads
     it: today's date as Llama 3.x templates print it (`date_string`, else they print a fixed
-    "26 Jul 2024") and as FireFunction's does (`datetime`). transformers' renderer already gives
+    "26 Jul 2024") and as FireFunction's does (`datetime`); `enable_thinking`, which llama-server
+    always passes (under `--reasoning auto`: whether the template can think, so DeepSeek R1's
+    `{% if not enable_thinking %}</think>` leaves the block open; on/off and a request's
+    chat_template_kwargs override it); FireFunction's `functions` (the tools as indented JSON, or
+    "", as llama.cpp's FireFunction format passes them). transformers' renderer already gives
     `strftime_now`."""
     now = now or datetime.now()
-    extra = {}
+    extra: dict = {"enable_thinking": True} if supports_thinking(source) else {}
     if "date_string" in source:
         extra["date_string"] = now.strftime("%d %b %Y")
     if "datetime" in source:
         extra["datetime"] = now.strftime("%b %d %Y %H:%M:%S GMT")
+    if _READS_FUNCTIONS.search(source):
+        extra["functions"] = json.dumps(tools, indent=2) if tools else ""
     return extra
 
 
@@ -55,7 +74,7 @@ def render_messages(
     closes a think block the template opens (no_thinking_suffix)."""
     if chat_template and getattr(tokenizer, "has_chat_template", False):
         source = template_source(tokenizer)
-        kwargs = {**template_extras(source), **(extra or {})}
+        kwargs = {**template_extras(source, tools=tools), **(extra or {})}
         if tools:
             kwargs["tools"] = tools
         if continue_last:
