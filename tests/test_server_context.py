@@ -110,3 +110,22 @@ def test_n_keep_and_n_discard_out_of_range_are_refused(shifting_server):
     for field, value in (("n_keep", -2), ("n_discard", -1)):
         status, err = completion(shifting_server, {"prompt": "Hi", field: value})
         assert status == 400 and field in err["error"]["message"]
+
+
+def test_post_sampling_probs_are_the_samplers_distribution(small_server):
+    """llama-server's `post_sampling_probs`: `prob`/`top_probs` after the sampler chain. Greedy puts
+    everything on the token it picks; top-k 3 leaves three tokens whose probabilities sum to 1."""
+    body = {"prompt": "Hi there", "n_predict": 4, "n_probs": 5, "post_sampling_probs": True, "ignore_eos": True}
+    status, r = completion(small_server, {**body, "temperature": 0})
+    assert status == 200 and len(r["completion_probabilities"]) == 4
+    for tok in r["completion_probabilities"]:
+        assert tok["prob"] == 1.0 and "logprob" not in tok and len(tok["top_probs"]) == 5
+        assert [p["prob"] for p in tok["top_probs"]] == [1.0, 0.0, 0.0, 0.0, 0.0]
+        assert tok["top_probs"][0]["id"] == tok["id"]
+    status, r = completion(small_server, {**body, "temperature": 1.0, "top_k": 3, "top_p": 1.0, "min_p": 0, "seed": 3})
+    assert status == 200
+    for tok in r["completion_probabilities"]:
+        probs = [p["prob"] for p in tok["top_probs"]]
+        assert sum(p > 0 for p in probs) == 3 and abs(sum(probs) - 1) < 1e-4 and tok["prob"] in probs
+    status, plain = completion(small_server, {**body, "temperature": 0, "post_sampling_probs": False})
+    assert "logprob" in plain["completion_probabilities"][0] and plain["completion_probabilities"][0]["logprob"] < 0

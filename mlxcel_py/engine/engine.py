@@ -130,6 +130,7 @@ class Engine:
         constraint: OutputRule | None = None,
         min_draft: int | None = None,
         context_shift: ContextShift | None = None,
+        post_sampling: bool = False,
     ) -> RoundLoop:
         """A request's round loop (`drafter`, `policy`: the caller's instead of the engine's;
         `constraint`: a grammar the output follows; `min_draft`: the request's own --draft-min;
@@ -155,6 +156,7 @@ class Engine:
             constraint=constraint,
             min_draft=min_draft,
             shift=context_shift,
+            post_sampling=post_sampling,
         )
         return RoundLoop(self, request)
 

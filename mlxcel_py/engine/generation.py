@@ -122,6 +122,7 @@ class DecodeRequest:
     remember: bool = True  # add prompt + output to the suffix store at the end
     cancelled: Callable[[], bool] | None = None  # asked between prefill chunks and before every round
     logprobs: int | None = None  # None: none; N >= 0: each emitted token's logprob and the N likeliest
+    post_sampling: bool = False  # logprobs after the sampler chain (llama-server's post_sampling_probs)
     # a scheduler drives this request (serve -np N): it then yields Ticks too, drafts only while
     # the gate is open, and leaves its forwards to the batched forward
     gate: Gate | None = None
@@ -442,6 +443,8 @@ class RoundLoop:
         st, history = self.stats, d.history
         # the rows that chose each token: in a verify round the same ones plain decoding computes
         req = self.request
+        if req.logprobs is not None and req.post_sampling:  # the sampler's distribution, not the model's
+            rows = d.decider.sampled_logprobs(rows[: len(new)], history, [history[-1], *new])
         lps = token_logprobs(rows, new, req.logprobs) if req.logprobs is not None else None
         for i, tok in enumerate(new):
             if tok in d.eos and d.emitted >= req.min_tokens:

@@ -121,6 +121,16 @@ class Decider:
             rows.append(self._process(logits[r : r + 1], hist))
         return mx.concatenate(rows, axis=0)
 
+    def sampled_logprobs(self, logits: mx.array, history: Sequence[int], inputs: Sequence[int]) -> mx.array:
+        """Each row's distribution after the sampler chain, in log space: what the token is drawn
+        from (greedy: all on the argmax), llama-server's `post_sampling_probs`."""
+        logits = self.processed_rows(logits, history, inputs)
+        if self.greedy:
+            best = mx.argmax(logits, axis=-1, keepdims=True)
+            return mx.where(mx.arange(logits.shape[-1])[None] == best, 0.0, -mx.inf)
+        lp = self.tempered(self.filtered_logprobs(logits))
+        return lp - mx.logsumexp(lp, axis=-1, keepdims=True)
+
     def decide(self, logits: mx.array, history: Sequence[int], inputs: Sequence[int]) -> list[int]:
         """Token for every row of `logits` (R, V); `inputs` are the tokens fed (inputs[0] = last).
 

@@ -413,6 +413,7 @@ class RequestReader:
             stop=req.stops(),
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
+            post_sampling=bool(getattr(req, "post_sampling_probs", False)),
             speculative=req.speculative(),
             min_draft=self.min_draft if req.speculative_n_min is None else req.speculative_n_min,
             cache_prompt=req.cache_prompt is not False,

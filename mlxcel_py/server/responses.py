@@ -64,13 +64,16 @@ class ResponseShapes:
             "text_offset": offsets,
         }
 
-    def native_probs(self, entries: list) -> list:
-        """llama-server's `completion_probabilities` (its logprob format)."""
+    def native_probs(self, entries: list, post_sampling: bool = False) -> list:
+        """llama-server's `completion_probabilities`: logprobs of the model's distribution, or with
+        `post_sampling` probabilities of the sampler's (`prob`, `top_probs`)."""
+        key, top = ("prob", "top_probs") if post_sampling else ("logprob", "top_logprobs")
 
         def one(t: int, lp: float) -> dict:
-            return {"id": t, "token": self.tokenizer.decode([t]), "bytes": self.token_bytes(t), "logprob": lp}
+            value = math.exp(lp) if post_sampling else lp
+            return {"id": t, "token": self.tokenizer.decode([t]), "bytes": self.token_bytes(t), key: value}
 
-        return [{**one(e.token, e.logprob), "top_logprobs": [one(t, v) for t, v in e.top]} for e in entries]
+        return [{**one(e.token, e.logprob), top: [one(t, v) for t, v in e.top]} for e in entries]
 
 
 def sse(obj: Any) -> str:

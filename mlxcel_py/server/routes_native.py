@@ -119,7 +119,7 @@ def _native(
     ctx: ServerContext, job, r: Result, prompt: str, *, return_tokens: bool, probs: bool, index: int = 0, stream=False
 ) -> dict:
     stop_type = {"length": "limit"}.get(r.finish_reason, "word" if r.stop_word else "eos")
-    extra = {"completion_probabilities": ctx.responses.native_probs(r.logprobs)} if probs else {}
+    extra = {"completion_probabilities": ctx.responses.native_probs(r.logprobs, job.post_sampling)} if probs else {}
     return {
         **extra,
         "index": index,
@@ -228,7 +228,14 @@ async def _complete(ctx: ServerContext, request: Request, req, prompts: list[lis
             jobs,
             request,
             lambda i, piece, lps: [
-                {**frame(i, piece), **({"completion_probabilities": ctx.responses.native_probs(lps)} if probs else {})}
+                {
+                    **frame(i, piece),
+                    **(
+                        {"completion_probabilities": ctx.responses.native_probs(lps, jobs[i].post_sampling)}
+                        if probs
+                        else {}
+                    ),
+                }
             ],
             lambda i, r: [last(i, r)],
             lambda results: [],
@@ -241,7 +248,11 @@ async def _complete(ctx: ServerContext, request: Request, req, prompts: list[lis
             request,
             lambda piece, lps: {
                 **frame(0, piece),
-                **({"completion_probabilities": ctx.responses.native_probs(lps)} if probs else {}),
+                **(
+                    {"completion_probabilities": ctx.responses.native_probs(lps, jobs[0].post_sampling)}
+                    if probs
+                    else {}
+                ),
             },
             lambda r: last(0, r),
             done_sentinel=False,

@@ -53,6 +53,7 @@ class Job:
     stop: Sequence[str] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N per token ("logprobs" events before each text piece)
+    post_sampling: bool = False  # those after the sampler chain (llama-server's post_sampling_probs)
     pieces: bool = True  # the consumer reads text as it comes (streaming); else only "done"/"error"
     speculative: bool = True  # False: this request decodes plainly (speculative.n_max 0)
     min_draft: int | None = None  # speculative.n_min, else the server's --draft-min (None: the engine's)
@@ -270,6 +271,7 @@ class Worker:
             constraint=job.constraint,
             min_draft=job.min_draft,
             context_shift=job.shift,
+            post_sampling=job.post_sampling,
         )
         job.generation = gen
         stream = TextStream(gen, self.tokenizer, job.stop)

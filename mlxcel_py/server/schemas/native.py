@@ -12,6 +12,7 @@ class NativeCompletionRequest(_NoTools):
 
     prompt: PromptField
     n_probs: TopCount | None = None
+    post_sampling_probs: bool = False  # completion_probabilities after the sampler chain, as probabilities
     return_tokens: bool = False
 
 
