@@ -786,3 +786,15 @@ def test_logit_bias_over_its_limits_is_refused_naming_the_limit():
     r = client.post(CHAT, json={"messages": HI, "logit_bias": [["x" * 40000, 1], ["y" * 30000, 1]]})
     _assert_error(r, 400, "70000 characters of text; the limit is 65536")
     assert len(worker.jobs) == 1
+
+
+def test_the_chat_pages_assets_are_public_and_typed_and_the_page_loads_only_them():
+    """llama-server serves its web UI's static assets without the key (llama.cpp #21229)."""
+    client, _ = make_client(access=AccessPolicy(api_keys=("s3cret",)))
+    page = client.get("/", headers={"Accept": "text/html"})
+    assert page.status_code == 200 and '<script src="/bundle.js"></script>' in page.text
+    assert "script-src 'self'" in page.headers["content-security-policy"] and "<script>" not in page.text
+    for path, kind, marker in (("/bundle.js", "text/javascript", "loadProps"), ("/bundle.css", "text/css", "--accent")):
+        r = client.get(path)
+        assert r.status_code == 200 and r.headers["content-type"].startswith(kind) and marker in r.text, path
+    assert client.post("/completion", json={"prompt": "hi"}).status_code == 401  # the key still guards the API

@@ -173,8 +173,8 @@ def test_no_webui_is_a_404_at_the_root_and_health_for_json_clients(tmp_path):
     model = make_tiny_model(tmp_path / "m")
     proc, url, _ = start_server(env, "-m", str(model), "--no-webui")
     try:
-        for accept in ("text/html", "*/*"):
-            req = urllib.request.Request(url + "/", headers={"Accept": accept})
+        for path, accept in (("/", "text/html"), ("/", "*/*"), ("/bundle.js", "*/*"), ("/bundle.css", "*/*")):
+            req = urllib.request.Request(url + path, headers={"Accept": accept})
             with pytest.raises(urllib.error.HTTPError) as err:
                 urllib.request.urlopen(req)
             assert err.value.code == 404 and "--no-webui" in json.loads(err.value.read())["error"]["message"]

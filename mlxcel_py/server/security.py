@@ -2,7 +2,8 @@
 
 - Keys (`--api-key`, repeatable or comma-separated, and `--api-key-file`, one per line) are
   compared in constant time; `Authorization: Bearer KEY` (scheme in any case) or `X-Api-Key: KEY`.
-  `/health`, `/models` and `/v1/models` stay public, as in llama-server. A refusal is llama-server's
+  `/health`, `/models`, `/v1/models` and the chat page (`/`, `/bundle.js`, `/bundle.css`) stay
+  public, as in llama-server. A refusal is llama-server's
   401 (`type: "authentication_error"`).
 - A server bound to loopback answers only requests whose Host names loopback: a web page on some
   other site cannot reach it through DNS rebinding (its Host would be that site's name).
@@ -30,7 +31,7 @@ from urllib.parse import urlsplit
 from ..errors import UsageError
 from ..inputs.files import MIB, UnreadableFile, read_text
 
-PUBLIC_PATHS = frozenset({"/health", "/", "/models", "/v1/models"})
+PUBLIC_PATHS = frozenset({"/health", "/", "/bundle.js", "/bundle.css", "/models", "/v1/models"})
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 

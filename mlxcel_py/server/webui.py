@@ -3,8 +3,9 @@
 `/` gives the page to every client, as llama-server does (under --no-webui a 404, as its), except
 one that asks for JSON (Accept names application/json and not text/html): that one gets the health
 JSON, so a probe can still read health at `/`. llama.cpp's own suite reads the page with
-`requests.get(url)` (Accept: */*) and expects the 404 the same way. The page
-is one file shipped in the package (webui/index.html: no CDN, no network); it talks to the
+`requests.get(url)` (Accept: */*) and expects the 404 the same way. The page is three files
+shipped in the package, served at llama-server's paths (`/`, `/bundle.js`, `/bundle.css`) without
+the API key as its static assets are (webui/: no CDN, no network); it talks to the
 OpenAI chat route like any client, with the key the user typed (kept in the browser).
 `/props` follows llama-server's shape (default_generation_settings, total_slots, model_alias,
 n_ctx) plus `speculative`: whether this server drafts, with which drafter, and the request
@@ -17,7 +18,7 @@ import functools
 from pathlib import Path
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from .. import __version__
 from .context import ctx_of
@@ -25,12 +26,27 @@ from .responses import RANDOM_SEED
 from .routes_native import health
 
 router = APIRouter()
-PAGE = Path(__file__).with_name("webui") / "index.html"
+WEBUI = Path(__file__).with_name("webui")
+PAGE = WEBUI / "index.html"
+# the page's own script and style come from this server; nothing else may load (inline style
+# attributes aside)
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; connect-src 'self'; img-src 'self' data:"
+)
 
 
 @functools.cache
-def page() -> str:
-    return PAGE.read_text(encoding="utf-8")
+def page(name: str = "index.html") -> str:
+    return (WEBUI / name).read_text(encoding="utf-8")
+
+
+def _off(request: Request) -> JSONResponse | None:
+    if getattr(request.app.state, "webui", False):
+        return None
+    return JSONResponse(  # --no-webui: no page, as llama-server's
+        {"error": {"code": 404, "message": "the chat page is off (--no-webui)", "type": "not_found_error"}},
+        status_code=404,
+    )
 
 
 def wants_json(accept: str) -> bool:
@@ -42,14 +58,22 @@ def wants_json(accept: str) -> bool:
 async def root(request: Request):
     if wants_json(request.headers.get("accept", "")):
         return await health(request)
-    if not getattr(request.app.state, "webui", False):  # --no-webui: no page, as llama-server's
-        return JSONResponse(
-            {"error": {"code": 404, "message": "the chat page is off (--no-webui)", "type": "not_found_error"}},
-            status_code=404,
-        )
-    # the page's own script and style are inline; nothing else may load
-    csp = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:"
-    return HTMLResponse(page(), headers={"Content-Security-Policy": csp, "Cache-Control": "no-cache"})
+    off = _off(request)
+    if off is not None:
+        return off
+    return HTMLResponse(page(), headers={"Content-Security-Policy": CSP, "Cache-Control": "no-cache"})
+
+
+@router.get("/bundle.js")
+@router.get("/bundle.css")
+async def asset(request: Request):
+    """The page's script and style, at llama-server's asset paths (public, as its are)."""
+    off = _off(request)
+    if off is not None:
+        return off
+    name = request.url.path.lstrip("/")
+    kind = "text/javascript" if name.endswith(".js") else "text/css"
+    return Response(page(name), media_type=f"{kind}; charset=utf-8", headers={"Cache-Control": "no-cache"})
 
 
 @router.get("/props")

@@ -1,0 +1,244 @@
+// mlxcel-py's chat page (index.html); served at /bundle.js.
+"use strict";
+const $ = (id) => document.getElementById(id);
+const store = {
+  get(key, fallback) { try { const v = localStorage.getItem("mlxcel." + key); return v === null ? fallback : JSON.parse(v); } catch (e) { return fallback; } },
+  set(key, value) { localStorage.setItem("mlxcel." + key, JSON.stringify(value)); },
+};
+let conversations = store.get("conversations", []);
+let current = store.get("current", null);
+let settings = Object.assign({ temperature: null, top_p: null, max_tokens: 512, system: "" }, store.get("settings", {}));
+let props = null;
+let controller = null;
+
+// ---- markdown: escape everything, then code fences, inline code, emphasis, headings, lists, links ----
+function escapeHtml(s) { return s.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c])); }
+function inline(s) {
+  return s
+    .replace(/`([^`]+)`/g, (_, c) => "<code>" + c + "</code>")
+    .replace(/\*\*([^*]+)\*\*/g, "<strong>$1</strong>")
+    .replace(/(^|[^*])\*([^*\s][^*]*)\*/g, "$1<em>$2</em>")
+    .replace(/\[([^\]]+)\]\((https?:\/\/[^)\s]+)\)/g, '<a href="$2" rel="noopener noreferrer" target="_blank">$1</a>');
+}
+function markdown(src) {
+  const out = [];
+  const parts = escapeHtml(src).split(/^```/m);
+  parts.forEach((part, i) => {
+    if (i % 2 === 1) {  // inside a fence: first line is the language
+      const nl = part.indexOf("\n");
+      const lang = nl < 0 ? "" : part.slice(0, nl).trim();
+      const code = nl < 0 ? "" : part.slice(nl + 1).replace(/\n$/, "");
+      out.push('<pre><code class="lang-' + lang.replace(/[^\w-]/g, "") + '">' + code + "</code></pre>");
+      return;
+    }
+    let list = null;
+    for (const block of part.split(/\n{2,}/)) {
+      const lines = block.split("\n").filter((l) => l.trim() !== "");
+      if (!lines.length) continue;
+      if (lines.every((l) => /^\s*([-*]|\d+\.)\s+/.test(l))) {
+        const tag = /^\s*\d+\./.test(lines[0]) ? "ol" : "ul";
+        out.push("<" + tag + ">" + lines.map((l) => "<li>" + inline(l.replace(/^\s*([-*]|\d+\.)\s+/, "")) + "</li>").join("") + "</" + tag + ">");
+        continue;
+      }
+      const h = /^(#{1,6})\s+(.*)$/.exec(lines[0]);
+      if (h && lines.length === 1) { out.push("<h" + (h[1].length + 2 > 6 ? 6 : h[1].length + 2) + ">" + inline(h[2]) + "</h" + (h[1].length + 2 > 6 ? 6 : h[1].length + 2) + ">"); continue; }
+      out.push("<p>" + lines.map(inline).join("<br>") + "</p>");
+    }
+  });
+  return out.join("");
+}
+
+// ---- conversations ----
+function conversation() { return conversations.find((c) => c.id === current); }
+function save() { store.set("conversations", conversations); store.set("current", current); }
+function newConversation() {
+  const c = { id: Date.now().toString(36) + Math.random().toString(36).slice(2, 6), title: "New chat", messages: [] };
+  conversations.unshift(c);
+  current = c.id;
+  save();
+  render();
+}
+function renderList() {
+  const ul = $("conversations");
+  ul.innerHTML = "";
+  for (const c of conversations) {
+    const li = document.createElement("li");
+    li.className = c.id === current ? "active" : "";
+    const span = document.createElement("span");
+    span.textContent = c.title;
+    const del = document.createElement("button");
+    del.textContent = "×";
+    del.title = "Delete";
+    del.onclick = (e) => { e.stopPropagation(); conversations = conversations.filter((x) => x.id !== c.id); if (current === c.id) current = conversations.length ? conversations[0].id : null; save(); render(); };
+    li.append(span, del);
+    li.onclick = () => { current = c.id; save(); render(); };
+    ul.append(li);
+  }
+}
+function statsText(m) {
+  const t = m.timings;
+  if (!t) {  // a stopped reply has no server timings: the page's own count of what arrived
+    if (!m.stopped) return "";
+    const secs = (m.ms || 0) / 1000;
+    return "stopped · " + (m.pieces || 0) + " pieces in " + secs.toFixed(1) + " s";
+  }
+  const parts = [(t.predicted_per_second || 0).toFixed(1) + " tok/s", (t.predicted_n || 0) + " tokens"];
+  if (t.draft_rounds) parts.push("drafted " + t.draft_n + ", accepted " + t.draft_n_accepted + " (" + t.draft_kind + ")");
+  else if (m.plain) parts.push("plain decoding (speculation off for this reply)");
+  else parts.push("no drafts this reply");
+  if (m.stopped) parts.push("stopped");
+  return parts.join(" · ");
+}
+function messageNode(m) {
+  const div = document.createElement("div");
+  div.className = "msg " + m.role;
+  const role = document.createElement("div");
+  role.className = "role";
+  role.textContent = m.role;
+  const content = document.createElement("div");
+  content.className = "content";
+  if (m.role === "assistant") content.innerHTML = markdown(m.content); else content.textContent = m.content;
+  div.append(role, content);
+  if (m.role === "assistant") {
+    const st = document.createElement("div");
+    st.className = "stats" + (m.plain ? " plain" : "");
+    st.textContent = statsText(m);
+    div.append(st);
+  }
+  return div;
+}
+function render() {
+  renderList();
+  const box = $("messages");
+  const err = $("error");
+  box.innerHTML = "";
+  box.append(err);
+  const c = conversation();
+  if (c) for (const m of c.messages) box.append(messageNode(m));
+  box.scrollTop = box.scrollHeight;
+}
+function showError(text) { const e = $("error"); e.textContent = text; e.style.display = text ? "block" : "none"; }
+
+// ---- the server ----
+function headers() {
+  const h = { "Content-Type": "application/json" };
+  const key = $("api-key").value.trim();
+  if (key) h["Authorization"] = "Bearer " + key;
+  return h;
+}
+async function explain(resp) {
+  let message = "HTTP " + resp.status;
+  try { const body = await resp.json(); if (body && body.error && body.error.message) message = body.error.message; } catch (e) {}
+  if (resp.status === 401) return "Wrong or missing API key: enter the server's key (mlxcel serve --api-key) in the API key field. (" + message + ")";
+  if (resp.status === 503) return "The server is not ready: " + message;
+  return message;
+}
+async function loadProps() {
+  try {
+    const resp = await fetch("/props", { headers: headers() });
+    if (!resp.ok) { showError(await explain(resp)); return; }
+    props = await resp.json();
+    showError("");
+    $("model").textContent = props.model_alias || "model";
+    const s = props.speculative || {};
+    $("drafter").textContent = s.enabled ? "drafter: " + s.kind : "no drafter (plain decoding)";
+    $("plain-next").disabled = !s.enabled;
+    const d = (props.default_generation_settings || {}).params || {};
+    if (settings.temperature === null && d.temperature !== undefined) settings.temperature = d.temperature;
+    if (settings.top_p === null && d.top_p !== undefined) settings.top_p = d.top_p;
+    fillSettings();
+  } catch (e) { showError("Cannot reach the server: " + e); }
+}
+function fillSettings() {
+  $("temperature").value = settings.temperature === null ? "" : settings.temperature;
+  $("top-p").value = settings.top_p === null ? "" : settings.top_p;
+  $("max-tokens").value = settings.max_tokens;
+  $("system").value = settings.system;
+}
+function readSettings() {
+  const num = (id) => { const v = $(id).value; return v === "" ? null : Number(v); };
+  settings = { temperature: num("temperature"), top_p: num("top-p"), max_tokens: num("max-tokens") || 512, system: $("system").value };
+  store.set("settings", settings);
+}
+function busy(on) { $("send").style.display = on ? "none" : ""; $("stop").style.display = on ? "" : "none"; $("input").disabled = on; }
+
+async function send(text) {
+  readSettings();
+  if (!conversation()) newConversation();
+  const c = conversation();
+  const plain = $("plain-next").checked && !$("plain-next").disabled;
+  $("plain-next").checked = false;
+  c.messages.push({ role: "user", content: text });
+  if (c.title === "New chat") c.title = text.slice(0, 40);
+  const reply = { role: "assistant", content: "", plain };
+  c.messages.push(reply);
+  save();
+  render();
+  const node = $("messages").lastChild;
+  const contentNode = node.querySelector(".content");
+  const statsNode = node.querySelector(".stats");
+  const history = c.messages.slice(0, -1).filter((m) => m.content !== "" || m.role === "user").map((m) => ({ role: m.role, content: m.content }));
+  if (settings.system) history.unshift({ role: "system", content: settings.system });
+  const body = { messages: history, stream: true, max_tokens: settings.max_tokens };
+  if (settings.temperature !== null) body.temperature = settings.temperature;
+  if (settings.top_p !== null) body.top_p = settings.top_p;
+  if (plain) body["speculative.n_max"] = 0;
+  controller = new AbortController();
+  const started = performance.now();
+  reply.pieces = 0;
+  busy(true);
+  showError("");
+  try {
+    const resp = await fetch("/v1/chat/completions", { method: "POST", headers: headers(), body: JSON.stringify(body), signal: controller.signal });
+    if (!resp.ok) throw new Error(await explain(resp));
+    const reader = resp.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        const event = buffer.slice(0, cut);
+        buffer = buffer.slice(cut + 2);
+        for (const line of event.split("\n")) {
+          if (!line.startsWith("data:")) continue;
+          const data = line.slice(5).trim();
+          if (data === "[DONE]") continue;
+          const chunk = JSON.parse(data);
+          if (chunk.error) throw new Error(chunk.error.message || "the server stopped this reply");
+          const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
+          if (delta && delta.content) {
+            reply.content += delta.content;
+            reply.pieces += 1;
+            reply.ms = performance.now() - started;
+            contentNode.innerHTML = markdown(reply.content);
+          }
+          if (chunk.timings) { reply.timings = chunk.timings; statsNode.textContent = statsText(reply); }
+          $("messages").scrollTop = $("messages").scrollHeight;
+        }
+      }
+    }
+  } catch (e) {
+    if (e.name === "AbortError") { reply.stopped = true; statsNode.textContent = statsText(reply); }
+    else { showError(e.message || String(e)); if (!reply.content) c.messages.pop(); }
+  } finally {
+    controller = null;
+    busy(false);
+    save();
+    renderList();
+    $("input").focus();
+  }
+}
+
+$("composer").addEventListener("submit", (e) => { e.preventDefault(); const text = $("input").value.trim(); if (!text || controller) return; $("input").value = ""; send(text); });
+$("input").addEventListener("keydown", (e) => { if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("composer").requestSubmit(); } });
+$("stop").addEventListener("click", () => { if (controller) controller.abort(); });
+$("new-chat").addEventListener("click", newConversation);
+$("api-key").value = store.get("apiKey", "");
+$("api-key").addEventListener("change", () => { store.set("apiKey", $("api-key").value.trim()); loadProps(); });
+for (const id of ["temperature", "top-p", "max-tokens", "system"]) $(id).addEventListener("change", readSettings);
+fillSettings();
+render();
+loadProps();
