@@ -19,6 +19,7 @@ from .cpu import blas
 from .drafters import registry
 from .errors import ModelError
 from .formats import chat_templates
+from .formats.prompting import leading_bos
 from .models import loading, preflight
 from .options import RunConfig
 
@@ -114,7 +115,7 @@ def open_session(
     if run.chat_template is not None:  # --chat-template: replaces the model's own (and any renderer)
         tok = target.tokenizer
         inner = getattr(tok, "_tokenizer", tok)
-        inner.chat_template = chat_templates.with_vocab_bos(run.chat_template, _adds_bos(inner))
+        inner.chat_template = chat_templates.with_vocab_bos(run.chat_template, leading_bos(inner) is not None)
         if hasattr(tok, "_chat_template"):
             tok._chat_template = None
         tok.has_chat_template = True
@@ -159,16 +160,6 @@ def open_session(
     if run.draft.tree_budget and (why := engine.why_no_trees()):
         raise ModelError(f"{tree_flag(run.draft)}: draft trees cannot be verified here: {why}", hint="drop it")
     return Session(target, engine, state, world=world, tap=tap)
-
-
-def _adds_bos(tokenizer: Any) -> bool:
-    """Whether encoding a whole prompt puts the BOS first (a post-processor's doing: transformers
-    ignores tokenizer_config's add_bos_token once there is a tokenizer.json)."""
-    bos = getattr(tokenizer, "bos_token_id", None)
-    try:
-        return bos is not None and list(tokenizer.encode("a"))[:1] == [bos]
-    except Exception:
-        return False
 
 
 def tree_flag(draft) -> str:

@@ -7,15 +7,12 @@ llama-server's words."""
 from __future__ import annotations
 
 import base64
-import json
 import math
 import struct
-import urllib.error
-import urllib.request
 
 import mlx.core as mx
 import pytest
-from test_server import start_server
+from test_server import post, start_server
 
 from mlxcel_py.engine.embeddings import embed
 
@@ -33,15 +30,6 @@ def servers(tiny_dir, tmp_path_factory):
     for proc, _, _ in procs.values():
         proc.terminate()
         proc.wait(timeout=30)
-
-
-def post(url: str, body: dict) -> tuple[int, object]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
 
 
 def test_vectors_are_the_models_hidden_states_pooled_and_normalized(servers, tiny):

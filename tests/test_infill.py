@@ -5,12 +5,10 @@ are refused in llama-server's words."""
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 
 import pytest
 from conftest import make_tiny_model
-from test_server import start_server
+from test_server import post, start_server
 
 from mlxcel_py.server.infill import CHUNK_SEPARATOR, fim_tokens, infill_prompt
 
@@ -41,17 +39,6 @@ def fim_model(tmp_path_factory):
     return folder
 
 
-def post(url: str, path: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(
-        url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
-
-
 @pytest.fixture(scope="module")
 def servers(fim_model, tiny_dir, tmp_path_factory):
     import os
@@ -66,7 +53,7 @@ def servers(fim_model, tiny_dir, tmp_path_factory):
 
 def test_infill_builds_llama_servers_prompt_and_decodes_it_as_completion_does(servers):
     url, _ = servers
-    status, r = post(url, "/infill", {**BODY, "return_tokens": True})
+    status, r = post(url + "/infill", {**BODY, "return_tokens": True})
     assert status == 200
     assert r["prompt"] == (
         "<|repo_name|>myproject\n<|file_sep|>llama.h\nLLAMA_API int32_t llama_n_threads();\n"
@@ -75,7 +62,7 @@ def test_infill_builds_llama_servers_prompt_and_decodes_it_as_completion_does(se
     )
     assert r["timings"]["predicted_n"] == 8 and len(r["tokens"]) == 8
     status, plain = post(
-        url, "/completion", {"prompt": r["prompt"], "n_predict": 8, "temperature": 0, "ignore_eos": True}
+        url + "/completion", {"prompt": r["prompt"], "n_predict": 8, "temperature": 0, "ignore_eos": True}
     )
     assert status == 200 and plain["content"] == r["content"]
 
@@ -92,21 +79,21 @@ def test_infill_builds_llama_servers_prompt_and_decodes_it_as_completion_does(se
 )
 def test_malformed_extra_context_is_refused(servers, extra, message):
     url, _ = servers
-    status, err = post(url, "/infill", {**BODY, "input_extra": [extra]})
+    status, err = post(url + "/infill", {**BODY, "input_extra": [extra]})
     assert status == 400 and message in err["error"]["message"]
 
 
 def test_a_missing_prefix_and_a_model_without_fim_tokens_are_refused(servers):
     url, plain_url = servers
-    status, err = post(url, "/infill", {"input_suffix": "x"})
+    status, err = post(url + "/infill", {"input_suffix": "x"})
     assert status == 400 and "input_prefix" in err["error"]["message"]
-    status, err = post(plain_url, "/infill", BODY)
+    status, err = post(plain_url + "/infill", BODY)
     assert status == 501 and err["error"]["type"] == "not_supported_error"
     assert err["error"]["message"] == (
         "Infill is not supported by this model: prefix token is missing. suffix token is missing. "
         "middle token is missing. "
     )
-    assert post(plain_url, "/completion", {"prompt": "still serving", "n_predict": 2})[0] == 200
+    assert post(plain_url + "/completion", {"prompt": "still serving", "n_predict": 2})[0] == 200
 
 
 def test_budgets_keep_the_prefix_end_the_suffix_start_and_the_extra_end():

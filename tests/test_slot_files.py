@@ -4,12 +4,8 @@ same output; bad names, ids, actions and files refused with the server still ser
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
-
 import pytest
-from test_server import start_server
+from test_server import post, start_server
 
 PROMPT = {"prompt": "The quick brown fox jumps over the lazy dog", "n_predict": 6, "temperature": 0}
 
@@ -26,16 +22,6 @@ def slot_server(tiny_dir, tmp_path_factory):
     proc.wait(timeout=30)
 
 
-def post(url: str, body: dict | None = None) -> tuple[int, dict]:
-    data = json.dumps(body).encode() if body is not None else b""
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
-
-
 def test_save_erase_restore_and_the_next_request_starts_from_the_file(slot_server):
     url, folder = slot_server
     status, first = post(url + "/completion", PROMPT)
@@ -45,11 +31,11 @@ def test_save_erase_restore_and_the_next_request_starts_from_the_file(slot_serve
     assert status == 200 and saved["id_slot"] == 1 and saved["filename"] == "slot1.bin"
     assert saved["n_saved"] == n_prompt + 6 - 1  # the prompt and the reply, but the newest token
     assert saved["n_written"] == (folder / "slot1.bin").stat().st_size > 0 and "save_ms" in saved["timings"]
-    status, erased = post(url + "/slots/1?action=erase")
+    status, erased = post(url + "/slots/1?action=erase", {})
     assert status == 200 and erased == {"id_slot": 1, "n_erased": saved["n_saved"]}
     status, again = post(url + "/completion", PROMPT)
     assert status == 200 and again["timings"]["cache_n"] == 0  # nothing cached any more
-    post(url + "/slots/0?action=erase")
+    post(url + "/slots/0?action=erase", {})
     status, restored = post(url + "/slots/0?action=restore", {"filename": "slot1.bin"})
     assert status == 200 and restored["n_restored"] == saved["n_saved"]
     assert restored["n_read"] == saved["n_written"] and "restore_ms" in restored["timings"]
@@ -68,7 +54,7 @@ def test_bad_names_ids_actions_and_files_are_refused(slot_server, tiny_draft_dir
         status, err = post(url + "/slots/0?action=save", {"filename": name})
         assert status == 400 and err["error"]["message"] == "Invalid filename", name
     for slot in ("2", "-1", "x"):
-        status, err = post(url + f"/slots/{slot}?action=erase")
+        status, err = post(url + f"/slots/{slot}?action=erase", {})
         assert status == 400 and err["error"]["message"] == "Invalid slot ID"
     status, err = post(url + "/slots/0?action=fly", {"filename": "a"})
     assert status == 400 and err["error"]["message"] == "Invalid action"

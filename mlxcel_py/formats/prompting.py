@@ -115,6 +115,16 @@ def _apply_template(tokenizer: Any, messages: list[dict], **kwargs: Any) -> list
     return list(tokenizer.apply_chat_template(messages, **kwargs))
 
 
+def leading_bos(tokenizer: Any) -> int | None:
+    """The BOS id the tokenizer puts before a whole prompt (a post-processor's doing: transformers
+    ignores tokenizer_config's add_bos_token once there is a tokenizer.json), else None."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    try:
+        return bos if bos is not None and list(tokenizer.encode("a"))[:1] == [bos] else None
+    except Exception:
+        return None
+
+
 def template_source(tokenizer: Any) -> str:
     """The model's chat template as text ("" without one)."""
     template = getattr(tokenizer, "chat_template", None)

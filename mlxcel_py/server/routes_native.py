@@ -13,6 +13,7 @@ import asyncio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from ..formats.prompting import leading_bos
 from .context import LOADING, ServerContext, ctx_of
 from .http import ApiError
 from .infill import check_extra, fim_tokens, infill_prompt, why_not
@@ -180,8 +181,6 @@ async def infill(request: Request):
     def build() -> list[int]:
         ids = ctx.requests.mixed_ids
         tok = ctx.tokenizer
-        bos = getattr(tok, "bos_token_id", None)
-        adds_bos = bos is not None and list(tok.encode("a"))[:1] == [bos]
         return infill_prompt(
             fim,
             lambda text: list(tok.encode(text, add_special_tokens=False)),
@@ -191,7 +190,7 @@ async def infill(request: Request):
             ids(req.prompt, "prompt"),
             n_ctx=ctx.engine.context_length,
             n_predict=ctx.max_tokens,
-            bos=bos if adds_bos else None,
+            bos=leading_bos(tok),
         )
 
     prompt = await asyncio.to_thread(build)
