@@ -36,11 +36,12 @@ inline vf exp_le0(vf x) {
   return keep_ge(x, -87.33f, r);
 }
 
-inline float dot(const float* a, const float* b, int D) {
+template <typename TK>
+inline float dot(const float* a, const TK* b, int D) {
   vf acc = zero();
   int d = 0;
-  for (; d + 16 <= D; d += 16) acc = fmadd(load(a + d), load(b + d), acc);
-  if (d < D) acc = fmadd(load_n(a + d, D - d), load_n(b + d, D - d), acc);
+  for (; d + 16 <= D; d += 16) acc = fmadd(load(a + d), load_kv(b + d), acc);
+  if (d < D) acc = fmadd(load_n(a + d, D - d), load_kv_n(b + d, D - d), acc);
   return reduce_add(acc);
 }
 
@@ -67,8 +68,9 @@ inline float softmax_in_place(float* s, int visible, float m) {
 // context, then the node's ancestors and itself). Plain rows have base == their visible count.
 inline int64_t key_at(int j, int base, const int* tail) { return j < base ? j : tail[j - base]; }
 
-void one_row(const AttentionArgs& a, const float* q, const float* k, const float* v, float* out, int visible,
-             int base, const int* tail, std::vector<float>& s) {
+template <typename TK, typename TV>
+void one_row(const AttentionArgs& a, const float* q, const TK* k, const TV* v, float* out, int visible, int base,
+             const int* tail, std::vector<float>& s) {
   const int D = a.D;
   if (visible == 0) {  // no key to attend to (never in a causal block; kept well-defined)
     std::fill(out, out + D, 0.0f);
@@ -88,9 +90,9 @@ void one_row(const AttentionArgs& a, const float* q, const float* k, const float
     for (int c = 0; c < 4; ++c) lanes[c] = std::max(0, std::min(16, width - 16 * c));
     for (int jj = 0; jj < visible; ++jj) {
       const vf p = set1(s[jj]);
-      const float* vr = v + key_at(jj, base, tail) * a.v_strides[2] + d0;
+      const TV* vr = v + key_at(jj, base, tail) * a.v_strides[2] + d0;
       for (int c = 0; c < 4; ++c)
-        if (lanes[c]) acc[c] = fmadd(p, load_n(vr + 16 * c, lanes[c]), acc[c]);
+        if (lanes[c]) acc[c] = fmadd(p, load_kv_n(vr + 16 * c, lanes[c]), acc[c]);
     }
     for (int c = 0; c < 4; ++c)
       if (lanes[c]) store_n(out + d0 + 16 * c, mul(acc[c], set1(inv)), lanes[c]);
@@ -98,8 +100,9 @@ void one_row(const AttentionArgs& a, const float* q, const float* k, const float
 }
 
 // one query row over its `vis` visible keys (head widths other than 32, 64, 128)
-inline void row(const AttentionArgs& a, const float* q, const float* k, const float* v, float* out, int vis,
-                int base, const int* tail, std::vector<float>& s) {
+template <typename TK, typename TV>
+inline void row(const AttentionArgs& a, const float* q, const TK* k, const TV* v, float* out, int vis, int base,
+                const int* tail, std::vector<float>& s) {
   if (vis == 0) std::fill(out, out + a.D, 0.0f);  // no key to attend to (never in a causal block)
   else one_row(a, q, k, v, out, vis, base, tail, s);
 }
@@ -124,9 +127,8 @@ struct Scratch {
 // sets added in the same order): only the loops are interchanged, so results are bit-identical.
 // GATHER: some query sees listed rows after its prefix (tree rows, key_at); the keys each query
 // reads, and their order, are then its own, with the same arithmetic over them.
-template <int NC, bool GATHER>
-void kv_unit(const Query* qs, int n, const float* k, const float* v, int64_t ks, int64_t vs, float scale,
-             Scratch& sc) {
+template <int NC, bool GATHER, typename TK, typename TV>
+void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64_t vs, float scale, Scratch& sc) {
   constexpr int SETS = NC <= 4 ? 4 : 2;
   constexpr int ACC = SETS * NC * 16;  // floats of one query's value accumulators
   int maxvis = 0;
@@ -147,10 +149,10 @@ void kv_unit(const Query* qs, int n, const float* k, const float* v, int64_t ks,
 #pragma GCC unroll 16
       for (int jj = 0; jj < 16; ++jj) {
         if (jj < cnt) {
-          const float* kr = k + (GATHER ? key_at(j0 + jj, qs[t].base, qs[t].tail) : j0 + jj) * ks;
-          vf x = mul(qv[0], load(kr));
+          const TK* kr = k + (GATHER ? key_at(j0 + jj, qs[t].base, qs[t].tail) : j0 + jj) * ks;
+          vf x = mul(qv[0], load_kv(kr));
 #pragma GCC unroll 8
-          for (int c = 1; c < NC; ++c) x = fmadd(qv[c], load(kr + 16 * c), x);
+          for (int c = 1; c < NC; ++c) x = fmadd(qv[c], load_kv(kr + 16 * c), x);
           acc[jj] = x;
         } else {
           acc[jj] = zero();
@@ -182,9 +184,9 @@ void kv_unit(const Query* qs, int n, const float* k, const float* v, int64_t ks,
 #pragma GCC unroll 16
         for (int jj = 0; jj < 16; ++jj) {
           const vf p = set1(sp[jj]);
-          const float* vr = v + (GATHER ? key_at(j0 + jj, qs[t].base, qs[t].tail) : j0 + jj) * vs;
+          const TV* vr = v + (GATHER ? key_at(j0 + jj, qs[t].base, qs[t].tail) : j0 + jj) * vs;
 #pragma GCC unroll 8
-          for (int c = 0; c < NC; ++c) acc[jj % SETS][c] = fmadd(p, load(vr + 16 * c), acc[jj % SETS][c]);
+          for (int c = 0; c < NC; ++c) acc[jj % SETS][c] = fmadd(p, load_kv(vr + 16 * c), acc[jj % SETS][c]);
         }
       } else {
         for (int jj = 0; jj < cnt; jj += SETS) {
@@ -192,9 +194,9 @@ void kv_unit(const Query* qs, int n, const float* k, const float* v, int64_t ks,
           for (int e = 0; e < SETS; ++e) {
             if (jj + e >= cnt) break;
             const vf p = set1(sp[jj + e]);
-            const float* vr = v + (GATHER ? key_at(j0 + jj + e, qs[t].base, qs[t].tail) : j0 + jj + e) * vs;
+            const TV* vr = v + (GATHER ? key_at(j0 + jj + e, qs[t].base, qs[t].tail) : j0 + jj + e) * vs;
 #pragma GCC unroll 8
-            for (int c = 0; c < NC; ++c) acc[e][c] = fmadd(p, load(vr + 16 * c), acc[e][c]);
+            for (int c = 0; c < NC; ++c) acc[e][c] = fmadd(p, load_kv(vr + 16 * c), acc[e][c]);
           }
         }
       }
@@ -221,10 +223,11 @@ void kv_unit(const Query* qs, int n, const float* k, const float* v, int64_t ks,
 }
 
 // the queries of one KV head, by head dimension (other widths: one row at a time)
-void unit(const AttentionArgs& a, const Query* qs, int n, const float* k, const float* v, Scratch& sc) {
+template <typename TK, typename TV>
+void unit_of(const AttentionArgs& a, const Query* qs, int n, const TK* k, const TV* v, Scratch& sc) {
   const int64_t ks = a.k_strides[2], vs = a.v_strides[2];
   if (n > QUERY_GROUP && (a.D == 64 || a.D == 128 || a.D == 32)) {
-    for (int i = 0; i < n; i += QUERY_GROUP) unit(a, qs + i, std::min(QUERY_GROUP, n - i), k, v, sc);
+    for (int i = 0; i < n; i += QUERY_GROUP) unit_of(a, qs + i, std::min(QUERY_GROUP, n - i), k, v, sc);
     return;
   }
   bool gather = false;
@@ -241,10 +244,19 @@ void unit(const AttentionArgs& a, const Query* qs, int n, const float* k, const 
   for (int t = 0; t < n; ++t) row(a, qs[t].q, k, v, qs[t].out, qs[t].vis, qs[t].base, qs[t].tail, sc.s);
 }
 
+// the same code for each pair of stored types (a float16 row is widened where it is loaded)
+void unit(const AttentionArgs& a, const Query* qs, int n, const void* k, const void* v, Scratch& sc) {
+  const bool kh = a.kt == KvType::f16, vh = a.vt == KvType::f16;
+  if (kh && vh) return unit_of(a, qs, n, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), sc);
+  if (kh) return unit_of(a, qs, n, static_cast<const uint16_t*>(k), static_cast<const float*>(v), sc);
+  if (vh) return unit_of(a, qs, n, static_cast<const float*>(k), static_cast<const uint16_t*>(v), sc);
+  unit_of(a, qs, n, static_cast<const float*>(k), static_cast<const float*>(v), sc);
+}
+
 // One KV head's queries, or a part of them (a query's result never depends on the others).
 struct Item {
-  const float* k;
-  const float* v;
+  const void* k;
+  const void* v;
   std::vector<Query> queries;
 };
 
@@ -315,7 +327,8 @@ void attention(const AttentionArgs& a, int threads) {
   std::vector<Item> items;
   for (int b = 0; b < a.B; ++b)
     for (int kvh = 0; kvh < a.Hkv; ++kvh) {
-      Item it{a.k + b * a.k_strides[0] + kvh * a.k_strides[1], a.v + b * a.v_strides[0] + kvh * a.v_strides[1], {}};
+      Item it{kv_at(a.k, b * a.k_strides[0] + kvh * a.k_strides[1], a.kt),
+              kv_at(a.v, b * a.v_strides[0] + kvh * a.v_strides[1], a.vt), {}};
       for (int h = kvh * group; h < (kvh + 1) * group; ++h)
         for (int i = 0; i < a.L; ++i) {
           const int visible = a.causal ? a.S - a.L + i + 1 : a.S;
@@ -332,7 +345,7 @@ void attention_rows(const RowsAttentionArgs& r, int threads) {
   const int group = r.Hq / r.Hkv;
   // entries that share a buffer are one sequence's rows: one item per (sequence, KV head)
   std::vector<std::vector<int>> seqs;
-  std::vector<const float*> seen;
+  std::vector<const void*> seen;
   for (int e = 0; e < r.B; ++e) {
     const auto it = std::find(seen.begin(), seen.end(), r.k[e]);
     if (it == seen.end()) {
@@ -351,11 +364,13 @@ void attention_rows(const RowsAttentionArgs& r, int threads) {
   a.D = r.D;
   a.scale = r.scale;
   a.k_strides[2] = a.v_strides[2] = r.D;
+  a.kt = r.kt;
+  a.vt = r.vt;
   std::vector<Item> items;
   for (const auto& entries : seqs)
     for (int kvh = 0; kvh < r.Hkv; ++kvh) {
       const int e0 = entries[0];
-      Item it{r.k[e0] + kvh * r.head_stride[e0], r.v[e0] + kvh * r.head_stride[e0], {}};
+      Item it{kv_at(r.k[e0], kvh * r.head_stride[e0], r.kt), kv_at(r.v[e0], kvh * r.head_stride[e0], r.vt), {}};
       for (int e : entries)
         for (int h = kvh * group; h < (kvh + 1) * group; ++h)
           for (int i = 0; i < r.L; ++i) {
@@ -367,6 +382,11 @@ void attention_rows(const RowsAttentionArgs& r, int threads) {
       items.push_back(std::move(it));
     }
   run_items(a, items, work, threads);
+}
+
+void store_kv_row(void* dst, KvType t, const float* src, int n) {
+  if (t == KvType::f16) store_kv(static_cast<uint16_t*>(dst), src, n);
+  else store_kv(static_cast<float*>(dst), src, n);
 }
 
 }  // namespace MLXCEL_ISA

@@ -5,15 +5,26 @@
 
 namespace mlxcel {
 
+// The element type of a KV buffer (--cache-type-k / --cache-type-v): float32, or float16 (IEEE
+// half, held as its uint16_t bits). Keys and values are widened to float32 as they are read, so
+// the arithmetic below is the same for both: a row rounded to float16 once, when it was written,
+// reads back the same bits every time.
+enum class KvType : int { f32 = 0, f16 = 1 };
+inline int kv_bytes(KvType t) { return t == KvType::f16 ? 2 : 4; }
+// element `n` of a buffer of type t
+inline const void* kv_at(const void* base, int64_t n, KvType t) { return static_cast<const char*>(base) + n * kv_bytes(t); }
+inline void* kv_at(void* base, int64_t n, KvType t) { return static_cast<char*>(base) + n * kv_bytes(t); }
+
 struct AttentionArgs {
   const float* q;  // [B, Hq, L, D] with the strides below (elements); D contiguous
-  const float* k;  // [B, Hkv, S, D]
-  const float* v;  // [B, Hkv, S, D]
+  const void* k;   // [B, Hkv, S, D], of type kt
+  const void* v;   // [B, Hkv, S, D], of type vt
   float* out;      // [B, Hq, L, D], contiguous
   int B, Hq, Hkv, L, S, D;
   int64_t q_strides[3], k_strides[3], v_strides[3];  // for dims B, H, L/S
   float scale;
   bool causal;  // row i sees keys 0..S-L+i; otherwise every row sees all S keys
+  KvType kt = KvType::f32, vt = KvType::f32;
 };
 
 // attention(): softmax(scale * q k^T) v per query row. Each row is computed alone, over its
@@ -28,8 +39,9 @@ struct AttentionArgs {
 struct RowsAttentionArgs {
   const float* q;  // [B, Hq, L, D] with q_strides for B, H, L; D contiguous
   int64_t q_strides[3];
-  const float* const* k;       // per sequence: [Hkv, cap_b, D], contiguous
-  const float* const* v;
+  const void* const* k;        // per sequence: [Hkv, cap_b, D], contiguous, of type kt
+  const void* const* v;        // of type vt
+  KvType kt = KvType::f32, vt = KvType::f32;
   const int64_t* head_stride;  // per sequence: cap_b * D
   const int* offset;           // per sequence: keys before this block
   float* out;                  // [B, Hq, L, D], contiguous
@@ -45,9 +57,12 @@ struct RowsAttentionArgs {
 };
 
 // One build per ISA (isa_begin.h), and the dispatchers under the same names (isa.cpp).
-#define MLXCEL_ATTENTION_KERNELS                     \
-  void attention(const AttentionArgs& a, int threads); \
-  void attention_rows(const RowsAttentionArgs& a, int threads);
+// store_kv_row: n float32 values into a KV row of type t at dst (float16: rounded to nearest
+// even, as MLX's astype rounds), the one place a key or value is rounded to the cache's type.
+#define MLXCEL_ATTENTION_KERNELS                                \
+  void attention(const AttentionArgs& a, int threads);          \
+  void attention_rows(const RowsAttentionArgs& a, int threads); \
+  void store_kv_row(void* dst, KvType t, const float* src, int n);
 namespace avx512 {
 MLXCEL_ATTENTION_KERNELS
 }

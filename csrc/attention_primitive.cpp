@@ -53,10 +53,12 @@ class RowExactAttention : public mx::UnaryPrimitive {
     enc.set_input_array(v);
     enc.set_output_array(out);
     a.out = out.data<float>();
+    kv_type_of(k, &a.kt);
+    kv_type_of(v, &a.vt);
     enc.dispatch([a, q, k, v, threads = kernel_threads.load()]() mutable {
       a.q = q.data<float>();
-      a.k = k.data<float>();
-      a.v = v.data<float>();
+      a.k = k.data<void>();
+      a.v = v.data<void>();
       auto t0 = std::chrono::steady_clock::now();
       attention(a, threads);
       attention_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
@@ -84,8 +86,9 @@ class RowExactAttention : public mx::UnaryPrimitive {
 mx::array row_exact_attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal) {
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4)
     throw std::invalid_argument("row_exact_attention: q, k, v must be [B, heads, length, dim]");
-  if (q.dtype() != mx::float32 || k.dtype() != mx::float32 || v.dtype() != mx::float32)
-    throw std::invalid_argument("row_exact_attention: float32 only");
+  KvType kt, vt;
+  if (q.dtype() != mx::float32 || !kv_type_of(k, &kt) || !kv_type_of(v, &vt))
+    throw std::invalid_argument("row_exact_attention: float32 queries, float32 or float16 keys and values");
   if (k.shape() != v.shape() || q.shape(0) != k.shape(0) || q.shape(3) != k.shape(3) || k.shape(1) == 0 ||
       q.shape(1) % k.shape(1) != 0)
     throw std::invalid_argument("row_exact_attention: shapes do not match (query heads must be a multiple of KV heads)");

@@ -52,29 +52,33 @@ class RowExactCacheAttention : public mx::Primitive {
     auto& enc = mx::cpu::get_command_encoder(stream());
     for (const auto& a : inputs) enc.set_input_array(a);
     for (auto& o : outputs) enc.set_output_array(o);
-    std::vector<float*> bufs(2 * S);
-    for (int j = 0; j < 2 * S; ++j) bufs[j] = outputs[1 + j].data<float>();
+    std::vector<void*> bufs(2 * S);
+    for (int j = 0; j < 2 * S; ++j) bufs[j] = outputs[1 + j].data<void>();
+    KvType kt = KvType::f32, vt = KvType::f32;
+    kv_type_of(outputs[1], &kt);
+    kv_type_of(outputs[1 + S], &vt);
     std::vector<int64_t> head_stride(S);
     for (int b = 0; b < S; ++b) head_stride[b] = static_cast<int64_t>(outputs[1 + b].shape(2)) * D;
     enc.dispatch([q, kn = inputs[1], vn = inputs[2], writes, bufs = std::move(bufs),
                   head_stride = std::move(head_stride), seq = seq_, pos = pos_, scale = scale_, tree = tree_,
-                  op = out.data<float>(), E, S, Hq, Hkv, L, D, threads = kernel_threads.load()]() {
+                  op = out.data<float>(), E, S, Hq, Hkv, L, D, kt, vt, threads = kernel_threads.load()]() {
       writes.copy();
       // every row's key and value into its sequence's buffers: [h, pos_e + i, :] = new[e, h, i, :]
       // (tree rows, L == 1: at the entry's slot)
       for (int which = 0; which < 2; ++which) {
         const auto& src = which == 0 ? kn : vn;
+        const KvType t = which == 0 ? kt : vt;
         const float* base = src.data<float>();
         const auto& st = src.strides();
         for (int e = 0; e < E; ++e) {
-          float* dst = bufs[which * S + seq[e]];
+          void* dst = bufs[which * S + seq[e]];
           for (int h = 0; h < Hkv; ++h)
             for (int i = 0; i < L; ++i)
-              std::memcpy(dst + h * head_stride[seq[e]] + static_cast<int64_t>(tree.empty() ? pos[e] + i : tree.slot[e]) * D,
-                          base + e * st[0] + h * st[1] + i * st[2], sizeof(float) * D);
+              store_kv_row(kv_at(dst, h * head_stride[seq[e]] + static_cast<int64_t>(tree.empty() ? pos[e] + i : tree.slot[e]) * D, t),
+                           t, base + e * st[0] + h * st[1] + i * st[2], D);
         }
       }
-      std::vector<const float*> kp(E), vp(E);
+      std::vector<const void*> kp(E), vp(E);
       std::vector<int64_t> stride(E);
       for (int e = 0; e < E; ++e) {
         kp[e] = bufs[seq[e]];
@@ -86,6 +90,8 @@ class RowExactCacheAttention : public mx::Primitive {
       for (int d = 0; d < 3; ++d) a.q_strides[d] = q.strides()[d];
       a.k = kp.data();
       a.v = vp.data();
+      a.kt = kt;
+      a.vt = vt;
       a.head_stride = stride.data();
       a.offset = pos.data();
       a.out = op;
@@ -150,9 +156,10 @@ std::vector<mx::array> row_exact_cache_attention(const mx::array& q, const mx::a
     if (x->dtype() != mx::float32) throw std::invalid_argument(std::string(what) + "float32 only");
   for (int b = 0; b < S; ++b)
     for (const auto* buf : {&k_bufs[b], &v_bufs[b]})
-      if (buf->dtype() != mx::float32 || buf->ndim() != 4 || buf->shape(0) != 1 || buf->shape(1) != Hkv ||
-          buf->shape(3) != D)
-        throw std::invalid_argument(std::string(what) + "buffer " + std::to_string(b) + " must be float32 [1, Hkv, capacity, D]");
+      if (buf->ndim() != 4 || buf->shape(0) != 1 || buf->shape(1) != Hkv || buf->shape(3) != D)
+        throw std::invalid_argument(std::string(what) + "buffer " + std::to_string(b) + " must be [1, Hkv, capacity, D]");
+  KvType kt, vt;
+  kv_types(k_bufs, v_bufs, what, &kt, &vt);
   if (!tree.empty() && L != 1)
     throw std::invalid_argument(std::string(what) + "tree rows are entries of one row each");
   for (int e = 0; e < E; ++e)
@@ -176,7 +183,9 @@ std::vector<mx::array> row_exact_cache_attention(const mx::array& q, const mx::a
       inputs.push_back(buf);
       shapes.push_back(buf.shape());
     }
-  std::vector<mx::Dtype> dtypes(shapes.size(), mx::float32);
+  std::vector<mx::Dtype> dtypes{mx::float32};
+  for (const auto* bufs : {&k_bufs, &v_bufs})
+    for (const auto& buf : *bufs) dtypes.push_back(buf.dtype());
   return mx::array::make_arrays(std::move(shapes), dtypes,
                                 std::make_shared<RowExactCacheAttention>(s, seq, pos, scale, tree), inputs);
 }

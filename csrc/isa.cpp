@@ -64,6 +64,7 @@ void fmm_multi(const float* x, const FloatWeightRef* weights, int count, int M, 
 }
 void attention(const AttentionArgs& a, int threads) { MLXCEL_DISPATCH(attention, a, threads); }
 void attention_rows(const RowsAttentionArgs& a, int threads) { MLXCEL_DISPATCH(attention_rows, a, threads); }
+void store_kv_row(void* dst, KvType t, const float* src, int n) { MLXCEL_DISPATCH(store_kv_row, dst, t, src, n); }
 void swiglu(const float* gate, const float* up, float* out, int64_t n) { MLXCEL_DISPATCH(swiglu, gate, up, out, n); }
 void rope(const float* x, const int64_t* strides, float* out, int B, int H, int L, int D, int dims, bool traditional,
           const float* cos_sin, int threads) {

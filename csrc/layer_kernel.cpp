@@ -127,12 +127,12 @@ void decoder_layer(const DecoderLayerView& L, const LayerRows& R, int threads) {
     const int b = R.seq[t];
     for (int h = 0; h < Hkv; ++h) {
       const int64_t at = h * R.head_stride[b] + static_cast<int64_t>(R.slot ? R.slot[t] : R.pos[t]) * D;
-      std::memcpy(R.k_bufs[b] + at, s.kr.data() + (static_cast<int64_t>(t) * Hkv + h) * D, sizeof(float) * D);
-      std::memcpy(R.v_bufs[b] + at, s.v.data() + (static_cast<int64_t>(t) * Hkv + h) * D, sizeof(float) * D);
+      MLXCEL_ISA::store_kv_row(kv_at(R.k_bufs[b], at, R.kt), R.kt, s.kr.data() + (static_cast<int64_t>(t) * Hkv + h) * D, D);
+      MLXCEL_ISA::store_kv_row(kv_at(R.v_bufs[b], at, R.vt), R.vt, s.v.data() + (static_cast<int64_t>(t) * Hkv + h) * D, D);
     }
   }
   {
-    std::vector<const float*> kp(T), vp(T);
+    std::vector<const void*> kp(T), vp(T);
     std::vector<int64_t> stride(T);
     for (int t = 0; t < T; ++t) {
       kp[t] = R.k_bufs[R.seq[t]];
@@ -146,6 +146,8 @@ void decoder_layer(const DecoderLayerView& L, const LayerRows& R, int threads) {
     a.q_strides[2] = D;
     a.k = kp.data();
     a.v = vp.data();
+    a.kt = R.kt;
+    a.vt = R.vt;
     a.head_stride = stride.data();
     a.offset = R.pos;
     a.out = s.att.data();

@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "attention_kernel.h"
+
 namespace mlxcel {
 
 // A linear layer in a kernel's layout: y = x @ W^T (+ bias), W [N, K]. Quantized (qmm_kernel.h:
@@ -47,8 +49,9 @@ struct LayerRows {
   const int* seq;
   const int* pos;
   const float* cos_sin;  // rope_table of pos: [T][rope_dims/2] cos, then [T][rope_dims/2] sin
-  float* const* k_bufs;  // per sequence
-  float* const* v_bufs;
+  void* const* k_bufs;  // per sequence, of type kt (keys) and vt (values): KvType
+  void* const* v_bufs;
+  KvType kt = KvType::f32, vt = KvType::f32;
   const int64_t* head_stride;  // per sequence
   const int* slot = nullptr;   // tree rows (above); null: rows write and see as plain rows
   const int* vis_base = nullptr;

@@ -44,12 +44,15 @@ class RowExactDecoderLayer : public mx::Primitive {
     auto& enc = mx::cpu::get_command_encoder(stream());
     for (const auto& a : inputs) enc.set_input_array(a);
     for (auto& o : outputs) enc.set_output_array(o);
-    std::vector<float*> bufs(2 * S);
+    std::vector<void*> bufs(2 * S);
     std::vector<int64_t> head_stride(S);
-    for (int j = 0; j < 2 * S; ++j) bufs[j] = outputs[1 + j].data<float>();
+    for (int j = 0; j < 2 * S; ++j) bufs[j] = outputs[1 + j].data<void>();
+    KvType kt = KvType::f32, vt = KvType::f32;
+    kv_type_of(outputs[1], &kt);
+    kv_type_of(outputs[1 + S], &vt);
     for (int b = 0; b < S; ++b) head_stride[b] = static_cast<int64_t>(outputs[1 + b].shape(2)) * st_->view.D;
     enc.dispatch([h = inputs[0], writes, bufs = std::move(bufs), head_stride = std::move(head_stride), st = st_,
-                  seq = seq_, pos = pos_, tree = tree_, op = out.data<float>(), S, threads = kernel_threads.load()]() {
+                  seq = seq_, pos = pos_, tree = tree_, op = out.data<float>(), S, kt, vt, threads = kernel_threads.load()]() {
       writes.copy();
       std::vector<float> scratch;
       const float* hp = contiguous_rows(h, scratch);
@@ -64,6 +67,8 @@ class RowExactDecoderLayer : public mx::Primitive {
       rows.cos_sin = table->data();
       rows.k_bufs = bufs.data();
       rows.v_bufs = bufs.data() + S;
+      rows.kt = kt;
+      rows.vt = vt;
       rows.head_stride = head_stride.data();
       const TreeTails tails(tree);
       if (!tree.empty()) {
@@ -203,10 +208,12 @@ std::vector<mx::array> DecoderLayer::operator()(const mx::array& h, const std::v
     throw std::invalid_argument(std::string(what) + "one sequence and position per row, one value buffer per key buffer");
   for (int b = 0; b < S; ++b)
     for (const auto* buf : {&k_bufs[b], &v_bufs[b]})
-      if (buf->dtype() != mx::float32 || buf->ndim() != 4 || buf->shape(0) != 1 || buf->shape(1) != v.Hkv ||
+      if (buf->ndim() != 4 || buf->shape(0) != 1 || buf->shape(1) != v.Hkv ||
           buf->shape(3) != v.D || k_bufs[b].shape(2) != v_bufs[b].shape(2))
         throw std::invalid_argument(std::string(what) + "buffer " + std::to_string(b) +
-                                    " must be float32 [1, kv_heads, capacity, head_dim]");
+                                    " must be [1, kv_heads, capacity, head_dim]");
+  KvType kt, vt;
+  kv_types(k_bufs, v_bufs, what, &kt, &vt);
   for (int t = 0; t < T; ++t)
     if (seq[t] < 0 || seq[t] >= S || pos[t] < 0 || (tree.empty() && pos[t] >= k_bufs[seq[t]].shape(2)))
       throw std::invalid_argument(std::string(what) + "row " + std::to_string(t) +
@@ -222,7 +229,8 @@ std::vector<mx::array> DecoderLayer::operator()(const mx::array& h, const std::v
     for (const auto& buf : *bufs) inputs.push_back(buf);
   std::vector<mx::Shape> shapes;
   for (const auto& a : inputs) shapes.push_back(a.shape());
-  std::vector<mx::Dtype> dtypes(shapes.size(), mx::float32);
+  std::vector<mx::Dtype> dtypes;
+  for (const auto& a : inputs) dtypes.push_back(a.dtype());
   return mx::array::make_arrays(std::move(shapes), dtypes,
                                 std::make_shared<RowExactDecoderLayer>(s, state_, seq, pos, tree), inputs);
 }

@@ -27,22 +27,23 @@ class MoveRows : public mx::Primitive {
     auto& enc = mx::cpu::get_command_encoder(stream());
     for (const auto& a : inputs) enc.set_input_array(a);
     for (auto& o : outputs) enc.set_output_array(o);
-    std::vector<float*> bufs;
+    std::vector<char*> bufs;  // bytes: float32 or float16 rows (the cache type), moved as they are
     std::vector<mx::Shape> shapes;
+    std::vector<int64_t> item;
     for (auto& o : outputs) {
-      bufs.push_back(o.data<float>());
+      bufs.push_back(o.data<char>());
       shapes.push_back(o.shape());
+      item.push_back(static_cast<int64_t>(o.itemsize()));
     }
-    enc.dispatch([writes, bufs = std::move(bufs), shapes = std::move(shapes), rows = rows_, first = first_]() {
+    enc.dispatch([writes, bufs = std::move(bufs), shapes = std::move(shapes), item = std::move(item), rows = rows_, first = first_]() {
       writes.copy();
       for (size_t b = 0; b < bufs.size(); ++b) {
-        const int64_t H = shapes[b][1], cap = shapes[b][2], D = shapes[b][3];
+        const int64_t H = shapes[b][1], cap = shapes[b][2], D = shapes[b][3] * item[b];  // D: a row's bytes
         for (int64_t h = 0; h < H; ++h) {
-          float* head = bufs[b] + h * cap * D;
+          char* head = bufs[b] + h * cap * D;
           for (size_t j = 0; j < rows.size(); ++j)
             if (rows[j] != first + static_cast<int>(j))
-              std::memmove(head + (first + static_cast<int64_t>(j)) * D, head + static_cast<int64_t>(rows[j]) * D,
-                           sizeof(float) * D);
+              std::memmove(head + (first + static_cast<int64_t>(j)) * D, head + static_cast<int64_t>(rows[j]) * D, D);
         }
       }
     });
@@ -76,8 +77,8 @@ std::vector<mx::array> move_rows(const std::vector<mx::array>& bufs, const std::
   const char* what = "move_rows: ";
   if (bufs.empty()) return {};
   for (const auto& b : bufs)
-    if (b.dtype() != mx::float32 || b.ndim() != 4 || b.shape(0) != 1)
-      throw std::invalid_argument(std::string(what) + "buffers must be float32 [1, heads, capacity, dim]");
+    if ((b.dtype() != mx::float32 && b.dtype() != mx::float16) || b.ndim() != 4 || b.shape(0) != 1)
+      throw std::invalid_argument(std::string(what) + "buffers must be float32 or float16 [1, heads, capacity, dim]");
   for (size_t j = 0; j < rows.size(); ++j) {
     const bool increasing = j == 0 || rows[j] > rows[j - 1];
     for (const auto& b : bufs)
@@ -87,7 +88,8 @@ std::vector<mx::array> move_rows(const std::vector<mx::array>& bufs, const std::
   auto s = mx::default_stream(mx::Device::cpu);
   std::vector<mx::Shape> shapes;
   for (const auto& b : bufs) shapes.push_back(b.shape());
-  std::vector<mx::Dtype> dtypes(shapes.size(), mx::float32);
+  std::vector<mx::Dtype> dtypes;
+  for (const auto& b : bufs) dtypes.push_back(b.dtype());
   return mx::array::make_arrays(std::move(shapes), dtypes, std::make_shared<MoveRows>(s, rows, first), bufs);
 }
 

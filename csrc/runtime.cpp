@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 namespace mlxcel {
 
@@ -24,7 +25,7 @@ BufferWrites take_buffers(const std::vector<mlx::core::array>& inputs, size_t fi
     } else {
       o.set_data(mlx::core::allocator::malloc(o.nbytes()));
       w.from.push_back(in);
-      w.to.push_back(o.data<float>());
+      w.to.push_back(o.data<void>());
       buffers_copied += 1;
     }
   }
@@ -33,8 +34,28 @@ BufferWrites take_buffers(const std::vector<mlx::core::array>& inputs, size_t fi
 
 void BufferWrites::copy() const {
   for (size_t c = 0; c < from.size(); ++c) {
-    std::vector<float> scratch;
-    std::memcpy(to[c], contiguous_rows(from[c], scratch), from[c].nbytes());
+    if (from[c].itemsize() == 2) {  // a float16 cache
+      std::vector<uint16_t> scratch;
+      std::memcpy(to[c], contiguous_rows(from[c], scratch), from[c].nbytes());
+    } else {
+      std::vector<float> scratch;
+      std::memcpy(to[c], contiguous_rows(from[c], scratch), from[c].nbytes());
+    }
+  }
+}
+
+void kv_types(const std::vector<mlx::core::array>& k_bufs, const std::vector<mlx::core::array>& v_bufs,
+              const char* what, KvType* kt, KvType* vt) {
+  for (size_t b = 0; b < k_bufs.size(); ++b) {
+    KvType k, v;
+    if (!kv_type_of(k_bufs[b], &k) || !kv_type_of(v_bufs[b], &v))
+      throw std::invalid_argument(std::string(what) + "KV buffers must be float32 or float16");
+    if (b == 0) {
+      *kt = k;
+      *vt = v;
+    } else if (k != *kt || v != *vt) {
+      throw std::invalid_argument(std::string(what) + "every sequence's key buffers must share one type, and its value buffers one type");
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "attention_kernel.h"
 #include "mlx/mlx.h"
 
 namespace mlxcel {
@@ -34,11 +35,25 @@ inline bool donatable_by(const mlx::core::array& in, size_t outputs) {
 // the dispatched task, before any write). Counts both in buffers_donated / buffers_copied.
 struct BufferWrites {
   std::vector<mlx::core::array> from;
-  std::vector<float*> to;
+  std::vector<void*> to;
   void copy() const;
 };
 BufferWrites take_buffers(const std::vector<mlx::core::array>& inputs, size_t first_in,
                           std::vector<mlx::core::array>& outputs, size_t first_out, size_t n);
+
+// A KV buffer's element type (float32 or float16: KvType), or false for any other dtype
+inline bool kv_type_of(const mlx::core::array& buf, KvType* t) {
+  if (buf.dtype() == mlx::core::float32) *t = KvType::f32;
+  else if (buf.dtype() == mlx::core::float16) *t = KvType::f16;
+  else return false;
+  return true;
+}
+
+// The buffers an op writes, of one type for the keys and one for the values (per layer: every
+// sequence's cache of a layer has the cache type chosen at load); else std::invalid_argument
+// naming `what`
+void kv_types(const std::vector<mlx::core::array>& k_bufs, const std::vector<mlx::core::array>& v_bufs,
+              const char* what, KvType* kt, KvType* vt);
 
 // A kernel weight's scales and biases: both float32, or both float16 (exact GGUF values)
 inline bool scale_dtype_ok(const mlx::core::array& scales, const mlx::core::array& biases) {

@@ -178,6 +178,31 @@ inline void store_i8(int8_t* p, vi a, vi b) {
 }
 #endif
 
+// KV-cache rows in their stored type (--cache-type-k/-v): float32 as it is, float16 widened
+// exactly (every float16 is a float32). One name for both, so the attention is written once.
+inline vf load_kv(const float* p) { return load(p); }
+inline vf load_kv_n(const float* p, int n) { return load_n(p, n); }
+inline vf load_kv(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+#if MLXCEL_ISA_AVX512
+  return {_mm512_cvtph_ps(h)};
+#else
+  return {_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
+#endif
+}
+inline vf load_kv_n(const uint16_t* p, int n) { return load_half_n(p, n); }
+
+// n float32 values into a KV row of the cache's type: float32 copied, float16 rounded to nearest
+// even (as MLX's astype rounds), once, when the row is written; every later read sees those bytes
+inline void store_kv(float* dst, const float* src, int n) { std::memcpy(dst, src, sizeof(float) * n); }
+inline void store_kv(uint16_t* dst, const float* src, int n) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
 // The sum of a's 16 lanes in one fixed tree (h = lanes i + (i+8); then q = h_i + h_(i+4); then
 // (q0 + q2) + (q1 + q3)): GCC's _mm512_reduce_add_ps order, written out so both ISAs share it.
 inline float reduce_add(vf a) {

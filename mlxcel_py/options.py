@@ -46,6 +46,10 @@ POLICIES = ("auto", "graded", "gated", "cost")
 # --cpu-weights: how linear layers hold their weights when MLX runs on the CPU (cpu/weights.py)
 CPU_WEIGHTS = ("auto", "q8", "q4", "f32")
 DEFAULT_CPU_WEIGHTS = "auto"
+# --cache-type-k / --cache-type-v in llama.cpp's spelling; auto: f16 where the fused decoder layers
+# run (models.decoder_layers), else f32. LATER_CACHE_TYPES: llama.cpp's other names, refused by name.
+CACHE_TYPES = ("auto", "f32", "f16")
+LATER_CACHE_TYPES = ("bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 # serve -np: llama-server's automatic value (4 slots). Speculation is gated to 2 live requests
 # (DEFAULT_PROMPT_LOOKUP_MAX_BATCH), so one or two users keep their speculative speed, and a
@@ -75,6 +79,13 @@ class ModelOptions:
     dequantize: bool = True
     fast_kernels: bool = True
     cpu_weights: str = DEFAULT_CPU_WEIGHTS  # one of CPU_WEIGHTS (bench: a comma list, see BenchPlan.weights)
+    cache_type_k: str = "auto"  # one of CACHE_TYPES
+    cache_type_v: str = "auto"
+
+    @property
+    def cache_types(self) -> tuple[str, str]:
+        return self.cache_type_k, self.cache_type_v
+
     chat_template: str | None = None  # --chat-template NAME|TEMPLATE as given (validate resolves it)
     chat_template_file: str | None = None  # --chat-template-file
 

@@ -82,6 +82,7 @@ def open_follower(run: RunConfig, world: Any) -> Session:
         fast_kernels=mopts.fast_kernels,
         cpu_weights=mopts.cpu_weights,  # as rank 0's, so the stages run the same layers
         world=world,
+        cache_types=mopts.cache_types,
     )
     distributed.barrier(world)
     return Session(target, None, state, world=world, tap=hidden_tap(target.model))
@@ -111,7 +112,10 @@ def open_session(
         fast_kernels=mopts.fast_kernels,
         cpu_weights=mopts.cpu_weights,
         world=world,
+        cache_types=mopts.cache_types,
     )
+    if target.kv_note is not None:
+        (warn or say)(target.kv_note)
     if run.chat_template is not None:  # --chat-template: replaces the model's own (and any renderer)
         tok = target.tokenizer
         inner = getattr(tok, "_tokenizer", tok)
@@ -139,7 +143,7 @@ def open_session(
     say(
         f"loaded in {target.load_seconds:.2f}s; weights {target.dtype}; BLAS {state.name}"
         + (f" ({state.path})" if state.path else f" ({state.note})")
-        + f"; kernels {target.kernels}"
+        + f"; kernels {target.kernels}; KV cache {target.kv_summary}"
     )
     drafters = plan.load(target, say) if plan is not None else None
     if drafters is not None and run.draft.lookup_first:  # --prompt-lookup beside a model drafter

@@ -19,6 +19,7 @@ from .errors import UsageError
 from .formats import flag_texts, template_vars
 from .formats.grammars import GrammarSpec
 from .options import (
+    CACHE_TYPES,
     CPU_WEIGHTS,
     DEFAULT_CPU_WEIGHTS,
     DEFAULT_MAX_DRAFT,
@@ -27,6 +28,7 @@ from .options import (
     DEFAULT_POLICY,
     DEFAULT_SUFFIX_CACHE_TOKENS,
     DEFAULT_TREE_MARGIN,
+    LATER_CACHE_TYPES,
     MAX_DRAFT_LIMIT,
     MAX_PARALLEL,
     NGRAM_MAX_LIMIT,
@@ -308,6 +310,14 @@ def _cpu_weights(opts: CommandOptions) -> None:
         )
 
 
+def _cache_types(opts: CommandOptions) -> None:
+    for flag, value in zip(("--cache-type-k", "--cache-type-v"), opts.model.cache_types):
+        if value in LATER_CACHE_TYPES:
+            raise UsageError(f"{flag} {value} is not supported yet; use one of {', '.join(CACHE_TYPES)}")
+        if value not in CACHE_TYPES:
+            raise UsageError(f"{flag} {value} is not one of {', '.join(CACHE_TYPES)}")
+
+
 def _parallel(opts: CommandOptions) -> None:
     """--tp-size / --pp-size against each other and against what cannot be sharded."""
     par = opts.parallel
@@ -329,6 +339,7 @@ def _validate(opts: CommandOptions) -> RunConfig:
         opts = replace(opts, sampling=replace(opts.sampling, seed=None))
     cmd = opts.command
     _cpu_weights(opts)
+    _cache_types(opts)
     _parallel(opts)
     _sampling(opts)
     _generation(opts)

@@ -46,14 +46,25 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
-def family(request, tmp_path_factory):
-    folder = build(tmp_path_factory.mktemp(request.param) / "model", CONFIGS[request.param], seed=3, scale=1.0)
-    if request.param == "mistral":  # mlx-lm runs mistral checkpoints with its llama module
-        cfg = json.loads((folder / "config.json").read_text())
-        (folder / "config.json").write_text(json.dumps(dict(cfg, model_type="mistral")))
-    loaded = loading.load(loading.resolve(str(folder)))
-    return request.param, loaded
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    out = {}
+    for name, cfg in CONFIGS.items():
+        folder = build(tmp_path_factory.mktemp(name) / "model", cfg, seed=3, scale=1.0)
+        if name == "mistral":  # mlx-lm runs mistral checkpoints with its llama module
+            raw = json.loads((folder / "config.json").read_text())
+            (folder / "config.json").write_text(json.dumps(dict(raw, model_type="mistral")))
+        out[name] = folder
+    return out
+
+
+# every test runs at both KV cache types the fused layers keep (--cache-type-k/-v): the default
+# float16 (rounded once, when a row is written) and float32
+@pytest.fixture(scope="module", params=[(f, t) for f in sorted(CONFIGS) for t in ("f16", "f32")], ids="-".join)
+def family(request, folders):
+    name, cache_type = request.param
+    loaded = loading.load(loading.resolve(str(folders[name])), cache_types=(cache_type, cache_type))
+    return name, loaded
 
 
 def _greedy_logits(model, prompt: list[int], n: int) -> tuple[list[int], mx.array]:
@@ -79,6 +90,33 @@ def test_every_family_fuses_and_equals_mlx_lm_layers_bit_for_bit(family):
         ref_tokens, ref = _greedy_logits(loaded.model, prompt, 24)
     assert tokens == ref_tokens
     assert mx.array_equal(fused, ref).item(), f"{name}: max diff {mx.abs(fused - ref).max().item()}"
+
+
+@needs_kernel
+def test_the_cache_holds_the_chosen_type_whichever_code_wrote_it(family):
+    _, loaded = family
+    want = mx.float16 if loaded.kv_cache.startswith("f16") else mx.float32
+    assert loaded.kv_bytes_per_token == 2 * 2 * 32 * 2 * want.size  # layers x (k, v) x head_dim x kv heads
+    fused = SequenceCache(loaded.model)
+    fused.feed(list(range(40, 90)))  # the op's own buffers
+    wide = SequenceCache(loaded.model)
+    wide.feed(list(range(300)))  # wider than the op takes: mlx-lm's layer code writes the rows
+    for c in (fused, wide):
+        assert {(kv.keys.dtype, kv.values.dtype) for kv in c.layers} == {(want, want)}
+
+
+@needs_kernel
+def test_keys_and_values_may_differ_in_type(folders):
+    loaded = loading.load(loading.resolve(str(folders["llama"])), cache_types=("f16", "f32"))  # -ctk f16 -ctv f32
+    assert loaded.kv_cache == "f16 keys, f32 values"
+    prompt = list(range(40, 90))
+    tokens, fused = _greedy_logits(loaded.model, prompt, 12)
+    with decoder_layers.unfused(loaded.model):
+        ref_tokens, ref = _greedy_logits(loaded.model, prompt, 12)
+    assert tokens == ref_tokens and mx.array_equal(fused, ref).item()
+    c = SequenceCache(loaded.model)
+    c.feed(prompt)
+    assert (c.layers[0].keys.dtype, c.layers[0].values.dtype) == (mx.float16, mx.float32)
 
 
 @needs_kernel
@@ -148,8 +186,10 @@ def test_the_op_refuses_bad_shapes_and_positions_with_a_message(family):
         op(h, [k], [k], [0, 0], [0, 1])
     with pytest.raises(ValueError, match="no room at its position"):
         op(h, [k], [k], [0, 0, 0], [254, 255, 256])
-    with pytest.raises(ValueError, match="must be float32"):
+    with pytest.raises(ValueError, match=r"must be \[1, kv_heads, capacity, head_dim\]"):
         op(h, [mx.zeros((1, 2, 256, 16))], [k], [0, 0, 0], [0, 1, 2])
+    with pytest.raises(ValueError, match="float32 or float16"):
+        op(h, [k.astype(mx.bfloat16)], [k], [0, 0, 0], [0, 1, 2])
     with pytest.raises(ValueError, match="h must be float32"):
         op(mx.zeros((1, 3, 64)), [k], [k], [0, 0, 0], [0, 1, 2])
 

@@ -47,8 +47,10 @@ def run(cmd: list[str], env: dict, timeout: float = 180, **kw) -> subprocess.Com
 
 
 def single(args: list[str], env: dict, weights: str = "auto", **kw) -> subprocess.CompletedProcess:
-    """One process's run, in the weight mode the ranks run (`auto`, the default: the kernels)."""
-    r = run(mlxcel_cmd() + args + ["--cpu-weights", weights], env, **kw)
+    """One process's run, in the weight mode the ranks run (`auto`, the default: the kernels) and
+    at the cache type they keep: float32 (a rank runs mlx-lm's layers, not the fused ones that
+    keep float16 under `auto`: models/kv_cache.py)."""
+    r = run(mlxcel_cmd() + args + ["--cpu-weights", weights, "-ctk", "f32", "-ctv", "f32"], env, **kw)
     assert r.returncode == 0, r.stderr.decode()
     return r
 

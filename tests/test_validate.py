@@ -398,9 +398,9 @@ def test_serve_takes_llama_server_command_lines(monkeypatch, no_loading, tmp_pat
         "on",
         "-cb",
         "-ctk",
-        "q8_0",
+        "f16",
         "-ctv",
-        "q8_0",
+        "f32",
         "-c",
         "256",
         "-n",
@@ -435,9 +435,8 @@ def test_serve_takes_llama_server_command_lines(monkeypatch, no_loading, tmp_pat
     assert (srv.parallel, srv.ctx_size, srv.threads, srv.kv_unified, srv.log_disable) == (2, 256, 1, True, True)
     assert seen[0].options.generation.max_tokens == 64 and seen[0].options.sampling.temp == 0.7
     assert srv.api_keys == ("a,b", "c") and srv.cors_origins == "https://x.example, https://y.example"
-    assert set(srv.ignored) == {
-        "--n-gpu-layers", "--flash-attn", "--cache-type-k", "--cache-type-v", "--batch-size", "--ubatch-size"
-    }  # fmt: skip
+    assert set(srv.ignored) == {"--n-gpu-layers", "--flash-attn", "--batch-size", "--ubatch-size"}
+    assert seen[0].options.model.cache_types == ("f16", "f32")  # -ctk/-ctv take effect (models/kv_cache.py)
     assert seen[0].draft.min_draft == 3  # --draft-min takes effect (engine/generation.py)
     warnings = seen[0].warnings
     assert "--n-gpu-layers is a llama.cpp setting that does not apply to MLX; ignored" in warnings

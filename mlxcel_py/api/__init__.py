@@ -92,6 +92,8 @@ def load(
     draft_block_size: int | None = None,
     revision: str | None = None,
     cpu_weights: str = "auto",
+    cache_type_k: str = "auto",
+    cache_type_v: str = "auto",
     suffix_cache_tokens: int | None = None,
     suffix_store: str | None = None,
     draft_tree_budget: int | None = None,
@@ -102,10 +104,18 @@ def load(
     (a small LM, an MTP head); `draft_kind`: mtp, dflash, suffix or full-model (prompt lookup needs no load:
     pass prompt_lookup=True per call). `draft_tree_budget`: the drafter's rounds verify draft trees
     of up to that many more nodes (--draft-tree-budget; greedy calls only, sampled calls verify
-    chains). Refusals are the CLI's, as MlxcelError subclasses."""
+    chains). `cache_type_k` / `cache_type_v`: the KV cache type (--cache-type-k/-v: auto, f32,
+    f16). Refusals are the CLI's, as MlxcelError subclasses."""
     opts = CommandOptions(
         command="generate",
-        model=ModelOptions(model=model, revision=revision, draft_model=draft, cpu_weights=cpu_weights),
+        model=ModelOptions(
+            model=model,
+            revision=revision,
+            draft_model=draft,
+            cpu_weights=cpu_weights,
+            cache_type_k=cache_type_k,
+            cache_type_v=cache_type_v,
+        ),
         # a one-shot prompt stands in for the calls to come (validation asks whether there is one)
         generation=PromptOptions(prompt=""),
         spec=SpecOptions(

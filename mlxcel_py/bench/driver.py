@@ -91,7 +91,11 @@ def run_bench(plan: BenchPlan, items: Sequence[WorkItem], traces: Sequence[Trace
         mopts = opts.model
         for mode in plan.weights[1:]:
             loaded_by_mode[mode] = loading.load(
-                target.resolved, dequantize=mopts.dequantize, fast_kernels=mopts.fast_kernels, cpu_weights=mode
+                target.resolved,
+                dequantize=mopts.dequantize,
+                fast_kernels=mopts.fast_kernels,
+                cpu_weights=mode,
+                cache_types=mopts.cache_types,
             )
             ui.info(f"--cpu-weights {mode}: weights {loaded_by_mode[mode].dtype}")
     weights = [(mode, m.model) for mode, m in loaded_by_mode.items()] if len(loaded_by_mode) > 1 else []

@@ -33,6 +33,8 @@ DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", "--model-
 NoBlasOpt = Annotated[bool, typer.Option("--no-blas", help="Keep MLX's bundled reference BLAS instead of loading OpenBLAS (Linux CPU).", rich_help_panel=RUNTIME)]
 NoDequantizeOpt = Annotated[bool, typer.Option("--no-dequantize", help="Keep quantized weights on the CPU instead of dequantizing to float32.", rich_help_panel=RUNTIME)]
 CpuWeightsOpt = Annotated[Optional[str], typer.Option("--cpu-weights", metavar="auto|q8|q4|f32", help="CPU weight form: the row-exact kernels with 8- or 4-bit weights, or float32 on BLAS; auto: the kernels where they built, each layer as stored (quantized layers keep their bits, float16/bfloat16/float32 layers their precision on the float kernel), else f32. bench: a comma list, each benchmarked.", rich_help_panel=RUNTIME)]
+CacheTypeKOpt = Annotated[Optional[str], typer.Option("--cache-type-k", "-ctk", metavar="auto|f32|f16", help="KV cache type for keys (llama.cpp's spelling): auto is f16 where the fused decoder layers run, else f32. A row is rounded once, when written, so speculative output still equals plain output at the same type.", rich_help_panel=RUNTIME)]
+CacheTypeVOpt = Annotated[Optional[str], typer.Option("--cache-type-v", "-ctv", metavar="auto|f32|f16", help="KV cache type for values (as --cache-type-k).", rich_help_panel=RUNTIME)]
 NoFastKernelsOpt = Annotated[bool, typer.Option("--no-fast-kernels", help="Keep mlx-lm's attention and SwiGLU (MLX's scalar exp on the CPU) instead of the vectorized-exp kernels.", rich_help_panel=RUNTIME)]
 
 PromptOpt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text; '-' reads it from stdin. Without it: interactive chat.", rich_help_panel=GEN)]
@@ -138,8 +140,6 @@ LogDisableOpt = Annotated[bool, typer.Option("--log-disable", help="No per-reque
 GpuLayersOpt = Annotated[Optional[str], typer.Option("--n-gpu-layers", "-ngl", "--gpu-layers", metavar="N", help="llama-server's GPU offload (accepted; MLX places the whole model on its device).", rich_help_panel=SERVER)]
 FlashAttnOpt = Annotated[Optional[str], typer.Option("--flash-attn", "-fa", metavar="on|off|auto", help="llama-server's flash attention switch (accepted; MLX picks its own attention kernel).", rich_help_panel=SERVER)]
 ContBatchingOpt = Annotated[bool, typer.Option("--cont-batching", "-cb", help="llama-server's continuous batching switch (accepted; batching is on whenever -np is above 1).", rich_help_panel=SERVER)]
-CacheTypeKOpt = Annotated[Optional[str], typer.Option("--cache-type-k", "-ctk", metavar="TYPE", help="llama-server's K cache type (accepted; the KV cache keeps the model's dtype).", rich_help_panel=SERVER)]
-CacheTypeVOpt = Annotated[Optional[str], typer.Option("--cache-type-v", "-ctv", metavar="TYPE", help="llama-server's V cache type (accepted; the KV cache keeps the model's dtype).", rich_help_panel=SERVER)]
 BatchSizeOpt = Annotated[Optional[int], typer.Option("--batch-size", "-b", metavar="N", help="llama-server's logical batch size (accepted; prompts are fed in chunks sized for the CPU kernels).", rich_help_panel=SERVER)]
 UbatchSizeOpt = Annotated[Optional[int], typer.Option("--ubatch-size", "-ub", metavar="N", help="llama-server's physical batch size (accepted; prompts are fed in chunks sized for the CPU kernels).", rich_help_panel=SERVER)]
 MetricsOpt = Annotated[bool, typer.Option("--metrics", help="llama-server's switch for /metrics (accepted: /metrics is always served, Prometheus text).", rich_help_panel=SERVER)]
@@ -167,6 +167,8 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             dequantize=not g("no_dequantize", False),
             fast_kernels=not g("no_fast_kernels", False),
             cpu_weights=_given(g("cpu_weights"), O.DEFAULT_CPU_WEIGHTS),
+            cache_type_k=_given(g("cache_type_k"), "auto"),
+            cache_type_v=_given(g("cache_type_v"), "auto"),
             chat_template=g("chat_template"),
             chat_template_file=g("chat_template_file"),
         ),
@@ -260,8 +262,6 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
                 for flag, name in (
                     ("--n-gpu-layers", "n_gpu_layers"),
                     ("--flash-attn", "flash_attn"),
-                    ("--cache-type-k", "cache_type_k"),
-                    ("--cache-type-v", "cache_type_v"),
                     ("--batch-size", "batch_size"),
                     ("--ubatch-size", "ubatch_size"),
                 )
@@ -313,6 +313,8 @@ RUNTIME_PARAMS = [
     _kw("no_dequantize", NoDequantizeOpt, False),
     _kw("no_fast_kernels", NoFastKernelsOpt, False),
     _kw("cpu_weights", CpuWeightsOpt, None),
+    _kw("cache_type_k", CacheTypeKOpt, None),
+    _kw("cache_type_v", CacheTypeVOpt, None),
 ]
 GENERATION_PARAMS = [
     _kw("prompt", PromptOpt, None),
@@ -400,8 +402,6 @@ SERVER_PARAMS = [
     _kw("n_gpu_layers", GpuLayersOpt, None),
     _kw("flash_attn", FlashAttnOpt, None),
     _kw("cont_batching", ContBatchingOpt, False),
-    _kw("cache_type_k", CacheTypeKOpt, None),
-    _kw("cache_type_v", CacheTypeVOpt, None),
     _kw("batch_size", BatchSizeOpt, None),
     _kw("ubatch_size", UbatchSizeOpt, None),
     _kw("metrics", MetricsOpt, False),
@@ -476,16 +476,6 @@ CHAT_SIDE = (
     + RUNTIME_PARAMS
     + DISTRIBUTED_PARAMS
 )
-
-
-def with_params(params: list[inspect.Parameter]):
-    """Give a `def cmd(**params)` function the signature Typer reads its options from."""
-
-    def deco(fn):
-        fn.__signature__ = inspect.Signature(params)
-        return fn
-
-    return deco
 
 
 def positional_model(params: list[inspect.Parameter]) -> list[inspect.Parameter]:

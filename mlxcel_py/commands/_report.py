@@ -57,6 +57,7 @@ def print_profile(st: GenerationStats, session, *, finish_reason: str | None) ->
         ("Finish reason", str(finish_reason)),
         # in full on the `loaded in` line above (with the kernels)
         ("Weights", session.target.dtype.split(" (")[0]),
+        ("KV cache", session.target.kv_summary),
         ("BLAS", session.blas.name),
     ]
     world = getattr(session, "world", None)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from ..cpu import blas
 from ..terminal import ui
-from ._options import BENCH_PARAMS, build_bench_options, build_options, with_params
+from ._options import BENCH_PARAMS, build_bench_options, build_options
+from ._signature import with_params
 
 EPILOG = (
     "Examples:\n\n"

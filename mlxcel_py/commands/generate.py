@@ -5,8 +5,9 @@ from __future__ import annotations
 from ..cpu import blas
 from ..terminal import ui
 from ..validate import validate
-from ._options import ALL_MODEL_SIDE, build_options, with_params
+from ._options import ALL_MODEL_SIDE, build_options
 from ._ranks import ranks
+from ._signature import with_params
 
 EPILOG = (
     "Examples:\n\n"

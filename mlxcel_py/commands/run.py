@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ._options import CHAT_SIDE, positional_model, with_params
+from ._options import CHAT_SIDE, positional_model
+from ._signature import with_params
 from .generate import generate_or_chat
 
 EPILOG = "Examples:\n\n  mlxcel run\n\n  mlxcel run ./my-model -p 'Hello'\n\n  mlxcel run SmolLM2-135M-Instruct-4bit  # $MLXCEL_DEFAULT_ORG/<name>"

@@ -18,8 +18,8 @@ from ._options import (
     ServeMaxTokensOpt,
     _kw,
     build_options,
-    with_params,
 )
+from ._signature import with_params
 
 EPILOG = (
     "Examples:\n\n"

@@ -23,6 +23,19 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool)
     return qmm.row_exact_attention(q, k, v, scale, causal)
 
 
+def attention_at(dtypes: tuple[mx.Dtype, mx.Dtype]):
+    """`attention` over keys and values rounded to the cache type `dtypes` (keys, values), for
+    a model whose fused layers keep float16 caches (models.decoder_layers): a forward that takes
+    mlx-lm's layer code instead (a reference run, a block the fused op does not take) reads its
+    float32 rows as the fused layers would have stored them, so both give the same bits."""
+    k_type, v_type = dtypes
+
+    def at(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool) -> mx.array:
+        return attention(q, k.astype(k_type), v.astype(v_type), scale, causal)
+
+    return at
+
+
 def swiglu(gate: mx.array, x: mx.array) -> mx.array:
     """silu(gate) * x in one vectorised op (cpu_kernels.enable_row_exact): MLX's own is several
     ops with an element-at-a-time exp on this wheel, 0.6 ms a layer at 64 rows against 0.04."""

@@ -128,7 +128,13 @@ def prepare(draft: DraftConfig, target: loading.ResolvedModel, model_options: An
 
     def load(loaded: loading.LoadedModel, say) -> Source:
         m = model_options
-        dm = loading.load(resolved, dequantize=m.dequantize, fast_kernels=m.fast_kernels, cpu_weights=m.cpu_weights)
+        dm = loading.load(
+            resolved,
+            dequantize=m.dequantize,
+            fast_kernels=m.fast_kernels,
+            cpu_weights=m.cpu_weights,
+            cache_types=m.cache_types,
+        )
         say(f"draft model: {resolved.source} ({dm.dtype})")
         return Source.of(draft, loaded, dm)
 

@@ -141,16 +141,21 @@ class List:
 _TRIM_TYPES = (KVCache, QuantizedKVCache, ConcatenateKVCache, ChunkedKVCache)
 
 
-def reserve(c: KVCache, n: int, heads: int, dim: int) -> None:
+def reserve(
+    c: KVCache, n: int, heads: int, dim: int, dtypes: tuple[mx.Dtype, mx.Dtype] = (mx.float32, mx.float32)
+) -> None:
     """Room for n more positions in a KVCache's buffers, grown as mlx-lm's update_and_fetch grows
     them (whole steps of c.step positions), for ops that write the buffers themselves (the batched
-    cache attention, the fused decoder layers); later mlx-lm writes find the layout they expect."""
+    cache attention, the fused decoder layers); later mlx-lm writes find the layout they expect.
+    A new cache's buffers take `dtypes` (keys, values: the cache type, --cache-type-k/-v); a cache
+    that holds rows keeps the type they were written in."""
     prev = c.offset
     if c.keys is not None and prev + n <= c.keys.shape[2]:
         return
     steps = (c.step + n - 1) // c.step
-    new_k = mx.zeros((1, heads, steps * c.step, dim), mx.float32)
-    new_v = mx.zeros((1, heads, steps * c.step, dim), mx.float32)
+    k_type, v_type = dtypes if c.keys is None else (c.keys.dtype, c.values.dtype)
+    new_k = mx.zeros((1, heads, steps * c.step, dim), k_type)
+    new_v = mx.zeros((1, heads, steps * c.step, dim), v_type)
     if c.keys is None:
         c.keys, c.values = new_k, new_v
         return

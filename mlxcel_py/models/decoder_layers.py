@@ -23,6 +23,12 @@ How: the text model's class is swapped, on this one object, for a subclass whose
 the fused forward first (stock mlx-lm models in the same process are untouched). The KV buffers
 stay mlx-lm's KVCache objects (keys, values, offset), grown as mlx-lm grows them, so trims,
 rollbacks, prompt caches and later mlx-lm calls see what they expect.
+
+Cache type (--cache-type-k / --cache-type-v): the buffers a fused layer allocates hold float16
+keys and values by default (`auto`), or float32. A row is rounded once, when the op writes it, and
+the attention widens what it reads, so every later read of a row sees the same bits: verify rows
+still equal decode steps, at the chosen type. A step at a long context reads the cache more than
+the weights (6k tokens: ~280 MB of float32 against 92 MB), so half the bytes is most of a step.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ LINEARS = (
 )
 
 _FUSED: dict[int, list] = {}  # id(text model) -> its layers' ops
+_GEOMETRY: dict[int, list] = {}  # id(text model) -> its layers' ops, kept while `unfused` (cache types)
 _CLASSES: dict[type, type] = {}
 
 
@@ -104,14 +111,19 @@ def why_not(model: Any) -> str | None:
     return None
 
 
+KV_DTYPES = {"f32": mx.float32, "f16": mx.float16}  # options.CACHE_TYPES
+AUTO_CACHE_TYPE = "f16"  # what `auto` means where the fused layers run
+
+
 @dataclass(frozen=True)
 class _Layer:
     op: Any  # _qmm.DecoderLayer
     kv_heads: int
     head_dim: int
+    kv_dtypes: tuple[mx.Dtype, mx.Dtype] = (mx.float32, mx.float32)  # new buffers: keys, values
 
 
-def _layer_op(qmm: Any, layer: Any, qwen3: bool) -> _Layer:
+def _layer_op(qmm: Any, layer: Any, qwen3: bool, kv_dtypes: tuple[mx.Dtype, mx.Dtype]) -> _Layer:
     attn = layer.self_attn
     mods = [getattr(getattr(layer, part), name) for part, name in LINEARS]
     rope = attn.rope
@@ -139,22 +151,31 @@ def _layer_op(qmm: Any, layer: Any, qwen3: bool) -> _Layer:
         float(rope.scale),
         float(attn.scale),
     )
-    return _Layer(op, n_kv, head_dim)
+    return _Layer(op, n_kv, head_dim, kv_dtypes)
 
 
-def install(model: Any) -> int:
-    """Fuse `model`'s decoder layers where `why_not` allows; returns how many (0: none).
-    MLXCEL_NO_FUSED_LAYERS=1 keeps mlx-lm's layer code (for A/B runs)."""
+def cache_dtypes(cache_types: tuple[str, str]) -> tuple[mx.Dtype, mx.Dtype]:
+    """The buffers' dtypes for (--cache-type-k, --cache-type-v), `auto` resolved."""
+    k, v = (AUTO_CACHE_TYPE if t == "auto" else t for t in cache_types)
+    return KV_DTYPES[k], KV_DTYPES[v]
+
+
+def install(model: Any, cache_types: tuple[str, str] = ("auto", "auto")) -> int:
+    """Fuse `model`'s decoder layers where `why_not` allows; returns how many (0: none). Caches
+    they start hold `cache_types` (keys, values). MLXCEL_NO_FUSED_LAYERS=1 keeps mlx-lm's layer
+    code (for A/B runs)."""
     if os.environ.get("MLXCEL_NO_FUSED_LAYERS") or why_not(model) is not None:
         return 0
     qmm, _ = cpu_extension.kernel_status()
     _, inner = text_model(model)
     qwen3 = model_type(model) == "qwen3"
-    ops = [_layer_op(qmm, layer, qwen3) for layer in inner.layers]
+    dtypes = cache_dtypes(cache_types)
+    ops = [_layer_op(qmm, layer, qwen3, dtypes) for layer in inner.layers]
     key = id(inner)
     if key not in _FUSED:
         weakref.finalize(inner, _FUSED.pop, key, None)
-    _FUSED[key] = ops
+        weakref.finalize(inner, _GEOMETRY.pop, key, None)
+    _FUSED[key] = _GEOMETRY[key] = ops
     base = type(inner)
     if base not in _CLASSES:
         _CLASSES[base] = type(f"Fused{base.__name__}", (base,), {"__call__": _call, "_mlxcel_base": base})
@@ -175,6 +196,14 @@ def unfused(model: Any) -> Iterator[None]:
             _FUSED[id(inner)] = ops
 
 
+def fused_layers(model: Any) -> list:
+    """`model`'s fused layer ops (kv heads, head dim, cache dtypes), or [] (also for models
+    without a text model of the usual shape: Mamba, RWKV...)."""
+    lm = getattr(model, "language_model", model)
+    inner = getattr(lm, "model", None)
+    return _FUSED.get(id(inner), []) if inner is not None else []
+
+
 def fused(model: Any) -> bool:
     """Whether `model`'s forwards go through the fused layers (where a call allows it)."""
     _, inner = text_model(model)
@@ -185,6 +214,7 @@ def _call(self, inputs, cache=None, input_embeddings=None, **kwargs):
     ops = _FUSED.get(id(self))
     plan = _plan(inputs, cache, input_embeddings, kwargs, len(ops)) if ops is not None else None
     if plan is None:
+        _reserve_at_cache_type(_GEOMETRY.get(id(self)), inputs, cache, input_embeddings)
         return self._mlxcel_base.__call__(self, inputs, cache=cache, input_embeddings=input_embeddings, **kwargs)
     seq, pos, tree = plan
     # draft-tree rows (engine.tree): written at their slots, attending their prefix and tail
@@ -194,7 +224,7 @@ def _call(self, inputs, cache=None, input_embeddings=None, **kwargs):
     for i, (layer, c) in enumerate(zip(ops, cache)):
         groups, ends = _sequences(c, len(seq))
         for kv, end in zip(groups, ends):
-            cache_kinds.reserve(kv, end - kv.offset, layer.kv_heads, layer.head_dim)
+            cache_kinds.reserve(kv, end - kv.offset, layer.kv_heads, layer.head_dim, layer.kv_dtypes)
         out = layer.op(h, [kv.keys for kv in groups], [kv.values for kv in groups], seq, pos, **rows)
         h = out[0]
         if recorder is not None:
@@ -203,6 +233,19 @@ def _call(self, inputs, cache=None, input_embeddings=None, **kwargs):
         for s, (kv, end) in enumerate(zip(groups, ends)):
             kv.keys, kv.values, kv.offset = out[1 + s], out[1 + n + s], end
     return self.norm(h)
+
+
+def _reserve_at_cache_type(ops: list | None, inputs, cache, input_embeddings) -> None:
+    """Before mlx-lm's layer code writes plain caches (a block wider than the op takes, input
+    embeddings, `unfused`): room for its rows at the cache type, so its writes round to that type
+    (MLX's astype, the op's rounding) and the cache keeps one type whichever code wrote a row."""
+    rows = input_embeddings if input_embeddings is not None else inputs
+    if ops is None or cache is None or len(cache) != len(ops) or rows.ndim < 2 or rows.shape[0] != 1:
+        return
+    if not all(type(c) is KVCache for c in cache) or ops[0].kv_dtypes == (mx.float32, mx.float32):
+        return
+    for layer, kv in zip(ops, cache):
+        cache_kinds.reserve(kv, rows.shape[1], layer.kv_heads, layer.head_dim, layer.kv_dtypes)
 
 
 def _plan(inputs, cache, input_embeddings, kwargs, n_layers: int) -> tuple[list[int], list[int], Any] | None:

@@ -54,6 +54,15 @@ class LoadedModel:
     load_seconds: float
     kernels: str  # what computes attention and SwiGLU (cpu_kernels.enable)
     weights: WeightsReport | None = None  # on the CPU (None: weights as stored)
+    kv_cache: str = "f32 keys, f32 values"  # the KV cache type in use (--cache-type-k/-v)
+    kv_bytes_per_token: int = 0  # the cache's bytes a token over every layer (0: not known)
+    kv_note: str | None = None  # why an explicit cache type could not apply (models.kv_cache)
+
+    @property
+    def kv_summary(self) -> str:
+        """The KV cache type and its size, for --verbose and --profile."""
+        size = f", {self.kv_bytes_per_token:,} bytes a token" if self.kv_bytes_per_token else ""
+        return self.kv_cache + size
 
     @property
     def config(self) -> dict:
@@ -268,6 +277,7 @@ def load(
     fast_kernels: bool = True,
     cpu_weights: str = "auto",
     world: Any = None,
+    cache_types: tuple[str, str] = ("auto", "auto"),
 ) -> LoadedModel:
     """Read weights and tokenizer of a resolved model (`world`: only this rank's part of them)."""
     import mlx.core as mx
@@ -296,6 +306,12 @@ def load(
         kernels += "; row-exact attention, SwiGLU" + ("; rope" if cw_row_ops.patch_rope(model) else "")
         from . import decoder_layers
 
-        if fused := decoder_layers.install(model):
+        if fused := decoder_layers.install(model, cache_types):
             kernels += f"; {fused} fused decoder layers"
-    return LoadedModel(model, tokenizer, resolved, dtype, time.perf_counter() - start, kernels, weights)
+            kv = decoder_layers.cache_dtypes(cache_types)
+            if kv != (mx.float32, mx.float32):  # mlx-lm's layer code reads what the fused layers store
+                cpu_kernels.enable_row_exact(model, cw_row_ops.attention_at(kv), cw_row_ops.swiglu)
+    from . import kv_cache
+
+    loaded = LoadedModel(model, tokenizer, resolved, dtype, time.perf_counter() - start, kernels, weights)
+    return kv_cache.describe(loaded, cache_types)
