@@ -107,6 +107,7 @@ def test_post_sampling_probs_are_the_samplers_distribution(small_server):
         assert tok["prob"] == 1.0 and "logprob" not in tok and len(tok["top_probs"]) == 5
         assert [p["prob"] for p in tok["top_probs"]] == [1.0, 0.0, 0.0, 0.0, 0.0]
         assert tok["top_probs"][0]["id"] == tok["id"]
+    r_greedy = r["completion_probabilities"]
     status, r = post(
         small_server + "/completion", {**body, "temperature": 1.0, "top_k": 3, "top_p": 1.0, "min_p": 0, "seed": 3}
     )
@@ -114,5 +115,8 @@ def test_post_sampling_probs_are_the_samplers_distribution(small_server):
     for tok in r["completion_probabilities"]:
         probs = [p["prob"] for p in tok["top_probs"]]
         assert sum(p > 0 for p in probs) == 3 and abs(sum(probs) - 1) < 1e-4 and tok["prob"] in probs
+    greedy_ids = [[p["id"] for p in tok["top_probs"]] for tok in r_greedy]
     status, plain = post(small_server + "/completion", {**body, "temperature": 0, "post_sampling_probs": False})
     assert "logprob" in plain["completion_probabilities"][0] and plain["completion_probabilities"][0]["logprob"] < 0
+    # the sampler's zeros rank as the model ranks them (llama-server), not by token id
+    assert greedy_ids == [[p["id"] for p in tok["top_logprobs"]] for tok in plain["completion_probabilities"]]

@@ -75,12 +75,24 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
-def token_logprobs(rows: mx.array, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
+def token_logprobs(
+    rows: mx.array, tokens: Sequence[int], top: int, tiebreak: mx.array | None = None
+) -> list[TokenLogprob]:
+    """Each token's log-probability under `rows` and the `top` most likely tokens. `tiebreak`
+    (the model's own logits, for a sampler's distribution): tokens of equal probability, the
+    sampler's zeros above all, rank by it, as llama-server lists them (not by token id)."""
     lp = rows.astype(mx.float32)
     lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
     chosen = mx.take_along_axis(lp, mx.array(list(tokens), dtype=mx.int32)[:, None], axis=-1)[:, 0].tolist()
     best: list = [[] for _ in tokens]
-    if top:
+    if top and tiebreak is not None:
+        import numpy as np
+
+        first, then = np.array(-lp), np.array(-tiebreak.astype(mx.float32))
+        order = mx.array(np.stack([np.lexsort((then[r], first[r]))[:top] for r in range(first.shape[0])]))
+        vals = mx.take_along_axis(lp, order, axis=-1)
+        best = [list(zip(o, v)) for o, v in zip(order.tolist(), vals.tolist())]
+    elif top:
         order = mx.argsort(-lp, axis=-1)[:, :top]
         vals = mx.take_along_axis(lp, order, axis=-1)
         best = [list(zip(o, v)) for o, v in zip(order.tolist(), vals.tolist())]
@@ -443,9 +455,11 @@ class RoundLoop:
         st, history = self.stats, d.history
         # the rows that chose each token: in a verify round the same ones plain decoding computes
         req = self.request
+        raw = None
         if req.logprobs is not None and req.post_sampling:  # the sampler's distribution, not the model's
-            rows = d.decider.sampled_logprobs(rows[: len(new)], history, [history[-1], *new])
-        lps = token_logprobs(rows, new, req.logprobs) if req.logprobs is not None else None
+            raw = rows[: len(new)]
+            rows = d.decider.sampled_logprobs(raw, history, [history[-1], *new])
+        lps = token_logprobs(rows, new, req.logprobs, raw) if req.logprobs is not None else None
         for i, tok in enumerate(new):
             if tok in d.eos and d.emitted >= req.min_tokens:
                 self.finish_reason = "stop"
