@@ -5,8 +5,11 @@
 // FMAs over D in order, then one fixed 16-lane sum, 16 keys' sums at a time), m = max s_j,
 // p_j = exp(s_j - m) with a vectorised Cephes polynomial (16 keys at a time, the last group
 // masked), l = the 16-lane sum of p, out = (sum_j p_j v_j, key j into accumulator set j % SETS,
-// the sets added in a fixed order) / l. Nothing depends on L, on the row's place in the block,
-// on which queries go through together or on the threads, which split the queries by their keys.
+// the sets added in a fixed order) / l. A row with more than KEY_CHUNK visible keys does that per
+// chunk of KEY_CHUNK keys and merges the chunks in order (merge()). Nothing depends on L, on the
+// row's place in the block, on which queries go through together or on the threads, which split
+// the queries by their keys and long queries by their key chunks. Keys and values are float32 or
+// float16 (KvType: widened exactly as they are loaded).
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -107,52 +110,76 @@ inline void row(const AttentionArgs& a, const float* q, const TK* k, const TV* v
   else one_row(a, q, k, v, out, vis, base, tail, s);
 }
 
+// Keys a query reads in one pass, at most (a multiple of 16). A query with more visible keys is
+// computed in chunks of KEY_CHUNK keys (keys 0..KEY_CHUNK-1, then the next KEY_CHUNK...), each
+// with its own max, exp sum and weighted values, merged in chunk order (merge()): the chunks are
+// a function of the visible keys alone, so a row's bits do not depend on its block, its place in
+// it or the threads, and the threads can split one long query's keys instead of only whole KV
+// heads (3 KV heads on 2 threads left one thread idle a third of the time at long contexts).
+constexpr int KEY_CHUNK = 1024;
+
+inline int chunks_of(int vis) { return std::max(1, (vis + KEY_CHUNK - 1) / KEY_CHUNK); }
+
 struct Query {
   const float* q;
   float* out;
   int vis;
   int base;                    // keys 0..base-1 are the buffer's rows 0..base-1 (== vis: all of them)
   const int* tail = nullptr;   // then buffer rows tail[0..vis-base-1] (tree rows; key_at)
+  int id = 0;                  // its partial results' place (Partials)
+};
+
+// Per query and chunk: the chunk's max score, its exp sum and its unnormalized weighted values
+// (D floats), [m, l, acc...] at (id * chunks + c) * stride
+struct Partials {
+  float* p = nullptr;
+  int chunks = 1, stride = 0;
+  float* at(int id, int c) const { return p + (static_cast<int64_t>(id) * chunks + c) * stride; }
 };
 
 struct Scratch {
-  std::vector<float> s, acc, inv;
+  std::vector<float> s, acc, m, l;
   std::vector<Query> queries;
 };
 
-// Every query of one KV head at once (the heads that share it, the rows of a block): keys and
-// values pass through 16 at a time for all the queries while they sit in L1, instead of once per
-// query from L2. Each query's arithmetic is exactly one_row_fixed's (the same hsum16 groups of
-// 16 keys, the same max, the same exp and sum, key j into value set j % SETS in key order, the
-// sets added in the same order): only the loops are interchanged, so results are bit-identical.
-// GATHER: some query sees listed rows after its prefix (tree rows, key_at); the keys each query
-// reads, and their order, are then its own, with the same arithmetic over them.
+// Every query of one KV head at once (the heads that share it, the rows of a block), over the keys
+// of chunk c: keys and values pass through 16 at a time for all the queries while they sit in L1,
+// instead of once per query from L2. Each query's arithmetic is fixed by its own keys (the same
+// hsum16 groups of 16 keys, the same max, the same exp and sum, key j into value set j % SETS in
+// key order, the sets added in the same order); which queries go through together only
+// interchanges loops. GATHER: some query sees listed rows after its prefix (tree rows, key_at);
+// the keys each query reads, and their order, are then its own, with the same arithmetic over them.
 template <int NC, bool GATHER, typename TK, typename TV>
-void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64_t vs, float scale, Scratch& sc) {
+void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64_t vs, float scale, int c,
+             const Partials& parts, Scratch& sc) {
   constexpr int SETS = NC <= 4 ? 4 : 2;
   constexpr int ACC = SETS * NC * 16;  // floats of one query's value accumulators
+  const int lo = c * KEY_CHUNK;        // this chunk's first key
+  const auto count = [&](int t) { return std::max(0, std::min(KEY_CHUNK, qs[t].vis - lo)); };
   int maxvis = 0;
-  for (int t = 0; t < n; ++t) maxvis = std::max(maxvis, qs[t].vis);
+  for (int t = 0; t < n; ++t) maxvis = std::max(maxvis, count(t));
   const size_t stride = static_cast<size_t>(maxvis + 15) / 16 * 16;
   sc.s.resize(stride * n);
-  sc.inv.resize(n);
+  sc.m.resize(n);
+  sc.l.resize(n);
   sc.acc.assign(static_cast<size_t>(ACC) * n, 0.0f);
   const vf scl = set1(scale);
   for (int j0 = 0; j0 < maxvis; j0 += 16) {  // scores
     for (int t = 0; t < n; ++t) {
-      const int left = qs[t].vis - j0;
+      const int left = count(t) - j0;
       if (left <= 0) continue;
       const int cnt = std::min(16, left);
       vf qv[NC], acc[16];
 #pragma GCC unroll 8
-      for (int c = 0; c < NC; ++c) qv[c] = load(qs[t].q + 16 * c);
+      for (int cc = 0; cc < NC; ++cc) qv[cc] = load(qs[t].q + 16 * cc);
 #pragma GCC unroll 16
       for (int jj = 0; jj < 16; ++jj) {
         if (jj < cnt) {
-          const TK* kr = k + (GATHER ? key_at(j0 + jj, qs[t].base, qs[t].tail) : j0 + jj) * ks;
+          const int j = lo + j0 + jj;
+          const TK* kr = k + (GATHER ? key_at(j, qs[t].base, qs[t].tail) : j) * ks;
           vf x = mul(qv[0], load_kv(kr));
 #pragma GCC unroll 8
-          for (int c = 1; c < NC; ++c) x = fmadd(qv[c], load_kv(kr + 16 * c), x);
+          for (int cc = 1; cc < NC; ++cc) x = fmadd(qv[cc], load_kv(kr + 16 * cc), x);
           acc[jj] = x;
         } else {
           acc[jj] = zero();
@@ -161,16 +188,17 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
       store_n(sc.s.data() + stride * t + j0, mul(hsum16(acc), scl), cnt);
     }
   }
-  for (int t = 0; t < n; ++t) {  // softmax
+  for (int t = 0; t < n; ++t) {  // softmax (unnormalized: merge() divides)
     float* sp = sc.s.data() + stride * t;
-    const int vis = qs[t].vis;
+    const int vis = count(t);
     vf mv = set1(-INFINITY);
     for (int j = 0; j < vis; j += 16) mv = max_n(mv, load_n(sp + j, vis - j), vis - j);
-    sc.inv[t] = 1.0f / softmax_in_place(sp, vis, reduce_max(mv));
+    sc.m[t] = reduce_max(mv);
+    sc.l[t] = vis > 0 ? softmax_in_place(sp, vis, sc.m[t]) : 0.0f;
   }
   for (int j0 = 0; j0 < maxvis; j0 += 16) {  // weighted values
     for (int t = 0; t < n; ++t) {
-      const int left = qs[t].vis - j0;
+      const int left = count(t) - j0;
       if (left <= 0) continue;
       const int cnt = std::min(16, left);
       const float* sp = sc.s.data() + stride * t + j0;
@@ -179,14 +207,15 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
 #pragma GCC unroll 4
       for (int e = 0; e < SETS; ++e)
 #pragma GCC unroll 8
-        for (int c = 0; c < NC; ++c) acc[e][c] = load(ap + (e * NC + c) * 16);
+        for (int cc = 0; cc < NC; ++cc) acc[e][cc] = load(ap + (e * NC + cc) * 16);
       if (cnt == 16) {
 #pragma GCC unroll 16
         for (int jj = 0; jj < 16; ++jj) {
           const vf p = set1(sp[jj]);
-          const TV* vr = v + (GATHER ? key_at(j0 + jj, qs[t].base, qs[t].tail) : j0 + jj) * vs;
+          const int j = lo + j0 + jj;
+          const TV* vr = v + (GATHER ? key_at(j, qs[t].base, qs[t].tail) : j) * vs;
 #pragma GCC unroll 8
-          for (int c = 0; c < NC; ++c) acc[jj % SETS][c] = fmadd(p, load_kv(vr + 16 * c), acc[jj % SETS][c]);
+          for (int cc = 0; cc < NC; ++cc) acc[jj % SETS][cc] = fmadd(p, load_kv(vr + 16 * cc), acc[jj % SETS][cc]);
         }
       } else {
         for (int jj = 0; jj < cnt; jj += SETS) {
@@ -194,63 +223,97 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
           for (int e = 0; e < SETS; ++e) {
             if (jj + e >= cnt) break;
             const vf p = set1(sp[jj + e]);
-            const TV* vr = v + (GATHER ? key_at(j0 + jj + e, qs[t].base, qs[t].tail) : j0 + jj + e) * vs;
+            const int j = lo + j0 + jj + e;
+            const TV* vr = v + (GATHER ? key_at(j, qs[t].base, qs[t].tail) : j) * vs;
 #pragma GCC unroll 8
-            for (int c = 0; c < NC; ++c) acc[e][c] = fmadd(p, load_kv(vr + 16 * c), acc[e][c]);
+            for (int cc = 0; cc < NC; ++cc) acc[e][cc] = fmadd(p, load_kv(vr + 16 * cc), acc[e][cc]);
           }
         }
       }
 #pragma GCC unroll 4
       for (int e = 0; e < SETS; ++e)
 #pragma GCC unroll 8
-        for (int c = 0; c < NC; ++c) store(ap + (e * NC + c) * 16, acc[e][c]);
+        for (int cc = 0; cc < NC; ++cc) store(ap + (e * NC + cc) * 16, acc[e][cc]);
     }
   }
   for (int t = 0; t < n; ++t) {
+    if (count(t) == 0) continue;  // no key of this chunk (or none at all: merge() writes zeros)
+    float* out = parts.at(qs[t].id, c);
+    out[0] = sc.m[t];
+    out[1] = sc.l[t];
     const float* ap = sc.acc.data() + static_cast<size_t>(ACC) * t;
-    const vf iv = set1(sc.inv[t]);
-    if (qs[t].vis == 0) {  // no key to attend to (never in a causal block; kept well-defined)
-      std::fill(qs[t].out, qs[t].out + 16 * NC, 0.0f);
-      continue;
-    }
 #pragma GCC unroll 8
-    for (int c = 0; c < NC; ++c) {
-      vf x = add(load(ap + c * 16), load(ap + (NC + c) * 16));
-      if constexpr (SETS == 4) x = add(x, add(load(ap + (2 * NC + c) * 16), load(ap + (3 * NC + c) * 16)));
-      store(qs[t].out + 16 * c, mul(x, iv));
+    for (int cc = 0; cc < NC; ++cc) {
+      vf x = add(load(ap + cc * 16), load(ap + (NC + cc) * 16));
+      if constexpr (SETS == 4) x = add(x, add(load(ap + (2 * NC + cc) * 16), load(ap + (3 * NC + cc) * 16)));
+      store(out + 2 + 16 * cc, x);
     }
   }
 }
 
-// the queries of one KV head, by head dimension (other widths: one row at a time)
+// A query's output from its chunks (kv_unit), in chunk order: one chunk is acc / l, as a single
+// pass gives; several are rescaled to their common max, w_c = exp(m_c - m), and summed in order:
+// out = (sum_c w_c acc_c) / (sum_c w_c l_c)
+void merge(const Query& q, const Partials& parts, int D) {
+  if (q.vis == 0) {  // no key to attend to (never in a causal block; kept well-defined)
+    std::fill(q.out, q.out + D, 0.0f);
+    return;
+  }
+  const int n = chunks_of(q.vis);
+  if (n == 1) {
+    const float* p = parts.at(q.id, 0);
+    const vf iv = set1(1.0f / p[1]);
+    for (int d = 0; d < D; d += 16) store(q.out + d, mul(load(p + 2 + d), iv));
+    return;
+  }
+  float m = -INFINITY;
+  for (int c = 0; c < n; ++c) m = std::max(m, parts.at(q.id, c)[0]);
+  vf lsum = zero();
+  for (int d = 0; d < D; d += 16) store(q.out + d, zero());
+  for (int c = 0; c < n; ++c) {
+    const float* p = parts.at(q.id, c);
+    const vf w = exp_le0(set1(p[0] - m));  // the same exp for every lane
+    lsum = fmadd(w, set1(p[1]), lsum);
+    for (int d = 0; d < D; d += 16) store(q.out + d, fmadd(w, load(p + 2 + d), load(q.out + d)));
+  }
+  const vf iv = set1(1.0f / lane0(lsum));
+  for (int d = 0; d < D; d += 16) store(q.out + d, mul(load(q.out + d), iv));
+}
+
+inline bool chunked(int D) { return D == 64 || D == 128 || D == 32; }
+
+// the queries of one KV head over the keys of chunk c, by head dimension (other widths: one row at
+// a time over all its keys, in chunk 0's call)
 template <typename TK, typename TV>
-void unit_of(const AttentionArgs& a, const Query* qs, int n, const TK* k, const TV* v, Scratch& sc) {
+void unit_of(const AttentionArgs& a, const Query* qs, int n, const TK* k, const TV* v, int c, const Partials& parts,
+             Scratch& sc) {
   const int64_t ks = a.k_strides[2], vs = a.v_strides[2];
-  if (n > QUERY_GROUP && (a.D == 64 || a.D == 128 || a.D == 32)) {
-    for (int i = 0; i < n; i += QUERY_GROUP) unit_of(a, qs + i, std::min(QUERY_GROUP, n - i), k, v, sc);
+  if (n > QUERY_GROUP && chunked(a.D)) {
+    for (int i = 0; i < n; i += QUERY_GROUP) unit_of(a, qs + i, std::min(QUERY_GROUP, n - i), k, v, c, parts, sc);
     return;
   }
   bool gather = false;
   for (int t = 0; t < n; ++t) gather = gather || qs[t].tail != nullptr;
   if (gather) {
-    if (a.D == 64) return kv_unit<4, true>(qs, n, k, v, ks, vs, a.scale, sc);
-    if (a.D == 128) return kv_unit<8, true>(qs, n, k, v, ks, vs, a.scale, sc);
-    if (a.D == 32) return kv_unit<2, true>(qs, n, k, v, ks, vs, a.scale, sc);
+    if (a.D == 64) return kv_unit<4, true>(qs, n, k, v, ks, vs, a.scale, c, parts, sc);
+    if (a.D == 128) return kv_unit<8, true>(qs, n, k, v, ks, vs, a.scale, c, parts, sc);
+    if (a.D == 32) return kv_unit<2, true>(qs, n, k, v, ks, vs, a.scale, c, parts, sc);
   } else {
-    if (a.D == 64) return kv_unit<4, false>(qs, n, k, v, ks, vs, a.scale, sc);
-    if (a.D == 128) return kv_unit<8, false>(qs, n, k, v, ks, vs, a.scale, sc);
-    if (a.D == 32) return kv_unit<2, false>(qs, n, k, v, ks, vs, a.scale, sc);
+    if (a.D == 64) return kv_unit<4, false>(qs, n, k, v, ks, vs, a.scale, c, parts, sc);
+    if (a.D == 128) return kv_unit<8, false>(qs, n, k, v, ks, vs, a.scale, c, parts, sc);
+    if (a.D == 32) return kv_unit<2, false>(qs, n, k, v, ks, vs, a.scale, c, parts, sc);
   }
   for (int t = 0; t < n; ++t) row(a, qs[t].q, k, v, qs[t].out, qs[t].vis, qs[t].base, qs[t].tail, sc.s);
 }
 
 // the same code for each pair of stored types (a float16 row is widened where it is loaded)
-void unit(const AttentionArgs& a, const Query* qs, int n, const void* k, const void* v, Scratch& sc) {
+void unit(const AttentionArgs& a, const Query* qs, int n, const void* k, const void* v, int c, const Partials& parts,
+          Scratch& sc) {
   const bool kh = a.kt == KvType::f16, vh = a.vt == KvType::f16;
-  if (kh && vh) return unit_of(a, qs, n, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), sc);
-  if (kh) return unit_of(a, qs, n, static_cast<const uint16_t*>(k), static_cast<const float*>(v), sc);
-  if (vh) return unit_of(a, qs, n, static_cast<const float*>(k), static_cast<const uint16_t*>(v), sc);
-  unit_of(a, qs, n, static_cast<const float*>(k), static_cast<const float*>(v), sc);
+  if (kh && vh) return unit_of(a, qs, n, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), c, parts, sc);
+  if (kh) return unit_of(a, qs, n, static_cast<const uint16_t*>(k), static_cast<const float*>(v), c, parts, sc);
+  if (vh) return unit_of(a, qs, n, static_cast<const float*>(k), static_cast<const uint16_t*>(v), c, parts, sc);
+  unit_of(a, qs, n, static_cast<const float*>(k), static_cast<const float*>(v), c, parts, sc);
 }
 
 // One KV head's queries, or a part of them (a query's result never depends on the others).
@@ -260,64 +323,98 @@ struct Item {
   std::vector<Query> queries;
 };
 
-// The work of a query: its visible keys, plus a fixed cost (its own loads, sums and stores).
-inline double query_work(const Query& q) { return q.vis + 16.0; }
+// The work of a query over chunk c: its visible keys there, plus a fixed cost (its own loads,
+// sums and stores).
+inline double query_work(const Query& q, int c) {
+  const int keys = std::max(0, std::min(KEY_CHUNK, q.vis - c * KEY_CHUNK));
+  return keys > 0 || c == 0 ? keys + 16.0 : 0.0;
+}
 
-// Items split over the threads when the work pays for the hand-off. Threads get contiguous ranges
-// of equal work (visible keys), not of equal query counts: a prompt chunk's rows see few keys
-// each, a decode row many. An item bigger than a thread's fair share is cut into parts of whole
-// queries first, so one long prompt chunk does not leave the other thread idle.
+// Items split over the threads when the work pays for the hand-off. An item bigger than a
+// thread's fair share is cut into parts of whole queries first (a prompt chunk's rows see few
+// keys each), then every part into tasks of one key chunk each (a decode row sees many): threads
+// get contiguous ranges of tasks of equal work. Chunk results are merged per query at the end.
 void run_items(const AttentionArgs& a, std::vector<Item>& items, double work, int threads) {
   threads = std::max(1, std::min(threads, static_cast<int>(work / 1.0e5)));
+  const bool by_chunk = chunked(a.D);
+  int max_chunks = 1, nq = 0;
+  for (auto& it : items)
+    for (auto& q : it.queries) {
+      q.id = nq++;
+      if (by_chunk) max_chunks = std::max(max_chunks, chunks_of(q.vis));
+    }
   std::vector<double> item_work(items.size(), 0.0);
   double total = 0;
   for (size_t i = 0; i < items.size(); ++i) {
-    for (auto& q : items[i].queries) item_work[i] += query_work(q);
+    for (auto& q : items[i].queries) item_work[i] += q.vis + 16.0;
     total += item_work[i];
   }
   const double cap = total / (2 * threads);
   if (threads > 1 && *std::max_element(item_work.begin(), item_work.end()) > cap) {
     std::vector<Item> parts;
-    std::vector<double> part_work;
     for (auto& it : items) {
       double w = 0;
       size_t from = 0;
       for (size_t i = 0; i < it.queries.size(); ++i) {
-        w += query_work(it.queries[i]);
+        w += it.queries[i].vis + 16.0;
         if ((w >= cap && i + 1 < it.queries.size()) || i + 1 == it.queries.size()) {
           parts.push_back({it.k, it.v, std::vector<Query>(it.queries.begin() + from, it.queries.begin() + i + 1)});
-          part_work.push_back(w);
           from = i + 1;
           w = 0;
         }
       }
     }
     items.swap(parts);
-    item_work.swap(part_work);
   }
-  const int count = static_cast<int>(items.size());
-  threads = std::min(threads, count);
-  auto run = [&](int i0, int i1) {
-    Scratch sc;
-    for (int i = i0; i < i1; ++i)
-      unit(a, items[i].queries.data(), static_cast<int>(items[i].queries.size()), items[i].k, items[i].v, sc);
+  struct Task {
+    int item, chunk;
+    double work;
   };
+  std::vector<Task> tasks;
+  for (size_t i = 0; i < items.size(); ++i)
+    for (int c = 0; c < (by_chunk ? max_chunks : 1); ++c) {
+      double w = 0;
+      for (auto& q : items[i].queries) w += query_work(q, c);
+      if (w > 0) tasks.push_back({static_cast<int>(i), c, w});
+    }
+  std::vector<float> store;
+  Partials parts;
+  if (by_chunk) {
+    parts.chunks = max_chunks;
+    parts.stride = a.D + 2;
+    store.resize(static_cast<size_t>(nq) * max_chunks * parts.stride);
+    parts.p = store.data();
+  }
+  auto run = [&](int t0, int t1) {
+    Scratch sc;
+    for (int t = t0; t < t1; ++t) {
+      const Item& it = items[tasks[t].item];
+      unit(a, it.queries.data(), static_cast<int>(it.queries.size()), it.k, it.v, tasks[t].chunk, parts, sc);
+    }
+  };
+  const int count = static_cast<int>(tasks.size());
+  threads = std::min(threads, count);
   if (threads <= 1) {
     run(0, count);
-    return;
+  } else {
+    // a few ranges of equal work a thread: the threads take them in turn (thread_pool.h), so a
+    // thread the scheduler runs late leaves its ranges to the others
+    double sum = 0;
+    for (auto& t : tasks) sum += t.work;
+    const int nparts = std::min(count, 4 * threads);
+    std::vector<int> bounds(nparts + 1, count);
+    bounds[0] = 0;
+    double acc = 0;
+    int b = 1;
+    for (int i = 0; i < count && b < nparts; ++i) {
+      acc += tasks[i].work;
+      while (b < nparts && acc * nparts >= sum * b) bounds[b++] = i + 1;
+    }
+    ThreadPool::instance().run(nparts, threads, [&](int p) { run(bounds[p], bounds[p + 1]); });
   }
-  // a few ranges of equal work a thread: the threads take them in turn (thread_pool.h), so a
-  // thread the scheduler runs late leaves its ranges to the others
-  const int parts = std::min(count, 4 * threads);
-  std::vector<int> bounds(parts + 1, count);
-  bounds[0] = 0;
-  double acc = 0;
-  int t = 1;
-  for (int i = 0; i < count && t < parts; ++i) {
-    acc += item_work[i];
-    while (t < parts && acc * parts >= total * t) bounds[t++] = i + 1;
-  }
-  ThreadPool::instance().run(parts, threads, [&](int p) { run(bounds[p], bounds[p + 1]); });
+  if (by_chunk)
+    for (auto& it : items)
+      for (auto& q : it.queries) merge(q, parts, a.D);
 }
 
 }  // namespace

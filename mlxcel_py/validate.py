@@ -179,11 +179,12 @@ def validate(opts: CommandOptions) -> RunConfig:
         _server(opts)
     grammar = flag_texts.grammar(opts)
     template = flag_texts.chat_template(opts)
+    opts, cache_notes = _cache_types(opts)
     run = _validate(opts)
     run = replace(run, draft=with_trees(opts, run.draft, grammar))
     if opts.spec.draft_min:
         run = replace(run, draft=replace(run.draft, min_draft=opts.spec.draft_min))
-    notes = _server_notes(opts) if opts.command == "serve" else ()
+    notes = cache_notes + (_server_notes(opts) if opts.command == "serve" else ())
     notes += _tree_notes(opts, run.draft) if opts.command == "serve" else ()
     run = replace(run, grammar=grammar, chat_template=template)
     return replace(run, warnings=run.warnings + notes) if notes else run
@@ -310,12 +311,19 @@ def _cpu_weights(opts: CommandOptions) -> None:
         )
 
 
-def _cache_types(opts: CommandOptions) -> None:
+def _cache_types(opts: CommandOptions) -> tuple[CommandOptions, tuple[str, ...]]:
+    """A typo is refused; llama.cpp's types that are not here yet (a llama-server command line's
+    `-ctk q8_0`) run as `auto`, with a note, so such command lines still start."""
+    notes, chosen = [], []
     for flag, value in zip(("--cache-type-k", "--cache-type-v"), opts.model.cache_types):
         if value in LATER_CACHE_TYPES:
-            raise UsageError(f"{flag} {value} is not supported yet; use one of {', '.join(CACHE_TYPES)}")
-        if value not in CACHE_TYPES:
-            raise UsageError(f"{flag} {value} is not one of {', '.join(CACHE_TYPES)}")
+            notes.append(f"{flag} {value} is not supported yet; the KV cache runs as auto ({', '.join(CACHE_TYPES)} are)")
+            value = "auto"
+        elif value not in CACHE_TYPES:
+            raise UsageError(f"{flag} {value} is not one of {', '.join(CACHE_TYPES)} (or llama.cpp's names)")
+        chosen.append(value)
+    model = replace(opts.model, cache_type_k=chosen[0], cache_type_v=chosen[1])
+    return replace(opts, model=model), tuple(notes)
 
 
 def _parallel(opts: CommandOptions) -> None:
@@ -339,7 +347,6 @@ def _validate(opts: CommandOptions) -> RunConfig:
         opts = replace(opts, sampling=replace(opts.sampling, seed=None))
     cmd = opts.command
     _cpu_weights(opts)
-    _cache_types(opts)
     _parallel(opts)
     _sampling(opts)
     _generation(opts)

@@ -8,6 +8,11 @@ of docs/cpu.md, as scripts/decode_step.py --context builds it), 2 threads, one m
 type (`--cache-type-k/-v`), every type once per round, interleaved, so the host's drift hits all
 alike; medians of the rounds and their ratios to f32. Prefill is the same prompt's forward.
 
+With llama-cpp-python installed (`pip install -e '.[llama]'`, it builds llama.cpp), llama.cpp
+runs the same token ids on the same GGUF file at its `f16` and `q8_0` caches in the same rounds
+(`--llama-types` to change; q8_0 needs its flash attention, which is turned on for every llama.cpp
+row so they compare alike).
+
 Quality: for each held-out public prompt (mlxcel_py/data/bench_default.jsonl), f32 decodes
 `--quality-tokens` greedy tokens; each other type then (a) decodes its own and we count the tokens
 until the first difference, and (b) is fed the f32 tokens (teacher forcing) and we count how often
@@ -54,6 +59,38 @@ def speed(model, ids: list[int], tokens: int) -> tuple[float, float]:
     return prefill, tokens / (time.perf_counter() - start)
 
 
+def llama_runner(ids: list[int], tokens: int, kv: str):
+    """(prefill tok/s, decode tok/s) of llama.cpp on the default model's GGUF, cache type `kv`."""
+    import llama_cpp
+
+    from mlxcel_py.models import default_model
+
+    ggml = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}[kv]
+    llm = llama_cpp.Llama(
+        str(default_model.default_gguf()),
+        n_ctx=len(ids) + tokens + 64,
+        n_threads=2,
+        n_threads_batch=2,
+        n_batch=512,
+        type_k=ggml,
+        type_v=ggml,
+        flash_attn=True,
+        verbose=False,
+    )
+
+    def run(ids_: list[int], n: int) -> tuple[float, float]:
+        count, start, first = 0, time.perf_counter(), 0.0
+        for _ in llm.generate(ids_, temp=0.0, reset=True):
+            count += 1
+            if count == 1:
+                first = time.perf_counter()
+            if count > n:
+                break
+        return len(ids_) / (first - start), n / (time.perf_counter() - first)
+
+    return run
+
+
 def greedy(model, ids: list[int], n: int) -> list[int]:
     from mlxcel_py.engine.cache import SequenceCache
 
@@ -81,6 +118,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--types", default="f32,f16")
     ap.add_argument("--quality-tokens", type=int, default=128, help="0: skip the quality half")
+    ap.add_argument("--llama-types", default="f16,q8_0", help="llama.cpp's cache types ('': none)")
     ap.add_argument("--json")
     a = ap.parse_args()
     import mlxcel_py as mc
@@ -92,13 +130,19 @@ def main() -> None:
     types = a.types.split(",")
     models = {t: mc.load(cache_type_k=t, cache_type_v=t, warmup=False) for t in types}
     ids = prompt_ids(models[types[0]], a.context)
-    for t in types:  # warm each (first calls pay for allocations and the thread pool)
-        speed(models[t], ids[:256], 8)
-    prefill: dict[str, list[float]] = {t: [] for t in types}
-    decode: dict[str, list[float]] = {t: [] for t in types}
+    runners = {t: (lambda ids_, n, m=models[t]: speed(m, ids_, n)) for t in types}
+    try:
+        for t in filter(None, a.llama_types.split(",")):
+            runners[f"llama.cpp {t}"] = llama_runner(ids, a.tokens, t)
+    except ImportError:
+        print("llama-cpp-python is not installed: ours only (pip install -e '.[llama]')", file=sys.stderr)
+    for run in runners.values():  # warm each (first calls pay for allocations and the thread pool)
+        run(ids[:256], 8)
+    prefill: dict[str, list[float]] = {t: [] for t in runners}
+    decode: dict[str, list[float]] = {t: [] for t in runners}
     for r in range(a.rounds):
-        for t in types:
-            p, d = speed(models[t], ids, a.tokens)
+        for t, run in runners.items():
+            p, d = run(ids, a.tokens)
             prefill[t].append(p)
             decode[t].append(d)
             print(f"round {r + 1}: {t}: prefill {p:.0f} tok/s, decode {d:.1f} tok/s", file=sys.stderr)
@@ -107,11 +151,12 @@ def main() -> None:
     print(
         f"| cache type | bytes a token | decode tok/s | vs {base} | prefill tok/s | vs {base} |\n|---|---|---|---|---|---|"
     )
-    med_d = {t: statistics.median(decode[t]) for t in types}
-    med_p = {t: statistics.median(prefill[t]) for t in types}
-    for t in types:
+    med_d = {t: statistics.median(decode[t]) for t in runners}
+    med_p = {t: statistics.median(prefill[t]) for t in runners}
+    for t in runners:
+        size = f"{models[t].session.target.kv_bytes_per_token:,}" if t in models else ""
         print(
-            f"| {t} | {models[t].session.target.kv_bytes_per_token:,} | {med_d[t]:.1f} | {med_d[t] / med_d[base]:.2f}x "
+            f"| {t} | {size} | {med_d[t]:.1f} | {med_d[t] / med_d[base]:.2f}x "
             f"| {med_p[t]:.0f} | {med_p[t] / med_p[base]:.2f}x |"
         )
     quality = {}

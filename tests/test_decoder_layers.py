@@ -201,23 +201,24 @@ TREE = merge([[5, 6, 7, 8], [5, 9, 10], [11, 12], [5, 6, 13], [14]])  # a trie: 
 def _path_steps(model, context: list[int], path: list[int]) -> mx.array:
     """The logits of the path's last token, fed one token at a time after `context`."""
     c = SequenceCache(model)
-    c.feed(context[:-1])
+    c.prefill(context[:-1])
     for t in [context[-1], *path][:-1]:
         c.feed([t])
     return c.feed([[context[-1], *path][-1]])[0]
 
 
 @needs_kernel
+@pytest.mark.parametrize("context_len", [40, 1300])  # 1300: the prefix in two key chunks (KEY_CHUNK)
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "mlx-lm-layers"])
-def test_tree_rows_equal_their_paths_one_token_steps_bit_for_bit(family, fused):
+def test_tree_rows_equal_their_paths_one_token_steps_bit_for_bit(family, fused, context_len):
     """Every node of a draft tree verified in one forward gives the logits of the one-token step
     of its own path: its ancestors' keys only, at its depth's position (the fused op, and
     mlx-lm's layers over the batched cache attention)."""
     _, loaded = family
-    model, context = loaded.model, list(range(60, 100))
+    model, context = loaded.model, [60 + i % 190 for i in range(context_len)]
     with contextlib.nullcontext() if fused else decoder_layers.unfused(model):
         c = SequenceCache(model)
-        c.feed(context[:-1])
+        c.prefill(context[:-1])
         got = batch.batched_forward(model, [c], [[context[-1], *TREE.tokens]], trees=[TREE])[0]
         for row in range(len(TREE) + 1):
             path = [TREE.tokens[n] for n in TREE.path(row - 1)] if row else []
