@@ -317,7 +317,9 @@ def _cache_types(opts: CommandOptions) -> tuple[CommandOptions, tuple[str, ...]]
     notes, chosen = [], []
     for flag, value in zip(("--cache-type-k", "--cache-type-v"), opts.model.cache_types):
         if value in LATER_CACHE_TYPES:
-            notes.append(f"{flag} {value} is not supported yet; the KV cache runs as auto ({', '.join(CACHE_TYPES)} are)")
+            notes.append(
+                f"{flag} {value} is not supported yet; the KV cache runs as auto ({', '.join(CACHE_TYPES)} are)"
+            )
             value = "auto"
         elif value not in CACHE_TYPES:
             raise UsageError(f"{flag} {value} is not one of {', '.join(CACHE_TYPES)} (or llama.cpp's names)")
