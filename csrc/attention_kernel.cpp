@@ -149,6 +149,19 @@ struct Scratch {
 // key order, the sets added in the same order); which queries go through together only
 // interchanges loops. GATHER: some query sees listed rows after its prefix (tree rows, key_at);
 // the keys each query reads, and their order, are then its own, with the same arithmetic over them.
+// Rows j0..j1-1 of a head's keys or values on their way to L1. A unit's keys are one short stream
+// per (sequence, KV head): a batch of 16 sequences at 60 tokens starts 48 of them a layer, each
+// too short for the hardware prefetcher to catch before it ends, and the scores waited on them.
+constexpr int KEYS_AHEAD = 32;
+
+template <typename T>
+inline void prefetch_rows(const T* base, int64_t stride, int j0, int j1, int D) {
+  const int bytes = D * static_cast<int>(sizeof(T));
+  for (int j = j0; j < j1; ++j)
+    for (int off = 0; off < bytes; off += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(base + j * stride) + off, _MM_HINT_T0);
+}
+
 template <int NC, bool GATHER, typename TK, typename TV>
 void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64_t vs, float scale, int c,
              const Partials& parts, Scratch& sc) {
@@ -164,7 +177,11 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
   sc.l.resize(n);
   sc.acc.assign(static_cast<size_t>(ACC) * n, 0.0f);
   const vf scl = set1(scale);
+  constexpr int D = 16 * NC;
+  prefetch_rows(k, ks, lo, lo + std::min(maxvis, KEYS_AHEAD), D);
+  prefetch_rows(v, vs, lo, lo + std::min(maxvis, KEYS_AHEAD), D);
   for (int j0 = 0; j0 < maxvis; j0 += 16) {  // scores
+    if (j0 + KEYS_AHEAD < maxvis) prefetch_rows(k, ks, lo + j0 + KEYS_AHEAD, lo + std::min(maxvis, j0 + KEYS_AHEAD + 16), D);
     for (int t = 0; t < n; ++t) {
       const int left = count(t) - j0;
       if (left <= 0) continue;
@@ -197,6 +214,7 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
     sc.l[t] = vis > 0 ? softmax_in_place(sp, vis, sc.m[t]) : 0.0f;
   }
   for (int j0 = 0; j0 < maxvis; j0 += 16) {  // weighted values
+    if (j0 + KEYS_AHEAD < maxvis) prefetch_rows(v, vs, lo + j0 + KEYS_AHEAD, lo + std::min(maxvis, j0 + KEYS_AHEAD + 16), D);
     for (int t = 0; t < n; ++t) {
       const int left = count(t) - j0;
       if (left <= 0) continue;

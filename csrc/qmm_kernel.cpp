@@ -291,6 +291,10 @@ inline void tile(const Act& a, int m0, int K, const uint8_t* wg, const S* sg, co
     // the weight stream runs ahead of the hardware prefetcher on small matrices (a layer's
     // q/k/v, o, MLP are 0.1-0.7 MB each): ask for the lines kPrefetch blocks on
     for (size_t off = 0; off < bb; off += 64) _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetch * bb + off), _MM_HINT_T0);
+    // and the scale and bias streams, which the core otherwise waits on at every block's first
+    // float step (their own lines, beside the weights')
+    _mm_prefetch(reinterpret_cast<const char*>(sg + static_cast<size_t>(b + kPrefetch) * r), _MM_HINT_T0);
+    if (bg != nullptr) _mm_prefetch(reinterpret_cast<const char*>(bg + static_cast<size_t>(b + kPrefetch) * r), _MM_HINT_T0);
     BlockWeights bw;
     load_block<BITS>(wb, run, r, bw);
     const vf sv = load_scales(sg + static_cast<size_t>(b) * r, r);
