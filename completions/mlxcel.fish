@@ -253,7 +253,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l prompt-lookup-no-ad
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l prompt-lookup-policy -d 'Draft policy (default auto: gated on CUDA, graded elsewhere; cost: break-even governor from measured verify costs)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l host -d 'Address to bind'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l port -d 'Port; 0 picks a free one (printed at startup)'
-complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l prompt-lookup-max-batch -d 'Verify rounds (any drafter) run only while at most N requests are live; above it every request takes the batched plain step (default 2)'
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l prompt-lookup-max-batch -d 'Verify rounds (any drafter) run only while at most N requests are live (default 2) and pay at the batched forwards cost measured at start; above N every request takes the batched plain step'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l no-batch -d 'Serve requests strictly one at a time, with no speculation'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l kv-unified -o kvu -d 'Every slot gets the whole -c window (one shared budget); turns verify rounds off, as in mlxcel'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l warmup -l no-warmup -d 'Warm every verify width at startup'

@@ -33,6 +33,8 @@ NGRAM_MAX_LIMIT = 16
 MAX_DRAFT_LIMIT = 64
 DEFAULT_FULL_MODEL_BLOCK = 4
 DEFAULT_SUFFIX_CACHE_TOKENS = 50_000
+# serve: verify rounds while at most this many requests are live (the seed's default), and only
+# while they pay at the batch's measured cost (engine.gate); "auto" drops the count
 DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 2
 # --draft-tree-budget: nodes a round's draft tree may add beside its chain; 0 verifies chains
 # (engine/tree.py). Off by default: measured slower than chains here (docs/speculative-decoding.md)
@@ -189,7 +191,7 @@ class ParallelOptions:
 class ServerOptions:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
-    prompt_lookup_max_batch: int = DEFAULT_PROMPT_LOOKUP_MAX_BATCH
+    prompt_lookup_max_batch: int | None = DEFAULT_PROMPT_LOOKUP_MAX_BATCH  # None (auto): the measured cost alone
     no_batch: bool = False
     kv_unified: bool = False
     warmup: bool = True

@@ -179,7 +179,7 @@ def context_window(run: RunConfig, model_window: int, world: Any = None) -> int:
     return window if world is not None else srv.slot_context(window)
 
 
-def describe_draft(draft, *, max_batch: int | None = None) -> str:
+def describe_draft(draft, *, max_batch: int | str | None = None) -> str:
     """The startup `speculative=...` line, with the policy as it will run (auto resolved)."""
     from .engine.policy import SHADOW_CONFIRM, on_cuda
 

@@ -392,8 +392,9 @@ def _validate(opts: CommandOptions) -> RunConfig:
         raise UsageError(f"--verify-exact is a generate/run option (it reruns one prompt plainly); drop it on {cmd}")
     if cmd == "serve" and opts.server.cache_ram < -1:
         raise UsageError(f"--cache-ram must be -1 (no limit), 0 (off) or a size in MiB, got {opts.server.cache_ram}")
-    if cmd == "serve" and opts.server.prompt_lookup_max_batch < 1:
-        raise UsageError("--prompt-lookup-max-batch must be at least 1")
+    if cmd == "serve" and (mb := opts.server.prompt_lookup_max_batch) is not None and (isinstance(mb, str) or mb < 1):
+        words = f"takes a count or auto, got {mb!r}" if isinstance(mb, str) else "must be at least 1"
+        raise UsageError(f"--prompt-lookup-max-batch {words}")
     _suffix_flags(opts, kind)
     if kind == "prompt-lookup" and cmd in ("generate", "run", "chat", "bench"):
         raise UsageError(
@@ -456,13 +457,8 @@ def _validate(opts: CommandOptions) -> RunConfig:
             f"--draft-block-size {block}: a {entry.name} block's first row is the last committed token, so "
             f"it drafts block size - 1 tokens; pass 2 or more"
         )
-    lookup = (
-        cfg
-        if lk.enabled
-        else LookupConfig(max_draft=block, policy=entry.default_policy)
-        if entry.sizing == registry.ADAPTIVE
-        else LookupConfig()
-    )
+    adaptive = LookupConfig(max_draft=block, policy=entry.default_policy)
+    lookup = cfg if lk.enabled else adaptive if entry.sizing == registry.ADAPTIVE else LookupConfig()
     return RunConfig(
         opts,
         DraftConfig(

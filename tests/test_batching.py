@@ -16,6 +16,7 @@ from mlxcel_py.cpu import extension as cpu_extension
 from mlxcel_py.cpu import layers as cpu_layers
 from mlxcel_py.engine import batch
 from mlxcel_py.engine.cache import SequenceCache
+from mlxcel_py.engine.gate import REOPEN_TICKS, Gate
 from mlxcel_py.options import SamplingOptions
 
 
@@ -86,10 +87,10 @@ def test_prompt_chunks_ride_in_the_batch_without_logits(real):
 
 
 def test_the_gate_closes_at_once_and_reopens_after_a_calm_spell():
-    g = batch.Gate(2)
+    g = Gate(2)
     assert g.tick(1) and g.tick(2)
     assert not g.tick(3)
-    for _ in range(batch.REOPEN_TICKS - 1):
+    for _ in range(REOPEN_TICKS - 1):
         assert not g.tick(2)
     assert g.tick(1) and g.closings == 1
     assert not g.tick(5) and g.closings == 2
@@ -100,7 +101,10 @@ def server8(tmp_path_factory):
     import os
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path_factory.mktemp("cfg")))
-    proc, url, lines = start_server(env, "--draft-kind", "prompt-lookup", "-np", "8", "--cache-ram", "0")
+    # the count (mlxcel's flag, its default spelled out): the tests below count on no verify round at 3 live
+    proc, url, lines = start_server(
+        env, "--draft-kind", "prompt-lookup", "-np", "8", "--cache-ram", "0", "--prompt-lookup-max-batch", "2"
+    )
     yield url, lines
     proc.terminate()
     proc.wait(timeout=30)

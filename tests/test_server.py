@@ -80,6 +80,10 @@ def get(url):
 def test_startup_line_names_the_drafter(server):
     _, lines, _ = server
     assert any("speculative=prompt-lookup (max_draft=7" in ln and "max_batch=2" in ln for ln in lines)
+    # -np 4 (the default): the gate measured the batched forward's cost at start (engine.gate)
+    assert any(
+        "verify rounds while at most 2 are live and pay at the batch's measured cost (1 rows" in ln for ln in lines
+    ), lines
 
 
 def test_openai_client_chat_stream_and_completion(server):

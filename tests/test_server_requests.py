@@ -61,7 +61,7 @@ class FakeTokenizer:
         return {str(i): i for i in range(VOCAB)}
 
 
-from mlxcel_py.engine.batch import Gate  # noqa: E402
+from mlxcel_py.engine.gate import Gate  # noqa: E402
 
 
 class FakeWorker:

@@ -460,6 +460,7 @@ def test_serve_takes_llama_server_command_lines(monkeypatch, no_loading, tmp_pat
         (["serve", "--context-shift", "--keep", "-2"], "--keep must be -1 (the whole prompt) or 0 or more tokens"),
         (["serve", "--slot-save-path", "/nonexistent-slots"], "--slot-save-path /nonexistent-slots: no such folder"),
         (["serve", "--embeddings", "--pooling", "rank"], "--pooling rank (reranking, which this server does not do)"),
+        (["serve", "--prompt-lookup-max-batch", "many"], "--prompt-lookup-max-batch takes a count or auto, got 'many'"),
     ],
 )
 def test_serve_flag_ranges(argv, message, no_loading, monkeypatch, tmp_path):
@@ -500,3 +501,15 @@ def test_offline_refuses_a_repo_id_not_in_the_cache_without_the_network(tmp_path
     import os
 
     assert os.environ["HF_HUB_OFFLINE"] == "1"  # what the flag set, for huggingface_hub too
+
+
+@pytest.mark.parametrize("value,want", [(None, 2), ("auto", None), ("AUTO", None), ("5", 5)])
+def test_prompt_lookup_max_batch_is_a_count_or_auto(value, want):
+    """The seed's count (default 2) caps the measured cost gate; auto leaves the cost alone (engine.gate)."""
+    from mlxcel_py.commands._options import build_options
+
+    params = {} if value is None else {"prompt_lookup_max_batch": value}
+    from mlxcel_py.validate import validate
+
+    cfg = validate(build_options("serve", params))
+    assert cfg.options.server.prompt_lookup_max_batch == want

@@ -94,7 +94,7 @@ PolicyOpt = Annotated[Optional[str], typer.Option("--prompt-lookup-policy", meta
 
 HostOpt = Annotated[str, typer.Option("--host", help="Address to bind.", rich_help_panel=SERVER)]
 PortOpt = Annotated[int, typer.Option("--port", help="Port; 0 picks a free one (printed at startup).", rich_help_panel=SERVER)]
-MaxBatchOpt = Annotated[int, typer.Option("--prompt-lookup-max-batch", metavar="N", help="Verify rounds (any drafter) run only while at most N requests are live; above it every request takes the batched plain step (default 2).", rich_help_panel=SERVER)]
+MaxBatchOpt = Annotated[Optional[str], typer.Option("--prompt-lookup-max-batch", metavar="N|auto", help="Verify rounds (any drafter) run only while at most N requests are live (default 2) and pay at the batched forward's cost measured at start; above N every request takes the batched plain step. auto: no count, the measured cost alone.", rich_help_panel=SERVER)]
 NoBatchOpt = Annotated[bool, typer.Option("--no-batch", help="Serve requests strictly one at a time, with no speculation.", rich_help_panel=SERVER)]
 KvUnifiedOpt = Annotated[bool, typer.Option("--kv-unified", "-kvu", help="Every slot gets the whole -c window (one shared budget); turns verify rounds off, as in mlxcel.", rich_help_panel=SERVER)]
 WarmupOpt = Annotated[bool, typer.Option("--warmup/--no-warmup", help="Warm every verify width at startup.", rich_help_panel=SERVER)]
@@ -150,6 +150,12 @@ TagsOpt = Annotated[Optional[str], typer.Option("--tags", help="Model tags, comm
 
 def _given(value: Any, default: Any) -> Any:
     return default if value is None else value
+
+
+def _count_or_auto(value: str | None, default: int) -> int | str | None:
+    """A count, None for "auto", or the text as given (validate names the flag and rejects it)."""
+    text = (value or "").strip().lower()
+    return default if value is None else None if text == "auto" else int(text) if text.lstrip("-").isdigit() else value
 
 
 def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
@@ -223,7 +229,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
         server=O.ServerOptions(
             host=g("host", O.DEFAULT_HOST),
             port=g("port", O.DEFAULT_PORT),
-            prompt_lookup_max_batch=g("prompt_lookup_max_batch", O.DEFAULT_PROMPT_LOOKUP_MAX_BATCH),
+            prompt_lookup_max_batch=_count_or_auto(g("prompt_lookup_max_batch"), O.DEFAULT_PROMPT_LOOKUP_MAX_BATCH),
             no_batch=g("no_batch", False),
             kv_unified=g("kv_unified", False),
             warmup=g("warmup", True),
@@ -368,7 +374,7 @@ DISTRIBUTED_PARAMS = [_kw("tp_size", TpSizeOpt, 1), _kw("pp_size", PpSizeOpt, 1)
 SERVER_PARAMS = [
     _kw("host", HostOpt, O.DEFAULT_HOST),
     _kw("port", PortOpt, O.DEFAULT_PORT),
-    _kw("prompt_lookup_max_batch", MaxBatchOpt, O.DEFAULT_PROMPT_LOOKUP_MAX_BATCH),
+    _kw("prompt_lookup_max_batch", MaxBatchOpt, None),
     _kw("no_batch", NoBatchOpt, False),
     _kw("kv_unified", KvUnifiedOpt, False),
     _kw("warmup", WarmupOpt, True),

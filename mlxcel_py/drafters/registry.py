@@ -273,7 +273,7 @@ def policy_name(draft: DraftConfig, *, on_cuda: bool) -> str:
     return draft.lookup.policy
 
 
-def describe(draft: DraftConfig, *, on_cuda: bool = False, shadow: int = 0, max_batch: int | None = None) -> str:
+def describe(draft: DraftConfig, *, on_cuda: bool = False, shadow: int = 0, max_batch: int | str | None = None) -> str:
     """The startup `speculative=...` line, with the policy as it will run (`shadow`: the gated
     policy's shadow confirmation length; `max_batch`: serve's gate, which mlxcel's server line for
     prompt lookup shows)."""

@@ -24,10 +24,7 @@ is: exact, differing by a measured amount (float32 BLAS rows can change in the l
 block height), or not batchable (the architecture's rope or attention does not take per-row
 offsets); the last falls back to one forward per sequence.
 
-Speculation under load (`Gate`): verify rounds run only while at most `max_batch` sequences are
-live (mlxcel's `--prompt-lookup-max-batch`); above it every row takes the batched plain step. The
-gate closes at once when load rises and reopens only after REOPEN_TICKS consecutive ticks at or
-below the limit, so a queue that hovers around the limit does not flap.
+Speculation under load: `gate.Gate` decides each tick whether the batch's rows may verify drafts.
 """
 
 from __future__ import annotations
@@ -47,8 +44,6 @@ from ..models import cache_kinds
 from ..models.taps import trunk_and_head
 from .cache import SequenceCache
 from .tree import DraftTree, Layout, layout
-
-REOPEN_TICKS = 16
 
 
 class RowCaches:
@@ -362,27 +357,3 @@ def probe(model: Any, vocab: int) -> Probe:
         f"batched rows differ from solo steps by up to {diff:.2g} (float rounding); "
         f"greedy output can differ where two logits are that close",
     )
-
-
-class Gate:
-    """Verify rounds allowed while live <= max_batch; closes at once, reopens after a calm spell."""
-
-    def __init__(self, max_batch: int):
-        self.max_batch = max_batch
-        # >0: prompts prefill in chunks of this many tokens inside the batched forward (set by the
-        # scheduler where batches are ragged, so a chunk costs its own rows and no padding)
-        self.prefill_chunk = 0
-        self.open = True
-        self._calm = 0
-        self.closings = 0
-
-    def tick(self, live: int) -> bool:
-        if live > self.max_batch:
-            if self.open:
-                self.closings += 1
-            self.open, self._calm = False, 0
-        elif not self.open:
-            self._calm += 1
-            if self._calm >= REOPEN_TICKS:
-                self.open = True
-        return self.open

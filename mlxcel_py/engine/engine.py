@@ -25,8 +25,8 @@ from .sampling import Decider
 UNLIMITED = 2**62  # a shifting request's budget when it asks for no limit: it ends at EOS
 
 if TYPE_CHECKING:
-    from .batch import Gate
     from .context_shift import ContextShift
+    from .gate import Gate
     from .grammar import OutputRule
 
 

@@ -12,7 +12,7 @@ DrafterSource, or from the caller (the Python API); what one request asks for is
 - `_emit`: the round's tokens out as TokenEvents, the grammar and the drafter told. EOS inside an accepted block ends output exactly where plain decoding
 would; a consumer that stops early (stop strings) simply closes the iterator, and only emitted
 tokens are counted as accepted. The cache holds every committed token except the newest, which is
-the next round's first input. Under a scheduler (`batch.Gate`, serve -np N) the loop also yields
+the next round's first input. Under a scheduler (`gate.Gate`, serve -np N) the loop also yields
 Ticks and leaves its forwards to the scheduler's batched forward.
 """
 
@@ -37,9 +37,9 @@ from .verify import RULE_GREEDY, RULE_PQ, RULE_SAMPLER_MATCH, Verdict, judge, ju
 
 if TYPE_CHECKING:
     from ..drafters.base import Proposal
-    from .batch import Gate
     from .context_shift import ContextShift
     from .engine import Engine
+    from .gate import Gate
     from .grammar import OutputRule
 
 
@@ -421,6 +421,8 @@ class RoundLoop:
         st.verify_s += dt
         width = len(p.tree) if p.tree is not None else len(p.draft)
         policy.timed(width + 1, dt)
+        if self.gate is not None:  # what the batch's rounds cost and give (gate.Gate.pays)
+            self.gate.turn(width + 1, verdict.accepted + 1)
         st.rollback_s += verdict.rollback_s
         if verdict.rule == RULE_PQ:
             st.acceptance_rule = RULE_PQ
@@ -442,6 +444,8 @@ class RoundLoop:
         if self.constraint is not None:
             logits = self.constraint.mask_rows(logits)
         new = d.decider.decide(logits, d.history, d.history[-1:])
+        if self.gate is not None and self.gate.open and d.drafter is not None:
+            self.gate.turn(1, 1)
         if d.policy is not None:
             d.policy.timed(1, time.perf_counter() - tp)
             d.policy.plain()

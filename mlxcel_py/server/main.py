@@ -156,7 +156,7 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
     speculative = draft.enabled and not srv.no_batch and not srv.kv_unified
     if (resolved := resolved_drafter_line(draft)) is not None:
         say(resolved)
-    line = describe_draft(draft, max_batch=srv.prompt_lookup_max_batch)
+    line = describe_draft(draft, max_batch=srv.prompt_lookup_max_batch or "auto")
     if draft.enabled and not speculative:
         line += " [verify rounds off: " + ("--no-batch" if srv.no_batch else "--kv-unified") + "]"
     if srv.cache_ram != 0 and world is None:
@@ -197,7 +197,7 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         )
         say(
             f"slots: {parallel} requests decoded together (-np); {how}"
-            + (f"; verify rounds while at most {srv.prompt_lookup_max_batch} are live" if speculative else "")
+            + (f"; {worker.gate.describe()}" if speculative else "")
         )
     aliases, tags = names(srv.alias), names(srv.tags)
     # llama-server keeps its aliases in a sorted set and takes the first as the id

@@ -6,8 +6,8 @@ verify round's block, or, for a new request, one prompt chunk); those run as one
 (`batch.batched_forward`; one forward per sequence where the model cannot batch). Where batches
 are ragged (`Gate.prefill_chunk`) a prompt chunk rides in that forward; elsewhere it is its own
 forward between the others' steps.
-Verify rounds run only while at most `--prompt-lookup-max-batch` requests are live (`batch.Gate`).
-A speculating request's verify block joins the
+Verify rounds run while at most `--prompt-lookup-max-batch` requests are live and they pay at the
+batch's measured cost (`gate.Gate`). A speculating request's verify block joins the
 same forward, which measured 1.7-2x faster than verifying two requests in turn
 (scripts/batch_step_cost.py --verify). A request owns its cache while it runs (the engine's prompt cache hands finished ones on).
 
@@ -149,9 +149,9 @@ class Worker:
         speculative_allowed: bool = True,
         max_queue: int = MAX_QUEUE,
         parallel: int = 1,
-        max_batch: int = 2,
+        max_batch: int | None = 2,
     ):
-        from ..engine.batch import Gate
+        from ..engine.gate import Gate
 
         self.engine = engine
         self.tokenizer = tokenizer
@@ -203,6 +203,7 @@ class Worker:
         from ..cpu import kernels as cpu_kernels
         from ..engine.batch import probe, ragged
         from ..engine.cache import PREFILL_CHUNK
+        from ..engine.gate import measure_costs
 
         try:
             if self._warmup:
@@ -211,6 +212,8 @@ class Worker:
                 self.probe = probe(self.engine.model, self.engine.vocab_size or 2)
                 if self.probe.mode == "exact" and ragged(self.engine.model):
                     self.gate.prefill_chunk = cpu_kernels.prefill_chunk(self.engine.model, PREFILL_CHUNK)
+                    if self.speculative_allowed:
+                        self.gate.costs = measure_costs(self.engine.model, self.engine.vocab_size or 2)
         except Exception as exc:  # pragma: no cover - reported at startup
             self.warmup_error = str(exc)
         self.ready.set()
