@@ -212,7 +212,7 @@ class Worker:
                 self.probe = probe(self.engine.model, self.engine.vocab_size or 2)
                 if self.probe.mode == "exact" and ragged(self.engine.model):
                     self.gate.prefill_chunk = cpu_kernels.prefill_chunk(self.engine.model, PREFILL_CHUNK)
-                    if self.speculative_allowed:
+                    if self.speculative_allowed and not os.environ.get("MLXCEL_GATE_COUNT_ONLY"):  # A/B runs
                         self.gate.costs = measure_costs(self.engine.model, self.engine.vocab_size or 2)
         except Exception as exc:  # pragma: no cover - reported at startup
             self.warmup_error = str(exc)
