@@ -350,3 +350,28 @@ def test_a_gguf_model_is_named_by_its_file_not_its_conversion(tmp_path, monkeypa
     assert resolved.path.is_relative_to(tmp_path / "cache")
     folder = loading.resolve(str(resolved.path))  # a folder is named by itself
     assert folder.named == folder.path == resolved.path
+
+
+@pytest.mark.parametrize("kind,want", [("llama", 1), ("gpt2", 2), ("bert", 3), ("t5", 4), ("rwkv", 5)])
+def test_vocab_type_is_the_gguf_files_own_tokenizer_model(tmp_path, kind, want):
+    """serve's `meta.vocab_type`: llama.cpp's number for the file's `tokenizer.ggml.model`, as
+    llama-server reads it, not a guess from the converted tokenizer.json (which says byte-level
+    BPE here, 2); a folder without a GGUF still answers from its tokenizer.json."""
+    import gguf
+
+    from mlxcel_py.server.model_meta import vocab_type
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text('{"model": {"type": "BPE", "byte_fallback": false}}')
+    path = tmp_path / "v.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_string("tokenizer.ggml.model", kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert vocab_type(folder, path) == want
+    assert vocab_type(folder) == 2
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF\x03\x00\x00\x00truncated")
+    assert vocab_type(folder, tmp_path / "bad.gguf") == 2
