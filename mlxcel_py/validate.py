@@ -175,6 +175,7 @@ def _spec_type(opts: CommandOptions, kind: str | None, draft_model: str | None) 
 
 def validate(opts: CommandOptions) -> RunConfig:
     """Check one command's options; return the resolved run configuration."""
+    _window(opts.server)
     if opts.command == "serve":
         _server(opts)
     grammar = flag_texts.grammar(opts)
@@ -261,19 +262,21 @@ def _tree_notes(opts: CommandOptions, draft: DraftConfig) -> tuple[str, ...]:
 MIN_SLOT_CONTEXT = 16  # tokens: a slot's share of -c must hold a short prompt and its reply
 
 
+def _window(srv) -> None:
+    """-c, --keep: every command's context window (llama.cpp's flags)."""
+    if (c := srv.ctx_size) < 0:
+        raise UsageError(f"--ctx-size must be 0 (the model's window) or a positive number of tokens, got {c}")
+    if srv.keep < -1:
+        raise UsageError(f"--keep must be -1 (the whole prompt) or 0 or more tokens, got {srv.keep}")
+
+
 def _server(opts: CommandOptions) -> None:
     srv = opts.server
-    if srv.ctx_size < 0:
-        raise UsageError(
-            f"--ctx-size must be 0 (the model's window) or a positive number of tokens, got {srv.ctx_size}"
-        )
     if srv.slot_save_path is not None and not Path(srv.slot_save_path).is_dir():
         raise UsageError(f"--slot-save-path {srv.slot_save_path}: no such folder; create it or pass another")
     if srv.pooling not in POOLINGS:
         why = " (reranking, which this server does not do)" if srv.pooling == "rank" else ""
         raise UsageError(f"--pooling {srv.pooling}{why} is not one of {', '.join(POOLINGS)}")
-    if srv.keep < -1:
-        raise UsageError(f"--keep must be -1 (the whole prompt) or 0 or more tokens, got {srv.keep}")
     if not 1 <= srv.parallel <= MAX_PARALLEL:
         raise UsageError(f"--parallel (-np) must be between 1 and {MAX_PARALLEL}, got {srv.parallel}")
     if srv.split_context and 0 < srv.ctx_size < srv.parallel * MIN_SLOT_CONTEXT:

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from ..drafters import registry
+from ..engine.context_shift import ContextShift, configured
 from ..engine.text import TextStream
 from ..errors import MlxcelError, UsageError
 from ..formats.prompting import beyond_any_tokenization, longest_token_chars, prompt_ids
@@ -35,6 +36,13 @@ def read_prompt(prompt: str) -> str:
     if not prompt.strip():
         raise UsageError("-p/--prompt is empty; pass the prompt text, or '-' to read it from stdin")
     return clean(prompt, "-p", ui.warn)
+
+
+def shift_for(run: RunConfig, ids: list[int], tok: Any) -> ContextShift | None:
+    """--context-shift: a generation that fills the window drops part of it and goes on
+    (llama-cli's), keeping --keep prompt tokens; None: it stops at the window."""
+    srv = run.options.server
+    return configured(srv.keep, ids, getattr(tok, "bos_token_id", None)) if srv.context_shift else None
 
 
 def run_oneshot(run: RunConfig, world: Any = None) -> None:
@@ -69,6 +77,7 @@ def run_oneshot(run: RunConfig, world: Any = None) -> None:
         min_tokens=g.min_tokens,
         ignore_eos=g.ignore_eos,
         constraint=_constraint(session, run),
+        context_shift=shift_for(run, ids, tok),
     )
     gen.stats.warmup_s = warm
     stream = TextStream(gen, tok, g.stop)
@@ -132,6 +141,7 @@ def _verify_exact(session: Session, ids: list[int], spec_tokens: list[int], run:
         ignore_eos=g.ignore_eos,
         speculative=False,
         constraint=_constraint(session, run),
+        context_shift=shift_for(run, ids, session.tokenizer),
     )
     plain_tokens = [e.token for e in plain]
     report = first_divergence(session.engine.model, ids, spec_tokens, plain_tokens)

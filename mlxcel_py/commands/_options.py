@@ -125,12 +125,12 @@ LimitOpt = Annotated[Optional[int], typer.Option("--limit", metavar="N", help="U
 ServeTempOpt = Annotated[Optional[float], typer.Option("--temp", "--temperature", metavar="FLOAT", help="Default sampling temperature; 0 is greedy. Sampling flags left out come from the model's generation_config.json, else llama-server's defaults (temp 0.8, top-p 0.95, top-k 40, min-p 0.05).", rich_help_panel=SAMPLING)]
 ServeMaxTokensOpt = Annotated[int, typer.Option("--n-predict", "-n", "--predict", "--max-tokens", metavar="N", help="Tokens a request that sets no max_tokens/n_predict (or -1) may generate; -1: until the context window is full. A request's own value wins, as in llama-server.", rich_help_panel=GEN)]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", metavar="N", help="CPU threads for matrix products (OpenBLAS and the row-exact kernel); default: all cores.", rich_help_panel=SERVER)]
-CtxSizeOpt = Annotated[int, typer.Option("--ctx-size", "-c", metavar="N", help="Context window in tokens (0: the model's); prompt plus reply never exceed it.", rich_help_panel=SERVER)]
-ContextShiftOpt = Annotated[bool, typer.Option("--context-shift/--no-context-shift", help="When a generation fills the window, drop half of the context after the first --keep tokens and go on (llama-server's; default off: the generation stops there).", rich_help_panel=SERVER)]
+CtxSizeOpt = Annotated[int, typer.Option("--ctx-size", "-c", metavar="N", help="Context window in tokens (0: the model's); prompt plus reply never exceed it.", rich_help_panel=GEN)]
+ContextShiftOpt = Annotated[bool, typer.Option("--context-shift/--no-context-shift", help="When a generation fills the window, drop half of the context after the first --keep tokens and go on (llama-server's; default off: the generation stops there).", rich_help_panel=GEN)]
 EmbeddingsOpt = Annotated[bool, typer.Option("--embeddings", "--embedding", help="Serve embeddings at /v1/embeddings and /embedding (llama-server's; 501 without).", rich_help_panel=SERVER)]
 PoolingOpt = Annotated[Optional[str], typer.Option("--pooling", metavar="none|mean|cls|last", help="How a prompt's hidden states become one embedding (default last: the last token's, as decoder embedding models read it).", rich_help_panel=SERVER)]
 SlotSavePathOpt = Annotated[Optional[str], typer.Option("--slot-save-path", metavar="DIR", help="Folder for slot files: POST /slots/{id}?action=save|restore|erase writes a cached prompt's KV cache there and reads it back (llama-server's).", rich_help_panel=SERVER)]
-KeepOpt = Annotated[int, typer.Option("--keep", metavar="N", help="Tokens from the start of the prompt a context shift keeps (-1: the whole prompt); a request's n_keep overrides it.", rich_help_panel=SERVER)]
+KeepOpt = Annotated[int, typer.Option("--keep", metavar="N", help="Tokens from the start of the prompt a context shift keeps (-1: the whole prompt); a request's n_keep overrides it.", rich_help_panel=GEN)]
 CacheRamOpt = Annotated[int, typer.Option("--cache-ram", "-cram", metavar="MIB", help=f"Keep finished requests' KV caches up to this many MiB, so a later prompt sharing a prefix (a resent chat history, a common system prompt) skips it; -1 no limit, 0 off (default {O.DEFAULT_CACHE_RAM_MIB}).", rich_help_panel=SERVER)]
 ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", metavar="N", help=f"Requests decoded together (llama-server's slots; default {O.DEFAULT_PARALLEL}): their plain steps share one batched forward, the rest wait in the queue. Given, it splits -c across the slots (each gets -c/N tokens) unless -kvu.", rich_help_panel=SERVER)]
 MaxPredictMsOpt = Annotated[int, typer.Option("--max-predict-ms", metavar="MS", help="Longest a request may decode, from its first token, before it ends with finish_reason length (0: no limit); a request may ask for less with t_max_predict_ms.", rich_help_panel=SERVER)]
@@ -322,6 +322,8 @@ RUNTIME_PARAMS = [
     _kw("cache_type_k", CacheTypeKOpt, None),
     _kw("cache_type_v", CacheTypeVOpt, None),
 ]
+# the context window and what a full one does (llama.cpp's -c, --context-shift, --keep): every command
+WINDOW_PARAMS = [_kw("ctx_size", CtxSizeOpt, 0), _kw("context_shift", ContextShiftOpt, False), _kw("keep", KeepOpt, 0)]
 GENERATION_PARAMS = [
     _kw("prompt", PromptOpt, None),
     _kw("max_tokens", MaxTokensOpt, O.DEFAULT_MAX_TOKENS),
@@ -393,9 +395,6 @@ SERVER_PARAMS = [
     _kw("alias", AliasOpt, None),
     _kw("tags", TagsOpt, None),
     _kw("threads", ThreadsOpt, None),
-    _kw("ctx_size", CtxSizeOpt, 0),
-    _kw("context_shift", ContextShiftOpt, False),
-    _kw("keep", KeepOpt, 0),
     _kw("slot_save_path", SlotSavePathOpt, None),
     _kw("embeddings", EmbeddingsOpt, False),
     _kw("pooling", PoolingOpt, None),
@@ -466,6 +465,7 @@ SERVE_SAMPLING_PARAMS = [
 ALL_MODEL_SIDE = (
     MODEL_PARAMS
     + GENERATION_PARAMS
+    + WINDOW_PARAMS
     + SAMPLING_PARAMS
     + SPEC_PARAMS
     + LOOKUP_PARAMS
@@ -476,6 +476,7 @@ ALL_MODEL_SIDE = (
 CHAT_SIDE = (
     MODEL_PARAMS
     + GENERATION_PARAMS
+    + WINDOW_PARAMS
     + SAMPLING_PARAMS
     + SPEC_PARAMS
     + LOOKUP_PARAMS_HIDDEN

@@ -18,6 +18,7 @@ from ..options import RunConfig
 from ..session import describe_draft, open_session
 from ..terminal import chat_view, ui
 from ._input import clean
+from ._oneshot import shift_for
 
 
 def _lines(interactive: bool) -> Iterator[str]:
@@ -123,6 +124,7 @@ def _converse(session, run: RunConfig, pending: list, messages, interactive: boo
             min_tokens=g.min_tokens,
             ignore_eos=g.ignore_eos,
             reuse_cache=True,
+            context_shift=shift_for(run, ids, tok),
         )
         stream = TextStream(gen, tok, g.stop)
         try:

@@ -15,6 +15,7 @@ from ._options import (
     SERVE_SAMPLING_PARAMS,
     SERVER_PARAMS,
     SPEC_PARAMS,
+    WINDOW_PARAMS,
     ServeMaxTokensOpt,
     _kw,
     build_options,
@@ -34,6 +35,7 @@ SERVE_PARAMS = (
     + SPEC_PARAMS
     + LOOKUP_PARAMS_HIDDEN
     + SERVER_PARAMS
+    + WINDOW_PARAMS
     + RUNTIME_PARAMS
     + DISTRIBUTED_PARAMS
 )

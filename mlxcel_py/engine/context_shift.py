@@ -44,6 +44,14 @@ class ContextShift:
         return keep, max(1, min(discard, left))
 
 
+def configured(keep: int, prompt: list[int], bos: int | None, discard: int = 0) -> ContextShift:
+    """--keep N (or a request's n_keep) as llama.cpp counts it: without the BOS the prompt starts
+    with, which llama.cpp adds and keeps."""
+    if keep >= 0 and bos is not None and prompt[:1] == [bos]:
+        keep += 1
+    return ContextShift(keep=keep, discard=discard)
+
+
 def room(loop: RoundLoop, d: _Decoding) -> int:
     """Draft tokens a round may verify before the sequence reaches the window (a round emits at
     most one more than it drafts); unbounded without a shift, whose budget the window capped."""

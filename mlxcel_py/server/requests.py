@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from ..engine.context_shift import ContextShift
+from ..engine.context_shift import ContextShift, configured
 from ..engine.grammar import GrammarError, TokenizerIndex
 from ..engine.thinking_budget import ThinkingBudget
 from ..errors import UsageError
@@ -428,10 +428,7 @@ class RequestReader:
         if self.context_shift is None:
             return None
         keep = self.context_shift.keep if req.n_keep is None else req.n_keep
-        bos = getattr(self.tokenizer, "bos_token_id", None)
-        if keep >= 0 and bos is not None and prompt[:1] == [bos]:
-            keep += 1
-        return ContextShift(keep=keep, discard=req.n_discard or 0)
+        return configured(keep, prompt, getattr(self.tokenizer, "bos_token_id", None), req.n_discard or 0)
 
     def constraint(self, grammar):
         """The grammar compiled for this tokenizer (engine.grammar.Constraint), or None; a 400

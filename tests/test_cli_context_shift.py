@@ -1,0 +1,78 @@
+"""--context-shift outside serve (llama-cli's): `generate` with `-c N` goes past a full window by
+dropping part of the context, where it used to stop; speculative output still equals plain output
+across the shifts; `-c` and `--keep` out of range are refused on every command before loading."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from conftest import mlxcel_cmd
+from typer.testing import CliRunner
+
+from mlxcel_py.cli import app
+from mlxcel_py.models import loading
+
+PROMPT = "abc abc abc abc abc"
+
+
+def generate(env, model, *extra) -> str:
+    out = subprocess.run(
+        mlxcel_cmd()
+        + ["generate", "-m", str(model), "-p", PROMPT, "--no-chat-template", "--ignore-eos", "-c", "40", *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_generate_goes_past_a_full_window_and_speculation_stays_exact(tiny_dir, cli_env):
+    stopped = generate(cli_env, tiny_dir, "-n", "90")  # prompt + reply fill the 40-token window
+    shifted = generate(cli_env, tiny_dir, "-n", "90", "--context-shift")
+    assert shifted.startswith(stopped.rstrip("\n")) and len(shifted) > len(stopped)
+    # the same tokens with prompt lookup, and with --keep (a longer kept head) against its plain run
+    assert generate(cli_env, tiny_dir, "-n", "90", "--context-shift", "--prompt-lookup") == shifted
+    kept = generate(cli_env, tiny_dir, "-n", "90", "--context-shift", "--keep", "-1")
+    assert generate(cli_env, tiny_dir, "-n", "90", "--context-shift", "--keep", "-1", "--prompt-lookup") == kept
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    def forbidden(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(loading, "resolve", forbidden)
+    monkeypatch.setattr(loading, "load", forbidden)
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["generate", "-p", "x", "-c", "-1"], "--ctx-size must be 0 (the model's window) or a positive number"),
+        (["chat", "--keep", "-2"], "--keep must be -1 (the whole prompt) or 0 or more tokens"),
+    ],
+)
+def test_window_flags_out_of_range_are_refused_on_every_command(argv, message, no_loading, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2 and message in result.stderr
+
+
+def test_chat_shifts_a_reply_that_fills_the_window(tiny_dir, cli_env):
+    def chat(*extra) -> str:
+        out = subprocess.run(
+            mlxcel_cmd() + ["chat", "-m", str(tiny_dir), "-c", "60", "-n", "80", "--ignore-eos", *extra],
+            input="hello there\n",
+            capture_output=True,
+            text=True,
+            env=cli_env,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    stopped, shifted = chat(), chat("--context-shift")
+    assert shifted.startswith(stopped.rstrip("\n")) and len(shifted) > len(stopped)
