@@ -7,7 +7,11 @@ wall time, aggregate generated tokens/s, p50/p95 request latency, the ratio to o
 rounds, and whether every response equals its one-at-a-time response. Usage:
 
     python scripts/serve_bench.py [--clients 1,2,4,8,16] [--max-tokens 64] [--passes 1] [--sustained]
-                                  [--json FILE] -- [serve args]
+                                  [--json FILE] [--llama-server PATH] -- [serve args]
+
+--llama-server PATH runs llama.cpp's own server instead (built from its source, as
+scripts/vs_llama_server.py says), on the default model's GGUF unless the args after -- give -m:
+the same requests, so its aggregate compares with ours from the same hour.
 
 --passes N sends the workload N times over (N x 16 requests): with one pass, the clients run out of
 work while the longest requests are still decoding, so the end of the run measures those alone;
@@ -27,6 +31,7 @@ import argparse
 import json
 import queue
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -60,6 +65,31 @@ def start(serve_args: list[str]) -> tuple[subprocess.Popen, str, list[str]]:
         if m:
             threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
             return proc, m.group(1), lines
+
+
+def start_llama_server(binary: str, serve_args: list[str]) -> tuple[subprocess.Popen, str, list[str]]:
+    """llama.cpp's own llama-server on the default model's GGUF (or the -m in serve_args), on a free
+    port; ready once /health answers 200."""
+    from mlxcel_py.models import default_model
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    model = [] if "-m" in serve_args else ["-m", str(default_model.default_gguf())]
+    cmd = [binary, *model, "--host", "127.0.0.1", "--port", str(port), *serve_args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url, [" ".join(cmd)]
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            sys.exit(f"llama-server exited ({proc.returncode}): {' '.join(cmd)}")
+        time.sleep(0.5)
+    proc.kill()
+    sys.exit("llama-server did not answer /health")
 
 
 def run(url: str, items: list[dict], clients: int, max_tokens: int, sustained: int = 0) -> dict:
@@ -135,9 +165,10 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--sustained", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--llama-server", metavar="PATH", help="run llama.cpp's llama-server (the args after -- go to it)")
     a = ap.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     items = workload() * (1 if a.sustained else max(1, a.passes))
-    proc, url, lines = start(serve_args)
+    proc, url, lines = start_llama_server(a.llama_server, serve_args) if a.llama_server else start(serve_args)
     try:
         httpx.post(
             url + "/v1/chat/completions",
@@ -162,7 +193,8 @@ def main() -> None:
         shape = f"{len(items)} public-workload prompts" + (
             f" ({a.passes} passes over the workload)" if a.passes > 1 else ""
         )
-    print(f"serve {' '.join(serve_args)}; {shape}, greedy, max {a.max_tokens} tokens each; one run\n")
+    server = f"llama-server {' '.join(serve_args)}" if a.llama_server else f"serve {' '.join(serve_args)}"
+    print(f"{server}; {shape}, greedy, max {a.max_tokens} tokens each; one run\n")
     print(
         "| clients | requests | wall s | generated tok/s | vs 1 client | p50 latency s | p95 latency s | "
         "verify rounds | same text as 1 client |"
