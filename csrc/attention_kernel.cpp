@@ -143,13 +143,6 @@ struct Scratch {
   std::vector<Query> queries;
 };
 
-// Every query of one KV head at once (the heads that share it, the rows of a block), over the keys
-// of chunk c: keys and values pass through 16 at a time for all the queries while they sit in L1,
-// instead of once per query from L2. Each query's arithmetic is fixed by its own keys (the same
-// hsum16 groups of 16 keys, the same max, the same exp and sum, key j into value set j % SETS in
-// key order, the sets added in the same order); which queries go through together only
-// interchanges loops. GATHER: some query sees listed rows after its prefix (tree rows, key_at);
-// the keys each query reads, and their order, are then its own, with the same arithmetic over them.
 // Rows j0..j1-1 of a head's keys or values on their way to L1. A unit's keys are one short stream
 // per (sequence, KV head): a batch of 16 sequences at 60 tokens starts 48 of them a layer, each
 // too short for the hardware prefetcher to catch before it ends, and the scores waited on them.
@@ -163,6 +156,13 @@ inline void prefetch_rows(const T* base, int64_t stride, int j0, int j1, int D) 
       _mm_prefetch(reinterpret_cast<const char*>(base + j * stride) + off, _MM_HINT_T0);
 }
 
+// Every query of one KV head at once (the heads that share it, the rows of a block), over the keys
+// of chunk c: keys and values pass through 16 at a time for all the queries while they sit in L1,
+// instead of once per query from L2. Each query's arithmetic is fixed by its own keys (the same
+// hsum16 groups of 16 keys, the same max, the same exp and sum, key j into value set j % SETS in
+// key order, the sets added in the same order); which queries go through together only
+// interchanges loops. GATHER: some query sees listed rows after its prefix (tree rows, key_at);
+// the keys each query reads, and their order, are then its own, with the same arithmetic over them.
 template <int NC, bool GATHER, typename TK, typename TV>
 void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64_t vs, float scale, int c,
              const Partials& parts, Scratch& sc) {
@@ -190,11 +190,21 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
   constexpr bool STAGE_K = !GATHER && !std::is_same_v<TK, float>;
   constexpr bool STAGE_V = !GATHER && !std::is_same_v<TV, float>;
   alignas(64) float staged[16 * D];
-  const auto stage = [&](const auto* rows, int64_t rs, int j0) {
-    const int g = std::min(16, maxvis - j0);
-    for (int jj = 0; jj < g; ++jj)
+  // f(row): the pass over keys (or values) j0..j0+15 with row(t, jj) the pointer to query t's key
+  // j0 + jj: the widened copy where `stageable` and enough queries share it, else the buffer's row
+  const auto with_rows = [&](auto stageable, const auto* rows, int64_t rs, int j0, auto f) {
+    if (stageable && n >= kStageQueries) {
+      const int g = std::min(16, maxvis - j0);
+      for (int jj = 0; jj < g; ++jj)
 #pragma GCC unroll 8
-      for (int cc = 0; cc < NC; ++cc) store(staged + jj * D + 16 * cc, load_kv(rows + (lo + j0 + jj) * rs + 16 * cc));
+        for (int cc = 0; cc < NC; ++cc) store(staged + jj * D + 16 * cc, load_kv(rows + (lo + j0 + jj) * rs + 16 * cc));
+      f([&](int, int jj) -> const float* { return staged + jj * D; });
+    } else {
+      f([&](int t, int jj) {
+        const int j = lo + j0 + jj;
+        return rows + (GATHER ? key_at(j, qs[t].base, qs[t].tail) : j) * rs;
+      });
+    }
   };
   for (int j0 = 0; j0 < maxvis; j0 += 16) {  // scores
     if (j0 + KEYS_AHEAD < maxvis) prefetch_rows(k, ks, lo + j0 + KEYS_AHEAD, lo + std::min(maxvis, j0 + KEYS_AHEAD + 16), D);
@@ -221,15 +231,7 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
         store_n(sc.s.data() + stride * t + j0, mul(hsum16(acc), scl), cnt);
       }
     };
-    if (STAGE_K && n >= kStageQueries) {
-      stage(k, ks, j0);
-      scores([&](int, int jj) -> const float* { return staged + jj * D; });
-    } else {
-      scores([&](int t, int jj) -> const TK* {
-        const int j = lo + j0 + jj;
-        return k + (GATHER ? key_at(j, qs[t].base, qs[t].tail) : j) * ks;
-      });
-    }
+    with_rows(std::bool_constant<STAGE_K>{}, k, ks, j0, scores);
   }
   for (int t = 0; t < n; ++t) {  // softmax (unnormalized: merge() divides)
     float* sp = sc.s.data() + stride * t;
@@ -279,15 +281,7 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
           for (int cc = 0; cc < NC; ++cc) store(ap + (e * NC + cc) * 16, acc[e][cc]);
       }
     };
-    if (STAGE_V && n >= kStageQueries) {
-      stage(v, vs, j0);
-      weigh([&](int, int jj) -> const float* { return staged + jj * D; });
-    } else {
-      weigh([&](int t, int jj) -> const TV* {
-        const int j = lo + j0 + jj;
-        return v + (GATHER ? key_at(j, qs[t].base, qs[t].tail) : j) * vs;
-      });
-    }
+    with_rows(std::bool_constant<STAGE_V>{}, v, vs, j0, weigh);
   }
   for (int t = 0; t < n; ++t) {
     if (count(t) == 0) continue;  // no key of this chunk (or none at all: merge() writes zeros)
