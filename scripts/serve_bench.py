@@ -67,29 +67,35 @@ def start(serve_args: list[str]) -> tuple[subprocess.Popen, str, list[str]]:
             return proc, m.group(1), lines
 
 
-def start_llama_server(binary: str, serve_args: list[str]) -> tuple[subprocess.Popen, str, list[str]]:
-    """llama.cpp's own llama-server on the default model's GGUF (or the -m in serve_args), on a free
-    port; ready once /health answers 200."""
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_llama_server(binary: str, args: list[str]) -> tuple[subprocess.Popen, str, list[str]]:
+    """llama.cpp's own llama-server with `args` (the default model's GGUF unless they give -m), on a
+    free port, its log drained; ready once /health answers 200 (exits if it dies or takes 120 s)."""
     from mlxcel_py.models import default_model
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    model = [] if "-m" in serve_args else ["-m", str(default_model.default_gguf())]
-    cmd = [binary, *model, "--host", "127.0.0.1", "--port", str(port), *serve_args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = free_port()
+    model = [] if "-m" in args else ["-m", str(default_model.default_gguf())]
+    cmd = [binary, *model, "--host", "127.0.0.1", "--port", str(port), *args]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # keep draining its log
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"llama-server exited ({proc.returncode}): {' '.join(cmd)}")
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return proc, url, [" ".join(cmd)]
         except httpx.HTTPError:
             pass
-        if proc.poll() is not None:
-            sys.exit(f"llama-server exited ({proc.returncode}): {' '.join(cmd)}")
         time.sleep(0.5)
     proc.kill()
-    sys.exit("llama-server did not answer /health")
+    sys.exit("llama-server did not become healthy")
 
 
 def run(url: str, items: list[dict], clients: int, max_tokens: int, sustained: int = 0) -> dict:

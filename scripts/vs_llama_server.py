@@ -26,12 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,34 +44,15 @@ from mlxcel_py.bench.busy import busy_loops  # noqa: E402
 from mlxcel_py.models import default_model  # noqa: E402
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_ours(model: str, threads: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
     proc, url, _ = serve_bench.start(["-m", model, "-np", "1", "-t", str(threads), *extra])
     return proc, url
 
 
 def start_llama(binary: str, model: str, threads: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [binary, "-m", model, "--port", str(port), "-np", "1", "-c", "4096", "-t", str(threads), "-tb", str(threads)]
-    proc = subprocess.Popen([*cmd, *extra], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # keep draining its log
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"llama-server exited ({proc.returncode}): {' '.join(cmd + extra)}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    sys.exit("llama-server did not become healthy")
+    args = ["-m", model, "-np", "1", "-c", "4096", "-t", str(threads), "-tb", str(threads), *extra]
+    proc, url, _ = serve_bench.start_llama_server(binary, args)
+    return proc, url
 
 
 def ask(url: str, prompt: str, max_tokens: int) -> dict:
