@@ -4,26 +4,19 @@ across the shifts; `-c` and `--keep` out of range are refused on every command b
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
-from conftest import mlxcel_cmd
+from test_cli_generate import mlxcel
+from test_validate import no_loading  # noqa: F401  (the fixture: no model may load)
 from typer.testing import CliRunner
 
 from mlxcel_py.cli import app
-from mlxcel_py.models import loading
 
 PROMPT = "abc abc abc abc abc"
 
 
 def generate(env, model, *extra) -> str:
-    out = subprocess.run(
-        mlxcel_cmd()
-        + ["generate", "-m", str(model), "-p", PROMPT, "--no-chat-template", "--ignore-eos", "-c", "40", *extra],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
+    out = mlxcel(
+        ["generate", "-m", str(model), "-p", PROMPT, "--no-chat-template", "--ignore-eos", "-c", "40", *extra], env
     )
     assert out.returncode == 0, out.stderr
     return out.stdout
@@ -39,15 +32,6 @@ def test_generate_goes_past_a_full_window_and_speculation_stays_exact(tiny_dir, 
     assert generate(cli_env, tiny_dir, "-n", "90", "--context-shift", "--keep", "-1", "--prompt-lookup") == kept
 
 
-@pytest.fixture
-def no_loading(monkeypatch):
-    def forbidden(*a, **k):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr(loading, "resolve", forbidden)
-    monkeypatch.setattr(loading, "load", forbidden)
-
-
 @pytest.mark.parametrize(
     "argv,message",
     [
@@ -55,7 +39,8 @@ def no_loading(monkeypatch):
         (["chat", "--keep", "-2"], "--keep must be -1 (the whole prompt) or 0 or more tokens"),
     ],
 )
-def test_window_flags_out_of_range_are_refused_on_every_command(argv, message, no_loading, monkeypatch, tmp_path):
+@pytest.mark.usefixtures("no_loading")
+def test_window_flags_out_of_range_are_refused_on_every_command(argv, message, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 2 and message in result.stderr
@@ -63,14 +48,8 @@ def test_window_flags_out_of_range_are_refused_on_every_command(argv, message, n
 
 def test_chat_shifts_a_reply_that_fills_the_window(tiny_dir, cli_env):
     def chat(*extra) -> str:
-        out = subprocess.run(
-            mlxcel_cmd() + ["chat", "-m", str(tiny_dir), "-c", "60", "-n", "80", "--ignore-eos", *extra],
-            input="hello there\n",
-            capture_output=True,
-            text=True,
-            env=cli_env,
-            timeout=300,
-        )
+        args = ["chat", "-m", str(tiny_dir), "-c", "60", "-n", "80", "--ignore-eos", *extra]
+        out = mlxcel(args, cli_env, input="hello there\n")
         assert out.returncode == 0, out.stderr
         return out.stdout
 
