@@ -148,20 +148,21 @@ NB_MODULE(_qmm, m) {
                     const std::vector<std::optional<mlx::core::array>>&,
                     const std::vector<int>&, const std::vector<std::optional<mlx::core::array>>&, const mlx::core::array&,
                     const mlx::core::array&, std::optional<mlx::core::array>, std::optional<mlx::core::array>, float, float, int, int, int,
-                    int, bool, float, float, float>(),
+                    int, bool, float, float, float, std::optional<mlx::core::array>>(),
            "ws"_a, "scales"_a, "biases"_a, "bits"_a, "bias"_a, "attn_norm"_a, "mlp_norm"_a, "q_norm"_a.none(),
            "k_norm"_a.none(), "eps"_a, "qk_eps"_a, "heads"_a, "kv_heads"_a, "head_dim"_a, "rope_dims"_a,
-           "rope_traditional"_a, "rope_base"_a, "rope_scale"_a, "attn_scale"_a,
+           "rope_traditional"_a, "rope_base"_a, "rope_scale"_a, "attn_scale"_a, "in2_norm"_a.none() = nb::none(),
            "linears in the order q, k, v, o, gate, up, down (the kernels' layouts, as RowExactLinear and "
-           "RowExactFloatLinear hold them; a float linear's scales and biases are None)")
+           "RowExactFloatLinear hold them; a float linear's scales and biases are None); in2_norm: an EAGLE-3 "
+           "midlayer, whose q/k/v read [attn_norm(e); in2_norm(h)] and whose calls pass e")
       .def("__call__",
            [](const mlxcel::DecoderLayer& self, const mlx::core::array& h, const std::vector<mlx::core::array>& k_bufs,
               const std::vector<mlx::core::array>& v_bufs, const std::vector<int>& seq, const std::vector<int>& pos,
-              const Rows& slot, const Rows& base, const Tails& tail) {
-             return self(h, k_bufs, v_bufs, seq, pos, tree_rows(slot, base, tail));
+              const Rows& slot, const Rows& base, const Tails& tail, std::optional<mlx::core::array> e) {
+             return self(h, k_bufs, v_bufs, seq, pos, tree_rows(slot, base, tail), e);
            },
            "h"_a, "k_bufs"_a, "v_bufs"_a, "seq"_a, "pos"_a, "slot"_a = nb::none(), "base"_a = nb::none(),
-           "tail"_a = nb::none(),
+           "tail"_a = nb::none(), "e"_a.none() = nb::none(),
            "[h out, key buffers..., value buffers...]: row t of sequence seq[t] at position pos[t]; draft-tree "
            "rows (slot, base and tail together): row t rotated at pos[t], written at row slot[t] and attending "
            "rows 0..base[t]-1, then the rows tail[t]");

@@ -105,13 +105,21 @@ struct Scratch {
 }  // namespace
 
 void decoder_layer(const DecoderLayerView& L, const LayerRows& R, int threads) {
-  const int T = R.T, hidden = L.q.K, D = L.D, Hq = L.Hq, Hkv = L.Hkv, inter = L.gate.N;
+  const int T = R.T, hidden = L.o.N, in = L.q.K, D = L.D, Hq = L.Hq, Hkv = L.Hkv, inter = L.gate.N;
   const int qd = Hq * D, kvd = Hkv * D;
   thread_local Scratch s;  // the MLX stream's thread; buffers grow once and are kept
-  s.size(T, hidden, qd, kvd, inter);
+  s.size(T, in, qd, kvd, inter);
 
   // attention
-  MLXCEL_ISA::rms_norm_rows(R.h, L.attn_norm, L.eps, T, hidden, s.xn.data());
+  if (L.in2_norm == nullptr) {
+    MLXCEL_ISA::rms_norm_rows(R.h, L.attn_norm, L.eps, T, hidden, s.xn.data());
+  } else {  // EAGLE-3: each row's input is its two normed halves side by side
+    for (int t = 0; t < T; ++t) {
+      float* x = s.xn.data() + static_cast<int64_t>(t) * in;
+      MLXCEL_ISA::rms_norm_rows(R.e + static_cast<int64_t>(t) * hidden, L.attn_norm, L.eps, 1, hidden, x);
+      MLXCEL_ISA::rms_norm_rows(R.h + static_cast<int64_t>(t) * hidden, L.in2_norm, L.eps, 1, hidden, x + hidden);
+    }
+  }
   {
     const LinearView* lin[3] = {&L.q, &L.k, &L.v};
     float* out[3] = {s.q.data(), s.k.data(), s.v.data()};

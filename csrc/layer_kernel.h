@@ -22,7 +22,10 @@ struct LinearView {
 };
 
 struct DecoderLayerView {
-  const float* attn_norm;  // [hidden]: RMSNorm before attention
+  const float* attn_norm;  // [hidden]: RMSNorm before attention (of the second input e, when in2_norm is set)
+  // EAGLE-3's midlayer (drafters/eagle3_net.py), or null: q/k/v read [attn_norm(e); in2_norm(h)]
+  // (2 * hidden inputs), with h, the hidden state, still the residual
+  const float* in2_norm = nullptr;
   const float* mlp_norm;   // [hidden]: RMSNorm before the MLP
   const float* q_norm;     // [head_dim] per-head RMSNorm of queries and keys (qwen3), or null
   const float* k_norm;
@@ -44,6 +47,7 @@ struct DecoderLayerView {
 // order, that the one-row step of its path attends, so its output is that step's bit for bit.
 struct LayerRows {
   const float* h;  // [T, hidden] in
+  const float* e = nullptr;  // [T, hidden]: the second input (in2_norm layers: a token's embedding)
   float* out;      // [T, hidden] out (h + attention + MLP)
   int T;
   const int* seq;

@@ -26,6 +26,7 @@ struct DecoderLayerState {
   DecoderLayerView view{};
   int hidden = 0;
   float rope_base = 0, rope_scale = 1;
+  bool two_inputs = false;  // an EAGLE-3 midlayer: e is the op's last input
 };
 
 namespace {
@@ -37,7 +38,8 @@ class RowExactDecoderLayer : public mx::Primitive {
       : mx::Primitive(s), st_(std::move(st)), seq_(std::move(seq)), pos_(std::move(pos)), tree_(std::move(tree)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    const int S = static_cast<int>(inputs.size() - 1) / 2;
+    const bool two = st_->two_inputs;
+    const int S = static_cast<int>(inputs.size() - 1 - (two ? 1 : 0)) / 2;
     auto& out = outputs[0];
     out.set_data(mx::allocator::malloc(out.nbytes()));
     const BufferWrites writes = take_buffers(inputs, 1, outputs, 1, 2 * S);
@@ -51,15 +53,17 @@ class RowExactDecoderLayer : public mx::Primitive {
     kv_type_of(outputs[1], &kt);
     kv_type_of(outputs[1 + S], &vt);
     for (int b = 0; b < S; ++b) head_stride[b] = static_cast<int64_t>(outputs[1 + b].shape(2)) * st_->view.D;
-    enc.dispatch([h = inputs[0], writes, bufs = std::move(bufs), head_stride = std::move(head_stride), st = st_,
+    enc.dispatch([h = inputs[0], e = two ? inputs.back() : inputs[0], two, writes, bufs = std::move(bufs), head_stride = std::move(head_stride), st = st_,
                   seq = seq_, pos = pos_, tree = tree_, op = out.data<float>(), S, kt, vt, threads = kernel_threads.load()]() {
       writes.copy();
-      std::vector<float> scratch;
+      std::vector<float> scratch, scratch_e;
       const float* hp = contiguous_rows(h, scratch);
+      const float* ep = two ? contiguous_rows(e, scratch_e) : nullptr;
       const std::vector<int32_t> p32(pos.begin(), pos.end());
       const auto table = rope_table_for(p32, st->view.rope_dims, st->rope_base, st->rope_scale);
       LayerRows rows{};
       rows.h = hp;
+      rows.e = ep;
       rows.out = op;
       rows.T = static_cast<int>(seq.size());
       rows.seq = seq.data();
@@ -98,6 +102,7 @@ class RowExactDecoderLayer : public mx::Primitive {
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     std::vector<mx::Shape> shapes;
     for (const auto& a : inputs) shapes.push_back(a.shape());
+    if (st_->two_inputs) shapes.pop_back();  // e goes in only
     return shapes;
   }
 
@@ -121,7 +126,7 @@ DecoderLayer::DecoderLayer(const std::vector<mx::array>& ws, const std::vector<s
                            const mx::array& mlp_norm, std::optional<mx::array> q_norm,
                            std::optional<mx::array> k_norm, float eps, float qk_eps, int heads, int kv_heads,
                            int head_dim, int rope_dims, bool rope_traditional, float rope_base, float rope_scale,
-                           float attn_scale) {
+                           float attn_scale, std::optional<mx::array> in2_norm) {
   const char* what = "decoder_layer: ";
   if (ws.size() != 7 || scales.size() != 7 || biases.size() != 7 || bits.size() != 7 || bias.size() != 7)
     throw std::invalid_argument(std::string(what) + "seven linears: q, k, v, o, gate, up, down");
@@ -136,6 +141,7 @@ DecoderLayer::DecoderLayer(const std::vector<mx::array>& ws, const std::vector<s
     if (b) all.push_back(*b);
   if (q_norm) all.push_back(*q_norm);
   if (k_norm) all.push_back(*k_norm);
+  if (in2_norm) all.push_back(*in2_norm);
   mx::eval(all);
   st->held = all;
   const int hidden = attn_norm.size();
@@ -173,7 +179,8 @@ DecoderLayer::DecoderLayer(const std::vector<mx::array>& ws, const std::vector<s
   if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || head_dim <= 0 || rope_dims <= 0 ||
       rope_dims > head_dim || rope_dims % 2 != 0)
     throw std::invalid_argument(std::string(what) + "heads must be a multiple of kv_heads; 0 < rope_dims <= head_dim, even");
-  if (v.q.K != hidden || v.k.K != hidden || v.v.K != hidden || v.q.N != qd || v.k.N != kvd || v.v.N != kvd ||
+  const int in = in2_norm ? 2 * hidden : hidden;  // q/k/v's inputs
+  if (v.q.K != in || v.k.K != in || v.v.K != in || v.q.N != qd || v.k.N != kvd || v.v.N != kvd ||
       v.o.K != qd || v.o.N != hidden || v.gate.K != hidden || v.up.K != hidden || v.up.N != v.gate.N ||
       v.down.K != v.gate.N || v.down.N != hidden)
     throw std::invalid_argument(std::string(what) + "the linears' shapes do not make a decoder layer");
@@ -181,6 +188,8 @@ DecoderLayer::DecoderLayer(const std::vector<mx::array>& ws, const std::vector<s
   v.mlp_norm = floats(mlp_norm, hidden, "mlp_norm");
   v.q_norm = q_norm ? floats(*q_norm, head_dim, "q_norm") : nullptr;
   v.k_norm = k_norm ? floats(*k_norm, head_dim, "k_norm") : nullptr;
+  v.in2_norm = in2_norm ? floats(*in2_norm, hidden, "in2_norm") : nullptr;
+  st->two_inputs = static_cast<bool>(in2_norm);
   v.eps = eps;
   v.qk_eps = qk_eps;
   v.Hq = heads;
@@ -197,12 +206,17 @@ DecoderLayer::DecoderLayer(const std::vector<mx::array>& ws, const std::vector<s
 
 std::vector<mx::array> DecoderLayer::operator()(const mx::array& h, const std::vector<mx::array>& k_bufs,
                                                 const std::vector<mx::array>& v_bufs, const std::vector<int>& seq,
-                                                const std::vector<int>& pos, const TreeRows& tree) const {
+                                                const std::vector<int>& pos, const TreeRows& tree,
+                                                std::optional<mx::array> e) const {
   const char* what = "decoder_layer: ";
   const auto& v = state_->view;
   if (h.dtype() != mx::float32 || h.ndim() < 1 || h.shape(-1) != state_->hidden)
     throw std::invalid_argument(std::string(what) + "h must be float32 [..., " + std::to_string(state_->hidden) + "]");
   const int T = static_cast<int>(h.size() / state_->hidden);
+  if (state_->two_inputs != static_cast<bool>(e) ||
+      (e && (e->ndim() < 1 || e->shape(-1) != state_->hidden || static_cast<int>(e->size()) != T * state_->hidden)))
+    throw std::invalid_argument(std::string(what) + (state_->two_inputs ? "an EAGLE-3 layer takes e, float [..., hidden] like h"
+                                                                         : "e is for EAGLE-3 layers (in2_norm) only"));
   const int S = static_cast<int>(k_bufs.size());
   if (static_cast<int>(seq.size()) != T || static_cast<int>(pos.size()) != T || v_bufs.size() != k_bufs.size() || S == 0)
     throw std::invalid_argument(std::string(what) + "one sequence and position per row, one value buffer per key buffer");
@@ -231,6 +245,7 @@ std::vector<mx::array> DecoderLayer::operator()(const mx::array& h, const std::v
   for (const auto& a : inputs) shapes.push_back(a.shape());
   std::vector<mx::Dtype> dtypes;
   for (const auto& a : inputs) dtypes.push_back(a.dtype());
+  if (e) inputs.push_back(mx::astype(*e, mx::float32, s));  // in only: not among the outputs
   return mx::array::make_arrays(std::move(shapes), dtypes,
                                 std::make_shared<RowExactDecoderLayer>(s, state_, seq, pos, tree), inputs);
 }

@@ -129,39 +129,66 @@ def test_cli_generate_with_both_equals_plain(dirs, cli_env):
     assert "speculative=prompt-lookup+eagle3" in both.stderr and "prompt-lookup+eagle3" in both.stderr
 
 
-def test_the_break_even_policy_pauses_drafts_that_do_not_pay_and_probes_again():
+def test_the_break_even_policy_drafts_the_width_that_pays_pauses_when_none_does_and_probes():
     from mlxcel_py.engine.policy import BreakEvenPolicy
 
     g = BreakEvenPolicy(3)
-    g.drafted(3, 3)
+    for width, seconds in ((1, 1.0), (2, 1.05), (3, 1.2), (4, 1.3)):  # this CPU's verify shape
+        g.timed(width, seconds)
+    g.draft_timed(3, 0.15)  # a draft step: 0.05 of a plain step
+    assert abs(g.draft_cost() - 0.05) < 1e-9 and g.cost(3) == 1.2
+    for _ in range(20):
+        g.drafted(3, 3)  # every draft accepted: the full width pays best
     assert g.budget() == 3
-    g.drafted(3, 0)  # share 0.5: below break-even
-    assert g.paused and g.budget() == 0 and g.backoff.left == 4
+    for i in range(60):  # two in five accepted: one draft a round pays, three do not
+        g.drafted(1, int(i % 5 < 2))
+    assert g.budget() == 1 and abs(g.alpha - 0.4) < 0.1, g.alpha
+    for _ in range(100):
+        g.drafted(1, 0)  # nothing accepted: no width beats a plain step
+    assert g.budget() == 0 and g.paused and g.backoff.left == 4
     for _ in range(4):
         g.plain()
-    assert not g.paused
-    g.drafted(3, 0)  # the probe fails: a pause twice as long
-    assert g.backoff.left == 8
-    for _ in range(100):
+    assert not g.paused and g.budget() == 3  # the probe, at full width
+    g.drafted(3, 0)
+    assert g.budget() == 0 and g.backoff.left == 8  # still nothing: a pause twice as long
+    for _ in range(8):
         g.plain()
-    g.drafted(3, 3)  # it pays again: the next pause starts short
+    assert g.budget() == 3
+    for _ in range(20):
+        g.drafted(3, 3)  # it pays again: drafting goes on and the next pause starts short
     assert g.budget() == 3 and g.backoff.length == 4
 
 
+def test_the_break_even_policy_counts_a_slow_drafter_against_its_drafts():
+    """The same acceptance pays with a cheap draft step and not with one as dear as a plain step."""
+    from mlxcel_py.engine.policy import BreakEvenPolicy
+
+    def width(draft_seconds):
+        g = BreakEvenPolicy(3)
+        g.timed(1, 1.0)
+        g.timed(2, 1.05)
+        g.draft_timed(1, draft_seconds)
+        for i in range(60):
+            g.drafted(1, int(i % 2 == 0))  # half accepted
+        return g.budget()
+
+    assert width(0.05) >= 1 and width(1.0) == 0
+
+
 def test_a_drafter_that_guesses_badly_is_paused_and_lookup_still_drafts(dirs):
-    """A random-weight EAGLE-3 drafter is almost never right: after a few probes the model side
-    pauses, and the rounds with a lookup match still draft."""
+    """A random-weight EAGLE-3 drafter is almost never right: the model side drafts in few rounds
+    (its misses soon make no width pay) while the rounds with a lookup match still draft."""
     s = session(dirs["target"], draft_model=dirs["eagle3"], prompt_lookup=True)
     plain = plain_engine(s)
-    rounds = model = lookup = pauses = 0
+    rounds = model = lookup = 0
     for i, p in enumerate(copy_prompts(4, seed=9)):
         drafter = s.drafters.make(private=True)
         a, _ = run(plain, p, max_tokens=60, ignore_eos=True)
         b, g = run(s.engine, p, max_tokens=60, ignore_eos=True, drafter=drafter)
         assert a == b, i
         rounds, model, lookup = rounds + g.stats.rounds, model + drafter.from_model, lookup + drafter.from_lookup
-        pauses += drafter.gate.backoff.count
-    assert pauses > 0 and lookup > 0
+        assert drafter.gate.alpha < drafter.gate.PRIOR_ALPHA or drafter.from_model == 0, i
+    assert lookup > 0
     assert model < rounds / 3, (model, rounds)  # ungated, every round without a match would draft
 
 

@@ -37,7 +37,7 @@ from test_dflash import (
 from test_engine import run
 from test_families import copy_prompts
 
-from mlxcel_py.drafters import eagle3
+from mlxcel_py.drafters import eagle3, eagle3_kernel
 from mlxcel_py.drafters.eagle3_net import Eagle3Net
 from mlxcel_py.errors import ModelError
 from mlxcel_py.models import decoder_layers
@@ -216,6 +216,37 @@ def test_trained_drafter_runner_up_trees_take_branches_and_yield_more_per_round(
     chain, _ = tree_gain(session(folder, draft_model=draft, draft_block_size=2), seed=11)
     tree, branches = tree_gain(session(folder, draft_model=draft, draft_block_size=2, draft_tree_budget=3), seed=11)
     assert branches > 0 and tree > chain, (chain, tree, branches)
+
+
+def test_fused_midlayer_is_the_network_code_up_to_rounding(tmp_path):
+    """The midlayer as one kernel op (eagle3_kernel.py, on wherever the kernel runs) computes
+    what the network's MLX code computes, over a catch-up block and self-fed steps: the same
+    logits up to float32 rounding, the same cache length, the same picks."""
+    from mlxcel_py.cpu.extension import kernel_status
+
+    if kernel_status()[0] is None:
+        pytest.skip("the row-exact kernel did not build here")
+    spec = eagle3.read_spec(tiny_models.eagle3_config(QWEN3), tmp_path, QWEN3["num_hidden_layers"])
+    mx.random.seed(3)
+    net = eagle3.on_the_kernel(Eagle3Net(spec))
+    assert net.fused is not None, eagle3_kernel.why_not(net)
+    emb, hid = mx.random.normal((1, 12, spec.hidden_size)), mx.random.normal((1, 12, spec.hidden_size))
+
+    def steps(fused):
+        net.fused = fused
+        cache = net.make_cache()
+        logits, out = net.step(emb[:, :8], hid[:, :8], cache, last_only=True)
+        rows = [logits[0, -1]]
+        for i in range(8, 12):
+            logits, out = net.step(emb[:, i : i + 1], out, cache)
+            rows.append(logits[0, -1])
+        return mx.stack(rows), cache[0].offset
+
+    fused = net.fused
+    (a, n_a), (b, n_b) = steps(fused), steps(None)
+    assert n_a == n_b == 12
+    assert mx.allclose(a, b, rtol=1e-4, atol=1e-4).item(), mx.abs(a - b).max().item()
+    assert mx.argmax(a, -1).tolist() == mx.argmax(b, -1).tolist()
 
 
 # ---- refusals: each before any target weight loads ----------------------------------------------

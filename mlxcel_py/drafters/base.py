@@ -177,7 +177,7 @@ class DrafterSource:
                 verify_cost=verify_cost,
             )
         if registry.kind_of(d.kind).gated:
-            return make_policy("break-even", self.width)
+            return make_policy("break-even", self.width, verify_cost=verify_cost)
         return make_policy("fixed", self.width, adaptive=False)
 
     @classmethod

@@ -16,6 +16,7 @@ its own q and a lookup draft as one-hot.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -92,14 +93,16 @@ class CompositeDrafter(Drafter):
         found = self._lookup(context, limit, decider)
         if found is not None:
             return found
-        if self.gate.paused:
+        width = min(limit, self.gate.budget())
+        if width <= 0:
             return Proposal([])
-        width = min(limit, self.model_width)
+        t0 = time.perf_counter()
         p = (
             self.model.propose(context, width, decider)
             if nodes is None
             else self.model.propose_tree(context, width, decider, nodes)
         )
+        self.gate.draft_timed(len(p.tokens), time.perf_counter() - t0)
         if p.tokens:
             self.from_model += 1
             self.last = ("model", len(context), list(p.tokens))

@@ -21,6 +21,7 @@ that `d2t` maps inside the target's vocabulary.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -172,16 +173,20 @@ def load_net(spec: Spec, tensors: dict, d2t: mx.array | None, folder: Path, targ
 
 
 def on_the_kernel(net: Eagle3Net) -> Eagle3Net:
-    """The drafter's layers in 8 bits on the row-exact kernel where it built: a draft step is
-    bandwidth-bound like the target's, and its precision only moves acceptance, never the output
-    (every token is the target's). Measured with a trained drafter for SmolLM2-135M: draft time
-    a round 9.2 -> 3.5 ms (float32 on BLAS -> q8), the same drafts accepted."""
+    """The drafter's layers in 8 bits on the row-exact kernel where it built, and its midlayer as
+    one op (eagle3_kernel.py): a draft step is bandwidth-bound like the target's, and its
+    precision only moves acceptance, never the output (every token is the target's). Measured
+    with a trained drafter for SmolLM2-135M: draft time a round 9.2 -> 3.5 ms (float32 on BLAS ->
+    q8), the same drafts accepted. MLXCEL_NO_FUSED_LAYERS=1 keeps the MLX layer code (A/B)."""
     from ..cpu import weights as cpu_weights
     from ..cpu.extension import kernel_status
+    from . import eagle3_kernel
 
     qmm, _ = kernel_status()
     if qmm is not None:
         cpu_weights.apply(net, "q8")
+        if not os.environ.get("MLXCEL_NO_FUSED_LAYERS"):
+            net.fused = eagle3_kernel.fuse(net)
     return net
 
 
@@ -243,9 +248,13 @@ class Eagle3Drafter(Drafter):
         self.target.drop_hidden_before(L - 1)
         picks, rows, steps = [], [], []
         start = L - decider.prompt_len
+        quick = decider.greedy and not branch  # the mapped argmax, without spreading logits over the vocabulary
         for i in range(limit):
-            target_logits = self._target_logits(logits[0])
-            t, q = draw(target_logits, decider, start + i)
+            if quick:
+                t, q = self.mapped[mx.argmax(logits[0], axis=-1)], None
+            else:
+                target_logits = self._target_logits(logits[0])
+                t, q = draw(target_logits, decider, start + i)
             picks.append(t)
             rows += [q] if q is not None else []
             steps += [target_logits] if branch else []

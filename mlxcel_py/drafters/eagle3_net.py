@@ -141,6 +141,7 @@ class Eagle3Net(nn.Module):
             max_position_embeddings=spec.max_position_embeddings,
         )
         self.d2t = mx.zeros((spec.draft_vocab_size,), dtype=mx.int32)  # set by load (a buffer, not trained)
+        self.fused = None  # eagle3_kernel.FusedMidLayer, set by eagle3.on_the_kernel where it runs
 
     def make_cache(self) -> list:
         from mlx_lm.models.cache import KVCache
@@ -156,6 +157,8 @@ class Eagle3Net(nn.Module):
         layer was half the step)."""
         from mlx_lm.models.base import create_attention_mask
 
+        if self.fused is not None and cache is not None:
+            return self.fused.step(embedded, hidden, cache, last_only)
         mask = create_attention_mask(embedded, cache[0]) if cache is not None else "causal"
         out = self.midlayer(embedded, hidden, self.rope, cache[0] if cache is not None else None, mask)
         if last_only:

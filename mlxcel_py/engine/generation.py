@@ -384,6 +384,7 @@ class RoundLoop:
             proposal = drafter.propose_tree(d.history, budget, d.decider, d.tree_nodes)
         else:
             proposal = drafter.propose(d.history, budget, d.decider)
+        policy.draft_timed(len(proposal.tokens), time.perf_counter() - td)
         draft, q = proposal.tokens, proposal.q
         k = policy.size(len(draft), proposal.match_len) if draft else 0
         if draft and self.constraint is not None:  # the target would never pick a token past this

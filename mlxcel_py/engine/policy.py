@@ -3,7 +3,8 @@
 Pure Python. The engine asks `budget()` before a round (0 = decode plainly this round), then
 `size(proposed, match_len)` once the drafter has proposed (how many of those tokens to verify),
 reports every drafted round with `drafted(proposed, accepted)`, every plain round with `plain()`,
-and the time of every target forward with `timed(width, seconds)`.
+the time of every target forward with `timed(width, seconds)` and of every proposal with
+`draft_timed(tokens, seconds)`.
 - graded (mlxcel, Apple-tuned): full block first, budget from an acceptance EMA, pause 4 rounds
   after 3 straight misses, doubling to 32, reset once a round lands.
 - gated (mlxcel, CUDA-tuned): narrow blocks on probation, full blocks when the EMA is high, a miss
@@ -14,6 +15,10 @@ and the time of every target forward with `timed(width, seconds)`.
   verify cost per width starts from the warmup calibration and follows the forwards actually
   timed in this run (attention grows with context). It verifies the prefix length that maximizes
   expected tokens per unit of time, or nothing when no length beats a plain step.
+- break-even (ours, model drafters that may not pay: one trained here, a composite's model
+  side): the width with the most expected tokens per unit of time, from acceptance learned
+  online and the verify forwards and draft steps timed in the run; pauses that double while no
+  width pays, each ended by one probe round.
 - fixed (`--prompt-lookup-no-adaptive`): always the maximum.
 """
 
@@ -39,6 +44,8 @@ class Policy(Protocol):
 
     def timed(self, width: int, seconds: float) -> None: ...
 
+    def draft_timed(self, steps: int, seconds: float) -> None: ...
+
     def shadow_confirmed(self) -> None: ...
 
     @property
@@ -52,6 +59,9 @@ class _TakesWholeProposals:
         return proposed
 
     def timed(self, width: int, seconds: float) -> None:
+        pass
+
+    def draft_timed(self, steps: int, seconds: float) -> None:
         pass
 
 
@@ -189,40 +199,109 @@ class GatedPolicy(_TakesWholeProposals):
 
 class BreakEvenPolicy(_TakesWholeProposals):
     """A model drafter whose worth depends on the text (one trained here, a composite's model
-    side): its full width every round while, averaged over recent rounds, at least BREAK_EVEN of
-    its drafts are accepted; else a pause of 4, 8, ... 64 rounds (plain steps), then a probe.
-    Measured on this 2-core CPU with SmolLM2-135M: a round of k model drafts pays once about
-    0.55 k are accepted (a k+1-row verify plus k draft steps against k plain steps)."""
+    side). Each round it drafts the width k that maximizes expected tokens per unit of time,
+    (1 + a + ... + a^k) / (verify(k + 1) + k * draft), where a is a draft's acceptance learned
+    online (geometric, windowed, from an even prior) and verify(w) and draft are the verify
+    forwards and draft steps timed in this run, relative to a plain step (until timed: the
+    warmup's calibration or 1 + 0.07 per extra row, and DRAFT_COST). When no width beats a plain
+    step it pauses for 4, 8, ... 64 rounds of plain steps, then probes one round at full width
+    (acceptance is only learned by drafting). Measured on this 2-core CPU with SmolLM2-135M: a
+    fused EAGLE-3 draft step ~0.06 of a target step, a 2-row verify ~1.05, a 4-row one ~1.3."""
 
     name = "break-even"
     shadow_len = 0
-    BREAK_EVEN = 0.55
+    PRIOR_ALPHA = 0.5
+    PRIOR_WEIGHT = 2.0  # light: a drafter that misses stops within a few rounds
+    WINDOW = 32.0  # observations kept: older rounds fade so a change of text is noticed
+    TIME_EMA = 0.3
+    DRAFT_COST = 0.1  # a draft step relative to a plain step, until both are timed
 
-    def __init__(self, max_draft: int):
+    def __init__(self, max_draft: int, verify_cost: Sequence[float] | None = None):
         self.max_draft = max_draft
-        self.share = 1.0  # accepted / drafted, an exponential average (optimistic start)
+        self.hits, self.misses = self.PRIOR_ALPHA * self.PRIOR_WEIGHT, (1 - self.PRIOR_ALPHA) * self.PRIOR_WEIGHT
+        self.shape = _verify_shape(max_draft, verify_cost)
+        self.seconds: dict[int, float] = {}  # verify forward of w rows (1: a plain step)
+        self.draft_seconds: float | None = None  # one draft step
         self.backoff = Backoff(4, 64)
+        self._probe = False  # a pause just ended: draft once whatever the estimate says
 
     @property
     def paused(self) -> bool:
         return self.backoff.left > 0
 
+    @property
+    def alpha(self) -> float:
+        return self.hits / (self.hits + self.misses)
+
+    def cost(self, width: int) -> float:
+        one = self.seconds.get(1)
+        if one and width in self.seconds:
+            return self.seconds[width] / one
+        return self.shape[min(width, len(self.shape) - 1)]
+
+    def draft_cost(self) -> float:
+        one = self.seconds.get(1)
+        return self.draft_seconds / one if one and self.draft_seconds is not None else self.DRAFT_COST
+
+    def best_width(self) -> tuple[int, float]:
+        """(k, expected tokens per plain step's time); k = 0: plain decoding pays best."""
+        a, d = self.alpha, self.draft_cost()
+        best_k, best_rate, expected = 0, 1.0, 1.0
+        for k in range(1, self.max_draft + 1):
+            expected += a**k
+            rate = expected / (self.cost(k + 1) + k * d)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k, best_rate
+
     def budget(self) -> int:
-        return 0 if self.paused else self.max_draft
+        if self.paused:
+            return 0
+        if self._probe:
+            self._probe = False
+            return self.max_draft
+        k, _ = self.best_width()
+        if k == 0:
+            self.backoff.pause()
+            self._probe = True
+        else:
+            self.backoff.reset()
+        return k
 
     def drafted(self, proposed: int, accepted: int) -> None:
-        self.share = 0.5 * self.share + 0.5 * accepted / max(1, proposed)
-        if self.share >= self.BREAK_EVEN:
-            self.backoff.reset()
-            return
-        self.backoff.pause()
-        self.share = self.BREAK_EVEN  # the probe after the pause is judged afresh
+        self.hits += accepted
+        self.misses += 1 if accepted < proposed else 0
+        total = self.hits + self.misses
+        if total > self.WINDOW:
+            self.hits *= self.WINDOW / total
+            self.misses *= self.WINDOW / total
+
+    def draft_timed(self, steps: int, seconds: float) -> None:
+        if steps > 0:
+            per = seconds / steps
+            old = self.draft_seconds
+            self.draft_seconds = per if old is None else (1 - self.TIME_EMA) * old + self.TIME_EMA * per
+
+    def timed(self, width: int, seconds: float) -> None:
+        old = self.seconds.get(width)
+        self.seconds[width] = seconds if old is None else (1 - self.TIME_EMA) * old + self.TIME_EMA * seconds
 
     def plain(self) -> None:
         self.backoff.tick()
 
     def shadow_confirmed(self) -> None:
         pass
+
+
+def _verify_shape(max_draft: int, verify_cost: Sequence[float] | None) -> list[float]:
+    """Verify cost by width relative to a plain step: the warmup's calibration, extended, or a
+    default measured on a 2-core x86 CPU (~1.0 + 0.07 per extra row); never cheaper when wider."""
+    shape = list(verify_cost) if verify_cost else [0.0] + [1.0 + 0.07 * (w - 1) for w in range(1, max_draft + 2)]
+    while len(shape) < max_draft + 2:  # extrapolate a short calibration linearly
+        shape.append(shape[-1] + (shape[-1] - shape[-2] if len(shape) > 2 else 0.07))
+    for w in range(2, len(shape)):  # a wider block never costs less (timing noise aside)
+        shape[w] = max(shape[w], shape[w - 1])
+    return shape
 
 
 class CostPolicy:
@@ -240,13 +319,7 @@ class CostPolicy:
 
     def __init__(self, max_draft: int, verify_cost: Sequence[float] | None = None):
         self.max_draft = max_draft
-        # default shape measured on a 2-core x86 CPU with OpenBLAS: ~1.0 + 0.07 per extra row
-        shape = list(verify_cost) if verify_cost else [0.0] + [1.0 + 0.07 * (w - 1) for w in range(1, max_draft + 2)]
-        while len(shape) < max_draft + 2:  # extrapolate a short calibration linearly
-            shape.append(shape[-1] + (shape[-1] - shape[-2] if len(shape) > 2 else 0.07))
-        for w in range(2, len(shape)):  # a wider block never costs less (timing noise aside)
-            shape[w] = max(shape[w], shape[w - 1])
-        self.shape = shape
+        self.shape = _verify_shape(max_draft, verify_cost)
         self.hits = [a * self.PRIOR_WEIGHT for a in self.PRIOR_ALPHA]
         self.misses = [(1 - a) * self.PRIOR_WEIGHT for a in self.PRIOR_ALPHA]
         self.seconds: dict[int, float] = {}
@@ -312,6 +385,9 @@ class CostPolicy:
     def plain(self) -> None:
         pass
 
+    def draft_timed(self, steps: int, seconds: float) -> None:
+        pass  # prompt lookup's drafts cost next to nothing
+
     def shadow_confirmed(self) -> None:
         pass
 
@@ -345,5 +421,5 @@ def make_policy(
     if name == "cost":
         return CostPolicy(max_draft, verify_cost)
     if name == "break-even":
-        return BreakEvenPolicy(max_draft)
+        return BreakEvenPolicy(max_draft, verify_cost)
     raise ValueError(f"unknown draft policy {name!r}")

@@ -9,9 +9,9 @@ from ..errors import UsageError
 
 KINDS = ("eagle3", "dflash")
 DEFAULT_MINUTES = 40.0
-DEFAULT_TOKENS = 200_000
+DEFAULT_TOKENS = 400_000
 DEFAULT_DRAFT_VOCAB = 8192
-DEFAULT_WIDTH = 3
+DEFAULT_WIDTH = 2
 DEFAULT_MAX_ANSWER = 256
 DEFAULT_BATCH = 8
 DATA_SHARE = 0.4  # at most this share of --minutes records answers; training gets the rest

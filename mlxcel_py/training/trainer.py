@@ -1,7 +1,9 @@
 """The run of `mlxcel draft train`: record, choose the draft vocabulary, train, write.
 
 Budget: `--minutes` covers the whole run (time spent before a `--resume` counts); recording
-stops at `--tokens` answer tokens or at DATA_SHARE of it, training takes the rest. Held-out
+stops at `--tokens` answer tokens or at DATA_SHARE of it (passing over the prompts again,
+sampled, while either is left), training takes the rest. Labels are the target's greedy picks
+(recording.py). Held-out
 prompts (corpus.HELD_OUT_SHARE, at most HELD_OUT_MAX) are recorded first and never trained on;
 each evaluation reports step 1's top-1 agreement with the target and the mean number of a
 round's drafts the target would accept (consecutive hits of the unrolled steps), which is what
@@ -43,6 +45,7 @@ from .plan import DATA_SHARE, TrainPlan
 CHECKPOINT_S = 120.0
 EVAL_S = 60.0
 HELD_OUT_MAX = 16
+PROMPT_PASSES = 4  # at most: the recorded data stays in memory until training
 WARMUP_STEPS = 50
 
 
@@ -98,7 +101,8 @@ def evaluate(net: Eagle3Net, embed: Any, held: list, lut: mx.array, width: int) 
     chains: list[int] = []
     for s in held:
         x = mx.array([s.tokens], dtype=mx.int32)
-        steps = ttt.unrolled(net, embed, s.features[None].astype(mx.float32), x, width)
+        y = mx.array([s.labels], dtype=mx.int32)
+        steps = ttt.unrolled(net, embed, s.features[None].astype(mx.float32), x, width, y)
         m = steps[-1][1].shape[1]  # indexes every step has
         good = []
         for logits, labels in steps:
@@ -171,17 +175,26 @@ def run(plan: TrainPlan, report: Callable[[Progress], None], say: Callable[[str]
     if not train:
         data_end = DATA_SHARE * budget
         have = [0]  # answer tokens recorded (read by `stop` between steps)
-        for s in recording.record(
-            model.model, encode, eos, prompts.train, taps, max_tokens=plan.max_answer, batch=plan.batch,
-            seed=plan.seed, stop=lambda: clock() >= data_end or have[0] >= plan.tokens,
-        ):  # fmt: skip
-            train.append(s)
-            have[0] += s.answer_len
-            tell("data", min(have[0], plan.tokens), plan.tokens, f"{len(train)} answers")
+
+        def enough() -> bool:
+            return clock() >= data_end or have[0] >= plan.tokens
+
+        # the prompts again while budget is left, every answer sampled (each pass its own seeds):
+        # new contexts for the same greedy labels (recording is a few minutes of a run now)
+        for rnd in range(PROMPT_PASSES):
+            for s in recording.record(
+                model.model, encode, eos, prompts.train, taps, max_tokens=plan.max_answer, batch=plan.batch,
+                seed=plan.seed, stop=enough, first_index=rnd * 2 * 10**6, all_sampled=rnd > 0,
+            ):  # fmt: skip
+                train.append(s)
+                have[0] += s.answer_len
+                tell("data", min(have[0], plan.tokens), plan.tokens, f"{len(train)} answers")
+            if enough():
+                break
         if not train:
             raise MlxcelError("no answer was recorded within the budget; raise --minutes")
         samples.save(state_dir / "samples.safetensors", train)
-    counts = vocab.count((s.tokens, s.prompt_len) for s in train)
+    counts = vocab.count((s.labels, s.prompt_len) for s in train)
     draft_ids = state.get("draft_ids") or vocab.choose(counts, spec.draft_vocab_size, spec.vocab_size)
     answer_tokens = sum(s.answer_len for s in train)
     say(
@@ -205,8 +218,8 @@ def run(plan: TrainPlan, report: Callable[[Progress], None], say: Callable[[str]
     lut = mx.full((spec.vocab_size,), -1, dtype=mx.int32)
     lut[ids] = mx.arange(len(draft_ids), dtype=mx.int32)
 
-    def loss_of(net, feats, x, prompt_len):
-        return ttt.loss(net, embed, feats, x, prompt_len, lut, plan.width)[0]
+    def loss_of(net, feats, x, y, prompt_len):
+        return ttt.loss(net, embed, feats, x, prompt_len, lut, plan.width, y)[0]
 
     grad = nn.value_and_grad(net, loss_of)
     result = Result(out=plan.out, samples=len(train), answer_tokens=answer_tokens)
@@ -263,7 +276,8 @@ def run(plan: TrainPlan, report: Callable[[Progress], None], say: Callable[[str]
                 frac = min(1.0, clock() / budget)
                 opt.learning_rate = base_lr * min(1.0, (step + 1) / WARMUP_STEPS) * (1.0 - 0.9 * frac)
                 x = mx.array([s.tokens], dtype=mx.int32)
-                loss, grads = grad(net, s.features[None].astype(mx.float32), x, s.prompt_len)
+                y = mx.array([s.labels], dtype=mx.int32)
+                loss, grads = grad(net, s.features[None].astype(mx.float32), x, y, s.prompt_len)
                 opt.update(net, grads)
                 mx.eval(net.parameters(), opt.state, loss)
                 step += 1

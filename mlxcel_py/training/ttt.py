@@ -32,10 +32,12 @@ def _heads(t: mx.array, n: int, hd: int) -> mx.array:
 
 
 def unrolled(
-    net: Eagle3Net, embed: Any, features: mx.array, tokens: mx.array, steps: int
+    net: Eagle3Net, embed: Any, features: mx.array, tokens: mx.array, steps: int, labels: mx.array | None = None
 ) -> list[tuple[mx.array, mx.array]]:
     """(draft-vocabulary logits (1, m_k, Vd), target ids predicted (1, m_k)) of steps 1..`steps`;
-    features (1, T-1, F) float, tokens (1, T) int32."""
+    features (1, T-1, F) float, tokens (1, T) int32; labels (1, T): the id to predict at each
+    position (the target's greedy pick; default the tokens themselves)."""
+    labels = tokens if labels is None else labels
     layer, attn = net.midlayer, net.midlayer.self_attn
     hd, nh, nkv = attn.head_dim, attn.n_heads, attn.n_kv
     rep = nh // nkv
@@ -72,21 +74,28 @@ def unrolled(
         o = attn.o_proj(o.transpose(0, 2, 1, 3).reshape(1, m, -1))
         h = residual + o
         hidden = h + layer.mlp(layer.post_attention_layernorm(h))
-        out.append((net.lm_head(net.norm(hidden)), tokens[:, k + 1 : k + 1 + m]))
+        out.append((net.lm_head(net.norm(hidden)), labels[:, k + 1 : k + 1 + m]))
     return out
 
 
 def loss(
-    net: Eagle3Net, embed: Any, features: mx.array, tokens: mx.array, prompt_len: int, lut: mx.array, steps: int
+    net: Eagle3Net,
+    embed: Any,
+    features: mx.array,
+    tokens: mx.array,
+    prompt_len: int,
+    lut: mx.array,
+    steps: int,
+    labels: mx.array | None = None,
 ) -> tuple[mx.array, mx.array, mx.array]:
     """(weighted mean loss, step-1 hits, step-1 counted positions). lut: target id -> draft id or -1."""
     total = mx.array(0.0)
     weight = 0.0
     hits = count = mx.array(0)
-    for k, (logits, labels) in enumerate(unrolled(net, embed, features, tokens, steps), 1):
-        m = labels.shape[1]
+    for k, (logits, wanted) in enumerate(unrolled(net, embed, features, tokens, steps, labels), 1):
+        m = wanted.shape[1]
         target_pos = mx.arange(m) + k + 1  # the position each label stands at
-        d = lut[labels]
+        d = lut[wanted]
         ok = (d >= 0) & (target_pos >= prompt_len)[None]
         n_ok = ok.sum()
         ce = nn.losses.cross_entropy(logits.astype(mx.float32), mx.maximum(d, 0))

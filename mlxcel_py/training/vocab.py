@@ -25,7 +25,7 @@ def choose(counts: Counter, size: int, vocab_size: int) -> list[int]:
 
 
 def count(samples: Iterable[tuple[Sequence[int], int]]) -> Counter:
-    """Answer tokens of (tokens, prompt_len) samples."""
+    """Answer tokens of (tokens or labels, prompt_len) samples."""
     c: Counter = Counter()
     for tokens, prompt_len in samples:
         c.update(tokens[prompt_len:])
