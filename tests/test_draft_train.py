@@ -235,3 +235,32 @@ def test_training_time_test_equals_the_incremental_drafting_path():
             want = steps[k][0][:, j]
             assert mx.allclose(g, want, atol=1e-4).item(), (j, k + 1)
             assert steps[k][1][0, j].item() == x[0, j + k + 2].item()  # the label: x_{j+k+1}, k from 1
+
+
+def test_recorded_labels_are_the_targets_greedy_picks(tmp_path):
+    """Every answer position's label is the target's argmax after the tokens before it: the
+    answer itself where decoding was greedy, and still the greedy pick where the answer was
+    sampled (what greedy verification accepts); prompt positions keep their own ids. (Random
+    weights: a target unsure enough that sampling leaves its greedy path.)"""
+    from mlxcel_py.models import loading
+    from mlxcel_py.training import recording
+
+    m = loading.load(loading.resolve(str(tiny_models.build(tmp_path / "t", QWEN3, seed=2))))
+    rng = random.Random(4)
+    prompts = [pattern_text(rng, 8) for _ in range(4)]
+
+    def encode(text: str) -> list[int]:
+        return [ord(c) - 33 for c in text]
+
+    kw = dict(max_tokens=12, batch=2, seed=1)
+    both = list(recording.record(m.model, encode, [], prompts, [0, 1], **kw))
+    sampled = list(recording.record(m.model, encode, [], prompts, [0, 1], all_sampled=True, first_index=10, **kw))
+    differ = 0
+    for s in both + sampled:
+        assert len(s.labels) == len(s.tokens) and s.labels[: s.prompt_len] == s.tokens[: s.prompt_len]
+        logits = m.model(mx.array([s.tokens[:-1]]))[0]
+        assert s.labels[s.prompt_len :] == mx.argmax(logits, -1).tolist()[s.prompt_len - 1 :]
+        differ += s.labels != s.tokens
+    greedy = [s for s in both if s.labels == s.tokens]
+    assert len(greedy) >= 2  # every other answer of the first pass is greedy: labels are the answer
+    assert differ > 0  # sampled answers leave the greedy path somewhere, and their labels do not follow them
