@@ -78,7 +78,10 @@ class SequenceCache:
         self._steps = recurrent_steps.enable(model) if self.use_steps else {}
         self._recording = False
         self._step_records: dict | None = None
-        self.hidden: mx.array | None = None  # (rows, H)
+        # the tap's rows, (rows, H): a forward's rows are appended as a part and the parts joined
+        # once, when read (a join per forward copied every kept row again: quadratic over the
+        # plain steps between two drafts, ~2 ms a round for a paused EAGLE-3 drafter)
+        self._hidden_parts: list[mx.array] = []
         self.hidden_start = 0
         self.trim_only = cache_kinds.trim_only(self.layers)
 
@@ -163,8 +166,18 @@ class SequenceCache:
             self.run(mx.array([], dtype=mx.int32))
             self.eval()
 
+    @property
+    def hidden(self) -> mx.array | None:
+        if len(self._hidden_parts) > 1:
+            self._hidden_parts = [mx.concatenate(self._hidden_parts)]
+        return self._hidden_parts[0] if self._hidden_parts else None
+
+    @hidden.setter
+    def hidden(self, rows: mx.array | None) -> None:
+        self._hidden_parts = [] if rows is None else [rows]
+
     def _keep_rows(self, rows: mx.array) -> None:
-        self.hidden = rows if self.hidden is None else mx.concatenate([self.hidden, rows])
+        self._hidden_parts.append(rows)
 
     def keep_hidden(self, tap) -> None:
         """Keep a tap's output rows from now on (a models.taps tap), or stop (None).
