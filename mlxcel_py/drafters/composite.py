@@ -4,7 +4,8 @@ context has an n-gram match, the model drafter everywhere else, in one round loo
 Copy-heavy replies (edits, code, reformatting) repeat the context, where a lookup draft is free
 and long; prose does not, where only a model can guess. Each round asks the lookup index for a
 real match first (its one-token fallback does not count) and only then runs the model drafter,
-capped at its own width. The model drafter keeps up with the context whichever side drafted:
+capped at its own width; while the model side does not pay, the lookup's short fallback drafts
+as prompt lookup alone would. The model drafter keeps up with the context whichever side drafted:
 drafters that read the target's hidden states (EAGLE-3, DFlash, MTP) feed every position they
 have not seen on their next proposal, and the target keeps those rows until then. Each side
 keeps its own policy (`CompositeDrafter`): lookup rounds are sized and paused as prompt lookup
@@ -21,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..engine.policy import BreakEvenPolicy, FixedPolicy, make_policy, on_cuda
+from ..engine.policy import Acceptance, BreakEvenPolicy, FixedPolicy, make_policy, on_cuda
 from . import registry
 from .base import Drafter, DrafterSource, Proposal
 from .prompt_lookup import PromptLookupDrafter, drafter_for
@@ -33,6 +34,9 @@ class CompositeDrafter(Drafter):
     engine's own policy is fixed at the widest proposal; a round neither side drafts is a plain step. What each proposal earned is read off
     the context at the next round (its longest prefix the target kept)."""
 
+    FALLBACK_PRIOR = (0.4, 2.0)  # the lookup's one-token fallback: acceptance prior and its weight
+    PROBE_EVERY = 16  # rounds the fallback wins before the model side drafts once more anyway
+
     def __init__(self, lookup: PromptLookupDrafter, model: Drafter, model_width: int, lookup_policy: Callable[[], Any]):
         self.lookup, self.model, self.model_width = lookup, model, model_width
         self.kind = f"prompt-lookup+{model.kind}"
@@ -40,6 +44,7 @@ class CompositeDrafter(Drafter):
         self.new_lookup_policy = lookup_policy
         self.lookup_policy: Any = lookup_policy()
         self.gate = BreakEvenPolicy(model_width)
+        self.fallback, self.fallback_won = Acceptance(*self.FALLBACK_PRIOR), 0
         self.last: tuple[str, int, list[int]] | None = None  # (side, position, tokens) of the last proposal
         self.from_lookup = self.from_model = 0  # proposals each side made (tests, profile)
 
@@ -55,6 +60,7 @@ class CompositeDrafter(Drafter):
         self.lookup.begin(context, target)
         self.model.begin(context, target)
         self.lookup_policy, self.gate, self.last = self.new_lookup_policy(), BreakEvenPolicy(self.model_width), None
+        self.fallback, self.fallback_won = Acceptance(*self.FALLBACK_PRIOR), 0
 
     def commit(self, context: Sequence[int]) -> None:
         self.lookup.commit(context)
@@ -67,25 +73,27 @@ class CompositeDrafter(Drafter):
         kept = 0
         while kept < len(tokens) and at + kept < len(context) and context[at + kept] == tokens[kept]:
             kept += 1
-        if side == "lookup":
+        if side in ("lookup", "fallback"):
             self.lookup_policy.drafted(len(tokens), kept)
         else:
             self.lookup_policy.plain()
+        if side == "fallback":
+            self.fallback.add(len(tokens), kept)
         if side == "model":
             self.gate.drafted(len(tokens), kept)
         else:
             self.gate.plain()
 
-    def _lookup(self, context: Sequence[int], limit: int, decider) -> Proposal | None:
+    def _lookup(self, context: Sequence[int], limit: int, decider, fallback: bool = False) -> Proposal | None:
         budget = min(limit, self.lookup_policy.budget())
         if budget <= 0:
             return None
-        p = self.lookup.propose(context, budget, decider, fallback=False)
+        p = self.lookup.propose(context, budget, decider, fallback=fallback)
         tokens = p.tokens[: self.lookup_policy.size(len(p.tokens), p.match_len)] if p.tokens else []
         if not tokens:
             return None
         self.from_lookup += 1
-        self.last = ("lookup", len(context), tokens)
+        self.last = ("fallback" if fallback and p.match_len == 1 else "lookup", len(context), tokens)
         return Proposal(tokens, match_len=p.match_len)
 
     def _propose(self, context: Sequence[int], limit: int, decider, nodes: int | None) -> Proposal:
@@ -93,9 +101,17 @@ class CompositeDrafter(Drafter):
         found = self._lookup(context, limit, decider)
         if found is not None:
             return found
-        width = min(limit, self.gate.budget())
+        # no real match: the model drafts unless its acceptance is below the lookup's short
+        # fallback's (then the fallback drafts, as prompt lookup alone would, with a model probe
+        # every PROBE_EVERY such rounds) or its break-even policy finds no width that pays
+        self.fallback_won += 1
+        if self.gate.alpha < self.fallback.alpha and self.fallback_won % self.PROBE_EVERY:
+            width = 0
+        else:
+            width = min(limit, self.gate.budget())
         if width <= 0:
-            return Proposal([])
+            return self._lookup(context, limit, decider, fallback=True) or Proposal([])
+        self.fallback_won = 0
         t0 = time.perf_counter()
         p = (
             self.model.propose(context, width, decider)

@@ -197,6 +197,28 @@ class GatedPolicy(_TakesWholeProposals):
         self._resume()
 
 
+class Acceptance:
+    """A draft's acceptance, geometric: a round of n drafts with a accepted counts a hits and a
+    miss unless all were taken; from a prior worth `weight` rounds, the last WINDOW kept."""
+
+    WINDOW = 32.0  # observations kept: older rounds fade so a change of text is noticed
+
+    def __init__(self, prior: float, weight: float):
+        self.hits, self.misses = prior * weight, (1 - prior) * weight
+
+    @property
+    def alpha(self) -> float:
+        return self.hits / (self.hits + self.misses)
+
+    def add(self, proposed: int, accepted: int) -> None:
+        self.hits += accepted
+        self.misses += 1 if accepted < proposed else 0
+        total = self.hits + self.misses
+        if total > self.WINDOW:
+            self.hits *= self.WINDOW / total
+            self.misses *= self.WINDOW / total
+
+
 class BreakEvenPolicy(_TakesWholeProposals):
     """A model drafter whose worth depends on the text (one trained here, a composite's model
     side). Each round it drafts the width k that maximizes expected tokens per unit of time,
@@ -212,13 +234,12 @@ class BreakEvenPolicy(_TakesWholeProposals):
     shadow_len = 0
     PRIOR_ALPHA = 0.5
     PRIOR_WEIGHT = 2.0  # light: a drafter that misses stops within a few rounds
-    WINDOW = 32.0  # observations kept: older rounds fade so a change of text is noticed
     TIME_EMA = 0.3
     DRAFT_COST = 0.1  # a draft step relative to a plain step, until both are timed
 
     def __init__(self, max_draft: int, verify_cost: Sequence[float] | None = None):
         self.max_draft = max_draft
-        self.hits, self.misses = self.PRIOR_ALPHA * self.PRIOR_WEIGHT, (1 - self.PRIOR_ALPHA) * self.PRIOR_WEIGHT
+        self.acceptance = Acceptance(self.PRIOR_ALPHA, self.PRIOR_WEIGHT)
         self.shape = _verify_shape(max_draft, verify_cost)
         self.seconds: dict[int, float] = {}  # verify forward of w rows (1: a plain step)
         self.draft_seconds: float | None = None  # one draft step
@@ -231,7 +252,7 @@ class BreakEvenPolicy(_TakesWholeProposals):
 
     @property
     def alpha(self) -> float:
-        return self.hits / (self.hits + self.misses)
+        return self.acceptance.alpha
 
     def cost(self, width: int) -> float:
         one = self.seconds.get(1)
@@ -269,12 +290,7 @@ class BreakEvenPolicy(_TakesWholeProposals):
         return k
 
     def drafted(self, proposed: int, accepted: int) -> None:
-        self.hits += accepted
-        self.misses += 1 if accepted < proposed else 0
-        total = self.hits + self.misses
-        if total > self.WINDOW:
-            self.hits *= self.WINDOW / total
-            self.misses *= self.WINDOW / total
+        self.acceptance.add(proposed, accepted)
 
     def draft_timed(self, steps: int, seconds: float) -> None:
         if steps > 0:
