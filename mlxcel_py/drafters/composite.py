@@ -22,10 +22,34 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..engine.policy import Acceptance, BreakEvenPolicy, FixedPolicy, make_policy, on_cuda
+from ..engine.policy import BreakEvenPolicy, FixedPolicy, make_policy, on_cuda
 from . import registry
 from .base import Drafter, DrafterSource, Proposal
 from .prompt_lookup import PromptLookupDrafter, drafter_for
+
+
+class Rate:
+    """Tokens a second of one side's recent rounds (each round's weight fading by DECAY)."""
+
+    DECAY = 0.9
+    KNOWN = 3  # rounds before the rate is trusted
+
+    def __init__(self) -> None:
+        self.tokens = self.seconds = 0.0
+        self.rounds = 0
+
+    @property
+    def known(self) -> bool:
+        return self.rounds >= self.KNOWN
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.tokens = self.DECAY * self.tokens + tokens
+        self.seconds = self.DECAY * self.seconds + seconds
+        self.rounds += 1
 
 
 class CompositeDrafter(Drafter):
@@ -34,8 +58,7 @@ class CompositeDrafter(Drafter):
     engine's own policy is fixed at the widest proposal; a round neither side drafts is a plain step. What each proposal earned is read off
     the context at the next round (its longest prefix the target kept)."""
 
-    FALLBACK_PRIOR = (0.4, 2.0)  # the lookup's one-token fallback: acceptance prior and its weight
-    PROBE_EVERY = 16  # rounds the fallback wins before the model side drafts once more anyway
+    PROBE_EVERY = 16  # rounds one side wins before the other drafts once more anyway
 
     def __init__(self, lookup: PromptLookupDrafter, model: Drafter, model_width: int, lookup_policy: Callable[[], Any]):
         self.lookup, self.model, self.model_width = lookup, model, model_width
@@ -44,8 +67,9 @@ class CompositeDrafter(Drafter):
         self.new_lookup_policy = lookup_policy
         self.lookup_policy: Any = lookup_policy()
         self.gate = BreakEvenPolicy(model_width)
-        self.fallback, self.fallback_won = Acceptance(*self.FALLBACK_PRIOR), 0
+        self.rates, self.no_match = {"model": Rate(), "fallback": Rate()}, 0
         self.last: tuple[str, int, list[int]] | None = None  # (side, position, tokens) of the last proposal
+        self._t = 0.0  # when the last proposal was asked for
         self.from_lookup = self.from_model = 0  # proposals each side made (tests, profile)
 
     @property
@@ -60,7 +84,7 @@ class CompositeDrafter(Drafter):
         self.lookup.begin(context, target)
         self.model.begin(context, target)
         self.lookup_policy, self.gate, self.last = self.new_lookup_policy(), BreakEvenPolicy(self.model_width), None
-        self.fallback, self.fallback_won = Acceptance(*self.FALLBACK_PRIOR), 0
+        self.rates, self.no_match, self._t = {"model": Rate(), "fallback": Rate()}, 0, 0.0
 
     def commit(self, context: Sequence[int]) -> None:
         self.lookup.commit(context)
@@ -70,6 +94,10 @@ class CompositeDrafter(Drafter):
         """Tell the side that drafted last round what it earned; a side that did not, that a round passed."""
         side, at, tokens = self.last if self.last is not None else ("", 0, [])
         self.last = None
+        now = time.perf_counter()
+        if side in self.rates and now > self._t:  # what the round gave, per second of it
+            self.rates[side].add(len(context) - at, now - self._t)
+        self._t = now
         kept = 0
         while kept < len(tokens) and at + kept < len(context) and context[at + kept] == tokens[kept]:
             kept += 1
@@ -77,8 +105,6 @@ class CompositeDrafter(Drafter):
             self.lookup_policy.drafted(len(tokens), kept)
         else:
             self.lookup_policy.plain()
-        if side == "fallback":
-            self.fallback.add(len(tokens), kept)
         if side == "model":
             self.gate.drafted(len(tokens), kept)
         else:
@@ -101,17 +127,17 @@ class CompositeDrafter(Drafter):
         found = self._lookup(context, limit, decider)
         if found is not None:
             return found
-        # no real match: the model drafts unless its acceptance is below the lookup's short
-        # fallback's (then the fallback drafts, as prompt lookup alone would, with a model probe
-        # every PROBE_EVERY such rounds) or its break-even policy finds no width that pays
-        self.fallback_won += 1
-        if self.gate.alpha < self.fallback.alpha and self.fallback_won % self.PROBE_EVERY:
-            width = 0
-        else:
-            width = min(limit, self.gate.budget())
+        # no real match: the model side or the lookup's short fallback (what prompt lookup alone
+        # drafts here), whichever gave more tokens a second in its recent rounds (the model tried
+        # first, then the fallback; the other side drafts every PROBE_EVERY such rounds); the
+        # model side also only while its break-even policy finds a width that pays
+        model, fallback = self.rates["model"], self.rates["fallback"]
+        self.no_match += 1
+        prefer_model = not model.known or (fallback.known and model.rate >= fallback.rate)
+        use_model = prefer_model != (self.no_match % self.PROBE_EVERY == 0)  # the other side, now and then
+        width = min(limit, self.gate.budget()) if use_model else 0
         if width <= 0:
             return self._lookup(context, limit, decider, fallback=True) or Proposal([])
-        self.fallback_won = 0
         t0 = time.perf_counter()
         p = (
             self.model.propose(context, width, decider)
