@@ -232,3 +232,50 @@ def test_the_side_with_more_tokens_a_second_takes_the_rounds_without_a_match():
     for _ in range(30):  # the slow side's text got easy
         slow.add(4, 0.004)
     assert slow.rate > fast.rate
+
+
+def test_rounds_without_a_match_go_to_the_side_that_gives_more_tokens_a_second(monkeypatch):
+    """Stub sides and a fake clock: both sides' drafts are accepted every other round (1.5 tokens a
+    round: the model side's break-even policy keeps drafting), but a model round takes 3.6 ms and a
+    fallback round 2.7 ms. Each side is tried, then the fallback takes the rounds without a
+    match, the model drafting again only every PROBE_EVERY of them."""
+    from mlxcel_py.drafters import composite
+    from mlxcel_py.drafters.base import Proposal
+    from mlxcel_py.engine.policy import FixedPolicy
+
+    class Lookup:
+        def begin(self, context, target=None): ...
+
+        def commit(self, context): ...
+
+        def propose(self, context, limit, decider, fallback=True):
+            return Proposal([7], match_len=1) if fallback else Proposal([])
+
+    class Model:
+        kind = "stub"
+        tree_margin = 0.0
+
+        def begin(self, context, target=None): ...
+
+        def commit(self, context): ...
+
+        def propose(self, context, limit, decider):
+            return Proposal([9])
+
+    now = [0.0]
+    monkeypatch.setattr(composite.time, "perf_counter", lambda: now[0])
+    d = composite.CompositeDrafter(Lookup(), Model(), 2, lambda: FixedPolicy(7))
+    context = [1, 2, 3]
+    d.begin(context)
+    sides = []
+    for i in range(120):
+        p = d.propose(context, 7, None)
+        side = d.last[0]
+        sides.append(side)
+        context = context + ([p.tokens[0], 5] if i % 2 else [5])  # accepted every other round
+        now[0] += 0.0036 if side == "model" else 0.0027
+        assert p.tokens
+    assert sides[:3] == ["model"] * 3  # the model side is tried first
+    late = sides[40:]
+    assert late.count("fallback") > 0.85 * len(late) and "model" in late, late
+    assert d.rates["fallback"].rate > d.rates["model"].rate and not d.gate.paused
