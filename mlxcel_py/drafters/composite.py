@@ -4,10 +4,12 @@ context has an n-gram match, the model drafter everywhere else, in one round loo
 Copy-heavy replies (edits, code, reformatting) repeat the context, where a lookup draft is free
 and long; prose does not, where only a model can guess. Each round asks the lookup index for a
 real match first (its one-token fallback does not count) and only then runs the model drafter,
-capped at its own width; while the model side does not pay, the lookup's short fallback drafts
-as prompt lookup alone would. The model drafter keeps up with the context whichever side drafted:
-drafters that read the target's hidden states (EAGLE-3, DFlash, MTP) feed every position they
-have not seen on their next proposal, and the target keeps those rows until then. Each side
+capped at its own width, or the lookup's short fallback drafts there as prompt lookup alone
+would: whichever side gave more tokens a second in its recent rounds (timed between proposals),
+the model side also only while its break-even policy finds a width that pays. The model drafter
+keeps up with the context whichever side drafted: drafters that read the target's hidden states
+(EAGLE-3, DFlash, MTP) feed the positions they have not seen on their next proposal (EAGLE-3 at
+most the newest 32), and the target keeps those rows until then. Each side
 keeps its own policy (`CompositeDrafter`): lookup rounds are sized and paused as prompt lookup
 alone would be, and the model side drafts only while it pays (engine.policy.BreakEvenPolicy),
 so a drafter that guesses badly costs a few probe rounds, not every round. Every token is still the target's: a
