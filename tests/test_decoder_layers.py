@@ -350,3 +350,28 @@ def test_default_model_fused_equals_mlx_lm_layers_bit_for_bit(real):
     with decoder_layers.unfused(real.model):
         ref_tokens, ref = _greedy_logits(real.model, prompt, 16)
     assert tokens == ref_tokens and mx.array_equal(fused, ref).item()
+
+
+def test_kept_tap_rows_cut_and_windowed_match_the_rows_of_one_forward(family):
+    """A drafter's tap rows kept one forward at a time (parts joined only when read): rollbacks
+    cut them without joining, and a window (`keep_hidden(tap, window)`) lets the oldest go, never
+    the newest `window`; what is left equals the rows one forward over the same tokens gives."""
+    _, loaded = family
+    model = loaded.model
+    tap = layer_tap(model, (1,))
+    tokens = list(range(60, 100))
+    whole = SequenceCache(model)
+    whole.keep_hidden(tap)
+    whole.feed(tokens)
+    windowed = SequenceCache(model)
+    windowed.keep_hidden(tap, window=6)
+    windowed.feed(tokens[:4])
+    for i in range(4, len(tokens), 2):
+        windowed.feed(tokens[i : i + 2] + [7])  # a verify block whose last row is rejected
+        assert windowed.truncate(i + 2)
+        kept = windowed.hidden.shape[0]
+        assert 6 <= kept <= 2 * 6 + 2 and windowed.hidden_start + kept == i + 2, (i, kept)
+    start = windowed.hidden_start
+    assert start > 0  # the oldest rows went
+    got, want = windowed.hidden_rows(start, len(tokens)), whole.hidden_rows(start, len(tokens))
+    assert mx.allclose(got, want, atol=1e-5).item()

@@ -209,7 +209,7 @@ class DrafterSource:
 
         drafter = self.new_drafter()
         cache = SequenceCache(self.model)
-        cache.keep_hidden(drafter.hidden_tap)
+        cache.keep_hidden(drafter.hidden_tap, getattr(drafter, "hidden_window", None))
         cache.prefill(tokens[:-1])
         drafter.begin(tokens, cache)
         drafter.propose(tokens, width, Decider(SamplingOptions(), prompt_len=len(tokens)))

@@ -66,6 +66,7 @@ class CompositeDrafter(Drafter):
         self.lookup, self.model, self.model_width = lookup, model, model_width
         self.kind = f"prompt-lookup+{model.kind}"
         self.hidden_tap = getattr(model, "hidden_tap", None)  # the engine keeps the rows it reads
+        self.hidden_window = getattr(model, "hidden_window", None)
         self.new_lookup_policy = lookup_policy
         self.lookup_policy: Any = lookup_policy()
         self.gate = BreakEvenPolicy(model_width)

@@ -208,6 +208,7 @@ class Eagle3Drafter(Drafter):
     # the sink a little worse (0.39-0.40).
     CATCH_UP = 32
     SINK = 4
+    hidden_window = CATCH_UP + 8  # the target keeps no more of its tap rows than a catch-up reads
 
     def __init__(self, net: Eagle3Net, target_model: Any, target_vocab: int | None = None):
         self.net = net

@@ -83,6 +83,7 @@ class SequenceCache:
         # plain steps between two drafts, ~2 ms a round for a paused EAGLE-3 drafter)
         self._hidden_parts: list[mx.array] = []
         self.hidden_start = 0
+        self.hidden_window: int | None = None  # keep_hidden's window
         self.trim_only = cache_kinds.trim_only(self.layers)
 
     # -- feeding -------------------------------------------------------------------------------
@@ -177,14 +178,19 @@ class SequenceCache:
         self._hidden_parts = [] if rows is None else [rows]
 
     def _keep_rows(self, rows: mx.array) -> None:
+        if self.hidden_window is not None:  # older rows are never read: let them go now and then
+            kept = sum(p.shape[0] for p in self._hidden_parts)  # committed rows (before this forward's)
+            if kept > 2 * self.hidden_window:  # keeps the newest `window` of them, whatever a rollback cuts
+                self.drop_hidden_before(self.hidden_start + kept - self.hidden_window)
         self._hidden_parts.append(rows)
 
-    def keep_hidden(self, tap) -> None:
-        """Keep a tap's output rows from now on (a models.taps tap), or stop (None).
+    def keep_hidden(self, tap, window: int | None = None) -> None:
+        """Keep a tap's output rows from now on (a models.taps tap), or stop (None); `window`: the
+        drafter never reads more than that many of the newest rows (older ones may go).
         Invariant while on: rows cover committed positions [hidden_start, len(tokens))."""
         if tap is not self._tap:
             self.hidden, self.hidden_start = None, len(self.tokens)
-        self._tap = tap
+        self._tap, self.hidden_window = tap, window
 
     def hidden_rows(self, start: int, end: int) -> mx.array:
         """The tap's rows of positions start..end-1 (all committed)."""
@@ -197,12 +203,18 @@ class SequenceCache:
             self.hidden_start = position
 
     def _cut_hidden(self, n: int) -> None:
-        if self.hidden is None:
+        if not self._hidden_parts:
             self.hidden_start = min(self.hidden_start, n)
         elif n <= self.hidden_start:
             self.hidden, self.hidden_start = None, n
-        else:
-            self.hidden = self.hidden[: n - self.hidden_start]
+        else:  # whole parts from the end, without joining the rest (a rollback each verify round)
+            keep, parts = n - self.hidden_start, []
+            for part in self._hidden_parts:
+                if keep <= 0:
+                    break
+                parts.append(part if part.shape[0] <= keep else part[:keep])
+                keep -= part.shape[0]
+            self._hidden_parts = parts
 
     def eval(self) -> None:
         mx.eval(_arrays([c.state for c in self.layers]))

@@ -281,7 +281,7 @@ class RoundLoop:
         cache = self._take_cache()
         drafter = (req.drafter if req.drafter is not None else eng.make_drafter()) if self.speculative else None
         # a drafter that reads the target's hidden states (an MTP head) has the target keep them
-        cache.keep_hidden(getattr(drafter, "hidden_tap", None))
+        cache.keep_hidden(getattr(drafter, "hidden_tap", None), getattr(drafter, "hidden_window", None))
         if not (yield from self._prefill(cache, t0)):
             return
         history = list(self.prompt)
