@@ -26,7 +26,8 @@ struct DecoderLayerState {
   DecoderLayerView view{};
   int hidden = 0;
   float rope_base = 0, rope_scale = 1;
-  bool two_inputs = false;  // an EAGLE-3 midlayer: e is the op's last input
+  // an EAGLE-3 midlayer (view.in2_norm set): e is the op's last input
+  bool two_inputs() const { return view.in2_norm != nullptr; }
 };
 
 namespace {
@@ -38,7 +39,7 @@ class RowExactDecoderLayer : public mx::Primitive {
       : mx::Primitive(s), st_(std::move(st)), seq_(std::move(seq)), pos_(std::move(pos)), tree_(std::move(tree)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    const bool two = st_->two_inputs;
+    const bool two = st_->two_inputs();
     const int S = static_cast<int>(inputs.size() - 1 - (two ? 1 : 0)) / 2;
     auto& out = outputs[0];
     out.set_data(mx::allocator::malloc(out.nbytes()));
@@ -102,7 +103,7 @@ class RowExactDecoderLayer : public mx::Primitive {
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     std::vector<mx::Shape> shapes;
     for (const auto& a : inputs) shapes.push_back(a.shape());
-    if (st_->two_inputs) shapes.pop_back();  // e goes in only
+    if (st_->two_inputs()) shapes.pop_back();  // e goes in only
     return shapes;
   }
 
@@ -189,7 +190,6 @@ DecoderLayer::DecoderLayer(const std::vector<mx::array>& ws, const std::vector<s
   v.q_norm = q_norm ? floats(*q_norm, head_dim, "q_norm") : nullptr;
   v.k_norm = k_norm ? floats(*k_norm, head_dim, "k_norm") : nullptr;
   v.in2_norm = in2_norm ? floats(*in2_norm, hidden, "in2_norm") : nullptr;
-  st->two_inputs = static_cast<bool>(in2_norm);
   v.eps = eps;
   v.qk_eps = qk_eps;
   v.Hq = heads;
@@ -213,9 +213,9 @@ std::vector<mx::array> DecoderLayer::operator()(const mx::array& h, const std::v
   if (h.dtype() != mx::float32 || h.ndim() < 1 || h.shape(-1) != state_->hidden)
     throw std::invalid_argument(std::string(what) + "h must be float32 [..., " + std::to_string(state_->hidden) + "]");
   const int T = static_cast<int>(h.size() / state_->hidden);
-  if (state_->two_inputs != static_cast<bool>(e) ||
+  if (state_->two_inputs() != static_cast<bool>(e) ||
       (e && (e->ndim() < 1 || e->shape(-1) != state_->hidden || static_cast<int>(e->size()) != T * state_->hidden)))
-    throw std::invalid_argument(std::string(what) + (state_->two_inputs ? "an EAGLE-3 layer takes e, float [..., hidden] like h"
+    throw std::invalid_argument(std::string(what) + (state_->two_inputs() ? "an EAGLE-3 layer takes e, float [..., hidden] like h"
                                                                          : "e is for EAGLE-3 layers (in2_norm) only"));
   const int S = static_cast<int>(k_bufs.size());
   if (static_cast<int>(seq.size()) != T || static_cast<int>(pos.size()) != T || v_bufs.size() != k_bufs.size() || S == 0)

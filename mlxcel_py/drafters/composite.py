@@ -68,12 +68,16 @@ class CompositeDrafter(Drafter):
         self.hidden_tap = getattr(model, "hidden_tap", None)  # the engine keeps the rows it reads
         self.hidden_window = getattr(model, "hidden_window", None)
         self.new_lookup_policy = lookup_policy
-        self.lookup_policy: Any = lookup_policy()
-        self.gate = BreakEvenPolicy(model_width)
+        self._start_rounds()
+        self.from_lookup = self.from_model = 0  # proposals each side made (tests, profile)
+
+    def _start_rounds(self) -> None:
+        """What one sequence's rounds learn starts afresh: each side's policy, the sides' rates."""
+        self.lookup_policy: Any = self.new_lookup_policy()
+        self.gate = BreakEvenPolicy(self.model_width)
         self.rates, self.no_match = {"model": Rate(), "fallback": Rate()}, 0
         self.last: tuple[str, int, list[int]] | None = None  # (side, position, tokens) of the last proposal
         self._t = 0.0  # when the last proposal was asked for
-        self.from_lookup = self.from_model = 0  # proposals each side made (tests, profile)
 
     @property
     def tree_margin(self) -> float:
@@ -86,8 +90,7 @@ class CompositeDrafter(Drafter):
     def begin(self, context: Sequence[int], target: Any = None) -> None:
         self.lookup.begin(context, target)
         self.model.begin(context, target)
-        self.lookup_policy, self.gate, self.last = self.new_lookup_policy(), BreakEvenPolicy(self.model_width), None
-        self.rates, self.no_match, self._t = {"model": Rate(), "fallback": Rate()}, 0, 0.0
+        self._start_rounds()
 
     def commit(self, context: Sequence[int]) -> None:
         self.lookup.commit(context)

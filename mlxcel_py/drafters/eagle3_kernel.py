@@ -9,7 +9,7 @@ layer has: q/k/v read [input_layernorm(embedding); hidden_norm(hidden)], 2H inpu
 unnormed hidden state stays the residual. A step is then the embedding, this op, the final norm
 and the output layer.
 
-Precision: the op's arithmetic is the kernel's (float32 rows, the 8-bit weights `on_the_kernel`
+Precision: the op's arithmetic is the kernel's (float32 rows, the 4-bit weights `on_the_kernel`
 made), close to the MLX path but not its bits; a drafter's arithmetic only moves which drafts
 are accepted, never the output (the target verifies every token).
 

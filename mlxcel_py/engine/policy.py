@@ -219,6 +219,41 @@ class Acceptance:
             self.misses *= self.WINDOW / total
 
 
+class VerifyCost:
+    """A verify forward's cost by width, relative to a plain step (width 1): measured when both
+    were timed in this run (an average weighing the newest timing TIME_EMA), else the warmup's
+    calibration or the default shape (_verify_shape)."""
+
+    TIME_EMA = 0.3  # weight of the newest timing of a width
+
+    def __init__(self, max_draft: int, verify_cost: Sequence[float] | None = None):
+        self.shape = _verify_shape(max_draft, verify_cost)
+        self.seconds: dict[int, float] = {}  # verify forward of w rows (1: a plain step)
+
+    def __call__(self, width: int) -> float:
+        one = self.seconds.get(1)
+        if one and width in self.seconds:
+            return self.seconds[width] / one
+        return self.shape[min(width, len(self.shape) - 1)]
+
+    def timed(self, width: int, seconds: float) -> None:
+        old = self.seconds.get(width)
+        self.seconds[width] = seconds if old is None else (1 - self.TIME_EMA) * old + self.TIME_EMA * seconds
+
+
+def _best_width(alpha: float, cost: VerifyCost, most: int, draft_cost: float = 0.0) -> int:
+    """The number of drafts k (0..most) with the most expected tokens per plain step's time:
+    (1 + a + ... + a^k) / (cost(k + 1) + k * draft_cost); 0 (a plain step, one token per unit)
+    unless some k beats it."""
+    best_k, best_rate, expected = 0, 1.0, 1.0
+    for k in range(1, most + 1):
+        expected += alpha**k
+        rate = expected / (cost(k + 1) + k * draft_cost)
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return best_k
+
+
 class BreakEvenPolicy(_TakesWholeProposals):
     """A model drafter whose worth depends on the text (one trained here, a composite's model
     side). Each round it drafts the width k that maximizes expected tokens per unit of time,
@@ -234,14 +269,12 @@ class BreakEvenPolicy(_TakesWholeProposals):
     shadow_len = 0
     PRIOR_ALPHA = 0.5
     PRIOR_WEIGHT = 2.0  # light: a drafter that misses stops within a few rounds
-    TIME_EMA = 0.3
     DRAFT_COST = 0.1  # a draft step relative to a plain step, until both are timed
 
     def __init__(self, max_draft: int, verify_cost: Sequence[float] | None = None):
         self.max_draft = max_draft
         self.acceptance = Acceptance(self.PRIOR_ALPHA, self.PRIOR_WEIGHT)
-        self.shape = _verify_shape(max_draft, verify_cost)
-        self.seconds: dict[int, float] = {}  # verify forward of w rows (1: a plain step)
+        self.cost = VerifyCost(max_draft, verify_cost)
         self.draft_seconds: float | None = None  # one draft step
         self.backoff = Backoff(4, 64)
         self._probe = False  # a pause just ended: draft once whatever the estimate says
@@ -254,26 +287,9 @@ class BreakEvenPolicy(_TakesWholeProposals):
     def alpha(self) -> float:
         return self.acceptance.alpha
 
-    def cost(self, width: int) -> float:
-        one = self.seconds.get(1)
-        if one and width in self.seconds:
-            return self.seconds[width] / one
-        return self.shape[min(width, len(self.shape) - 1)]
-
     def draft_cost(self) -> float:
-        one = self.seconds.get(1)
+        one = self.cost.seconds.get(1)
         return self.draft_seconds / one if one and self.draft_seconds is not None else self.DRAFT_COST
-
-    def best_width(self) -> tuple[int, float]:
-        """(k, expected tokens per plain step's time); k = 0: plain decoding pays best."""
-        a, d = self.alpha, self.draft_cost()
-        best_k, best_rate, expected = 0, 1.0, 1.0
-        for k in range(1, self.max_draft + 1):
-            expected += a**k
-            rate = expected / (self.cost(k + 1) + k * d)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        return best_k, best_rate
 
     def budget(self) -> int:
         if self.paused:
@@ -281,7 +297,7 @@ class BreakEvenPolicy(_TakesWholeProposals):
         if self._probe:
             self._probe = False
             return self.max_draft
-        k, _ = self.best_width()
+        k = _best_width(self.alpha, self.cost, self.max_draft, self.draft_cost())
         if k == 0:
             self.backoff.pause()
             self._probe = True
@@ -294,13 +310,11 @@ class BreakEvenPolicy(_TakesWholeProposals):
 
     def draft_timed(self, steps: int, seconds: float) -> None:
         if steps > 0:
-            per = seconds / steps
-            old = self.draft_seconds
-            self.draft_seconds = per if old is None else (1 - self.TIME_EMA) * old + self.TIME_EMA * per
+            per, old, ema = seconds / steps, self.draft_seconds, VerifyCost.TIME_EMA
+            self.draft_seconds = per if old is None else (1 - ema) * old + ema * per
 
     def timed(self, width: int, seconds: float) -> None:
-        old = self.seconds.get(width)
-        self.seconds[width] = seconds if old is None else (1 - self.TIME_EMA) * old + self.TIME_EMA * seconds
+        self.cost.timed(width, seconds)
 
     def plain(self) -> None:
         self.backoff.tick()
@@ -329,16 +343,13 @@ class CostPolicy:
     # edit/code/reformat workloads with SmolLM2-135M), each worth PRIOR_WEIGHT observations
     PRIOR_ALPHA = (0.4, 0.6, 0.8, 0.88, 0.93)
     PRIOR_WEIGHT = 4.0
-    TIME_EMA = 0.3  # weight of the newest timing of a width
-    WINDOW = 32.0  # observations kept per bucket: older rounds fade so a change of regime is noticed
     PROBE_EVERY = 8  # after this many declined proposals of one bucket, verify 2 tokens anyway
 
     def __init__(self, max_draft: int, verify_cost: Sequence[float] | None = None):
         self.max_draft = max_draft
-        self.shape = _verify_shape(max_draft, verify_cost)
-        self.hits = [a * self.PRIOR_WEIGHT for a in self.PRIOR_ALPHA]
-        self.misses = [(1 - a) * self.PRIOR_WEIGHT for a in self.PRIOR_ALPHA]
-        self.seconds: dict[int, float] = {}
+        self.cost = VerifyCost(max_draft, verify_cost)
+        # per bucket; each keeps its last Acceptance.WINDOW observations, so a change of regime is noticed
+        self.acceptance = [Acceptance(a, self.PRIOR_WEIGHT) for a in self.PRIOR_ALPHA]
         self.declined = [0] * len(self.PRIOR_ALPHA)
         self._bucket = 0
         self._paused = False
@@ -347,34 +358,16 @@ class CostPolicy:
     def paused(self) -> bool:
         return self._paused
 
-    def _alpha(self, b: int) -> float:
-        return self.hits[b] / (self.hits[b] + self.misses[b])
-
     def _bucket_of(self, match_len: int | None) -> int:
         return min(max(match_len or 1, 1), len(self.PRIOR_ALPHA)) - 1
-
-    def cost(self, width: int) -> float:
-        """Verify forward of `width` rows relative to a plain step: measured when both widths were
-        timed in this run, else the calibrated (or default) shape."""
-        w = min(width, len(self.shape) - 1)
-        one = self.seconds.get(1)
-        if one and width in self.seconds:
-            return self.seconds[width] / one
-        return self.shape[w]
 
     def budget(self) -> int:
         return self.max_draft
 
     def size(self, proposed: int, match_len: int | None) -> int:
         self._bucket = self._bucket_of(match_len)
-        a = self._alpha(self._bucket)
-        best_k, best_rate = 0, 1.0  # k = 0: a plain step, one token per unit cost
-        expected = 1.0
-        for k in range(1, min(proposed, self.max_draft) + 1):
-            expected += a**k
-            rate = expected / self.cost(k + 1)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
+        a = self.acceptance[self._bucket].alpha
+        best_k = _best_width(a, self.cost, min(proposed, self.max_draft))
         self._paused = best_k == 0
         if best_k == 0:
             b = self._bucket
@@ -386,17 +379,10 @@ class CostPolicy:
         return best_k
 
     def drafted(self, proposed: int, accepted: int) -> None:
-        b = self._bucket
-        self.hits[b] += accepted
-        self.misses[b] += 1 if accepted < proposed else 0
-        total = self.hits[b] + self.misses[b]
-        if total > self.WINDOW:
-            self.hits[b] *= self.WINDOW / total
-            self.misses[b] *= self.WINDOW / total
+        self.acceptance[self._bucket].add(proposed, accepted)
 
     def timed(self, width: int, seconds: float) -> None:
-        old = self.seconds.get(width)
-        self.seconds[width] = seconds if old is None else (1 - self.TIME_EMA) * old + self.TIME_EMA * seconds
+        self.cost.timed(width, seconds)
 
     def plain(self) -> None:
         pass
