@@ -209,6 +209,20 @@ def test_trained_drafter_drafts_are_accepted_fully_and_partially(trained):
     assert any(n == a for n, a in rounds) and any(0 < a < n for n, a in rounds)
 
 
+def test_draft_bits_other_than_q4_or_q8_are_refused(tmp_path, monkeypatch):
+    from mlxcel_py.cpu.extension import kernel_status
+
+    if kernel_status()[0] is None:
+        pytest.skip("the row-exact kernel did not build here")
+    spec = eagle3.read_spec(tiny_models.eagle3_config(QWEN3), tmp_path, QWEN3["num_hidden_layers"])
+    monkeypatch.setenv("MLXCEL_DRAFT_BITS", "q3")
+    with pytest.raises(ModelError, match=r"MLXCEL_DRAFT_BITS=q3: the drafter's weights are q4 \(the default\) or q8"):
+        eagle3.on_the_kernel(Eagle3Net(spec))
+    monkeypatch.setenv("MLXCEL_DRAFT_BITS", "q8")
+    net = eagle3.on_the_kernel(Eagle3Net(spec))
+    assert {m.bits for m in (net.lm_head, net.midlayer.mlp.down_proj)} == {8} and net.fused is not None
+
+
 def test_a_long_unseen_stretch_restarts_the_drafter_on_its_tail(trained, monkeypatch):
     """Past CATCH_UP unseen positions (a long prompt; a composite's lookup side took many tokens)
     the drafter's cache starts over on the newest ones: a round feeds at most CATCH_UP rows, its

@@ -190,7 +190,10 @@ def on_the_kernel(net: Eagle3Net) -> Eagle3Net:
 
     qmm, _ = kernel_status()
     if qmm is not None:
-        cpu_weights.apply(net, os.environ.get("MLXCEL_DRAFT_BITS", DRAFT_BITS))
+        bits = os.environ.get("MLXCEL_DRAFT_BITS") or DRAFT_BITS
+        if bits not in ("q4", "q8"):
+            raise ModelError(f"MLXCEL_DRAFT_BITS={bits}: the drafter's weights are q4 (the default) or q8")
+        cpu_weights.apply(net, bits)
         if not os.environ.get("MLXCEL_NO_FUSED_LAYERS"):
             net.fused = eagle3_kernel.fuse(net)
     return net
