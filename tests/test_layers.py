@@ -28,6 +28,7 @@ LAYERS = {
     "formats": 1,
     "validate": 2,
     "cpu": 3,
+    "vision": 3,  # vision-language models: image checks, prompts with images, mlx-vlm loading
     "models": 4,
     "engine": 5,
     "parallel": 5,

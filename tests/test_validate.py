@@ -25,9 +25,15 @@ RULES = [
     (["generate", "--prompt-lookup"], "interactive chat does not support prompt lookup"),
     (["chat", "--prompt-lookup"], "--prompt-lookup is a generate option"),
     (["run", "--prompt-lookup", "-p", "x"], "--prompt-lookup is a generate option"),
-    (["generate", "-p", "x", "--prompt-lookup", "--image", "a.png"], "--image: multimodal input is not supported"),
-    (["generate", "-p", "x", "--prompt-lookup", "--audio", "a.wav"], "--audio: multimodal input is not supported"),
-    (["generate", "-p", "x", "--prompt-lookup", "--video", "a.mp4"], "--video: multimodal input is not supported"),
+    (
+        ["generate", "-p", "x", "--prompt-lookup", "--audio", "a.wav"],
+        "--audio: audio and video input are not supported",
+    ),
+    (
+        ["generate", "-p", "x", "--prompt-lookup", "--video", "a.mp4"],
+        "--video: audio and video input are not supported",
+    ),
+    (["generate", "-p", "x", "--image", "a.png", "--tp-size", "2"], "--image: --tp-size 2 runs are text-only"),
     (
         ["generate", "-p", "x", "--prompt-lookup", "--pp-size", "2"],
         "--prompt-lookup does not support pipeline parallelism",

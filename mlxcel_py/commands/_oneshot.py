@@ -14,7 +14,7 @@ from ..formats.prompting import beyond_any_tokenization, longest_token_chars, pr
 from ..options import RunConfig
 from ..session import Session, describe_draft, open_session, resolved_drafter_line
 from ..terminal import ui
-from ._input import clean
+from ._input import clean, read_images, vision_of
 from ._report import print_profile, summary_lines
 
 STDIN_LIMIT = 16 * 2**20  # characters of a prompt read from stdin (a 50 MB pipe was read whole)
@@ -49,6 +49,7 @@ def run_oneshot(run: RunConfig, world: Any = None) -> None:
     opts = run.options
     g = opts.generation
     text = read_prompt(g.prompt or "")
+    images = read_images(g.images)  # refused before any model loads
     session = open_session(run, say=ui.info if (g.verbose or g.profile) else _say_model_only, warn=ui.warn, world=world)
     tok = session.tokenizer
     eng = session.engine
@@ -58,7 +59,11 @@ def run_oneshot(run: RunConfig, world: Any = None) -> None:
             f"the prompt has {chars} characters, more than the model's context window ({eng.context_length} "
             "tokens) can hold in any tokenization; shorten the prompt"
         )
-    ids = prompt_ids(tok, text, system=g.system, chat_template=g.chat_template)
+    if images:
+        vision = vision_of(session)
+        ids = vision.prompt_ids(tok, text, images, system=g.system, chat_template=g.chat_template)
+    else:
+        ids = prompt_ids(tok, text, system=g.system, chat_template=g.chat_template)
     if len(ids) >= eng.context_length:
         raise MlxcelError(
             f"the prompt has {len(ids)} tokens, which fills the model's context window "

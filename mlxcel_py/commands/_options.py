@@ -54,9 +54,9 @@ OfflineOpt = Annotated[bool, typer.Option("--offline", help="Never download: a r
 JinjaOpt = Annotated[bool, typer.Option("--jinja/--no-jinja", help="llama-server's switch: chat templates are always rendered with Jinja here, so either changes nothing.", rich_help_panel=MODEL)]
 StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable); output ends before it.", rich_help_panel=GEN)]
 IgnoreEosOpt = Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence tokens.", rich_help_panel=GEN)]
-ImageOpt = Annotated[Optional[list[str]], typer.Option("--image", help="Image input (accepted to be refused: text models only).", rich_help_panel=GEN)]
-AudioOpt = Annotated[Optional[list[str]], typer.Option("--audio", help="Audio input (accepted to be refused).", rich_help_panel=GEN)]
-VideoOpt = Annotated[Optional[list[str]], typer.Option("--video", help="Video input (accepted to be refused).", rich_help_panel=GEN)]
+ImageOpt = Annotated[Optional[list[str]], typer.Option("--image", help="Image file for a vision-language model (repeatable; in order, before the prompt's text).", rich_help_panel=GEN)]
+AudioOpt = Annotated[Optional[list[str]], typer.Option("--audio", help="Audio input (refused: not supported yet).", rich_help_panel=GEN)]
+VideoOpt = Annotated[Optional[list[str]], typer.Option("--video", help="Video input (refused: not supported yet).", rich_help_panel=GEN)]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Say which model, BLAS and weight dtype are in use.", rich_help_panel=GEN)]
 VerifyExactOpt = Annotated[bool, typer.Option("--verify-exact", help="Rerun plainly and report the first token where speculative and plain output differ.", rich_help_panel=SPEC)]
 

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..engine.text import TextStream
-from ..formats.prompting import render_messages
+from ..errors import MlxcelError, UsageError
 from ..options import RunConfig
 from ..session import describe_draft, open_session
 from ..terminal import chat_view, ui
-from ._input import clean
+from ._input import clean, conversation_ids, read_images, vision_of, with_images
 from ._oneshot import shift_for
 
 
@@ -90,6 +90,7 @@ def _converse(session, run: RunConfig, pending: list, messages, interactive: boo
     tok, eng = session.tokenizer, session.engine
     base = [{"role": "system", "content": g.system}] if g.system else []
     history: list[dict] = list(base)
+    attached: list = []  # /image's images, for the next message
     while True:
         if pending:
             msg = pending.pop(0)
@@ -107,16 +108,25 @@ def _converse(session, run: RunConfig, pending: list, messages, interactive: boo
             if cmd == "/bye":
                 break
             if cmd == "/clear":
-                history = list(base)
+                history, attached = list(base), []
                 chat_view.cleared()
                 continue
             if cmd in ("/help", "/?"):
                 chat_view.show_help()
                 continue
+            if cmd == "/image":
+                _attach(session, text[len(cmd) :].strip(), attached)
+                continue
             chat_view.unknown_command(cmd)
             continue
-        history.append({"role": "user", "content": msg})
-        ids = render_messages(tok, history, chat_template=g.chat_template)
+        history.append({"role": "user", "content": with_images(attached, msg)})
+        try:
+            ids = conversation_ids(session, history, g.chat_template)
+        except MlxcelError as exc:  # a bad image: the turn goes, the conversation (and images) stay
+            history.pop()
+            chat_view.turn_refused(exc.message)
+            continue
+        attached = []
         gen = eng.generate(
             ids,
             max_tokens=g.max_tokens,
@@ -138,3 +148,16 @@ def _converse(session, run: RunConfig, pending: list, messages, interactive: boo
         ui.write_out("\n\n" if interactive else "\n")
         if g.profile:
             chat_view.turn_stats(gen.stats)
+
+
+def _attach(session, path: str, attached: list) -> None:
+    """/image FILE: checked now (a bad file is one line, and the chat goes on)."""
+    try:
+        if not path:
+            raise UsageError("/image needs a file: /image photo.png")
+        vision_of(session, "/image")
+        attached.append(read_images([path], "/image")[0])
+    except MlxcelError as exc:
+        chat_view.turn_refused(exc.message)
+        return
+    chat_view.image_attached(path, len(attached))

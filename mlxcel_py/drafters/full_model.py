@@ -17,7 +17,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..engine.cache import SequenceCache
+from ..engine.cache import SequenceCache, text_ids
 from ..errors import ModelError
 from ..models import loading, preflight
 from ..options import DraftConfig
@@ -52,7 +52,7 @@ class FullModelDrafter(Drafter):
         n = self.cache.reuse_prefix(context)  # drops the rejected drafts (see SequenceCache.truncate)
         feed = list(context[n:])
         self.cache.mark()  # the next propose rolls back to the committed context from here
-        x = mx.array(feed, dtype=mx.int32)
+        x = mx.array(text_ids(feed), dtype=mx.int32)
         picks: list[mx.array] = []
         rows: list[mx.array] = []
         steps: list[mx.array] = []  # each step's logits, for a tree's runner-ups
@@ -134,6 +134,7 @@ def prepare(draft: DraftConfig, target: loading.ResolvedModel, model_options: An
             fast_kernels=m.fast_kernels,
             cpu_weights=m.cpu_weights,
             cache_types=m.cache_types,
+            text_only=True,
         )
         say(f"draft model: {resolved.source} ({dm.dtype})")
         return Source.of(draft, loaded, dm)

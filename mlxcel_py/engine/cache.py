@@ -38,6 +38,19 @@ class Checkpoint:
     snaps: list
 
 
+def text_ids(ids: Sequence[int]) -> list[int]:
+    """`ids` with a vision prompt's image ids (negative, vision.target) as token 0."""
+    return [t if t >= 0 else 0 for t in ids] if ids and min(ids) < 0 else list(ids)
+
+
+def text_prefix(tokens: Sequence[int]) -> int:
+    """How many of `tokens` come before the first image id (a drafter copying a prompt may
+    propose them; the target never picks one, and a sampled verify must never take one)."""
+    if min(tokens) >= 0:
+        return len(tokens)
+    return next(i for i, t in enumerate(tokens) if t < 0)
+
+
 def _arrays(x: Any) -> list:
     """The arrays in a tree of caches' states (which also hold offsets, None and other leaves)."""
     return [v for _, v in tree_flatten(x) if isinstance(v, mx.array)]
@@ -85,6 +98,9 @@ class SequenceCache:
         self.hidden_start = 0
         self.hidden_window: int | None = None  # keep_hidden's window
         self.trim_only = cache_kinds.trim_only(self.layers)
+        # a vision model reads its prompts' image ids (vision.target); a text model (a drafter
+        # beside it) sees token 0 there, while `tokens` keep the ids so prefixes still match
+        self.image_ids = getattr(model, "takes_image_ids", False)
 
     # -- feeding -------------------------------------------------------------------------------
     @property
@@ -120,7 +136,8 @@ class SequenceCache:
 
     def feed(self, inputs: Sequence[int]) -> mx.array:
         """Run `inputs` through the model on top of this cache; returns logits (len(inputs), V)."""
-        logits = self.run(mx.array(list(inputs), dtype=mx.int32))
+        ids = list(inputs) if self.image_ids else text_ids(inputs)
+        logits = self.run(mx.array(ids, dtype=mx.int32))
         self.tokens.extend(inputs)
         return logits
 

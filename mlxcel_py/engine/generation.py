@@ -28,7 +28,7 @@ import mlx.core as mx
 from ..cpu import extension as cpu_extension
 from ..options import SamplingOptions
 from . import context_shift
-from .cache import SequenceCache
+from .cache import SequenceCache, text_prefix
 from .policy import Policy
 from .sampling import Decider
 from .stats import GenerationStats
@@ -386,7 +386,7 @@ class RoundLoop:
             proposal = drafter.propose(d.history, budget, d.decider)
         policy.draft_timed(len(proposal.tokens), time.perf_counter() - td)
         draft, q = proposal.tokens, proposal.q
-        k = policy.size(len(draft), proposal.match_len) if draft else 0
+        k = min(policy.size(len(draft), proposal.match_len), text_prefix(draft)) if draft else 0
         if draft and self.constraint is not None:  # the target would never pick a token past this
             k = min(k, self.constraint.admissible(draft[:k]))
         if 0 < k < self.request.min_draft:

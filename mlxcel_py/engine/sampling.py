@@ -18,6 +18,7 @@ import numpy as np
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_repetition_penalty
 
 from ..options import SamplingOptions
+from .cache import text_ids
 
 _WHOLE_CONTEXT = 1 << 30
 TINY_TOP_P = 1e-6  # below it top-p keeps only the most likely token (unless p_max < 1e-6)
@@ -75,7 +76,7 @@ class Decider:
     def _process(self, logits: mx.array, history: Sequence[int]) -> mx.array:
         """logits: (1, V) for the token that follows `history` (prompt + generated so far)."""
         if self._penalty is not None and history:
-            logits = self._penalty(mx.array(history[-self._penalty_window :], dtype=mx.int32), logits)
+            logits = self._penalty(mx.array(text_ids(history[-self._penalty_window :]), dtype=mx.int32), logits)
         generated = len(history) - self.prompt_len
         if self.eos is not None and (self.ignore_eos or generated < self.min_tokens):
             logits = logits.at[:, self.eos].add(-mx.inf)

@@ -78,12 +78,18 @@ class Window:
 
     @staticmethod
     def can_rewind(c: Any, n: int, last_write: int) -> bool:
+        if c.keys is None:
+            return False
+        # nothing rotated out yet: the rows are positions 0..offset-1 in order (a prompt cache
+        # reused for a shorter prefix, within the window)
+        if c.offset == c._idx and n < c.offset:
+            return True
         # the last write was one concat block (temporal order) and keeps at least one of its rows
-        return last_write > 1 and n < last_write and c.keys is not None and c._idx == c.keys.shape[2]
+        return last_write > 1 and n < last_write and c._idx == c.keys.shape[2]
 
     @staticmethod
     def rewind(c: Any, n: int) -> None:
-        end = c.keys.shape[2] - n  # in temporal order: slice off the newest rows
+        end = c._idx - n  # in temporal order: slice off the newest rows
         c.keys, c.values = c.keys[..., :end, :], c.values[..., :end, :]
         c.offset -= n
         c._idx = end

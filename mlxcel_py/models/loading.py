@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +57,7 @@ class LoadedModel:
     kv_cache: str = "f32 keys, f32 values"  # the KV cache type in use (--cache-type-k/-v)
     kv_bytes_per_token: int = 0  # the cache's bytes a token over every layer (0: not known)
     kv_note: str | None = None  # why an explicit cache type could not apply (models.kv_cache)
+    vision: Any = None  # a vision-language model's vision.prompts.Vision (None: text only)
 
     @property
     def kv_summary(self) -> str:
@@ -278,14 +279,22 @@ def load(
     cpu_weights: str = "auto",
     world: Any = None,
     cache_types: tuple[str, str] = ("auto", "auto"),
+    text_only: bool = False,
 ) -> LoadedModel:
-    """Read weights and tokenizer of a resolved model (`world`: only this rank's part of them)."""
+    """Read weights and tokenizer of a resolved model (`world`: only this rank's part of them;
+    `text_only`: never as a vision-language model, as a drafter is read)."""
     import mlx.core as mx
     import mlx_lm
 
     from ..cpu import kernels as cpu_kernels
+    from ..vision import loading as vision_loading
 
     start = time.perf_counter()
+    if world is None and not text_only and (family := vision_loading.family(resolved.config)) is not None:
+        model, tokenizer, vision, dtype = vision_loading.load(resolved, family)
+        resolved = replace(resolved, config=vision_loading.text_config(resolved.config))
+        took = time.perf_counter() - start
+        return LoadedModel(model, tokenizer, resolved, dtype, took, "stock (vision model)", vision=vision)
     try:
         model, tokenizer = mlx_lm.load(str(resolved.path), lazy=world is not None)
     except (ValueError, FileNotFoundError, KeyError, OSError, ImportError) as exc:

@@ -14,6 +14,7 @@ from .ui import err, info
 HELP = """Commands:
   /help, /?   show this help
   /clear      forget the conversation
+  /image FILE attach an image to your next message (vision-language models)
   /bye        exit (Ctrl-D too)
   \"\"\"         start or end a multi-line message
 Ctrl-C cancels a reply that is streaming; the conversation is kept."""
@@ -37,6 +38,16 @@ def cleared() -> None:
 
 def unknown_command(cmd: str) -> None:
     err().print(f"Unknown command: {cmd}. Type /? for the list of commands.", style="ui.warn", markup=False)
+
+
+def image_attached(path: str, count: int) -> None:
+    more = f" ({count} images)" if count > 1 else ""
+    err().print(f"Attached {path} to your next message{more}.", style="ui.muted", markup=False)
+
+
+def turn_refused(message: str) -> None:
+    """A turn that could not run (a bad image, a refused prompt): the conversation is kept."""
+    err().print(f"error: {message} (the conversation is kept)", style="ui.warn", markup=False)
 
 
 def exit_hint() -> None:

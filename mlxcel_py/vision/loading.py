@@ -1,0 +1,95 @@
+"""Loading a vision-language model through mlx-vlm, MLX's model zoo for them.
+
+A folder whose config.json declares a vision tower (`vision_config`) of a family mlx-vlm builds
+loads here: mlx-vlm's model and processor, mlx-lm's tokenizer wrapper (the engine's detokenizer
+and EOS ids), and `VisionTarget` as the engine's model. The weights stay as stored (the row-exact
+CPU kernel covers text decoders only); the config the engine reads is the text model's.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ..errors import ModelError
+
+
+def family(config: dict) -> str | None:
+    """mlx-vlm's family for a config that declares a vision tower, else None."""
+    if not isinstance(config.get("vision_config"), dict):
+        return None
+    model_type = str(config.get("model_type", ""))
+    try:
+        from mlx_vlm.utils import get_model_type
+
+        name = get_model_type(config) or model_type
+    except Exception:
+        name = model_type
+    try:
+        importlib.import_module(f"mlx_vlm.models.{name}")
+    except ImportError:
+        return None
+    return name
+
+
+def text_config(config: dict) -> dict:
+    """The config with the text model's keys on top (context window, vocabulary, EOS)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    merged = {**config, **{k: v for k, v in text.items() if k != "model_type"}}
+    for key in ("vocab_size", "eos_token_id"):
+        if key in config and key not in text:
+            merged[key] = config[key]
+    return merged
+
+
+def load(resolved: Any, name: str) -> tuple[Any, Any, Any, str]:
+    """(engine model, tokenizer, Vision, weights dtype) of a vision-language model folder
+    (models.loading makes them its LoadedModel, with `text_config(config)` as the config)."""
+    import mlx.core as mx
+    from mlx_lm.utils import load_tokenizer
+    from mlx_vlm import load as vlm_load
+
+    from .prompts import Vision
+    from .target import VisionTarget
+
+    try:
+        vlm, processor = vlm_load(str(resolved.path))
+        eos = resolved.config.get("eos_token_id", (resolved.config.get("text_config") or {}).get("eos_token_id"))
+        tokenizer = load_tokenizer(resolved.path, eos_token_ids=eos)
+    except (ValueError, FileNotFoundError, KeyError, OSError, ImportError, TypeError) as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelError(f"cannot load {resolved.path} (vision model, {name}): {text}") from None
+    token_id, token = _image_token(vlm, processor)
+    target = VisionTarget(vlm)
+    target.make_cache()  # refuses a cache kind rollback does not know, now rather than mid-request
+    dtype = str(next(iter(v.dtype for _, v in _leaves(vlm.language_model))))
+    mx.eval(vlm.parameters())
+    return (
+        target,
+        tokenizer,
+        Vision(target, processor, token_id, token, name, tokenizer),
+        dtype.replace("mlx.core.", ""),
+    )
+
+
+def _leaves(module: Any):
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(module.parameters())
+
+
+def _image_token(vlm: Any, processor: Any) -> tuple[int, str]:
+    cfg = vlm.config
+    tid = next(
+        (getattr(cfg, k) for k in ("image_token_index", "image_token_id") if isinstance(getattr(cfg, k, None), int)),
+        None,
+    )
+    tok = getattr(processor, "tokenizer", processor)
+    text = getattr(processor, "image_token", None)
+    if tid is None and isinstance(text, str):
+        tid = tok.convert_tokens_to_ids(text)
+    if tid is None:
+        raise ModelError("this vision model names no image token (image_token_index in config.json)")
+    if not isinstance(text, str):
+        text = tok.convert_ids_to_tokens(tid)
+    return int(tid), text

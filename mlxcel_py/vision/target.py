@@ -1,0 +1,182 @@
+"""A vision-language model as the engine sees it: token ids in, logits out.
+
+The engine, its drafters and its caches speak token ids only. An image enters a prompt as rows of
+embeddings (the vision tower's output, projected) at the positions of the model's image token, so
+here an image position carries a *negative* id that names its row: -(1 + slot * ROWS + row), where
+`slot` stands for one image (by its pixels' content) in `ImageRows`. The
+forward embeds ids >= 0 as the model's own text path does and puts the image rows in place of the
+negative ones; everything after the prompt (drafts, verify blocks, plain steps) is text.
+
+Why ids and not a side channel: every consumer of the token list stays right without knowing about
+images. Prefix reuse (engine.prompt_cache, the server's slots) matches a second question about the
+same image (same pixels, same ids) and never a different image (other ids); rollback replays and
+chunked prefill feed the same rows wherever a chunk falls. Drafters never propose a negative id
+(engine.verify cuts a draft there), and the target never picks one, so no image id is ever output.
+
+The caches are mlx-lm's (a plain KV cache; a rotating one where the family slides a window), so
+rollback and every cache adapter in models.cache_kinds apply unchanged.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from ..errors import ModelError
+
+ROWS = 1 << 15  # positions one image may take (a 1024 px Pixtral image takes ~4,100)
+SLOTS = 1 << 16  # -(1 + SLOTS * ROWS) still fits int32; slot numbers are not reused before this many
+
+
+class Deferred:
+    """Image rows computed when a forward first reads them: on the thread that runs the model (a
+    server builds prompts on other threads; only the model's thread runs MLX). One vision-tower
+    run serves every image of its prompt; each image's slot takes its slice."""
+
+    def __init__(self, compute: Callable[[], mx.array]):
+        self._compute = compute
+        self._value: mx.array | None = None
+
+    def value(self) -> mx.array:
+        if self._value is None:
+            self._value = self._compute()
+            mx.eval(self._value)
+            self._compute = None  # the pixels go
+        return self._value
+
+
+class ImageRows:
+    """The rows of recent images, by content key; `keep` images' worth are held. Prompt builders
+    (any thread) add and look up; the model's forward reads."""
+
+    def __init__(self, keep: int = 64):
+        self.keep = keep
+        self._slots: OrderedDict[bytes, int] = OrderedDict()  # key -> slot, oldest first
+        self._rows: dict[int, tuple[Any, int, int]] = {}  # slot -> (mx rows or Deferred, start, n)
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def known(self, key: bytes) -> list[int] | None:
+        """The ids of an image seen before (its rows are held), else None."""
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is None:
+                return None
+            self._slots.move_to_end(key)
+            return ids_of(slot, self._rows[slot][2])
+
+    def add(self, key: bytes, rows: Any, start: int, n: int) -> list[int]:
+        """An image's `n` rows: rows[start:start + n] of `rows` (an array or a Deferred)."""
+        if n > ROWS:
+            raise ModelError(f"an image takes {n} positions, more than {ROWS}")
+        if (ids := self.known(key)) is not None:
+            return ids
+        with self._lock:
+            slot, self._next = self._next, (self._next + 1) % SLOTS
+            self._slots[key] = slot
+            self._rows[slot] = (rows, start, n)
+            while len(self._slots) > self.keep:
+                _, old = self._slots.popitem(last=False)
+                self._rows.pop(old, None)
+        return ids_of(slot, n)
+
+    def _held(self, slot: int) -> mx.array:
+        with self._lock:
+            entry = self._rows.get(slot)
+        if entry is None:
+            raise ModelError("an image's rows were let go before its prompt was fed; send the image again")
+        rows, start, n = entry
+        if isinstance(rows, Deferred):
+            rows = rows.value()[start : start + n]
+            with self._lock:
+                if slot in self._rows:
+                    self._rows[slot] = (rows, 0, n)
+            return rows
+        return rows[start : start + n]
+
+    def rows(self, ids: np.ndarray) -> mx.array:
+        """The rows negative `ids` name, in order (one gather per image)."""
+        code = -ids.astype(np.int64) - 1
+        slots, rows = code // ROWS, code % ROWS
+        parts, order = [], []
+        for slot in np.unique(slots):
+            held = self._held(int(slot))
+            pick = np.flatnonzero(slots == slot)
+            parts.append(held[mx.array(rows[pick].astype(np.int32))])
+            order.append(pick)
+        joined = mx.concatenate(parts) if len(parts) > 1 else parts[0]
+        at = np.concatenate(order)
+        return joined if (np.diff(at) > 0).all() else joined[mx.array(np.argsort(at).astype(np.int32))]
+
+
+def ids_of(slot: int, n: int) -> list[int]:
+    base = slot * ROWS
+    return [-(1 + base + r) for r in range(n)]
+
+
+class VisionTarget(nn.Module):
+    """The engine's model: the VLM's language model, with image rows where ids are negative."""
+
+    takes_image_ids = True  # engine.cache feeds its negative ids as they are
+
+    def __init__(self, vlm: nn.Module):
+        super().__init__()
+        self.vlm = vlm
+        self.images = ImageRows()
+
+    @property
+    def layers(self):
+        return self.vlm.language_model.layers
+
+    @property
+    def language_model(self):
+        return self.vlm.language_model
+
+    def make_cache(self) -> list:
+        return mlx_lm_caches(self.vlm.language_model)
+
+    def text_embeddings(self, ids: mx.array) -> mx.array:
+        return self.vlm.get_input_embeddings(ids, None).inputs_embeds
+
+    def __call__(self, inputs: mx.array, cache: Any = None, **kwargs: Any) -> mx.array:
+        lm = self.vlm.language_model
+        if len(self.images):
+            ids = np.array(inputs)
+            image = ids < 0
+            if image.any():
+                text = mx.array(np.where(image, 0, ids).astype(np.int32))
+                h = self.text_embeddings(text)
+                b, L, d = h.shape
+                flat = h.reshape(b * L, d)
+                where = np.flatnonzero(image.reshape(-1))
+                flat[mx.array(where)] = self.images.rows(ids.reshape(-1)[where]).astype(flat.dtype)
+                return lm(text, cache=cache, inputs_embeds=flat.reshape(b, L, d)).logits
+        return lm(inputs, cache=cache).logits
+
+
+def mlx_lm_caches(lm: nn.Module) -> list:
+    """mlx-lm caches in the kinds the family's own `make_cache` picks (mlx-vlm has its own classes
+    of the same names; mlx-lm's are the ones every rollback adapter knows)."""
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+    if not hasattr(lm, "make_cache"):
+        return [KVCache() for _ in lm.layers]
+    out = []
+    for c in lm.make_cache():
+        kind = type(c).__name__
+        if kind in ("KVCache", "SimpleKVCache"):
+            out.append(KVCache())
+        elif kind == "RotatingKVCache":
+            out.append(RotatingKVCache(max_size=c.max_size, keep=getattr(c, "keep", 0)))
+        else:
+            raise ModelError(f"this vision model's {kind} layer cache is not supported yet (plain and sliding KV are)")
+    return out

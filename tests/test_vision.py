@@ -1,0 +1,314 @@
+"""Vision-language models (mlx-vlm families) through the engine: the prompt's image rows are the
+family's own, plain decoding equals a reference loop over mlx-vlm's own caches, every text drafter
+equals plain with an image in the prompt, a second request about the same image reuses its
+prefill, and bad images are refused with one line naming the input."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import subprocess
+import zlib
+
+import mlx.core as mx
+import numpy as np
+import pytest
+import tiny_vlms
+from conftest import make_tiny_model, mlxcel_cmd
+from PIL import Image
+from test_engine import engine_for, lookup, run
+
+from mlxcel_py.engine.cache import SequenceCache, text_prefix
+from mlxcel_py.models import loading
+from mlxcel_py.options import DraftConfig, LookupConfig, SamplingOptions
+from mlxcel_py.vision import images as vimages
+
+GREEDY = SamplingOptions(temp=0.0)
+COPY = "copy this: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog. the"
+
+
+def picture(seed: int = 0, size=(40, 50)) -> Image.Image:
+    return Image.fromarray((np.random.RandomState(seed).rand(*size, 3) * 255).astype("uint8"))
+
+
+@pytest.fixture(scope="module", params=list(tiny_vlms.FAMILIES))
+def vlm(request, tmp_path_factory):
+    folder = tiny_vlms.FAMILIES[request.param](tmp_path_factory.mktemp(request.param) / "model")
+    return loading.load(loading.resolve(str(folder)))
+
+
+def ids_for(lm, text: str, imgs) -> list[int]:
+    return lm.vision.prompt_ids(lm.tokenizer, text, imgs)
+
+
+def reference(lm, text: str, imgs, n: int) -> list[int]:
+    """Greedy tokens from mlx-vlm's own pieces: its processor output, its merge
+    (get_input_embeddings), its language model and its own cache classes."""
+    from mlx_vlm.models.cache import KVCache
+
+    vlm, proc = lm.vision.target.vlm, lm.vision.processor
+    prompt = lm.vision.render(
+        lm.tokenizer, [{"role": "user", "content": [{"type": "image"}] * len(imgs) + [{"type": "text", "text": text}]}]
+    )
+    inp = proc(text=[prompt], images=imgs, return_tensors="np")
+    extra = {k: mx.array(v) for k, v in inp.items() if k not in ("input_ids", "pixel_values", "attention_mask")}
+    x = mx.array(inp["input_ids"])
+    e = vlm.get_input_embeddings(x, mx.array(inp["pixel_values"]), mask=mx.array(inp["attention_mask"]), **extra)
+    lm_ = vlm.language_model
+    cache = lm_.make_cache() if hasattr(lm_, "make_cache") else [KVCache() for _ in lm_.layers]
+    out, toks = lm_(x, inputs_embeds=e.inputs_embeds, cache=cache), []
+    for _ in range(n):
+        toks.append(int(mx.argmax(out.logits[0, -1])))
+        out = lm_(mx.array([[toks[-1]]]), cache=cache)
+    return toks
+
+
+def test_plain_decoding_equals_mlx_vlms_own_loop(vlm):
+    ids = ids_for(vlm, "describe the picture in detail please", [picture()])
+    assert sum(t < 0 for t in ids) > 0  # the image's positions
+    toks, _ = run(engine_for(vlm), ids, max_tokens=24, sampling=GREEDY, ignore_eos=True)
+    assert toks == reference(vlm, "describe the picture in detail please", [picture()], 24)
+
+
+def test_the_image_changes_the_logits(vlm):
+    def last(img):
+        return SequenceCache(vlm.model).feed(ids_for(vlm, "describe it", [img]))[-1]
+
+    assert mx.allclose(last(picture(0)), last(picture(0)))
+    assert not mx.allclose(last(picture(0)), last(picture(5)))
+
+
+@pytest.mark.parametrize(
+    "draft",
+    [
+        lookup(),
+        DraftConfig(kind="suffix", block_size=4, lookup=LookupConfig(max_draft=4, policy="cost")),
+        "full-model",
+    ],
+    ids=["prompt-lookup", "suffix", "full-model"],
+)
+def test_text_drafters_equal_plain_with_an_image(vlm, draft, tmp_path_factory):
+    assets = None
+    if draft == "full-model":  # a text llama with the same ids drafts beside the image prompt
+        d = make_tiny_model(tmp_path_factory.mktemp("vd") / "m", seed=3, hidden=32, layers=1, vocab=264, scale=3.0)
+        assets = loading.load(loading.resolve(str(d))).model
+        draft = DraftConfig(kind="full-model", draft_model=str(d), block_size=3)
+    for seed in (0, 1):
+        ids = ids_for(vlm, COPY, [picture(seed)])
+        plain, _ = run(engine_for(vlm), ids, max_tokens=40, sampling=GREEDY, ignore_eos=True)
+        spec, g = run(engine_for(vlm, draft, draft_model=assets), ids, max_tokens=40, sampling=GREEDY, ignore_eos=True)
+        assert spec == plain
+        assert g.stats.drafted_rounds > 0
+        assert min(spec) >= 0
+
+
+def test_sampled_speculation_never_emits_an_image_id(vlm):
+    """The image sits right after the repeated text, so lookup proposals run into it; a p/q
+    verify must never take an image id (it would index the logits from the end)."""
+    text = "ab ab ab ab ab ab"
+    turn = [{"type": "text", "text": text}, {"type": "image"}, {"type": "text", "text": text}]
+    prompt = vlm.vision.render(vlm.tokenizer, [{"role": "user", "content": turn}])
+    ids = vlm.vision.encode(prompt, [picture()])
+    s = SamplingOptions(temp=1.5, seed=3, top_k=0, top_p=1.0)
+    toks, g = run(engine_for(vlm, lookup()), ids, max_tokens=40, sampling=s, ignore_eos=True)
+    assert min(toks) >= 0 and g.stats.proposed > 0
+
+
+def test_text_prefix_cuts_a_draft_at_the_first_image_id():
+    assert text_prefix([5, 6, 7]) == 3
+    assert text_prefix([5, -3, 7]) == 1
+    assert text_prefix([-1]) == 0
+
+
+def test_a_second_question_about_the_same_image_reuses_its_prefill(vlm):
+    eng = engine_for(vlm)
+    eng.keep_prompts(None)
+    first = ids_for(vlm, "what is in the picture", [picture(0)])
+    run(eng, first, max_tokens=8, sampling=GREEDY, ignore_eos=True)
+    again = ids_for(vlm, "what colour is it", [picture(0)])
+    last_image = max(i for i, t in enumerate(again) if t < 0)
+    toks, g = run(eng, again, max_tokens=8, sampling=GREEDY, ignore_eos=True)
+    assert g.stats.cached_tokens > last_image  # the image's positions were not prefilled again
+    assert toks == run(engine_for(vlm), again, max_tokens=8, sampling=GREEDY, ignore_eos=True)[0]
+    other = ids_for(vlm, "what colour is it", [picture(7)])
+    first_image = min(i for i, t in enumerate(other) if t < 0)
+    _, g = run(eng, other, max_tokens=8, sampling=GREEDY, ignore_eos=True)
+    assert g.stats.cached_tokens <= first_image  # another image: nothing past its start is reused
+
+
+# ---- bad images -------------------------------------------------------------------------------------
+
+
+def png_bytes(img: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def huge_header_png(width: int, height: int) -> bytes:
+    """A PNG whose header states width x height, with a tiny (wrong) body: never decoded."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = lambda kind, data: struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))  # noqa: E731
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 10)) + chunk(b"IEND", b"")
+
+
+SVG_BOMB = (
+    b'<?xml version="1.0"?><!DOCTYPE svg [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;">]>'
+    b'<svg xmlns="http://www.w3.org/2000/svg" width="100000" height="100000"><text>&b;</text></svg>'
+)
+
+
+@pytest.mark.parametrize(
+    "data,words",
+    [
+        (lambda: png_bytes(picture())[:200], "truncated or damaged"),
+        (lambda: huge_header_png(20000, 20000), "more pixels than the limit"),
+        (lambda: huge_header_png(20000, 10), "20000x10 pixels"),
+        (lambda: b"hello, not an image at all", "not an image"),
+        (lambda: SVG_BOMB, "SVG"),
+        (lambda: b"", "empty"),
+    ],
+    ids=["truncated", "20000px-bomb", "20000px-wide", "text", "svg-bomb", "empty"],
+)
+def test_bad_images_are_refused_naming_the_input(data, words):
+    with pytest.raises(vimages.ImageError) as e:
+        vimages.open_image(data(), "--image x.png")
+    assert str(e.value).startswith("--image x.png: ") and words in str(e.value)
+    assert e.value.exit_code == 2
+
+
+def test_data_urls():
+    raw = png_bytes(picture())
+    import base64
+
+    url = "data:image/png;base64," + base64.b64encode(raw).decode()
+    assert vimages.data_url_bytes(url, "image_url") == raw
+    for bad, words in [
+        ("data:text/plain;base64,aGk=", "not an image"),
+        ("data:image/png;base64,@@@", "malformed"),
+        ("https://example.com/a.png", "not a data: URL"),
+    ]:
+        with pytest.raises(vimages.ImageError, match=words):
+            vimages.data_url_bytes(bad, "image_url")
+
+
+# ---- the command line ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llava_dir(tmp_path_factory):
+    return tiny_vlms.llava(tmp_path_factory.mktemp("cli_llava") / "model")
+
+
+def test_generate_with_an_image_and_prompt_lookup_equals_plain(llava_dir, tmp_path, cli_env):
+    img = tmp_path / "a.png"
+    picture().save(img)
+    cmd = mlxcel_cmd() + ["generate", "-m", str(llava_dir), "--image", str(img), "-p", COPY, "-n", "40"]
+    r = subprocess.run(
+        cmd + ["--prompt-lookup", "--verify-exact"], capture_output=True, text=True, env=cli_env, timeout=240
+    )
+    assert r.returncode == 0, r.stderr
+    assert "speculative output equals plain output" in r.stderr
+    plain = subprocess.run(cmd, capture_output=True, text=True, env=cli_env, timeout=240)
+    assert plain.returncode == 0 and plain.stdout == r.stdout
+
+
+@pytest.mark.parametrize(
+    "setup,words",
+    [
+        ("missing", "--image nope.png: no such file"),
+        ("text-model", "is a text model"),
+        ("truncated", "truncated or damaged"),
+    ],
+)
+def test_generate_refuses_bad_image_input_with_exit_2(setup, words, llava_dir, tiny_dir, tmp_path, cli_env):
+    model, image = str(llava_dir), "nope.png"
+    if setup == "text-model":
+        model, image = str(tiny_dir), str(tmp_path / "a.png")
+        picture().save(image)
+    elif setup == "truncated":
+        image = str(tmp_path / "t.png")
+        (tmp_path / "t.png").write_bytes(png_bytes(picture())[:150])
+    r = subprocess.run(
+        mlxcel_cmd() + ["generate", "-m", model, "--image", image, "-p", "hi", "-n", "4"],
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        cwd=tmp_path,
+        timeout=240,
+    )
+    assert r.returncode == 2, r.stderr
+    assert words in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) <= 2
+
+
+def test_learned_drafters_are_refused_beside_a_vision_model(llava_dir, tmp_path, cli_env):
+    cfg = json.loads((llava_dir / "config.json").read_text())
+    assert "vision_config" in cfg
+    r = subprocess.run(
+        mlxcel_cmd()
+        + ["generate", "-m", str(llava_dir), "-p", "hi", "--draft-kind", "mtp", "--draft-model", str(llava_dir)],
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=240,
+    )
+    assert r.returncode == 1 and "--draft-kind mtp reads the target's hidden states" in r.stderr
+
+
+def test_an_image_keeps_its_ids_when_a_later_turn_adds_another(vlm):
+    """Chat: turn 2 holds turn 1's image and a new one; the first image's positions carry the
+    same ids (so its prefill is reused), and spec == plain over both images."""
+    a, b = picture(0), picture(9, size=(30, 60))
+    one = vlm.vision.encode(vlm.vision.render(vlm.tokenizer, [user([a], "first")]), [a])
+    conv = [user([a], "first"), {"role": "assistant", "content": "ok"}, user([b], COPY)]
+    two = vlm.vision.encode(vlm.vision.render(vlm.tokenizer, conv), [a, b])
+    first_ids = [t for t in one if t < 0]
+    assert [t for t in two if t < 0][: len(first_ids)] == first_ids
+    assert len(set(t for t in two if t < 0)) > len(first_ids)  # the new image has ids of its own
+    plain, _ = run(engine_for(vlm), two, max_tokens=30, sampling=GREEDY, ignore_eos=True)
+    spec, _ = run(engine_for(vlm, lookup()), two, max_tokens=30, sampling=GREEDY, ignore_eos=True)
+    assert spec == plain
+
+
+def user(imgs, text):
+    return {"role": "user", "content": [{"type": "image"} for _ in imgs] + [{"type": "text", "text": text}]}
+
+
+def test_chat_attaches_images_and_keeps_the_conversation_on_a_bad_one(llava_dir, tmp_path, cli_env):
+    img = tmp_path / "a.png"
+    picture().save(img)
+    (tmp_path / "bad.png").write_bytes(b"not a picture")
+    lines = f"/image {img}\ndescribe it\n/image {tmp_path / 'bad.png'}\n/image\nand again\n"
+    r = subprocess.run(
+        mlxcel_cmd() + ["chat", "-m", str(llava_dir), "-n", "6", "--temp", "0", "--profile"],
+        input=lines,
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=240,
+    )
+    assert r.returncode == 0, r.stderr
+    assert f"Attached {img} to your next message." in r.stderr
+    assert "bad.png: not an image" in r.stderr and "/image needs a file" in r.stderr
+    turns = [line for line in r.stderr.splitlines() if "prompt tokens reused" in line]
+    assert len(turns) == 2  # both messages were answered
+    reused = int(turns[1].split(" prompt tokens reused")[0].rsplit(", ", 1)[1])
+    assert reused > 16  # the second turn re-sends the first turn's image: its 16 positions are reused
+    assert "Traceback" not in r.stderr
+
+
+def test_chat_image_on_a_text_model_is_one_line(tiny_dir, tmp_path, cli_env):
+    img = tmp_path / "a.png"
+    picture().save(img)
+    r = subprocess.run(
+        mlxcel_cmd() + ["chat", "-m", str(tiny_dir), "-n", "4"],
+        input=f"/image {img}\nhello\n",
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=240,
+    )
+    assert r.returncode == 0 and "/image: " in r.stderr and "is a text model" in r.stderr
+    assert r.stdout.strip()  # the text turn was still answered

@@ -1,0 +1,220 @@
+"""Tiny random-weight vision-language models of three mlx-vlm families, built from mlx-vlm's own
+model classes, with the processor files transformers / mlx-vlm read offline.
+
+Each folder holds: config.json, model.safetensors, a byte-level tokenizer with the family's image
+tokens as special tokens, a chat template that places `{"type": "image"}` parts, and the image
+processor's and processor's configs (32 px images, 8 px patches). Random weights prove exactness
+and mechanics (spec == plain, the same ids as mlx-vlm's own merge), never acceptance.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_map
+
+BASE_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 256, 257, 258
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
+    "{% else %}{% for p in m['content'] %}{% if p['type'] == 'image' %}IMAGE{% else %}{{ p['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+NORM = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_normalize": True, "do_rescale": True}
+
+LLAMA_TEXT = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-5,
+    vocab_size=264,
+    max_position_embeddings=2048,
+)
+
+
+def _tokenizer(folder: Path, special: list[str], image_text: str, extra: dict | None = None) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(BASE_SPECIAL + special)
+    tok.save(str(folder / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "chat_template": TEMPLATE.replace("IMAGE", image_text),
+        "clean_up_tokenization_spaces": False,
+        **(extra or {}),
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def _weights(folder: Path, family: str, cfg: dict, seed: int, scale: float) -> None:
+    module = importlib.import_module(f"mlx_vlm.models.{family}")
+    conf = module.ModelConfig.from_dict(cfg)
+    conf.text_config = module.TextConfig.from_dict(cfg["text_config"])
+    conf.vision_config = module.VisionConfig.from_dict(cfg["vision_config"])
+    mx.random.seed(seed)
+    model = module.Model(conf)
+    model.update(tree_map(lambda p: p * scale if p.ndim >= 2 else p, model.parameters()))
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())), {"format": "mlx"})
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+def llava(folder: Path, seed: int = 0) -> Path:
+    """LLaVA: a CLIP tower, 16 image positions (4x4 patches), a llama text model."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _tokenizer(folder, ["<image>"], "<image>")  # <image> = 259
+    cfg = dict(
+        model_type="llava",
+        image_token_index=259,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        vocab_size=264,
+        text_config=dict(model_type="llama", **LLAMA_TEXT),
+        vision_config=dict(
+            model_type="clip_vision_model",
+            hidden_size=32,
+            num_hidden_layers=2,
+            intermediate_size=64,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+            projection_dim=32,
+        ),
+    )
+    _weights(folder, "llava", cfg, seed, 0.5)
+    image = {"size": {"shortest_edge": 32}, "crop_size": {"height": 32, "width": 32}, "do_center_crop": True}
+    (folder / "preprocessor_config.json").write_text(
+        json.dumps({"image_processor_type": "CLIPImageProcessor", "do_resize": True, "resample": 3, **image, **NORM})
+    )
+    (folder / "processor_config.json").write_text(
+        json.dumps(
+            {
+                "processor_class": "LlavaProcessor",
+                "patch_size": 8,
+                "vision_feature_select_strategy": "default",
+                "image_token": "<image>",
+                "num_additional_image_tokens": 1,
+            }
+        )
+    )
+    return folder
+
+
+def gemma3(folder: Path, seed: int = 0) -> Path:
+    """Gemma 3: a SigLIP tower pooled to 4 image positions between <start_of_image> and
+    <end_of_image>; sliding-window layers (window 96)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    special = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]  # 259, 260, 261
+    extra = {
+        "extra_special_tokens": {
+            "boi_token": "<start_of_image>",
+            "eoi_token": "<end_of_image>",
+            "image_token": "<image_soft_token>",
+        }
+    }
+    _tokenizer(folder, special, "<start_of_image>", extra)
+    cfg = dict(
+        model_type="gemma3",
+        image_token_index=261,
+        mm_tokens_per_image=4,
+        vocab_size=264,
+        hidden_size=64,
+        pad_token_id=0,
+        text_config=dict(
+            model_type="gemma3_text",
+            hidden_size=64,
+            num_hidden_layers=3,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            vocab_size=264,
+            rms_norm_eps=1e-6,
+            sliding_window=96,  # the copy prompts (~125 tokens) wrap it; the reuse test's do not
+            sliding_window_pattern=3,
+            query_pre_attn_scalar=16,
+            mm_tokens_per_image=4,
+            max_position_embeddings=2048,
+        ),
+        vision_config=dict(
+            model_type="siglip_vision_model",
+            hidden_size=32,
+            num_hidden_layers=2,
+            intermediate_size=64,
+            num_attention_heads=2,
+            patch_size=8,
+            image_size=32,
+        ),
+    )
+    _weights(folder, "gemma3", cfg, seed, 0.1)
+    (folder / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "Gemma3ImageProcessor",
+                "size": {"height": 32, "width": 32},
+                "do_resize": True,
+                "do_pan_and_scan": False,
+                "resample": 2,
+                **NORM,
+            }
+        )
+    )
+    (folder / "processor_config.json").write_text(
+        json.dumps({"processor_class": "Gemma3Processor", "image_seq_length": 4})
+    )
+    return folder
+
+
+def idefics3(folder: Path, seed: int = 0) -> Path:
+    """Idefics3 (SmolVLM's layout): a SigLIP tower, pixel shuffle to 4 image positions per
+    image, wrapped in <fake_token_around_image><global-img>...; a llama text model."""
+    folder.mkdir(parents=True, exist_ok=True)
+    special = ["<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"]  # 259..262
+    _tokenizer(folder, special, "<image>")
+    cfg = dict(
+        model_type="idefics3",
+        image_token_id=259,
+        scale_factor=2,
+        vocab_size=264,
+        text_config=dict(model_type="llama", **LLAMA_TEXT),
+        vision_config=dict(
+            model_type="idefics3_vision",
+            hidden_size=32,
+            num_hidden_layers=2,
+            intermediate_size=64,
+            num_attention_heads=2,
+            patch_size=8,
+            image_size=32,
+        ),
+    )
+    _weights(folder, "idefics3", cfg, seed, 0.5)
+    (folder / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "Idefics3ImageProcessor",
+                "do_resize": True,
+                "size": {"longest_edge": 32},
+                "max_image_size": {"longest_edge": 32},
+                "do_image_splitting": False,
+                "do_pad": True,
+                "resample": 1,
+                **NORM,
+            }
+        )
+    )
+    (folder / "processor_config.json").write_text(
+        json.dumps({"processor_class": "Idefics3Processor", "image_seq_len": 4})
+    )
+    return folder
+
+
+FAMILIES = {"llava": llava, "gemma3": gemma3, "idefics3": idefics3}
