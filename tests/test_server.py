@@ -881,8 +881,12 @@ def test_anthropic_route_refuses_bad_bodies_in_its_own_shape(server):
         ({"max_tokens": 0, "messages": hi}, "'max_tokens' must be at least 1"),
         ({"max_tokens": 8, "messages": []}, "messages"),
         (
+            {"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "document"}]}]},
+            "'document' blocks are not supported",
+        ),
+        (
             {"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image"}]}]},
-            "'image' blocks are not supported",
+            "an image block needs a 'source' object",
         ),
         ({"max_tokens": 8, "messages": hi, "tools": [{"name": "f"}]}, "'tools.0.input_schema': Field required"),
         ({"max_tokens": 8, "messages": hi, "tool_choice": {"type": "maybe"}}, "'tool_choice': type must be"),

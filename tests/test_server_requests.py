@@ -181,7 +181,11 @@ def _assert_error(r, status, fragment):
             "'messages.0.content.0.text': Input should",
         ),
         ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "a text part needs a string 'text'"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "text parts only"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "an image_url part needs 'image_url'"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
+            "'input_audio' parts are not supported",
+        ),
         ({"messages": HI, "model": {"x": 1}}, "'model': Input should be a valid string"),
         ({"messages": HI, "temperature": "x" * 5000}, "'temperature': Input should be a valid number"),
         ({"messages": HI, "temperature": True}, "'temperature': Input should be a valid number"),
@@ -644,7 +648,7 @@ def test_prompt_forms_batches_mixed_sequences_and_prompt_string_objects():
     _assert_error(
         client.post("/completion", json={"prompt": {"prompt_string": "x", "multimodal_data": ["AAAA"]}}),
         400,
-        "text prompts only",
+        "this model takes text only",
     )
     _assert_error(client.post("/completion", json={"prompt": []}), 400, "'prompt' must not be empty")
     n_jobs = len(worker.jobs)

@@ -107,6 +107,7 @@ def test_the_page_streams_counts_stops_keeps_and_explains_keys(server, browser):
     _set(d, "api-key", KEY)
     _wait(d, lambda d: not d.find_element(By.ID, "error").is_displayed())
     assert _wait(d, lambda d: "prompt-lookup" in d.find_element(By.ID, "drafter").text)
+    assert not d.find_element(By.ID, "attach-label").is_displayed()  # a text model: no image picker
     d.find_element(By.TAG_NAME, "summary").click()
     _set(d, "temperature", 0)
     _set(d, "max-tokens", 80)
@@ -181,6 +182,48 @@ def test_no_webui_is_a_404_at_the_root_and_health_for_json_clients(tmp_path):
         with urllib.request.urlopen(urllib.request.Request(url + "/", headers={"Accept": "application/json"})) as r:
             assert r.headers["content-type"].startswith("application/json")
             assert json.loads(r.read())["status"] == "ok"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_the_page_attaches_an_image_when_the_model_takes_them(browser, tmp_path):
+    """A vision model's server (a tiny random LLaVA): the page shows the image picker (/props'
+    modalities), sends the picked file as an image_url part, shows it in the conversation, and the
+    reply is the server's greedy reply to that image and text (the same as over plain HTTP)."""
+    import base64
+
+    import tiny_vlms
+    from test_server import post
+    from test_vision import picture
+
+    folder = tiny_vlms.llava(tmp_path / "llava")
+    img = tmp_path / "shot.png"
+    picture(3).save(img)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path / "cfg"))
+    proc, url, _ = start_server(env, "-m", str(folder), "--draft-kind", "prompt-lookup")
+    try:
+        d = browser
+        d.get(url + "/")  # another port: another origin, a fresh localStorage
+        _wait(d, lambda d: d.find_element(By.ID, "attach-label").is_displayed())
+        d.find_element(By.TAG_NAME, "summary").click()
+        _set(d, "temperature", 0)
+        _set(d, "max-tokens", 12)
+        d.find_element(By.TAG_NAME, "summary").click()
+        d.find_element(By.ID, "attach").send_keys(str(img))
+        _wait(d, lambda d: d.find_element(By.ID, "attached").text == "1 image attached")
+        _send(d, "describe the picture")
+        _wait(d, lambda d: _idle(d) and _replies(d) and "tok/s" in _replies(d)[-1].text)
+        assert d.find_elements(By.CSS_SELECTOR, ".msg.user img.thumb")
+        assert d.find_element(By.ID, "attached").text == ""  # the next message goes without it
+        shown = d.execute_script("return conversation().messages[1].content")
+        url_ = "data:image/png;base64," + base64.b64encode(img.read_bytes()).decode()
+        content = [{"type": "image_url", "image_url": {"url": url_}}, {"type": "text", "text": "describe the picture"}]
+        status, r = post(
+            url + "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": content}], "max_tokens": 12, "temperature": 0},
+        )
+        assert status == 200 and r["choices"][0]["message"]["content"] == shown
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -50,6 +50,8 @@ class ServerContext:
     model_meta: dict = field(default_factory=dict)  # /v1/models' `meta` (model_meta.py)
     context_shift: ContextShift | None = None  # --context-shift (its --keep): requests' default
     embeddings: bool = False  # --embeddings: the embedding routes answer
+    vision: Any = None  # a vision-language model's vision.prompts.Vision (None: text only)
+    fetch_images: bool = False  # --image-url-fetch
     pooling: str = "last"  # --pooling
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -70,6 +72,8 @@ class ServerContext:
             reasoning_budget=self.reasoning_budget,
             context_shift=self.context_shift,
             min_draft=drafters.config.min_draft if (drafters := getattr(self.engine, "drafters", None)) else 0,
+            vision=self.vision,
+            fetch_images=self.fetch_images,
         )
         self.responses = ResponseShapes(self.tokenizer)
         # llama-server's form, b<build>-<commit>: here the version and a hash of version and model

@@ -227,6 +227,8 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         context_shift=ContextShift(keep=srv.keep) if srv.context_shift else None,
         embeddings=srv.embeddings,
         pooling=srv.pooling,
+        vision=session.target.vision,
+        fetch_images=srv.image_url_fetch,
         model_path=str(session.target.resolved.named),
         aliases=aliases,
         tags=tags,

@@ -40,7 +40,7 @@ from ..formats.template_vars import reserved_in
 from ..inputs.digits import whole_number
 from ..options import SamplingOptions
 from ..validate import check_sampling
-from . import reasoning, schemas, tool_calls, tool_formats
+from . import image_parts, reasoning, schemas, tool_calls, tool_formats
 from .http import BODY_LIMIT, ApiError, read_json
 from .worker import Job
 
@@ -122,6 +122,8 @@ class RequestReader:
     reasoning_budget: int = -1  # --reasoning-budget: -1 unlimited, N > 0 a reply's thinking capped
     min_draft: int = 0  # --draft-min: a request's speculative.n_min when it sends none
     context_shift: ContextShift | None = None  # --context-shift (None: a full window ends a reply)
+    vision: Any = None  # a vision-language model's vision.prompts.Vision (None: image parts are refused)
+    fetch_images: bool = False  # --image-url-fetch: http(s) image URLs are downloaded
 
     async def parse(self, request: Request, model: type[Body]) -> Body:
         data = await read_json(request, self.body_limit)
@@ -245,7 +247,10 @@ class RequestReader:
     def one_prompt(self, prompt: Any) -> list[int]:
         if isinstance(prompt, schemas.PromptObject):
             if prompt.multimodal_data:
-                raise ApiError("'prompt.multimodal_data': this server takes text prompts only")
+                self.fits(len(prompt.prompt_string))
+                return image_parts.raw_prompt_ids(
+                    self.vision, prompt.prompt_string, prompt.multimodal_data, fetch=self.fetch_images
+                )
             prompt = prompt.prompt_string
         if not prompt:
             raise ApiError("'prompt' must be a non-empty string (or a list of token ids)")
@@ -282,7 +287,7 @@ class RequestReader:
         rendering: Rendering | None = None,
     ) -> list[int]:
         turns = [
-            {"role": m.role, "content": m.text()}
+            {"role": m.role, "content": m.content_parts()}
             | ({"tool_calls": [c.model_dump(exclude_none=True) for c in m.tool_calls]} if m.tool_calls else {})
             | ({"tool_call_id": m.tool_call_id} if m.tool_call_id else {})
             | ({"reasoning_content": m.reasoning_content} if m.reasoning_content else {})
@@ -305,8 +310,9 @@ class RequestReader:
             return self.turns_prompt(turns, prefill=prefill, rendering=rendering)
         if tool_calls.template_takes_tools(self.tokenizer):
             turns = [{**t, "role": ROLE_FOR_TEMPLATE.get(t["role"], t["role"])} for t in tool_calls.native_turns(turns)]
-            texts = ("content", "name", "reasoning_content")
-            self.fits(sum(len(t.get(k) or "") for t in turns for k in texts) + len(str(listed)))
+            texts = ("name", "reasoning_content")
+            chars = sum(len(t.get(k) or "") for t in turns for k in texts)
+            self.fits(chars + sum(len(image_parts.text_of(t.get("content"))) for t in turns) + len(str(listed)))
             return self._render(turns, prefill, rendering, tools=listed)
         return self.turns_prompt(tool_calls.generic_turns(turns, listed), prefill=prefill, rendering=rendering)
 
@@ -348,10 +354,22 @@ class RequestReader:
             | ({"reasoning_content": t["reasoning_content"]} if t.get("reasoning_content") else {})
             for t in turns
         ]
-        self.fits(sum(len(t["content"]) + len(t.get("reasoning_content", "")) for t in turns))
+        self.fits(sum(len(image_parts.text_of(t["content"])) + len(t.get("reasoning_content", "")) for t in turns))
         return self._render(turns, prefill, rendering or Rendering())
 
     def _render(self, turns: list[dict], prefill: bool, rendering: Rendering, tools: list[dict] | None = None):
+        if image_parts.has_images(turns):
+            extra = {**self.template_kwargs, **rendering.kwargs, **({"tools": tools} if tools else {})}
+            gen = rendering.add_generation_prompt is not False
+            return image_parts.prompt_ids(
+                self.vision,
+                self.tokenizer,
+                turns,
+                fetch=self.fetch_images,
+                add_generation_prompt=gen,
+                continue_last=prefill,
+                extra=extra,
+            )
         with template_refusal():
             return render_messages(
                 self.tokenizer,

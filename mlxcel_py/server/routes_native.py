@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from ..formats.prompting import leading_bos
 from .context import LOADING, ServerContext, ctx_of
 from .http import ApiError
+from .image_parts import prompt_text
 from .infill import check_extra, fim_tokens, infill_prompt, why_not
 from .responses import generation_settings, timings
 from .schemas import DetokenizeRequest, InfillRequest, NativeCompletionRequest, TokenizeRequest
@@ -79,7 +80,7 @@ async def slots(request: Request):
                 ),
                 "n_prompt_tokens": len(job.prompt) if job is not None else 0,
                 # llama-server's field: the prompt as text (a request's, so /slots takes the key)
-                "prompt": ctx.tokenizer.decode(job.prompt) if job is not None else "",
+                "prompt": prompt_text(ctx.tokenizer, job.prompt, ctx.vision) if job is not None else "",
                 "n_cached_tokens": gen.stats.cached_tokens if gen is not None else 0,
                 "next_token": {
                     "has_next_token": slot is not None,
@@ -201,7 +202,7 @@ async def _complete(ctx: ServerContext, request: Request, req, prompts: list[lis
     """Decode each prompt and answer in llama-server's native shape (streamed or whole)."""
     lp = req.n_probs or None
     jobs = [await ctx.requests.job(req, p, lp) for p in prompts]
-    texts = [ctx.tokenizer.decode(p) for p in prompts]  # llama-server echoes the prompt as decoded
+    texts = [prompt_text(ctx.tokenizer, p, ctx.vision) for p in prompts]  # llama-server echoes it decoded
     probs = lp is not None
     wanted = (req.model_extra or {}).get("response_fields")
     if wanted is not None and not (isinstance(wanted, list) and all(isinstance(w, str) for w in wanted)):

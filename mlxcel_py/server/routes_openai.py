@@ -40,6 +40,7 @@ async def models(request: Request):
                 "created": ctx.created,
                 "owned_by": "mlxcel-py",
                 "meta": ctx.model_meta,  # llama-server's: n_vocab, n_ctx, n_ctx_train, n_embd, n_params, size
+                "capabilities": ["completion", "multimodal"] if ctx.vision is not None else ["completion"],
             }
         ],
     }

@@ -30,6 +30,7 @@ from typing import Any
 from ..formats.grammars import GrammarSpec
 from ..formats.prompting import template_source
 from . import tool_formats
+from .image_parts import text_of
 from .tool_formats import HERMES_CALL, CallFormat
 
 GENERIC_PROMPT = (
@@ -97,8 +98,11 @@ def generic_turns(turns: list[dict], tools: list[dict]) -> list[dict]:
             body = {"tool_call": calls[0]} if len(calls) == 1 else {"tool_calls": calls}
             out.append({"role": "assistant", "content": json.dumps(body, ensure_ascii=False)})
         elif t["role"] == "tool":
-            result = {"tool_response": {"id": t.get("tool_call_id") or "", "content": t.get("content") or ""}}
-            out.append({"role": "tool", "content": json.dumps(result, ensure_ascii=False)})
+            content = t.get("content") or ""
+            result = {"tool_response": {"id": t.get("tool_call_id") or "", "content": text_of(content)}}
+            body = json.dumps(result, ensure_ascii=False)
+            images = [p for p in content if p.get("type") == "image"] if isinstance(content, list) else []
+            out.append({"role": "tool", "content": [{"type": "text", "text": body}, *images] if images else body})
         else:
             out.append({"role": t["role"], "content": t.get("content") or ""})
     system = generic_system(tools)

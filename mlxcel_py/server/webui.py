@@ -99,6 +99,7 @@ async def props(request: Request):
         "model_alias": ctx.model_id,
         "model_path": ctx.model_path,
         "build_info": f"mlxcel-py {__version__}",
+        "modalities": {"vision": ctx.vision is not None, "audio": False},  # llama-server's (the page reads it)
         "speculative": {
             "enabled": drafting,
             "kind": draft.kind if drafting else None,

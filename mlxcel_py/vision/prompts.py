@@ -41,15 +41,31 @@ class Vision:
     tokenizer: Any = None  # the engine's (mlx-lm's wrapper): its chat template where the processor has none
     _counts: dict = field(default_factory=dict, repr=False)  # an image's positions, by content key
 
-    def render(self, tokenizer: Any, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
-        """The prompt text of `messages` (contents: strings or lists of text and image parts)."""
+    @property
+    def placeholder(self) -> str:
+        """The text that stands for one image in a raw prompt (what the processor expands)."""
+        return getattr(self.processor, "boi_token", None) or self.image_token
+
+    def render(
+        self,
+        tokenizer: Any,
+        messages: Sequence[dict],
+        *,
+        add_generation_prompt: bool = True,
+        continue_last: bool = False,
+        extra: dict | None = None,
+    ) -> str:
+        """The prompt text of `messages` (contents: strings or lists of text and image parts);
+        `continue_last`: the reply continues the final assistant turn; `extra`: template variables."""
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
+        if continue_last:
+            options = {"continue_final_message": True, **(extra or {})}
+        else:
+            options = {"add_generation_prompt": add_generation_prompt, **(extra or {})}
         for owner in (self.processor, getattr(tokenizer, "_tokenizer", tokenizer)):
             if getattr(owner, "chat_template", None):
                 try:
-                    return owner.apply_chat_template(
-                        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
-                    )
+                    return owner.apply_chat_template(list(messages), tokenize=False, **options)
                 except Exception as exc:  # a template error is the user's (their messages, their template)
                     raise ModelError(f"the chat template failed on this conversation: {str(exc)[:200]}") from None
         turns = "".join(f"{m['role'].capitalize()}: {self.flat(m['content'])}\n\n" for m in messages)

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, field_validator
 
-from .common import Sampling, _Body, _bounded_stops, schema_that_compiles, tools_within_limit
+from .common import Sampling, _Body, _bounded_stops, image_part, schema_that_compiles, tools_within_limit
 
 
 class AnthropicBlock(_Body):
@@ -23,11 +23,38 @@ class AnthropicBlock(_Body):
     thinking: str | None = None  # thinking: the model's reasoning, kept for the template
     signature: str | None = None  # thinking (opaque; not checked here)
     data: str | None = None  # redacted_thinking (opaque: nothing a template can read)
+    source: dict[str, Any] | None = None  # image: {"type": "base64", "media_type", "data"} or {"type": "url", "url"}
 
     def result_text(self) -> str:
         if isinstance(self.content, str):
             return self.content
         return "".join(b.get("text", "") for b in self.content or [] if isinstance(b.get("text", ""), str))
+
+    def result_parts(self) -> Union[str, list[dict]]:
+        """A tool result's content for the template: its text, or text and image parts in order."""
+        blocks = self.content if isinstance(self.content, list) else []
+        if not any(b.get("type") == "image" for b in blocks):
+            return self.result_text()
+        return [
+            image_part(image_url(b.get("source")), "an image in a tool_result")
+            if b.get("type") == "image"
+            else {"type": "text", "text": b.get("text") or ""}
+            for b in blocks
+        ]
+
+
+def image_url(source: Any) -> str:
+    """An Anthropic image source as a URL (base64 data becomes a data: URL)."""
+    if not isinstance(source, dict):
+        raise ValueError("an image block needs a 'source' object")
+    if source.get("type") == "base64":
+        media, data = source.get("media_type"), source.get("data")
+        if not isinstance(media, str) or not isinstance(data, str):
+            raise ValueError("a base64 image source needs 'media_type' and 'data' strings")
+        return f"data:{media};base64,{data}"
+    if source.get("type") == "url" and isinstance(source.get("url"), str):
+        return source["url"]
+    raise ValueError("an image source must be {'type': 'base64', ...} or {'type': 'url', 'url': ...}")
 
 
 class AnthropicMessage(_Body):
@@ -48,17 +75,23 @@ class AnthropicMessage(_Body):
                 if not block.tool_use_id:
                     raise ValueError("a tool_result block needs 'tool_use_id'")
                 parts = block.content if isinstance(block.content, list) else []
-                kinds = sorted({str(p.get("type")) for p in parts if p.get("type") not in (None, "text")})
+                kinds = sorted({str(p.get("type")) for p in parts if p.get("type") not in (None, "text", "image")})
                 if kinds:
                     raise ValueError(
-                        f"a tool_result holds {', '.join(kinds)} content; this server reads text only "
-                        "(images are not supported yet): send the result as text"
+                        f"a tool_result holds {', '.join(kinds)} content; this server reads text and images"
                     )
+                for p in parts:
+                    if p.get("type") == "image":
+                        image_url(p.get("source"))
+            elif block.type == "image":
+                image_url(block.source)
             elif block.type == "thinking":
                 if not isinstance(block.thinking, str):
                     raise ValueError("a thinking block needs a string 'thinking'")
             elif block.type != "redacted_thinking":
-                raise ValueError(f"'{block.type}' blocks are not supported (text, tool_use, tool_result, thinking)")
+                raise ValueError(
+                    f"'{block.type}' blocks are not supported (text, image, tool_use, tool_result, thinking)"
+                )
         return v
 
     def reasoning(self) -> str:
@@ -81,14 +114,21 @@ class AnthropicMessage(_Body):
         out: list[dict] = []
         for b in self.content:
             if b.type == "tool_result":
-                text = b.result_text()
-                out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": text})
+                out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": b.result_parts()})
         calls = [
             {"id": b.id or "", "type": "function", "function": {"name": b.name, "arguments": b.input}}
             for b in self.content
             if b.type == "tool_use"
         ]
         text, thought = self.text(), self.reasoning()
+        if any(b.type == "image" for b in self.content):  # text and images, in their order
+            text = [
+                image_part(image_url(b.source), f"an image block of a {self.role} message")
+                if b.type == "image"
+                else {"type": "text", "text": b.text}
+                for b in self.content
+                if b.type in ("image", "text")
+            ]
         if text or calls or thought or not out:
             out.append(
                 {"role": self.role, "content": text}

@@ -100,8 +100,23 @@ class Sampling(_Body):
 
 
 class TextPart(_Body):
+    """A content part: text, or an image (OpenAI's `image_url`: {"url": ...}; Responses' `input_image`: a URL)."""
+
     type: str
     text: str | None = None
+    image_url: Union[str, dict[str, Any], None] = None
+
+    def url(self) -> Any:
+        return self.image_url.get("url") if isinstance(self.image_url, dict) else self.image_url
+
+
+IMAGE_PART_TYPES = ("image_url", "input_image")
+
+
+def image_part(url: str, where: str) -> dict:
+    """An image among a turn's content parts, in the one shape every API family's form becomes
+    (server.image_parts reads it); `where` names it in a refusal."""
+    return {"type": "image", "url": url, "where": where}
 
 
 class FunctionCall(_Body):
@@ -177,18 +192,32 @@ class Message(_Body):
 
     @field_validator("content")
     @classmethod
-    def _text_only(cls, v):
+    def _text_and_images(cls, v):
         for part in v if isinstance(v, list) else ():
-            if part.type != "text":
-                raise ValueError("this model takes text parts only (image, audio and other parts are not supported)")
-            if part.text is None:
+            if part.type in IMAGE_PART_TYPES:
+                if not isinstance(part.url(), str) or not part.url():
+                    raise ValueError(f'an {part.type} part needs \'image_url\': {{"url": "data:image/png;base64,..."}}')
+            elif part.type != "text":
+                raise ValueError(f"'{part.type}' parts are not supported (text and image_url are; audio is not)")
+            elif part.text is None:
                 raise ValueError("a text part needs a string 'text'")
         return v
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(p.text or "" for p in self.content)
+            return "".join(p.text or "" for p in self.content if p.type == "text")
         return self.content or ""
+
+    def content_parts(self) -> Union[str, list[dict]]:
+        """The content for the chat template: the text, or (with images) text and image parts in order."""
+        if not isinstance(self.content, list) or all(p.type == "text" for p in self.content):
+            return self.text()
+        return [
+            image_part(p.url(), f"an {p.type} part of a {self.role} message")
+            if p.type in IMAGE_PART_TYPES
+            else {"type": "text", "text": p.text}
+            for p in self.content
+        ]
 
 
 class _NoTools(Sampling):

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, field_validator
 
-from .common import Function, Sampling, tools_within_limit
+from .common import Function, Sampling, image_part, tools_within_limit
 
 RESPONSE_ROLES = ("user", "system", "developer", "assistant")
 
@@ -42,9 +42,12 @@ class ResponsesRequest(Sampling):
                 content = item.get("content")
                 parts = content if isinstance(content, list) else None
                 if not isinstance(content, str) and not (
-                    parts is not None and all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts)
+                    parts is not None and all(isinstance(p, dict) and _part_ok(p) for p in parts)
                 ):
-                    raise ValueError(f"item {i}: content must be a string or text parts (input_text, output_text)")
+                    raise ValueError(
+                        f"item {i}: content must be a string or text and image parts "
+                        "(input_text, output_text, input_image with an image_url)"
+                    )
             elif kind == "function_call":
                 if not isinstance(item.get("name"), str) or not isinstance(item.get("arguments", ""), str):
                     raise ValueError(f"item {i}: a function_call needs a string 'name' and 'arguments'")
@@ -94,10 +97,7 @@ class ResponsesRequest(Sampling):
         for item in self.input:
             kind = item.get("type", "message")
             if kind == "message":
-                c = item["content"]
-                out.append(
-                    {"role": item["role"], "content": c if isinstance(c, str) else "".join(p["text"] for p in c)}
-                )
+                out.append({"role": item["role"], "content": _content(item["content"])})
             elif kind == "function_call":
                 call = {
                     "id": item.get("call_id") or "",
@@ -111,3 +111,23 @@ class ResponsesRequest(Sampling):
             else:
                 out.append({"role": "tool", "tool_call_id": item.get("call_id") or "", "content": item["output"]})
         return out
+
+
+def _part_ok(p: dict) -> bool:
+    if p.get("type") == "input_image":
+        return isinstance(p.get("image_url"), str) and bool(p["image_url"])
+    return isinstance(p.get("text"), str)
+
+
+def _content(c: Any) -> Any:
+    """A message item's content for the template: its text, or text and image parts in order."""
+    if isinstance(c, str):
+        return c
+    if not any(p.get("type") == "input_image" for p in c):
+        return "".join(p["text"] for p in c)
+    return [
+        image_part(p["image_url"], "an input_image part")
+        if p.get("type") == "input_image"
+        else {"type": "text", "text": p["text"]}
+        for p in c
+    ]

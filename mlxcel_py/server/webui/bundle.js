@@ -3,13 +3,14 @@
 const $ = (id) => document.getElementById(id);
 const store = {
   get(key, fallback) { try { const v = localStorage.getItem("mlxcel." + key); return v === null ? fallback : JSON.parse(v); } catch (e) { return fallback; } },
-  set(key, value) { localStorage.setItem("mlxcel." + key, JSON.stringify(value)); },
+  set(key, value) { try { localStorage.setItem("mlxcel." + key, JSON.stringify(value)); } catch (e) { showError("This browser's storage is full: older conversations (images take room) were not saved."); } },
 };
 let conversations = store.get("conversations", []);
 let current = store.get("current", null);
 let settings = Object.assign({ temperature: null, top_p: null, max_tokens: 512, system: "" }, store.get("settings", {}));
 let props = null;
 let controller = null;
+let attached = [];  // data: URLs of the images for the next message
 
 // ---- markdown: escape everything, then code fences, inline code, emphasis, headings, lists, links ----
 function escapeHtml(s) { return s.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c])); }
@@ -98,7 +99,15 @@ function messageNode(m) {
   const content = document.createElement("div");
   content.className = "content";
   if (m.role === "assistant") content.innerHTML = markdown(m.content); else content.textContent = m.content;
-  div.append(role, content);
+  div.append(role);
+  for (const url of m.images || []) {
+    const img = document.createElement("img");
+    img.className = "thumb";
+    img.src = url;
+    img.alt = "attached image";
+    div.append(img);
+  }
+  div.append(content);
   if (m.role === "assistant") {
     const st = document.createElement("div");
     st.className = "stats" + (m.plain ? " plain" : "");
@@ -143,6 +152,7 @@ async function loadProps() {
     const s = props.speculative || {};
     $("drafter").textContent = s.enabled ? "drafter: " + s.kind : "no drafter (plain decoding)";
     $("plain-next").disabled = !s.enabled;
+    $("attach-label").style.display = (props.modalities || {}).vision ? "" : "none";
     const d = (props.default_generation_settings || {}).params || {};
     if (settings.temperature === null && d.temperature !== undefined) settings.temperature = d.temperature;
     if (settings.top_p === null && d.top_p !== undefined) settings.top_p = d.top_p;
@@ -162,13 +172,24 @@ function readSettings() {
 }
 function busy(on) { $("send").style.display = on ? "none" : ""; $("stop").style.display = on ? "" : "none"; $("input").disabled = on; }
 
+function contentOf(m) {  // OpenAI's parts: the images first, then the text
+  if (!m.images || !m.images.length) return m.content;
+  return m.images.map((url) => ({ type: "image_url", image_url: { url } })).concat([{ type: "text", text: m.content }]);
+}
+function showAttached() { $("attached").textContent = attached.length ? attached.length + " image" + (attached.length > 1 ? "s" : "") + " attached" : ""; }
+function readImage(file) {
+  return new Promise((resolve, reject) => { const r = new FileReader(); r.onload = () => resolve(r.result); r.onerror = () => reject(r.error); r.readAsDataURL(file); });
+}
+
 async function send(text) {
   readSettings();
   if (!conversation()) newConversation();
   const c = conversation();
   const plain = $("plain-next").checked && !$("plain-next").disabled;
   $("plain-next").checked = false;
-  c.messages.push({ role: "user", content: text });
+  const user = { role: "user", content: text };
+  if (attached.length) { user.images = attached; attached = []; showAttached(); }
+  c.messages.push(user);
   if (c.title === "New chat") c.title = text.slice(0, 40);
   const reply = { role: "assistant", content: "", plain };
   c.messages.push(reply);
@@ -177,7 +198,7 @@ async function send(text) {
   const node = $("messages").lastChild;
   const contentNode = node.querySelector(".content");
   const statsNode = node.querySelector(".stats");
-  const history = c.messages.slice(0, -1).filter((m) => m.content !== "" || m.role === "user").map((m) => ({ role: m.role, content: m.content }));
+  const history = c.messages.slice(0, -1).filter((m) => m.content !== "" || m.role === "user").map((m) => ({ role: m.role, content: contentOf(m) }));
   if (settings.system) history.unshift({ role: "system", content: settings.system });
   const body = { messages: history, stream: true, max_tokens: settings.max_tokens };
   if (settings.temperature !== null) body.temperature = settings.temperature;
@@ -235,6 +256,11 @@ async function send(text) {
 $("composer").addEventListener("submit", (e) => { e.preventDefault(); const text = $("input").value.trim(); if (!text || controller) return; $("input").value = ""; send(text); });
 $("input").addEventListener("keydown", (e) => { if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("composer").requestSubmit(); } });
 $("stop").addEventListener("click", () => { if (controller) controller.abort(); });
+$("attach").addEventListener("change", async () => {
+  for (const f of $("attach").files) attached.push(await readImage(f));
+  $("attach").value = "";
+  showAttached();
+});
 $("new-chat").addEventListener("click", newConversation);
 $("api-key").value = store.get("apiKey", "");
 $("api-key").addEventListener("change", () => { store.set("apiKey", $("api-key").value.trim()); loadProps(); });

@@ -1,0 +1,135 @@
+"""Images in requests: every API family's image forms, read into one shape, and their prompts.
+
+The request schemas turn OpenAI's `image_url` parts, the Responses API's `input_image`, Anthropic's
+`image` blocks (in a message or inside a `tool_result`) and llama-server's `multimodal_data` into
+one content part, `{"type": "image", "url": ...}` (a data: URL, or http(s) where `serve
+--image-url-fetch` allows it), in its place among the turn's text parts. Here each is fetched or
+decoded and checked (vision.images: size, pixels, truncation, SVG) and the conversation becomes
+token ids through the vision model's processor (vision.prompts), which only prepares: the vision
+tower runs on the model's thread when the prompt is first fed. A bad image is a 400 naming the
+part; an image sent to a text model is a 400 that says so.
+"""
+
+from __future__ import annotations
+
+from itertools import groupby
+from typing import Any
+
+from ..errors import MlxcelError
+from ..vision import images as vimages
+from .http import ApiError
+
+FETCH_SECONDS = 10.0  # a remote image's whole download (--image-url-fetch)
+MEDIA_MARKER = "<__media__>"  # llama-server's place for each multimodal_data item in a prompt string
+
+
+def has_images(turns: list[dict]) -> bool:
+    return any(
+        isinstance(t.get("content"), list) and any(p.get("type") == "image" for p in t["content"]) for t in turns
+    )
+
+
+def text_of(content: Any) -> str:
+    """A turn's text (its image parts left out), for size checks and text-only paths."""
+    if isinstance(content, list):
+        return "".join(p.get("text") or "" for p in content if p.get("type") == "text")
+    return content or ""
+
+
+def decode(part: dict, fetch: bool):
+    """The PIL image a part names."""
+    url, where = part["url"], part.get("where", "image")
+    try:
+        if url.startswith("data:"):
+            return vimages.open_image(vimages.data_url_bytes(url, where), where)
+        if url.startswith(("http://", "https://")):
+            if not fetch:
+                raise ApiError(
+                    f"{where}: this server does not fetch remote images (start it with --image-url-fetch); "
+                    "send the image as a data: URL"
+                )
+            return vimages.open_image(_fetch(url, where), where)
+        raise ApiError(f"{where}: an image URL must be a data: URL (or http(s) under --image-url-fetch)")
+    except MlxcelError as exc:
+        raise ApiError(exc.message) from None
+
+
+def _fetch(url: str, where: str) -> bytes:
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + FETCH_SECONDS
+    try:
+        with urllib.request.urlopen(url, timeout=FETCH_SECONDS) as resp:  # noqa: S310 (http(s) only, checked)
+            size = resp.headers.get("Content-Length")
+            if size is not None and size.isdigit() and int(size) > vimages.MAX_BYTES:
+                raise ApiError(f"{where}: the image has {size} bytes, more than the limit ({vimages.MAX_BYTES})")
+            chunks, total = [], 0
+            while chunk := resp.read(1 << 16):
+                total += len(chunk)
+                if total > vimages.MAX_BYTES:
+                    raise ApiError(f"{where}: the image has more than {vimages.MAX_BYTES} bytes (the limit)")
+                if time.monotonic() > deadline:
+                    raise ApiError(f"{where}: the image took longer than {FETCH_SECONDS:.0f} s to download")
+                chunks.append(chunk)
+            return b"".join(chunks)
+    except ApiError:
+        raise
+    except Exception as exc:  # URLError, HTTPError, timeouts, bad hosts: the request's fault
+        raise ApiError(f"{where}: cannot fetch the image ({str(exc)[:120]})") from None
+
+
+def prompt_ids(vision: Any, tokenizer: Any, turns: list[dict], *, fetch: bool, **render: Any) -> list[int]:
+    """Token ids of turns holding image parts (`render`: the chat template's options)."""
+    if vision is None:
+        raise ApiError(
+            "this model takes text only: image parts need a vision-language model (one whose config.json "
+            "declares a vision tower)"
+        )
+    images = [
+        decode(p, fetch) for t in turns if isinstance(t["content"], list) for p in t["content"] if p["type"] == "image"
+    ]
+    bare = [
+        {**t, "content": [{"type": "image"} if p["type"] == "image" else p for p in t["content"]]}
+        if isinstance(t["content"], list)
+        else t
+        for t in turns
+    ]
+    try:
+        return vision.encode(vision.render(tokenizer, bare, **render), images)
+    except MlxcelError as exc:
+        raise ApiError(exc.message) from None
+
+
+def prompt_text(tokenizer: Any, ids: list[int], vision: Any) -> str:
+    """A prompt as text (llama-server echoes it): each image's positions as the image's
+    placeholder (`<__media__>` where there is no vision model to name one)."""
+    if not ids or min(ids) >= 0:
+        return tokenizer.decode(ids)
+    slot = vision.placeholder if vision is not None else MEDIA_MARKER
+    return "".join(slot if image else tokenizer.decode(list(run)) for image, run in groupby(ids, key=lambda t: t < 0))
+
+
+def raw_prompt_ids(vision: Any, prompt: str, data: list[str], *, fetch: bool) -> list[int]:
+    """llama-server's `{"prompt_string", "multimodal_data"}`: each `<__media__>` in the string
+    takes the next item (base64, or a data: URL); without markers the images go first."""
+    if vision is None:
+        raise ApiError("'prompt.multimodal_data': this model takes text only (no vision tower)")
+    where = "'prompt.multimodal_data'"
+    images = []
+    for i, item in enumerate(data):
+        name = f"{where}[{i}]"
+        try:
+            raw = vimages.data_url_bytes(item, name) if item.startswith("data:") else vimages.b64_bytes(item, name)
+            images.append(vimages.open_image(raw, name))
+        except MlxcelError as exc:
+            raise ApiError(exc.message) from None
+    marks = prompt.count(MEDIA_MARKER)
+    if marks and marks != len(images):
+        raise ApiError(f"{where}: the prompt has {marks} {MEDIA_MARKER} markers for {len(images)} images")
+    slot = vision.placeholder
+    text = prompt.replace(MEDIA_MARKER, slot) if marks else slot * len(images) + prompt
+    try:
+        return vision.encode(text, images)
+    except MlxcelError as exc:
+        raise ApiError(exc.message) from None

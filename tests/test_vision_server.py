@@ -1,0 +1,201 @@
+"""Images over HTTP, on a tiny random LLaVA served with prompt lookup: OpenAI `image_url` parts
+(with the official client), Anthropic image blocks (in a message and inside a tool_result, with the
+official client), the Responses API's `input_image`, llama-server's `multimodal_data`; greedy
+replies equal `generate --image`'s, a second request about the same image reuses its prefill, image
+and text requests decode side by side, and bad or remote images are a 400 that leaves the server
+serving. /props and /v1/models say the model takes images."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures as cf
+import io
+import os
+import subprocess
+
+import pytest
+import tiny_vlms
+from conftest import mlxcel_cmd
+from test_server import get, post, start_server
+from test_vision import COPY, picture
+
+PROMPT = "the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog. the"
+
+
+def b64(img) -> str:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def data_url(img) -> str:
+    return "data:image/png;base64," + b64(img)
+
+
+def chat_body(img, text=PROMPT, n=24, **kw):
+    content = [{"type": "image_url", "image_url": {"url": data_url(img)}}, {"type": "text", "text": text}]
+    return {"messages": [{"role": "user", "content": content}], "max_tokens": n, "temperature": 0, **kw}
+
+
+@pytest.fixture(scope="module")
+def vserver(tmp_path_factory):
+    folder = tiny_vlms.llava(tmp_path_factory.mktemp("vsrv") / "model")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path_factory.mktemp("cfg")))
+    proc, url, lines = start_server(env, "-m", str(folder), "--draft-kind", "prompt-lookup", "-np", "2")
+    yield url, folder, env
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_openai_client_image_url_reply_equals_generate_image(vserver, tmp_path):
+    import openai
+
+    url, folder, env = vserver
+    img = picture(1)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x")
+    r = client.chat.completions.create(
+        model="m", **{k: v for k, v in chat_body(img).items() if k != "max_tokens"}, max_tokens=24
+    )
+    text = r.choices[0].message.content
+    assert r.usage.prompt_tokens > 16  # the image's 16 positions are in the prompt
+    path = tmp_path / "a.png"
+    img.save(path)
+    cli = subprocess.run(
+        mlxcel_cmd() + ["generate", "-m", str(folder), "--image", str(path), "-p", PROMPT, "-n", "24", "--temp", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.rstrip("\n") == text
+
+
+def test_a_second_request_about_the_same_image_reuses_its_prefill(vserver):
+    url, _, _ = vserver
+    img = picture(2)
+    s1, first = post(url + "/v1/chat/completions", chat_body(img, "what is this?"))
+    s2, second = post(url + "/v1/chat/completions", chat_body(img, "what colour is it?"))
+    assert s1 == s2 == 200
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 16  # past the image's positions
+    s3, other = post(url + "/v1/chat/completions", chat_body(picture(3), "what colour is it?"))
+    assert s3 == 200 and other["usage"]["prompt_tokens_details"]["cached_tokens"] < 16
+
+
+def test_speculation_with_an_image_drafts_and_equals_plain(vserver):
+    url, _, _ = vserver
+    img = picture(4)
+    _, spec = post(url + "/v1/chat/completions", chat_body(img, COPY, n=40))
+    _, plain = post(url + "/v1/chat/completions", chat_body(img, COPY, n=40, **{"speculative.n_max": 0}))
+    assert spec["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
+    assert spec["timings"]["draft_n"] > 0 and plain["timings"].get("draft_n", 0) == 0
+
+
+def test_image_and_text_requests_side_by_side_equal_alone(vserver):
+    url, _, _ = vserver
+    bodies = [
+        chat_body(picture(5), COPY, n=30),
+        {"messages": [{"role": "user", "content": COPY}], "max_tokens": 30, "temperature": 0},
+        chat_body(picture(6), PROMPT, n=30),
+    ]
+    alone = [post(url + "/v1/chat/completions", b)[1]["choices"][0]["message"]["content"] for b in bodies]
+    with cf.ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(lambda b: post(url + "/v1/chat/completions", b), bodies))
+    assert [r[0] for r in together] == [200, 200, 200]
+    assert [r[1]["choices"][0]["message"]["content"] for r in together] == alone
+
+
+def test_anthropic_client_image_blocks_and_an_image_in_a_tool_result(vserver):
+    import anthropic
+
+    url, _, _ = vserver
+    client = anthropic.Anthropic(base_url=url, api_key="x")
+    img = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(picture(7))}}
+    r = client.messages.create(
+        model="m", max_tokens=8, messages=[{"role": "user", "content": [img, {"type": "text", "text": "describe"}]}]
+    )
+    assert r.content[0].type == "text" and r.usage.input_tokens > 16
+    tools = [{"name": "shot", "description": "a screenshot", "input_schema": {"type": "object"}}]
+    history = [
+        {"role": "user", "content": "take a screenshot"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
+    ]
+
+    def result(content):
+        return history + [
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": content}]}
+        ]
+
+    with_image = client.messages.count_tokens(
+        model="m", tools=tools, messages=result([img, {"type": "text", "text": "done"}])
+    )
+    without = client.messages.count_tokens(model="m", tools=tools, messages=result([{"type": "text", "text": "done"}]))
+    assert with_image.input_tokens >= without.input_tokens + 16  # the image is in the prompt, not dropped
+    r = client.messages.create(
+        model="m", max_tokens=8, tools=tools, messages=result([img, {"type": "text", "text": "done"}])
+    )
+    assert r.stop_reason in ("end_turn", "max_tokens", "tool_use")
+
+
+def test_responses_input_image_and_llama_server_multimodal_data(vserver):
+    url, _, _ = vserver
+    img = picture(8)
+    item = {
+        "role": "user",
+        "content": [{"type": "input_image", "image_url": data_url(img)}, {"type": "input_text", "text": PROMPT}],
+    }
+    s, r = post(url + "/v1/responses", {"input": [item], "max_output_tokens": 12, "temperature": 0})
+    assert s == 200 and r["usage"]["input_tokens"] > 16, r
+    _, chat = post(url + "/v1/chat/completions", chat_body(img, n=12))
+    assert r["output"][0]["content"][0]["text"] == chat["choices"][0]["message"]["content"]
+    s, n = post(
+        url + "/completion",
+        {"prompt": {"prompt_string": "<__media__>describe", "multimodal_data": [b64(img)]}, "n_predict": 4},
+    )
+    assert s == 200 and n["tokens_evaluated"] > 16 and "<image>" in n["prompt"], n
+    s, e = post(
+        url + "/completion", {"prompt": {"prompt_string": "<__media__><__media__>x", "multimodal_data": [b64(img)]}}
+    )
+    assert s == 400 and "2 <__media__> markers for 1 images" in e["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "content,words",
+    [
+        ([{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}], "not an image"),
+        ([{"type": "image_url", "image_url": {"url": "data:image/png;base64,%%%"}}], "malformed"),
+        ([{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}], "--image-url-fetch"),
+        ([{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}], "must be a data: URL"),
+        ([{"type": "input_audio", "input_audio": {"data": "AAAA"}}], "'input_audio' parts are not supported"),
+    ],
+    ids=["not-image", "bad-base64", "remote", "file-url", "audio"],
+)
+def test_bad_images_are_400_and_the_server_keeps_serving(vserver, content, words):
+    url, _, _ = vserver
+    s, e = post(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": content}], "max_tokens": 4})
+    assert s == 400 and words in e["error"]["message"], e
+    assert get(url + "/health")["status"] == "ok"
+    s, _ = post(url + "/v1/chat/completions", chat_body(picture(0), "hi", n=2))
+    assert s == 200
+
+
+def test_props_and_models_advertise_vision(vserver):
+    url, _, _ = vserver
+    assert get(url + "/props")["modalities"] == {"vision": True, "audio": False}
+    assert "multimodal" in get(url + "/v1/models")["data"][0]["capabilities"]
+
+
+def test_a_text_model_server_refuses_images_with_a_400(tiny_dir, tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path))
+    proc, url, _ = start_server(env, "-m", str(tiny_dir))
+    try:
+        s, e = post(url + "/v1/chat/completions", chat_body(picture(0), "hi", n=2))
+        assert s == 400 and "this model takes text only" in e["error"]["message"]
+        assert get(url + "/props")["modalities"]["vision"] is False
+        assert (
+            post(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})[0]
+            == 200
+        )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
