@@ -45,9 +45,10 @@ def ids_for(lm, text: str, imgs) -> list[int]:
 def reference(lm, text: str, imgs, n: int) -> list[int]:
     """Greedy tokens from mlx-vlm's own pieces: its processor output, its merge
     (get_input_embeddings), its language model and its own cache classes."""
+    from mlx_vlm import load
     from mlx_vlm.models.cache import KVCache
 
-    vlm, proc = lm.vision.target.vlm, lm.vision.processor
+    vlm, proc = load(str(lm.resolved.path))  # its own copy: ours runs the text decoder on mlx-lm's model
     prompt = lm.vision.render(
         lm.tokenizer, [{"role": "user", "content": [{"type": "image"}] * len(imgs) + [{"type": "text", "text": text}]}]
     )
@@ -312,3 +313,18 @@ def test_chat_image_on_a_text_model_is_one_line(tiny_dir, tmp_path, cli_env):
     )
     assert r.returncode == 0 and "/image: " in r.stderr and "is a text model" in r.stderr
     assert r.stdout.strip()  # the text turn was still answered
+
+
+def test_seeded_sampling_and_penalties_with_an_image_equal_plain(vlm):
+    """Sampler-match with position-keyed draws repeats the plain run with an image in the prompt;
+    a repetition penalty whose window covers the image's ids penalizes text tokens only, alike."""
+    ids = ids_for(vlm, COPY, [picture(2)])
+    for s in (
+        SamplingOptions(temp=0.8, top_p=0.95, seed=11),
+        SamplingOptions(temp=0.0, repetition_penalty=1.3, repeat_last_n=256),
+    ):
+        plain, _ = run(engine_for(vlm), ids, max_tokens=30, sampling=s, ignore_eos=True)
+        spec, g = run(
+            engine_for(vlm, lookup("graded", adaptive=False)), ids, max_tokens=30, sampling=s, ignore_eos=True
+        )
+        assert spec == plain and min(spec) >= 0

@@ -244,6 +244,15 @@ def _register(model: Any, fast: bool | None = None, exact: Callable | None = Non
     _enabled[key] = (was_fast if fast is None else fast, exact or was_exact)
 
 
+def alias(model: Any, runs: Any) -> None:
+    """`model`'s forwards are `runs`' (a wrapper around it: a vision model's text decoder), so
+    `engaged(model)` engages what was enabled for `runs`."""
+    if id(runs) in _enabled:
+        _register(model, *_enabled[id(runs)])
+        if id(runs) in _row_swiglu:
+            _row_swiglu[id(model)] = _row_swiglu[id(runs)]
+
+
 def enable(model: Any) -> str:
     """Use these kernels for `model`'s forwards inside `engaged(model)`; returns what is in use."""
     if (why := _unavailable()) is not None:

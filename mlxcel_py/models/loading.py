@@ -283,18 +283,13 @@ def load(
 ) -> LoadedModel:
     """Read weights and tokenizer of a resolved model (`world`: only this rank's part of them;
     `text_only`: never as a vision-language model, as a drafter is read)."""
-    import mlx.core as mx
     import mlx_lm
 
-    from ..cpu import kernels as cpu_kernels
     from ..vision import loading as vision_loading
 
     start = time.perf_counter()
     if world is None and not text_only and (family := vision_loading.family(resolved.config)) is not None:
-        model, tokenizer, vision, dtype = vision_loading.load(resolved, family)
-        resolved = replace(resolved, config=vision_loading.text_config(resolved.config))
-        took = time.perf_counter() - start
-        return LoadedModel(model, tokenizer, resolved, dtype, took, "stock (vision model)", vision=vision)
+        return _load_vision(resolved, family, dequantize, fast_kernels, cpu_weights, cache_types, start)
     try:
         model, tokenizer = mlx_lm.load(str(resolved.path), lazy=world is not None)
     except (ValueError, FileNotFoundError, KeyError, OSError, ImportError) as exc:
@@ -304,6 +299,19 @@ def load(
         dtype, weights = _sharded_weights(model, dequantize, world, cpu_weights)
     else:
         dtype, weights = _cpu_weights(model, dequantize, cpu_weights)
+    kernels = _kernels(model, weights, fast_kernels, cache_types)
+    from . import kv_cache
+
+    loaded = LoadedModel(model, tokenizer, resolved, dtype, time.perf_counter() - start, kernels, weights)
+    return kv_cache.describe(loaded, cache_types)
+
+
+def _kernels(model: Any, weights: Any, fast_kernels: bool, cache_types: tuple[str, str]) -> str:
+    """Turn on the CPU kernels for `model` (its weights already in their CPU form); returns what runs."""
+    import mlx.core as mx
+
+    from ..cpu import kernels as cpu_kernels
+
     # only the CPU backend has the slow exp these kernels replace
     kernels = cpu_kernels.enable(model) if fast_kernels and mx.default_device() == mx.cpu else cpu_kernels.STOCK
     if weights is not None and weights.kernel_layers and not weights.inexact:
@@ -320,7 +328,26 @@ def load(
             kv = decoder_layers.cache_dtypes(cache_types)
             if kv != (mx.float32, mx.float32):  # mlx-lm's layer code reads what the fused layers store
                 cpu_kernels.enable_row_exact(model, cw_row_ops.attention_at(kv), cw_row_ops.swiglu)
+    return kernels
+
+
+def _load_vision(resolved, family, dequantize, fast_kernels, cpu_weights, cache_types, start) -> LoadedModel:
+    """A vision-language model: mlx-vlm's model and processor; its text decoder as mlx-lm's model
+    of the family where mlx-lm has one (then on the CPU weights and kernels a text model gets),
+    else mlx-vlm's own language model in the weights as stored."""
+    from ..cpu import kernels as cpu_kernels
+    from ..vision import loading as vision_loading
+
+    target, tokenizer, vision, dtype = vision_loading.load(resolved, family)
+    weights, kernels = None, "stock"
+    if (text := vision_loading.text_model(target.vlm, resolved.config)) is not None:
+        dtype, weights = _cpu_weights(text, dequantize, cpu_weights)
+        kernels = _kernels(text, weights, fast_kernels, cache_types)
+        target.run_text_with(text)
+        cpu_kernels.alias(target, text)
     from . import kv_cache
 
-    loaded = LoadedModel(model, tokenizer, resolved, dtype, time.perf_counter() - start, kernels, weights)
+    resolved = replace(resolved, config=vision_loading.text_config(resolved.config))
+    took = time.perf_counter() - start
+    loaded = LoadedModel(target, tokenizer, resolved, dtype, took, f"{kernels} (vision model)", weights, vision=vision)
     return kv_cache.describe(loaded, cache_types)

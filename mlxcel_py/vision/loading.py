@@ -2,8 +2,12 @@
 
 A folder whose config.json declares a vision tower (`vision_config`) of a family mlx-vlm builds
 loads here: mlx-vlm's model and processor, mlx-lm's tokenizer wrapper (the engine's detokenizer
-and EOS ids), and `VisionTarget` as the engine's model. The weights stay as stored (the row-exact
-CPU kernel covers text decoders only); the config the engine reads is the text model's.
+and EOS ids), and `VisionTarget` as the engine's model; the config the engine reads is the text
+model's. Where mlx-lm has the text decoder's family and its model takes input embeddings (LLaVA's
+and Idefics3's llama, Gemma 3's gemma3_text...), `text_model` rebuilds the decoder as mlx-lm's
+model holding the VLM's own weights, so models.loading puts it on the row-exact CPU kernels and
+fused layers as any text model (4x the MLX layer code's decode on SmolVLM's shape); otherwise
+mlx-vlm's language model runs, its weights as stored.
 """
 
 from __future__ import annotations
@@ -93,3 +97,58 @@ def _image_token(vlm: Any, processor: Any) -> tuple[int, str]:
     if not isinstance(text, str):
         text = tok.convert_ids_to_tokens(tid)
     return int(tid), text
+
+
+def text_model(vlm: Any, config: dict) -> Any | None:
+    """mlx-lm's model of the VLM's text decoder, holding the VLM's own text weights, where mlx-lm
+    has the family and takes input embeddings (so the row-exact kernels run it as they run a text
+    model); None where it has not or the weights do not map one to one (mlx-vlm's model runs)."""
+    import inspect
+
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else None
+    kind = (text or {}).get("model_type")
+    source = dict(tree_flatten(vlm.language_model.parameters()))
+    # a separate head where the VLM holds one (mlx-vlm builds one whatever the text config says)
+    tied = not any(k.startswith("lm_head.") for k in source)
+    try:
+        module = importlib.import_module(f"mlx_lm.models.{kind}")
+        if "input_embeddings" not in inspect.signature(module.Model.__call__).parameters:
+            return None
+        args = {**text_config(config), "model_type": kind, "tie_word_embeddings": tied}
+        model = module.Model(module.ModelArgs.from_dict(args))
+    except Exception:  # no such family in mlx-lm, or a config its arguments do not take
+        return None
+    if (q := config.get("quantization")) is not None:
+        quantized = {k.rsplit(".", 1)[0] for k in source if k.endswith(".scales")}
+        nn.quantize(
+            model,
+            group_size=q.get("group_size", 64),
+            bits=q.get("bits", 4),
+            class_predicate=lambda p, m: (
+                hasattr(m, "to_quantized")
+                and (p in quantized or "model." + p in quantized or p.removeprefix("model.") in quantized)
+            ),
+        )
+    own = dict(tree_flatten(model.parameters()))
+    mapped = {}
+    for name, w in source.items():
+        key = name if name in own else "model." + name
+        if key not in own or own[key].shape != w.shape:
+            return None
+        mapped[key] = w
+    if set(mapped) != set(own):
+        return None
+    model.update(tree_unflatten(list(mapped.items())))
+    _drop_layers(vlm.language_model)  # the text model holds them now (the VLM keeps its embedding)
+    return model
+
+
+def _drop_layers(lm: Any) -> None:
+    """Let the VLM's own decoder layers go (only its embedding is read again, for prompts)."""
+    for owner in (lm, getattr(lm, "model", None)):
+        layers = getattr(owner, "layers", None)
+        if isinstance(layers, list):
+            layers.clear()

@@ -131,24 +131,36 @@ class VisionTarget(nn.Module):
     def __init__(self, vlm: nn.Module):
         super().__init__()
         self.vlm = vlm
+        self.text: nn.Module | None = None  # mlx-lm's model of the text decoder, where it runs
         self.images = ImageRows()
+
+    def run_text_with(self, text: nn.Module) -> None:
+        """Decode with `text` (mlx-lm's model of the text decoder, holding its weights):
+        models.loading puts it on the CPU kernels as any text model."""
+        self.text = text
 
     @property
     def layers(self):
-        return self.vlm.language_model.layers
+        return self.text.layers if self.text is not None else self.vlm.language_model.layers
 
     @property
     def language_model(self):
         return self.vlm.language_model
 
     def make_cache(self) -> list:
+        if self.text is not None:
+            from mlx_lm.models.cache import make_prompt_cache
+
+            return make_prompt_cache(self.text)
         return mlx_lm_caches(self.vlm.language_model)
 
     def text_embeddings(self, ids: mx.array) -> mx.array:
-        return self.vlm.get_input_embeddings(ids, None).inputs_embeds
+        """Text positions' embeddings beside image rows: the decoder's own embedding, as a text
+        step reads it (mlx-vlm's merge for a family whose decoder is its own)."""
+        embed = getattr(getattr(self.text, "model", None), "embed_tokens", None)
+        return embed(ids) if embed is not None else self.vlm.get_input_embeddings(ids, None).inputs_embeds
 
     def __call__(self, inputs: mx.array, cache: Any = None, **kwargs: Any) -> mx.array:
-        lm = self.vlm.language_model
         if len(self.images):
             ids = np.array(inputs)
             image = ids < 0
@@ -159,8 +171,13 @@ class VisionTarget(nn.Module):
                 flat = h.reshape(b * L, d)
                 where = np.flatnonzero(image.reshape(-1))
                 flat[mx.array(where)] = self.images.rows(ids.reshape(-1)[where]).astype(flat.dtype)
-                return lm(text, cache=cache, inputs_embeds=flat.reshape(b, L, d)).logits
-        return lm(inputs, cache=cache).logits
+                h = flat.reshape(b, L, d)
+                if self.text is not None:
+                    return self.text(text, cache=cache, input_embeddings=h)
+                return self.vlm.language_model(text, cache=cache, inputs_embeds=h).logits
+        if self.text is not None:
+            return self.text(inputs, cache=cache)
+        return self.vlm.language_model(inputs, cache=cache).logits
 
 
 def mlx_lm_caches(lm: nn.Module) -> list:
