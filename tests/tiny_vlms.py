@@ -15,6 +15,7 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
+from tiny_models import GEMMA3
 
 BASE_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 256, 257, 258
 TEMPLATE = (
@@ -56,6 +57,20 @@ def _tokenizer(folder: Path, special: list[str], image_text: str, extra: dict | 
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
 
 
+def _tower(model_type: str, **extra) -> dict:
+    """A two-layer vision tower on 32 px images in 8 px patches (16 patches)."""
+    return dict(
+        model_type=model_type,
+        hidden_size=32,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        num_attention_heads=2,
+        image_size=32,
+        patch_size=8,
+        **extra,
+    )
+
+
 def _weights(folder: Path, family: str, cfg: dict, seed: int, scale: float) -> None:
     module = importlib.import_module(f"mlx_vlm.models.{family}")
     conf = module.ModelConfig.from_dict(cfg)
@@ -79,16 +94,7 @@ def llava(folder: Path, seed: int = 0) -> Path:
         vision_feature_select_strategy="default",
         vocab_size=264,
         text_config=dict(model_type="llama", **LLAMA_TEXT),
-        vision_config=dict(
-            model_type="clip_vision_model",
-            hidden_size=32,
-            num_hidden_layers=2,
-            intermediate_size=64,
-            num_attention_heads=2,
-            image_size=32,
-            patch_size=8,
-            projection_dim=32,
-        ),
+        vision_config=_tower("clip_vision_model", projection_dim=32),
     )
     _weights(folder, "llava", cfg, seed, 0.5)
     image = {"size": {"shortest_edge": 32}, "crop_size": {"height": 32, "width": 32}, "do_center_crop": True}
@@ -111,7 +117,7 @@ def llava(folder: Path, seed: int = 0) -> Path:
 
 def gemma3(folder: Path, seed: int = 0) -> Path:
     """Gemma 3: a SigLIP tower pooled to 4 image positions between <start_of_image> and
-    <end_of_image>; sliding-window layers (window 96)."""
+    <end_of_image>; the text model is tiny_models' GEMMA3, its window 96."""
     folder.mkdir(parents=True, exist_ok=True)
     special = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]  # 259, 260, 261
     extra = {
@@ -129,31 +135,9 @@ def gemma3(folder: Path, seed: int = 0) -> Path:
         vocab_size=264,
         hidden_size=64,
         pad_token_id=0,
-        text_config=dict(
-            model_type="gemma3_text",
-            hidden_size=64,
-            num_hidden_layers=3,
-            intermediate_size=128,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            vocab_size=264,
-            rms_norm_eps=1e-6,
-            sliding_window=96,  # the copy prompts (~125 tokens) wrap it; the reuse test's do not
-            sliding_window_pattern=3,
-            query_pre_attn_scalar=16,
-            mm_tokens_per_image=4,
-            max_position_embeddings=2048,
-        ),
-        vision_config=dict(
-            model_type="siglip_vision_model",
-            hidden_size=32,
-            num_hidden_layers=2,
-            intermediate_size=64,
-            num_attention_heads=2,
-            patch_size=8,
-            image_size=32,
-        ),
+        # the copy prompts (~125 tokens) wrap the window; the reuse test's do not
+        text_config=dict(GEMMA3, vocab_size=264, sliding_window=96, mm_tokens_per_image=4),
+        vision_config=_tower("siglip_vision_model"),
     )
     _weights(folder, "gemma3", cfg, seed, 0.1)
     (folder / "preprocessor_config.json").write_text(
@@ -186,15 +170,7 @@ def idefics3(folder: Path, seed: int = 0) -> Path:
         scale_factor=2,
         vocab_size=264,
         text_config=dict(model_type="llama", **LLAMA_TEXT),
-        vision_config=dict(
-            model_type="idefics3_vision",
-            hidden_size=32,
-            num_hidden_layers=2,
-            intermediate_size=64,
-            num_attention_heads=2,
-            patch_size=8,
-            image_size=32,
-        ),
+        vision_config=_tower("idefics3_vision"),
     )
     _weights(folder, "idefics3", cfg, seed, 0.5)
     (folder / "preprocessor_config.json").write_text(
