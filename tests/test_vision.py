@@ -328,3 +328,15 @@ def test_seeded_sampling_and_penalties_with_an_image_equal_plain(vlm):
             engine_for(vlm, lookup("graded", adaptive=False)), ids, max_tokens=30, sampling=s, ignore_eos=True
         )
         assert spec == plain and min(spec) >= 0
+
+
+def test_full_model_drafter_samples_with_p_q_beside_an_image(vlm, tmp_path_factory):
+    """Sampling with a text draft model: the lossless p/q rule runs over the image prompt (the
+    drafter sees token 0 at the image's positions) and no image id is ever emitted."""
+    d = make_tiny_model(tmp_path_factory.mktemp("vq") / "m", seed=4, hidden=32, layers=1, vocab=264, scale=3.0)
+    assets = loading.load(loading.resolve(str(d))).model
+    draft = DraftConfig(kind="full-model", draft_model=str(d), block_size=3)
+    ids = ids_for(vlm, COPY, [picture(1)])
+    s = SamplingOptions(temp=1.0, seed=5, top_k=0, top_p=1.0)
+    toks, g = run(engine_for(vlm, draft, draft_model=assets), ids, max_tokens=40, sampling=s, ignore_eos=True)
+    assert g.stats.acceptance_rule == "lossless-p/q" and g.stats.proposed > 0 and min(toks) >= 0

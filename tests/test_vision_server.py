@@ -199,3 +199,86 @@ def test_a_text_model_server_refuses_images_with_a_400(tiny_dir, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_llama_server_image_data_with_img_markers(vserver):
+    url, _, _ = vserver
+    img = picture(9)
+    body = {
+        "prompt": "USER: [img-12] describe\nASSISTANT:",
+        "image_data": [{"data": b64(img), "id": 12}],
+        "n_predict": 6,
+    }
+    s, r = post(url + "/completion", {**body, "temperature": 0})
+    assert s == 200 and r["tokens_evaluated"] > 16 and "<image>" in r["prompt"], r
+    s, e = post(url + "/completion", {**body, "prompt": "[img-3] x"})
+    assert s == 400 and "[img-3] names no image_data entry" in e["error"]["message"]
+    s, e = post(url + "/completion", {**body, "image_data": [{"data": "@@", "id": 12}]})
+    assert s == 400 and "malformed" in e["error"]["message"]
+
+
+@pytest.mark.parametrize("family", ["gemma3", "idefics3"])
+def test_other_families_over_http_equal_generate_image(family, tmp_path):
+    folder = tiny_vlms.FAMILIES[family](tmp_path / family)
+    img = picture(4)
+    path = tmp_path / "a.png"
+    img.save(path)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path / "cfg"))
+    proc, url, _ = start_server(env, "-m", str(folder), "--draft-kind", "prompt-lookup")
+    try:
+        s, r = post(url + "/v1/chat/completions", chat_body(img, COPY, n=30))
+        assert s == 200 and r["timings"]["draft_n"] > 0
+        cli = subprocess.run(
+            mlxcel_cmd() + ["generate", "-m", str(folder), "--image", str(path), "-p", COPY, "-n", "30", "--temp", "0"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=240,
+        )
+        assert cli.returncode == 0, cli.stderr
+        assert cli.stdout.rstrip("\n") == r["choices"][0]["message"]["content"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_remote_images_are_fetched_only_under_the_flag_within_limits(monkeypatch):
+    """--image-url-fetch: a real HTTP server on loopback serves a picture, a body over the byte
+    limit and a 404; each is an image or a one-line 400."""
+    import http.server
+    import threading
+
+    from mlxcel_py.server import image_parts
+    from mlxcel_py.server.http import ApiError
+
+    png = base64.b64decode(b64(picture(1)))
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = {"/a.png": png, "/big.png": b"\0" * 4096}.get(self.path)
+            if body is None:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        part = {"type": "image", "url": base + "/a.png", "where": "an image_url part"}
+        assert image_parts.decode(part, fetch=True).size == (50, 40)
+        with pytest.raises(ApiError, match="--image-url-fetch"):
+            image_parts.decode(part, fetch=False)
+        monkeypatch.setattr(image_parts.vimages, "MAX_BYTES", 1024)
+        with pytest.raises(ApiError, match="more than the limit"):
+            image_parts.decode({**part, "url": base + "/big.png"}, fetch=True)
+        with pytest.raises(ApiError, match="cannot fetch the image"):
+            image_parts.decode({**part, "url": base + "/missing.png"}, fetch=True)
+    finally:
+        srv.shutdown()

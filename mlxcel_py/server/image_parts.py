@@ -12,6 +12,7 @@ part; an image sent to a text model is a 400 that says so.
 
 from __future__ import annotations
 
+import re
 from itertools import groupby
 from typing import Any
 
@@ -96,9 +97,10 @@ def prompt_ids(vision: Any, tokenizer: Any, turns: list[dict], *, fetch: bool, *
         for t in turns
     ]
     try:
-        return vision.encode(vision.render(tokenizer, bare, **render), images)
+        text = vision.render(tokenizer, bare, **render)
     except MlxcelError as exc:
         raise ApiError(exc.message) from None
+    return _encode(vision, text, images)
 
 
 def prompt_text(tokenizer: Any, ids: list[int], vision: Any) -> str:
@@ -108,6 +110,43 @@ def prompt_text(tokenizer: Any, ids: list[int], vision: Any) -> str:
         return tokenizer.decode(ids)
     slot = vision.placeholder if vision is not None else MEDIA_MARKER
     return "".join(slot if image else tokenizer.decode(list(run)) for image, run in groupby(ids, key=lambda t: t < 0))
+
+
+IMAGE_DATA_MARKER = re.compile(r"\[img-(\d+)\]")
+
+
+def image_data_ids(vision: Any, prompt: Any, items: Any) -> list[int]:
+    """llama-server's older form: `image_data: [{"data": base64, "id": N}]`, each image where the
+    prompt string says `[img-N]` (without markers the images go first, in order)."""
+    where = "'image_data'"
+    if vision is None:
+        raise ApiError(f"{where}: this model takes text only (no vision tower)")
+    if not isinstance(prompt, str):
+        raise ApiError(f"{where} needs 'prompt' to be a string (with [img-N] markers)")
+    if not isinstance(items, list) or not items:
+        raise ApiError(f"{where} must be a non-empty list of {{'data': base64, 'id': N}}")
+    by_id = {}
+    for i, item in enumerate(items):
+        name = f"{where}[{i}]"
+        if not isinstance(item, dict) or not isinstance(item.get("data"), str) or not isinstance(item.get("id"), int):
+            raise ApiError(f"{name} must be {{'data': base64 string, 'id': integer}}")
+        try:
+            by_id[item["id"]] = vimages.open_image(vimages.b64_bytes(item["data"], name), name)
+        except MlxcelError as exc:
+            raise ApiError(exc.message) from None
+    marks = [int(m.group(1)) for m in IMAGE_DATA_MARKER.finditer(prompt)]
+    if not marks:
+        return _encode(vision, vision.placeholder * len(by_id) + prompt, list(by_id.values()))
+    if missing := sorted({m for m in marks if m not in by_id}):
+        raise ApiError(f"'prompt': [img-{missing[0]}] names no image_data entry")
+    return _encode(vision, IMAGE_DATA_MARKER.sub(vision.placeholder, prompt), [by_id[m] for m in marks])
+
+
+def _encode(vision: Any, text: str, images: list) -> list[int]:
+    try:
+        return vision.encode(text, images)
+    except MlxcelError as exc:
+        raise ApiError(exc.message) from None
 
 
 def raw_prompt_ids(vision: Any, prompt: str, data: list[str], *, fetch: bool) -> list[int]:
@@ -128,8 +167,4 @@ def raw_prompt_ids(vision: Any, prompt: str, data: list[str], *, fetch: bool) ->
     if marks and marks != len(images):
         raise ApiError(f"{where}: the prompt has {marks} {MEDIA_MARKER} markers for {len(images)} images")
     slot = vision.placeholder
-    text = prompt.replace(MEDIA_MARKER, slot) if marks else slot * len(images) + prompt
-    try:
-        return vision.encode(text, images)
-    except MlxcelError as exc:
-        raise ApiError(exc.message) from None
+    return _encode(vision, prompt.replace(MEDIA_MARKER, slot) if marks else slot * len(images) + prompt, images)

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from ..formats.prompting import leading_bos
 from .context import LOADING, ServerContext, ctx_of
 from .http import ApiError
-from .image_parts import prompt_text
+from .image_parts import image_data_ids, prompt_text
 from .infill import check_extra, fim_tokens, infill_prompt, why_not
 from .responses import generation_settings, timings
 from .schemas import DetokenizeRequest, InfillRequest, NativeCompletionRequest, TokenizeRequest
@@ -164,7 +164,11 @@ def _fields(obj: dict, wanted: list) -> dict:
 async def completion(request: Request):
     ctx = ctx_of(request)
     req = await ctx.requests.parse(request, NativeCompletionRequest)
-    prompts = await asyncio.to_thread(ctx.requests.prompts, req.prompt)
+    if (images := (req.model_extra or {}).get("image_data")) is not None:  # llama-server's older form
+        ctx.requests.fits(len(req.prompt) if isinstance(req.prompt, str) else 0)
+        prompts = [await asyncio.to_thread(image_data_ids, ctx.vision, req.prompt, images)]
+    else:
+        prompts = await asyncio.to_thread(ctx.requests.prompts, req.prompt)
     return await _complete(ctx, request, req, prompts)
 
 
