@@ -90,6 +90,8 @@ class ModelOptions:
 
     chat_template: str | None = None  # --chat-template NAME|TEMPLATE as given (validate resolves it)
     chat_template_file: str | None = None  # --chat-template-file
+    mmproj: str | None = None  # llama-server's --mmproj (refused: GGUF projectors are not converted)
+    no_mmproj: bool = False  # --no-mmproj: a vision-language model loads as its text model only
 
 
 @dataclass(frozen=True)

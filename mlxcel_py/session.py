@@ -104,7 +104,7 @@ def open_session(
     state = blas.prepare(run.options.model.blas)
     mopts = run.options.model
     resolved = _resolve_target(run, world)
-    if run.draft.enabled and run.draft.kind not in TEXT_DRAFTERS and world is None:
+    if run.draft.enabled and run.draft.kind not in TEXT_DRAFTERS and world is None and not mopts.no_mmproj:
         if (family := vision_loading.family(resolved.config)) is not None:
             raise ModelError(
                 f"--draft-kind {run.draft.kind} reads the target's hidden states, which a vision model ({family}) "
@@ -123,6 +123,7 @@ def open_session(
         cpu_weights=mopts.cpu_weights,
         world=world,
         cache_types=mopts.cache_types,
+        text_only=mopts.no_mmproj,
     )
     if target.kv_note is not None:
         (warn or say)(target.kv_note)

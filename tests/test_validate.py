@@ -34,6 +34,8 @@ RULES = [
         "--video: audio and video input are not supported",
     ),
     (["generate", "-p", "x", "--image", "a.png", "--tp-size", "2"], "--image: --tp-size 2 runs are text-only"),
+    (["serve", "--mmproj", "mmproj.gguf"], "--mmproj: GGUF vision projectors are not converted yet"),
+    (["generate", "-p", "x", "--image", "a.png", "--no-mmproj"], "--image needs the vision model, which --no-mmproj"),
     (
         ["generate", "-p", "x", "--prompt-lookup", "--pp-size", "2"],
         "--prompt-lookup does not support pipeline parallelism",

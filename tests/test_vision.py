@@ -340,3 +340,16 @@ def test_full_model_drafter_samples_with_p_q_beside_an_image(vlm, tmp_path_facto
     s = SamplingOptions(temp=1.0, seed=5, top_k=0, top_p=1.0)
     toks, g = run(engine_for(vlm, draft, draft_model=assets), ids, max_tokens=40, sampling=s, ignore_eos=True)
     assert g.stats.acceptance_rule == "lossless-p/q" and g.stats.proposed > 0 and min(toks) >= 0
+
+
+def test_no_mmproj_loads_a_vision_model_as_its_text_model(tmp_path, cli_env):
+    """--no-mmproj (llama-server's): a Gemma 3 vision folder decodes text through mlx-lm's own
+    loader, the vision tower left out (mlx-lm ties the head, which this random fixture has apart,
+    so the two texts differ here; a real Gemma 3 ties it)."""
+    folder = tiny_vlms.gemma3(tmp_path / "g3")
+    base = mlxcel_cmd() + ["generate", "-m", str(folder), "-p", "hello there", "-n", "8", "--temp", "0", "--verbose"]
+    full = subprocess.run(base, capture_output=True, text=True, env=cli_env, timeout=240)
+    text = subprocess.run(base + ["--no-mmproj"], capture_output=True, text=True, env=cli_env, timeout=240)
+    assert full.returncode == 0 and text.returncode == 0, (full.stderr, text.stderr)
+    assert "(vision model)" in full.stderr and "(vision model)" not in text.stderr
+    assert text.stdout.strip()  # mlx-lm's gemma3 reads the folder's text weights and decodes

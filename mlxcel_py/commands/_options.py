@@ -30,6 +30,8 @@ ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Model: a
 ModelArg = Annotated[Optional[str], typer.Argument(metavar="[MODEL]", help="Model folder, .gguf file or owner/name (default: the embedded SmolLM2-135M-Instruct).", show_default=False)]
 RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hugging Face revision (repo ids only).", rich_help_panel=MODEL)]
 DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", "--model-draft", "-md", help="Smaller causal LM sharing the target's tokenizer, used as a full-model drafter.", rich_help_panel=MODEL)]
+MmprojOpt = Annotated[Optional[str], typer.Option("--mmproj", "-mm", metavar="FILE", help="llama-server's GGUF vision projector (refused: not converted yet; pass the vision model's folder with -m).", rich_help_panel=MODEL)]
+NoMmprojOpt = Annotated[bool, typer.Option("--no-mmproj", help="Load a vision-language model as its text model only (llama-server's).", rich_help_panel=MODEL)]
 NoBlasOpt = Annotated[bool, typer.Option("--no-blas", help="Keep MLX's bundled reference BLAS instead of loading OpenBLAS (Linux CPU).", rich_help_panel=RUNTIME)]
 NoDequantizeOpt = Annotated[bool, typer.Option("--no-dequantize", help="Keep quantized weights on the CPU instead of dequantizing to float32.", rich_help_panel=RUNTIME)]
 CpuWeightsOpt = Annotated[Optional[str], typer.Option("--cpu-weights", metavar="auto|q8|q4|f32", help="CPU weight form: the row-exact kernels with 8- or 4-bit weights, or float32 on BLAS; auto: the kernels where they built, each layer as stored (quantized layers keep their bits, float16/bfloat16/float32 layers their precision on the float kernel), else f32. bench: a comma list, each benchmarked.", rich_help_panel=RUNTIME)]
@@ -178,6 +180,8 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             cache_type_v=_given(g("cache_type_v"), "auto"),
             chat_template=g("chat_template"),
             chat_template_file=g("chat_template_file"),
+            mmproj=g("mmproj"),
+            no_mmproj=g("no_mmproj", False),
         ),
         generation=O.PromptOptions(
             prompt=g("prompt"),
@@ -315,6 +319,8 @@ MODEL_PARAMS = [
     _kw("chat_template_file", ChatTemplateFileOpt, None),
     _kw("jinja", JinjaOpt, False),
     _kw("offline", OfflineOpt, False),
+    _kw("mmproj", MmprojOpt, None),
+    _kw("no_mmproj", NoMmprojOpt, False),
 ]
 RUNTIME_PARAMS = [
     _kw("no_blas", NoBlasOpt, False),
