@@ -353,3 +353,21 @@ def test_no_mmproj_loads_a_vision_model_as_its_text_model(tmp_path, cli_env):
     assert full.returncode == 0 and text.returncode == 0, (full.stderr, text.stderr)
     assert "(vision model)" in full.stderr and "(vision model)" not in text.stderr
     assert text.stdout.strip()  # mlx-lm's gemma3 reads the folder's text weights and decodes
+
+
+def test_families_with_multi_dimensional_image_positions_are_refused_by_name():
+    """Qwen2-VL-style mRoPE keeps per-prompt position state in the language model: refused with
+    one line (checked on mlx-vlm's own classes, which define get_rope_index)."""
+    import importlib
+    from types import SimpleNamespace
+
+    from mlxcel_py.vision.loading import unsupported
+
+    for family in ("qwen2_vl", "qwen2_5_vl", "glm4v"):
+        lm_class = importlib.import_module(f"mlx_vlm.models.{family}.language").LanguageModel
+        assert hasattr(lm_class, "get_rope_index"), family
+        fake = SimpleNamespace(language_model=SimpleNamespace(get_rope_index=lm_class.get_rope_index))
+        assert "mRoPE" in unsupported(fake)
+    for family in tiny_vlms.FAMILIES:  # the three families run here are not refused
+        lm_class = importlib.import_module(f"mlx_vlm.models.{family}.language").LanguageModel
+        assert not hasattr(lm_class, "get_rope_index")

@@ -63,6 +63,8 @@ def load(resolved: Any, name: str) -> tuple[Any, Any, Any, str]:
     except (ValueError, FileNotFoundError, KeyError, OSError, ImportError, TypeError) as exc:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelError(f"cannot load {resolved.path} (vision model, {name}): {text}") from None
+    if (why := unsupported(vlm)) is not None:
+        raise ModelError(f"{resolved.path} ({name}): {why}", hint="--no-mmproj runs its text model alone")
     token_id, token = _image_token(vlm, processor)
     target = VisionTarget(vlm)
     target.make_cache()  # refuses a cache kind rollback does not know, now rather than mid-request
@@ -74,6 +76,17 @@ def load(resolved: Any, name: str) -> tuple[Any, Any, Any, str]:
         Vision(target, processor, token_id, token, name, tokenizer),
         dtype.replace("mlx.core.", ""),
     )
+
+
+def unsupported(vlm: Any) -> str | None:
+    """Why a family's images cannot run here, or None. Image positions must be plain token
+    positions: a family that lays them out in several dimensions (mRoPE: Qwen2-VL, Qwen2.5-VL,
+    Qwen3-VL, GLM-4V...) keeps per-prompt position state in its language model, which one engine
+    model serving many sequences (and rolling them back) cannot share."""
+    lm = getattr(vlm, "language_model", None)
+    if any(hasattr(o, a) for o in (vlm, lm) for a in ("get_rope_index", "_rope_deltas", "_position_ids")):
+        return "this family places image positions in several dimensions (mRoPE), which mlxcel-py does not carry yet"
+    return None
 
 
 def _leaves(module: Any):

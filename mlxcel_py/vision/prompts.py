@@ -27,6 +27,18 @@ from .images import ImageError
 from .target import Deferred, VisionTarget
 
 _NOT_EXTRA = ("input_ids", "attention_mask", "pixel_values", "token_type_ids")
+# what a family's merge may return beside the rows that its language model would have to read
+# (Gemma 3's attention_mask_4d is not read by its language model, so it is not here)
+_BESIDE_ROWS = (
+    "position_ids",
+    "rope_deltas",
+    "visual_pos_masks",
+    "deepstack_visual_embeds",
+    "cross_attention_states",
+    "cross_attention_mask",
+    "per_layer_inputs",
+    "decoder_inputs_embeds",
+)
 
 
 @dataclass
@@ -127,10 +139,14 @@ class Vision:
         """The prompt's image rows, from the family's own merge (run on the model's thread)."""
         extras = {k: _mx(v) for k, v in inputs.items() if k not in _NOT_EXTRA}
         mask = mx.ones((1, ids.size), dtype=mx.int32)  # one unpadded prompt (Gemma 3 reads it)
-        embeds = self.target.vlm.get_input_embeddings(
+        merged = self.target.vlm.get_input_embeddings(
             mx.array(ids.astype(np.int32))[None], _mx(np.asarray(inputs["pixel_values"])), mask=mask, **extras
-        ).inputs_embeds[0]
-        return embeds[mx.array(at.astype(np.int32))]
+        )
+        if needs := [k for k in _BESIDE_ROWS if getattr(merged, k, None) is not None]:
+            raise ModelError(
+                f"this {self.family} model needs {', '.join(needs)} beside the image rows (not supported yet)"
+            )
+        return merged.inputs_embeds[0][mx.array(at.astype(np.int32))]
 
     def _keys(self, images: Sequence[Any], positions: int) -> list[tuple[bytes, int]]:
         """(content key, positions) of each image, in prompt order, so an image keeps its ids
