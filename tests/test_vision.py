@@ -42,9 +42,10 @@ def ids_for(lm, text: str, imgs) -> list[int]:
     return lm.vision.prompt_ids(lm.tokenizer, text, imgs)
 
 
-def reference(lm, text: str, imgs, n: int) -> list[int]:
+def reference(lm, text: str, imgs, n: int, logits: list | None = None) -> list[int]:
     """Greedy tokens from mlx-vlm's own pieces: its processor output, its merge
-    (get_input_embeddings), its language model and its own cache classes."""
+    (get_input_embeddings), its language model and its own cache classes (`logits` gets the
+    prompt's last row)."""
     from mlx_vlm import load
     from mlx_vlm.models.cache import KVCache
 
@@ -59,6 +60,8 @@ def reference(lm, text: str, imgs, n: int) -> list[int]:
     lm_ = vlm.language_model
     cache = lm_.make_cache() if hasattr(lm_, "make_cache") else [KVCache() for _ in lm_.layers]
     out, toks = lm_(x, inputs_embeds=e.inputs_embeds, cache=cache), []
+    if logits is not None:
+        logits.append(out.logits[0, -1])
     for _ in range(n):
         toks.append(int(mx.argmax(out.logits[0, -1])))
         out = lm_(mx.array([[toks[-1]]]), cache=cache)
@@ -66,10 +69,17 @@ def reference(lm, text: str, imgs, n: int) -> list[int]:
 
 
 def test_plain_decoding_equals_mlx_vlms_own_loop(vlm):
-    ids = ids_for(vlm, "describe the picture in detail please", [picture()])
+    """Token for token, and the prompt's last logits to float32 rounding (tokens alone miss a
+    wrong RoPE base on these tiny random models: a config that omits rope_theta means mlx-vlm's
+    default for the family, which mlx-lm's differs from)."""
+    text = "describe the picture in detail please, " * 4
+    ids = ids_for(vlm, text, [picture()])
     assert sum(t < 0 for t in ids) > 0  # the image's positions
     toks, _ = run(engine_for(vlm), ids, max_tokens=24, sampling=GREEDY, ignore_eos=True)
-    assert toks == reference(vlm, "describe the picture in detail please", [picture()], 24)
+    theirs: list = []
+    assert toks == reference(vlm, text, [picture()], 24, theirs)
+    ours = SequenceCache(vlm.model).feed(ids)[-1]
+    assert mx.allclose(ours, theirs[0], atol=1e-3, rtol=1e-3), float(mx.abs(ours - theirs[0]).max())
 
 
 def test_the_image_changes_the_logits(vlm):

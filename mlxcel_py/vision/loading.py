@@ -130,7 +130,12 @@ def text_model(vlm: Any, config: dict) -> Any | None:
         module = importlib.import_module(f"mlx_lm.models.{kind}")
         if "input_embeddings" not in inspect.signature(module.Model.__call__).parameters:
             return None
-        args = {**text_config(config), "model_type": kind, "tie_word_embeddings": tied}
+        # the text config as mlx-vlm read it, its defaults filled in (a config that omits rope_theta
+        # means mlx-vlm's default for the family, not mlx-lm's)
+        read = getattr(vlm.language_model, "config", None)
+        known = dict(vars(read)) if read is not None and hasattr(read, "__dict__") else {}
+        args = {**known, **text_config(config), "model_type": kind, "tie_word_embeddings": tied}
+        args = {**args, **{k: v for k, v in known.items() if k not in (text or {})}}
         model = module.Model(module.ModelArgs.from_dict(args))
     except Exception:  # no such family in mlx-lm, or a config its arguments do not take
         return None
