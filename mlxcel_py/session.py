@@ -63,7 +63,7 @@ def _resolve_target(run: RunConfig, world: Any) -> loading.ResolvedModel:
     mopts = run.options.model
     if world is not None and not world.leader:
         distributed.barrier(world)
-    resolved = loading.resolve(mopts.model, revision=mopts.revision)
+    resolved = loading.resolve(mopts.model, revision=mopts.revision, mmproj=None if world else mopts.mmproj)
     if world is not None and world.leader:
         distributed.barrier(world)
     preflight.check_target(resolved)

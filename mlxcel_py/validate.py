@@ -133,11 +133,10 @@ def _generation(opts: CommandOptions) -> None:
         raise UsageError(f"--min-tokens must be >= 0, got {g.min_tokens}")
     if g.max_tokens >= 0 and g.min_tokens > g.max_tokens:
         raise UsageError(f"--min-tokens ({g.min_tokens}) must not exceed --max-tokens ({g.max_tokens})")
-    if opts.model.mmproj is not None:
-        raise UsageError(
-            "--mmproj: GGUF vision projectors are not converted yet; pass the vision model's mlx-vlm or "
-            "Hugging Face folder with -m (it holds its projector)"
-        )
+    if opts.model.mmproj is not None and opts.model.no_mmproj:
+        raise UsageError("--mmproj and --no-mmproj contradict each other; drop one of them")
+    if opts.model.mmproj is not None and opts.parallel.active:
+        raise UsageError(f"--mmproj: {opts.parallel.flag} runs are text-only; drop one of them")
     if g.images and opts.model.no_mmproj:
         raise UsageError("--image needs the vision model, which --no-mmproj leaves out; drop one of them")
     if g.audio or g.video:

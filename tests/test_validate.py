@@ -34,7 +34,8 @@ RULES = [
         "--video: audio and video input are not supported",
     ),
     (["generate", "-p", "x", "--image", "a.png", "--tp-size", "2"], "--image: --tp-size 2 runs are text-only"),
-    (["serve", "--mmproj", "mmproj.gguf"], "--mmproj: GGUF vision projectors are not converted yet"),
+    (["serve", "--mmproj", "mmproj.gguf", "--no-mmproj"], "--mmproj and --no-mmproj contradict each other"),
+    (["generate", "-p", "x", "--mmproj", "m.gguf", "--pp-size", "2"], "--mmproj: --pp-size 2 runs are text-only"),
     (["generate", "-p", "x", "--image", "a.png", "--no-mmproj"], "--image needs the vision model, which --no-mmproj"),
     (
         ["generate", "-p", "x", "--prompt-lookup", "--pp-size", "2"],

@@ -381,3 +381,57 @@ def test_families_with_multi_dimensional_image_positions_are_refused_by_name():
     for family in tiny_vlms.FAMILIES:  # the three families run here are not refused
         lm_class = importlib.import_module(f"mlx_vlm.models.{family}.language").LanguageModel
         assert not hasattr(lm_class, "get_rope_index")
+
+
+def test_a_text_gguf_with_its_mmproj_equals_the_folder(tmp_path, cli_env):
+    """llama.cpp's pair of files (`-m text.gguf --mmproj mmproj.gguf`) runs the same model as
+    the folder they were written from: the same greedy text with an image, with prompt lookup
+    equal to plain (--verify-exact); a projector of another type is refused by name."""
+    folder = tiny_vlms.idefics3(tmp_path / "folder")
+    text, proj = tiny_vlms.idefics3_ggufs(folder, tmp_path / "gguf")
+    img = tmp_path / "a.png"
+    picture(2).save(img)
+    env = {**cli_env, "MLXCEL_CACHE_DIR": str(tmp_path / "cache")}
+    ask = ["--image", str(img), "-p", COPY, "-n", "30", "--temp", "0"]
+    ref = subprocess.run(
+        mlxcel_cmd() + ["generate", "-m", str(folder), *ask], capture_output=True, text=True, env=env, timeout=240
+    )
+    cmd = mlxcel_cmd() + [
+        "generate",
+        "-m",
+        str(text),
+        "--mmproj",
+        str(proj),
+        *ask,
+        "--prompt-lookup",
+        "--verify-exact",
+        "--verbose",
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    assert ref.returncode == 0 and r.returncode == 0, (ref.stderr, r.stderr)
+    assert r.stdout == ref.stdout and "speculative output equals plain output" in r.stderr
+    assert "vision projector" in r.stderr and "(vision model)" in r.stderr
+    r = subprocess.run(
+        mlxcel_cmd() + ["generate", "-m", str(folder), "--mmproj", str(proj), "-p", "x"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
+    assert r.returncode == 2 and "--mmproj pairs with a .gguf model" in r.stderr
+    import gguf
+
+    other = gguf.GGUFWriter(str(tmp_path / "gemma3-mmproj.gguf"), "clip")
+    other.add_clip_projector_type("gemma3")
+    other.add_clip_has_vision_encoder(True)
+    tiny_vlms._close(other)
+    r = subprocess.run(
+        mlxcel_cmd() + ["generate", "-m", str(text), "--mmproj", str(tmp_path / "gemma3-mmproj.gguf"), "-p", "x"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
+    assert (
+        r.returncode == 1 and "projector type 'gemma3' is not converted yet" in r.stderr and "Traceback" not in r.stderr
+    )

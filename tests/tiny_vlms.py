@@ -194,3 +194,85 @@ def idefics3(folder: Path, seed: int = 0) -> Path:
 
 
 FAMILIES = {"llava": llava, "gemma3": gemma3, "idefics3": idefics3}
+
+
+def idefics3_ggufs(folder: Path, out: Path) -> tuple[Path, Path]:
+    """The tiny Idefics3 of `folder` as llama.cpp's pair of files: its text model as a llama GGUF
+    (float32, Q and K permuted as llama.cpp stores them, the byte-level vocabulary with the image
+    tokens) and its vision tower and projector as an mmproj GGUF (`clip`, projector type idefics3),
+    every tensor named by gguf-py's maps from its Hugging Face name."""
+    import gguf
+    import numpy as np
+    from gguf_files import _permute
+    from tokenizers import pre_tokenizers
+
+    cfg = json.loads((folder / "config.json").read_text())
+    text, vision = cfg["text_config"], cfg["vision_config"]
+    weights = {k: np.array(v.astype(mx.float32)) for k, v in mx.load(str(folder / "model.safetensors")).items()}
+    out.mkdir(parents=True, exist_ok=True)
+
+    w = gguf.GGUFWriter(str(out / "text.gguf"), "llama")
+    for key, value in [
+        ("context_length", text["max_position_embeddings"]),
+        ("embedding_length", text["hidden_size"]),
+        ("block_count", text["num_hidden_layers"]),
+        ("feed_forward_length", text["intermediate_size"]),
+        ("attention.head_count", text["num_attention_heads"]),
+        ("attention.head_count_kv", text["num_key_value_heads"]),
+    ]:
+        w.add_uint32(f"llama.{key}", value)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", text["rms_norm_eps"])
+    w.add_float32("llama.rope.freq_base", 1000000.0)  # mlx-vlm's Idefics3 default (the config omits it)
+    special = BASE_SPECIAL + ["<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"]
+    # one merge of two bytes no prompt here holds, so the vocabulary tokenizes as the folder's does
+    tokens = sorted(pre_tokenizers.ByteLevel.alphabet()) + special + ["ĀĀ"]
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 256 + [3] * len(special) + [1])
+    w.add_token_merges(["Ā Ā"])
+    w.add_eos_token_id(258)  # <|im_end|>
+    w.add_add_bos_token(False)
+    w.add_chat_template(TEMPLATE.replace("IMAGE", "<image>"))
+    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, text["num_hidden_layers"])
+    for name, value in weights.items():
+        if not name.startswith("language_model."):
+            continue
+        hf = name.removeprefix("language_model.")
+        hf = hf if hf.startswith("lm_head") else "model." + hf
+        if ".self_attn.q_proj." in hf:
+            value = _permute(value, text["num_attention_heads"])
+        elif ".self_attn.k_proj." in hf:
+            value = _permute(value, text["num_key_value_heads"])
+        w.add_tensor(tmap.get_name(hf, try_suffixes=(".weight", ".bias")), value.astype(np.float32))
+    _close(w)
+
+    p = gguf.GGUFWriter(str(out / "mmproj.gguf"), "clip")
+    p.add_clip_projector_type("idefics3")
+    p.add_clip_has_vision_encoder(True)
+    p.add_vision_image_size(vision["image_size"])
+    p.add_vision_patch_size(vision["patch_size"])
+    p.add_vision_embedding_length(vision["hidden_size"])
+    p.add_vision_feed_forward_length(vision["intermediate_size"])
+    p.add_vision_block_count(vision["num_hidden_layers"])
+    p.add_vision_head_count(vision["num_attention_heads"])
+    p.add_vision_attention_layernorm_eps(1e-6)
+    p.add_vision_image_mean(NORM["image_mean"])
+    p.add_vision_image_std(NORM["image_std"])
+    p.add_vision_projector_scale_factor(cfg["scale_factor"])
+    p.add_vision_preproc_image_size(vision["image_size"])
+    vmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, vision["num_hidden_layers"])
+    for name, value in weights.items():
+        if name.startswith("language_model."):
+            continue
+        if value.ndim == 4:  # MLX's (out, kh, kw, in) convolution as PyTorch's (out, in, kh, kw)
+            value = value.transpose(0, 3, 1, 2)
+        p.add_tensor(vmap.get_name("model." + name, try_suffixes=(".weight", ".bias")), value.astype(np.float32))
+    _close(p)
+    return out / "text.gguf", out / "mmproj.gguf"
+
+
+def _close(w) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

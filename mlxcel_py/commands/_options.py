@@ -30,7 +30,7 @@ ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Model: a
 ModelArg = Annotated[Optional[str], typer.Argument(metavar="[MODEL]", help="Model folder, .gguf file or owner/name (default: the embedded SmolLM2-135M-Instruct).", show_default=False)]
 RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hugging Face revision (repo ids only).", rich_help_panel=MODEL)]
 DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", "--model-draft", "-md", help="Smaller causal LM sharing the target's tokenizer, used as a full-model drafter.", rich_help_panel=MODEL)]
-MmprojOpt = Annotated[Optional[str], typer.Option("--mmproj", "-mm", metavar="FILE", help="llama-server's GGUF vision projector (refused: not converted yet; pass the vision model's folder with -m).", rich_help_panel=MODEL)]
+MmprojOpt = Annotated[Optional[str], typer.Option("--mmproj", "-mm", metavar="FILE", help="llama.cpp's vision projector GGUF beside a .gguf model (SmolVLM / Idefics3 projectors are converted).", rich_help_panel=MODEL)]
 NoMmprojOpt = Annotated[bool, typer.Option("--no-mmproj", help="Load a vision-language model as its text model only (llama-server's).", rich_help_panel=MODEL)]
 NoBlasOpt = Annotated[bool, typer.Option("--no-blas", help="Keep MLX's bundled reference BLAS instead of loading OpenBLAS (Linux CPU).", rich_help_panel=RUNTIME)]
 NoDequantizeOpt = Annotated[bool, typer.Option("--no-dequantize", help="Keep quantized weights on the CPU instead of dequantizing to float32.", rich_help_panel=RUNTIME)]

@@ -38,6 +38,7 @@ class ResolvedModel:
     source: str  # human text: "local folder ...", "GGUF ... (converted)", "default model ..."
     config: dict = field(repr=False, hash=False, compare=False, default_factory=dict)
     gguf: Path | None = None  # the GGUF file the folder was converted from (peers run on it)
+    projector: Path | None = None  # --mmproj's conversion (models.gguf.mmproj): a vision model's tower
 
     @property
     def named(self) -> Path:
@@ -83,8 +84,35 @@ class LoadedModel:
         return v if isinstance(v, int) else None
 
 
-def resolve(spec: str | None, *, revision: str | None = None, what: str = "--model") -> ResolvedModel:
-    """Find a model's folder without reading weights (GGUF files are converted here, once)."""
+def resolve(
+    spec: str | None, *, revision: str | None = None, what: str = "--model", mmproj: str | None = None
+) -> ResolvedModel:
+    """Find a model's folder without reading weights (GGUF files are converted here, once;
+    `mmproj`: llama.cpp's vision projector beside a .gguf, converted here too)."""
+    resolved = _resolve(spec, revision=revision, what=what)
+    if mmproj is None:
+        return resolved
+    if resolved.gguf is None:
+        raise ModelError(
+            f"--mmproj pairs with a .gguf model; {resolved.named} is a folder (a vision model's folder holds "
+            "its projector already)",
+            exit_code=2,
+        )
+    p = Path(mmproj).expanduser()
+    if not p.is_file():
+        raise ModelError(f"--mmproj {mmproj}: no such file", exit_code=2)
+    with open(p, "rb") as fh:
+        if fh.read(4) != b"GGUF":
+            raise ModelError(f"--mmproj {mmproj}: a file that is not GGUF", exit_code=2)
+    from .gguf import mmproj as gguf_mmproj
+
+    projector = gguf_mmproj.projector_dir(p.resolve(), resolved.path, cache_dir())
+    return replace(
+        resolved, source=f"{resolved.source}; vision projector {p} (converted in {projector})", projector=projector
+    )
+
+
+def _resolve(spec: str | None, *, revision: str | None, what: str) -> ResolvedModel:
     cache_root = cache_dir()
     if spec is None:
         path = default_model.default_gguf()
@@ -288,6 +316,8 @@ def load(
     from ..vision import loading as vision_loading
 
     start = time.perf_counter()
+    if resolved.projector is not None and world is None and not text_only:
+        return _load_gguf_vision(resolved, dequantize, fast_kernels, cpu_weights, cache_types, start)
     if world is None and not text_only and (family := vision_loading.family(resolved.config)) is not None:
         return _load_vision(resolved, family, dequantize, fast_kernels, cpu_weights, cache_types, start)
     try:
@@ -351,3 +381,38 @@ def _load_vision(resolved, family, dequantize, fast_kernels, cpu_weights, cache_
     took = time.perf_counter() - start
     loaded = LoadedModel(target, tokenizer, resolved, dtype, took, f"{kernels} (vision model)", weights, vision=vision)
     return kv_cache.describe(loaded, cache_types)
+
+
+def _load_gguf_vision(resolved, dequantize, fast_kernels, cpu_weights, cache_types, start) -> LoadedModel:
+    """A text .gguf with its --mmproj: the text model as any GGUF loads (its quantized weights on
+    the row-exact kernels), the vision tower and projector from the projector's conversion."""
+    from ..cpu import kernels as cpu_kernels
+    from ..vision import loading as vision_loading
+
+    text = load(
+        replace(resolved, projector=None),
+        dequantize=dequantize,
+        fast_kernels=fast_kernels,
+        cpu_weights=cpu_weights,
+        cache_types=cache_types,
+    )
+    projector = ResolvedModel(
+        resolved.projector, f"vision projector {resolved.projector}", read_config(resolved.projector)
+    )
+    target, _, vision, _ = vision_loading.load(projector, projector.config["model_type"], decoder=text.model)
+    target.run_text_with(text.model)
+    cpu_kernels.alias(target, text.model)
+    vision.tokenizer = text.tokenizer
+    took = time.perf_counter() - start
+    loaded = LoadedModel(
+        target,
+        text.tokenizer,
+        resolved,
+        text.dtype,
+        took,
+        f"{text.kernels} (vision model)",
+        text.weights,
+        vision=vision,
+    )
+    loaded.kv_cache, loaded.kv_bytes_per_token, loaded.kv_note = text.kv_cache, text.kv_bytes_per_token, text.kv_note
+    return loaded

@@ -46,9 +46,11 @@ def text_config(config: dict) -> dict:
     return merged
 
 
-def load(resolved: Any, name: str) -> tuple[Any, Any, Any, str]:
+def load(resolved: Any, name: str, decoder: Any = None) -> tuple[Any, Any, Any, str]:
     """(engine model, tokenizer, Vision, weights dtype) of a vision-language model folder
-    (models.loading makes them its LoadedModel, with `text_config(config)` as the config)."""
+    (models.loading makes them its LoadedModel, with `text_config(config)` as the config).
+    `decoder`: the text model, loaded apart (a GGUF's): the folder holds the vision tower and
+    projector only, and mlx-vlm's own text model is never built in memory."""
     import mlx.core as mx
     from mlx_lm.utils import load_tokenizer
     from mlx_vlm import load as vlm_load
@@ -57,7 +59,7 @@ def load(resolved: Any, name: str) -> tuple[Any, Any, Any, str]:
     from .target import VisionTarget
 
     try:
-        vlm, processor = vlm_load(str(resolved.path))
+        vlm, processor = vlm_load(str(resolved.path), lazy=decoder is not None, strict=decoder is None)
         eos = resolved.config.get("eos_token_id", (resolved.config.get("text_config") or {}).get("eos_token_id"))
         tokenizer = load_tokenizer(resolved.path, eos_token_ids=eos)
     except (ValueError, FileNotFoundError, KeyError, OSError, ImportError, TypeError) as exc:
@@ -66,10 +68,16 @@ def load(resolved: Any, name: str) -> tuple[Any, Any, Any, str]:
     if (why := unsupported(vlm)) is not None:
         raise ModelError(f"{resolved.path} ({name}): {why}", hint="--no-mmproj runs its text model alone")
     token_id, token = _image_token(vlm, processor)
+    if decoder is not None:  # only the embedding is read (its rows of a prompt are thrown away)
+        _drop_layers(vlm.language_model)
+        holder = vlm.language_model if hasattr(vlm.language_model, "embed_tokens") else vlm.language_model.model
+        holder.embed_tokens = decoder.model.embed_tokens
+        if hasattr(vlm.language_model, "lm_head"):
+            vlm.language_model.lm_head = None
     target = VisionTarget(vlm)
     target.make_cache()  # refuses a cache kind rollback does not know, now rather than mid-request
     dtype = str(next(iter(v.dtype for _, v in _leaves(vlm.language_model))))
-    mx.eval(vlm.parameters())
+    mx.eval({k: v for k, v in vlm.parameters().items() if k != "language_model" or decoder is None})
     return (
         target,
         tokenizer,
