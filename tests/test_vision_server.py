@@ -41,7 +41,10 @@ def chat_body(img, text=PROMPT, n=24, **kw):
 def vserver(tmp_path_factory):
     folder = tiny_vlms.llava(tmp_path_factory.mktemp("vsrv") / "model")
     env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path_factory.mktemp("cfg")))
-    proc, url, lines = start_server(env, "-m", str(folder), "--draft-kind", "prompt-lookup", "-np", "2")
+    slots = tmp_path_factory.mktemp("slots")
+    proc, url, lines = start_server(
+        env, "-m", str(folder), "--draft-kind", "prompt-lookup", "-np", "2", "--slot-save-path", str(slots)
+    )
     yield url, folder, env
     proc.terminate()
     proc.wait(timeout=30)
@@ -282,3 +285,16 @@ def test_remote_images_are_fetched_only_under_the_flag_within_limits(monkeypatch
             image_parts.decode({**part, "url": base + "/missing.png"}, fetch=True)
     finally:
         srv.shutdown()
+
+
+def test_a_cached_image_prompt_is_not_written_to_a_slot_file(vserver):
+    """An image's ids name rows this process holds: another process could give the same ids to
+    another image, so a slot file would restore the wrong image's cache. Refused in one line."""
+    url, _, _ = vserver
+    post(url + "/slots/0?action=erase", {})
+    s, _ = post(url + "/v1/chat/completions", chat_body(picture(11), "hi", n=2))
+    assert s == 200
+    s, e = post(url + "/slots/0?action=save", {"filename": "img.bin"})
+    assert s == 400 and "holds an image; slot files keep text prompts only" in e["error"]["message"]
+    s, _ = post(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2})
+    assert s == 200

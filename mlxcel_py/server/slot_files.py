@@ -49,6 +49,9 @@ def save(engine: Any, path: Path) -> tuple[int, int]:
     cache = pool.take_latest()
     if cache is None:
         raise ApiError("no prompt is cached yet: send a request first, then save")
+    if cache.tokens and min(cache.tokens) < 0:  # an image's ids name rows this process holds
+        pool.give(cache)
+        raise ApiError("the cached prompt holds an image; slot files keep text prompts only")
     try:
         tmp = path.with_name(path.name + ".partial.safetensors")  # mlx names by extension
         save_prompt_cache(str(tmp), cache.layers, {"tokens": json.dumps(cache.tokens)})
