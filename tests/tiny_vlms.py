@@ -1,4 +1,4 @@
-"""Tiny random-weight vision-language models of three mlx-vlm families, built from mlx-vlm's own
+"""Tiny random-weight vision-language models of four mlx-vlm families, built from mlx-vlm's own
 model classes, with the processor files transformers / mlx-vlm read offline.
 
 Each folder holds: config.json, model.safetensors, a byte-level tokenizer with the family's image
@@ -193,9 +193,6 @@ def idefics3(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-FAMILIES = {"llava": llava, "gemma3": gemma3, "idefics3": idefics3}
-
-
 def idefics3_ggufs(folder: Path, out: Path) -> tuple[Path, Path]:
     """The tiny Idefics3 of `folder` as llama.cpp's pair of files: its text model as a llama GGUF
     (float32, Q and K permuted as llama.cpp stores them, the byte-level vocabulary with the image
@@ -276,3 +273,73 @@ def _close(w) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def qwen2_vl(folder: Path, seed: int = 0) -> Path:
+    """Qwen2-VL: multi-dimensional image positions (mRoPE: time, height, width), a 2x2 patch
+    merger; 32 px images in 8 px patches give 4 image positions on a 2x2 grid."""
+    folder.mkdir(parents=True, exist_ok=True)
+    special = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]  # 259..262
+    extra = {"extra_special_tokens": {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>"}}
+    _tokenizer(folder, special, "<|vision_start|><|image_pad|><|vision_end|>", extra)
+    cfg = dict(
+        model_type="qwen2_vl",
+        image_token_id=261,
+        video_token_id=262,
+        vision_start_token_id=259,
+        vocab_size=264,
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        text_config=dict(model_type="qwen2_vl"),
+        vision_config=dict(
+            model_type="qwen2_vl",
+            depth=2,
+            embed_dim=32,
+            hidden_size=64,
+            num_heads=2,
+            patch_size=8,
+            spatial_patch_size=8,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            mlp_ratio=2,
+        ),
+    )
+    _weights_qwen(folder, cfg, seed)
+    image = {
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "min_pixels": 64 * 64,
+        "max_pixels": 64 * 64,
+        "patch_size": 8,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "do_resize": True,
+        **NORM,
+    }
+    (folder / "preprocessor_config.json").write_text(json.dumps(image))
+    (folder / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen2VLProcessor"}))
+    return folder
+
+
+def _weights_qwen(folder: Path, cfg: dict, seed: int) -> None:
+    from mlx_vlm.models import qwen2_vl as module
+
+    conf = module.ModelConfig.from_dict(dict(cfg))
+    conf.vision_config = module.VisionConfig.from_dict(cfg["vision_config"])
+    text = {k: v for k, v in cfg.items() if k not in ("vision_config", "text_config")}
+    conf.text_config = module.TextConfig.from_dict(text)
+    mx.random.seed(seed)
+    model = module.Model(conf)
+    model.update(tree_map(lambda p: p * 0.5 if p.ndim >= 2 else p, model.parameters()))
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())), {"format": "mlx"})
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+FAMILIES = {"llava": llava, "gemma3": gemma3, "idefics3": idefics3, "qwen2_vl": qwen2_vl}

@@ -91,9 +91,20 @@ def unsupported(vlm: Any) -> str | None:
     positions: a family that lays them out in several dimensions (mRoPE: Qwen2-VL, Qwen2.5-VL,
     Qwen3-VL, GLM-4V...) keeps per-prompt position state in its language model, which one engine
     model serving many sequences (and rolling them back) cannot share."""
+    import inspect
+
     lm = getattr(vlm, "language_model", None)
-    if any(hasattr(o, a) for o in (vlm, lm) for a in ("get_rope_index", "_rope_deltas", "_position_ids")):
-        return "this family places image positions in several dimensions (mRoPE), which mlxcel-py does not carry yet"
+    if hasattr(lm, "get_rope_index"):  # mRoPE: positions passed explicitly (vision.target.positions)
+        params = inspect.signature(type(lm).__call__).parameters  # position_ids, by name or in **kwargs
+        takes = "position_ids" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+        merge = getattr(getattr(getattr(vlm, "config", None), "vision_config", None), "spatial_merge_size", None)
+        if not takes or not isinstance(merge, int):
+            return (
+                "this family places image positions in several dimensions (mRoPE) in a way mlxcel-py does not carry yet"
+            )
+        return None
+    if any(hasattr(o, a) for o in (vlm, lm) for a in ("_rope_deltas", "_position_ids")):
+        return "this family keeps image positions in its language model, which mlxcel-py does not carry yet"
     return None
 
 
@@ -129,6 +140,8 @@ def text_model(vlm: Any, config: dict) -> Any | None:
     import mlx.nn as nn
     from mlx.utils import tree_flatten, tree_unflatten
 
+    if hasattr(vlm.language_model, "get_rope_index"):  # mRoPE: mlx-lm's decoders take 1-D positions
+        return None
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else None
     kind = (text or {}).get("model_type")
     source = dict(tree_flatten(vlm.language_model.parameters()))

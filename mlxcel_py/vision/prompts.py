@@ -120,14 +120,15 @@ class Vision:
             raise ImageError(
                 "the chat template put no image into the prompt; this model's template does not take images"
             )
-        keys = self._keys(images, at.size)
+        grids = self._grids(inputs)
+        keys = self._keys(images, at.size, grids)
         held = [self.target.images.known(k) for k, _ in keys]
         if any(h is None for h in held):  # the vision tower runs once for the prompt, when first fed
             deferred = Deferred(functools.partial(self._image_rows, ids, at, inputs))
             start = 0
             for i, (k, n) in enumerate(keys):
                 if held[i] is None:
-                    held[i] = self.target.images.add(k, deferred, start, n)
+                    held[i] = self.target.images.add(k, deferred, start, n, grids[i] if grids else None)
                 start += n
         rows = [r for h in held for r in h]
         out = ids.tolist()
@@ -142,18 +143,32 @@ class Vision:
         merged = self.target.vlm.get_input_embeddings(
             mx.array(ids.astype(np.int32))[None], _mx(np.asarray(inputs["pixel_values"])), mask=mask, **extras
         )
-        if needs := [k for k in _BESIDE_ROWS if getattr(merged, k, None) is not None]:
+        beside = _BESIDE_ROWS[2:] if self.target.mrope else _BESIDE_ROWS  # positions: vision.target's
+        if needs := [k for k in beside if getattr(merged, k, None) is not None]:
             raise ModelError(
                 f"this {self.family} model needs {', '.join(needs)} beside the image rows (not supported yet)"
             )
         return merged.inputs_embeds[0][mx.array(at.astype(np.int32))]
 
-    def _keys(self, images: Sequence[Any], positions: int) -> list[tuple[bytes, int]]:
+    def _grids(self, inputs: Any) -> list[tuple[int, int, int]] | None:
+        """Each image's (t, h, w) grid of positions, for a family with mRoPE (None otherwise)."""
+        if not self.target.mrope:
+            return None
+        merge = self.target.vlm.config.vision_config.spatial_merge_size
+        rows = np.asarray(inputs["image_grid_thw"]).reshape(-1, 3).tolist()
+        return [(int(t), int(h) // merge, int(w) // merge) for t, h, w in rows]
+
+    def _keys(self, images: Sequence[Any], positions: int, grids: list | None = None) -> list[tuple[bytes, int]]:
         """(content key, positions) of each image, in prompt order, so an image keeps its ids
         when the conversation around it grows (a later turn adds another). Where one image's
         positions do not add up (a processor that lays images out together), all the prompt's
         images share one key."""
         keys = [_image_key(img) for img in images]
+        if grids is not None:  # mRoPE: each image's grid says its positions
+            counts = [t * h * w for t, h, w in grids]
+            if len(counts) != len(images) or sum(counts) != positions:
+                raise ModelError(f"the {self.family} processor's image grids do not match the prompt's image tokens")
+            return list(zip(keys, counts))
         if len(images) == 1:
             return [(keys[0], positions)]
         counts = [self._positions(img, k) for img, k in zip(images, keys)]

@@ -59,6 +59,7 @@ class ImageRows:
         self.keep = keep
         self._slots: OrderedDict[bytes, int] = OrderedDict()  # key -> slot, oldest first
         self._rows: dict[int, tuple[Any, int, int]] = {}  # slot -> (mx rows or Deferred, start, n)
+        self._grids: dict[int, tuple[int, int, int]] = {}  # slot -> (t, h, w) of its positions (mRoPE)
         self._next = 0
         self._lock = threading.Lock()
 
@@ -74,8 +75,16 @@ class ImageRows:
             self._slots.move_to_end(key)
             return ids_of(slot, self._rows[slot][2])
 
-    def add(self, key: bytes, rows: Any, start: int, n: int) -> list[int]:
-        """An image's `n` rows: rows[start:start + n] of `rows` (an array or a Deferred)."""
+    def grid(self, slot: int) -> tuple[int, int, int]:
+        with self._lock:
+            grid = self._grids.get(slot)
+        if grid is None:
+            raise ModelError("an image's rows were let go before its prompt was fed; send the image again")
+        return grid
+
+    def add(self, key: bytes, rows: Any, start: int, n: int, grid: tuple[int, int, int] | None = None) -> list[int]:
+        """An image's `n` rows: rows[start:start + n] of `rows` (an array or a Deferred); `grid`:
+        where its positions sit in time, height and width (a family with mRoPE)."""
         if n > ROWS:
             raise ModelError(f"an image takes {n} positions, more than {ROWS}")
         if (ids := self.known(key)) is not None:
@@ -84,9 +93,11 @@ class ImageRows:
             slot, self._next = self._next, (self._next + 1) % SLOTS
             self._slots[key] = slot
             self._rows[slot] = (rows, start, n)
+            self._grids[slot] = grid or (1, 1, n)
             while len(self._slots) > self.keep:
                 _, old = self._slots.popitem(last=False)
                 self._rows.pop(old, None)
+                self._grids.pop(old, None)
         return ids_of(slot, n)
 
     def _held(self, slot: int) -> mx.array:
@@ -133,6 +144,8 @@ class VisionTarget(nn.Module):
         self.vlm = vlm
         self.text: nn.Module | None = None  # mlx-lm's model of the text decoder, where it runs
         self.images = ImageRows()
+        # a family whose image positions are (time, height, width) triples (mRoPE: Qwen2-VL)
+        self.mrope = hasattr(vlm.language_model, "get_rope_index")
 
     def run_text_with(self, text: nn.Module) -> None:
         """Decode with `text` (mlx-lm's model of the text decoder, holding its weights):
@@ -161,6 +174,8 @@ class VisionTarget(nn.Module):
         return embed(ids) if embed is not None else self.vlm.get_input_embeddings(ids, None).inputs_embeds
 
     def __call__(self, inputs: mx.array, cache: Any = None, **kwargs: Any) -> mx.array:
+        if self.mrope:
+            return self._mrope_forward(np.array(inputs), cache)
         if len(self.images):
             ids = np.array(inputs)
             image = ids < 0
@@ -178,6 +193,54 @@ class VisionTarget(nn.Module):
         if self.text is not None:
             return self.text(inputs, cache=cache)
         return self.vlm.language_model(inputs, cache=cache).logits
+
+    def _mrope_forward(self, ids: np.ndarray, cache: Any) -> mx.array:
+        """A family with mRoPE: each position is a (time, height, width) triple, passed to its
+        language model explicitly (`positions`), so nothing of one prompt stays in the model."""
+        image = ids < 0
+        text = mx.array(np.where(image, 0, ids).astype(np.int32))
+        h = None
+        if image.any():
+            h = self.text_embeddings(text)
+            b, L, d = h.shape
+            flat = h.reshape(b * L, d)
+            where = np.flatnonzero(image.reshape(-1))
+            flat[mx.array(where)] = self.images.rows(ids.reshape(-1)[where]).astype(flat.dtype)
+            h = flat.reshape(b, L, d)
+        pos = positions(self.images, ids.reshape(-1), cache)
+        return self.vlm.language_model(text, cache=cache, inputs_embeds=h, position_ids=pos).logits
+
+
+def positions(images: ImageRows, ids: np.ndarray, cache: Any) -> mx.array:
+    """(3, 1, L) mRoPE positions of `ids`, fed at the cache's offset (Qwen2-VL's rule: a text
+    token's three positions are one past the largest position before it; an image's tokens sit at
+    base + (t, h, w) of their place in its grid, base one past the largest position before it).
+    The cache's first layer keeps every fed position's triple, so trims and reused prefixes just
+    read the kept ones; a position's triple depends only on the tokens before it."""
+    c0 = cache[0] if cache else None
+    offset = getattr(c0, "offset", None)
+    if not isinstance(offset, int):  # a batched forward's RowCaches: one sequence at a time here
+        raise TypeError("mRoPE positions are kept per sequence; this model runs one sequence a forward")
+    table = c0.__dict__.setdefault("mlxcel_positions", [])
+    if len(table) < offset:  # fed without this table (a text-only slot file): positions = indices
+        table.extend((i, i, i) for i in range(len(table), offset))
+    del table[offset:]
+    prev = table[-1] if table else None
+    for t in ids.tolist():
+        if t >= 0:
+            p = max(prev) + 1 if prev else 0
+            pos = (p, p, p)
+        else:
+            slot, row = divmod(-t - 1, ROWS)
+            gt, gh, gw = images.grid(slot)
+            if row == 0:
+                base = max(prev) + 1 if prev else 0
+            else:  # the previous token is this image's row - 1, at base + its (t, h, w)
+                base = prev[0] - (row - 1) // (gh * gw)
+            pos = (base + row // (gh * gw), base + (row // gw) % gh, base + row % gw)
+        table.append(pos)
+        prev = pos
+    return mx.array(np.array(table[offset:], dtype=np.int32).T[:, None, :])
 
 
 def mlx_lm_caches(lm: nn.Module) -> list:
