@@ -240,6 +240,21 @@ def test_other_families_over_http_equal_generate_image(family, tmp_path):
         )
         assert cli.returncode == 0, cli.stderr
         assert cli.stdout.rstrip("\n") == r["choices"][0]["message"]["content"]
+        # the same image and text as an Anthropic image block and a Responses input_image
+        block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(img)}}
+        body = {
+            "max_tokens": 30,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": [block, {"type": "text", "text": COPY}]}],
+        }
+        s, a = post(url + "/v1/messages", body)
+        assert s == 200 and a["content"][0]["text"] == r["choices"][0]["message"]["content"]
+        item = {
+            "role": "user",
+            "content": [{"type": "input_image", "image_url": data_url(img)}, {"type": "input_text", "text": COPY}],
+        }
+        s, o = post(url + "/v1/responses", {"input": [item], "max_output_tokens": 30, "temperature": 0})
+        assert s == 200 and o["output"][0]["content"][0]["text"] == r["choices"][0]["message"]["content"]
     finally:
         proc.terminate()
         proc.wait(timeout=30)
