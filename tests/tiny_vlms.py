@@ -1,4 +1,4 @@
-"""Tiny random-weight vision-language models of four mlx-vlm families, built from mlx-vlm's own
+"""Tiny random-weight vision-language models of five mlx-vlm families, built from mlx-vlm's own
 model classes, with the processor files transformers / mlx-vlm read offline.
 
 Each folder holds: config.json, model.safetensors, a byte-level tokenizer with the family's image
@@ -342,4 +342,72 @@ def _weights_qwen(folder: Path, cfg: dict, seed: int) -> None:
     (folder / "config.json").write_text(json.dumps(cfg))
 
 
-FAMILIES = {"llava": llava, "gemma3": gemma3, "idefics3": idefics3, "qwen2_vl": qwen2_vl}
+def qwen3_vl(folder: Path, seed: int = 0) -> Path:
+    """Qwen3-VL: mRoPE positions and deepstack rows (the vision tower's first block's features
+    added at the text model's first layer, at the image's positions)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    special = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]  # 259..262
+    extra = {"extra_special_tokens": {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>"}}
+    _tokenizer(folder, special, "<|vision_start|><|image_pad|><|vision_end|>", extra)
+    text = dict(
+        model_type="qwen3_vl_text",
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        vocab_size=264,
+        rope_theta=10000.0,
+        max_position_embeddings=2048,
+        rope_scaling={"type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
+        tie_word_embeddings=False,
+    )
+    cfg = dict(
+        model_type="qwen3_vl",
+        image_token_id=261,
+        video_token_id=262,
+        vision_start_token_id=259,
+        vision_end_token_id=260,
+        vocab_size=264,
+        text_config=text,
+        vision_config=dict(
+            model_type="qwen3_vl",
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            out_hidden_size=64,
+            num_heads=2,
+            patch_size=8,
+            spatial_patch_size=8,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0],
+        ),
+    )
+    from mlx_vlm.models import qwen3_vl as module
+
+    conf = module.ModelConfig.from_dict(dict(cfg))
+    mx.random.seed(seed)
+    model = module.Model(conf)
+    model.update(tree_map(lambda p: p * 0.5 if p.ndim >= 2 else p, model.parameters()))
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())), {"format": "mlx"})
+    (folder / "config.json").write_text(json.dumps(cfg))
+    image = {
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "min_pixels": 64 * 64,
+        "max_pixels": 64 * 64,
+        "patch_size": 8,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "do_resize": True,
+        **NORM,
+    }
+    (folder / "preprocessor_config.json").write_text(json.dumps(image))
+    (folder / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen3VLProcessor"}))
+    return folder
+
+
+FAMILIES = {"llava": llava, "gemma3": gemma3, "idefics3": idefics3, "qwen2_vl": qwen2_vl, "qwen3_vl": qwen3_vl}

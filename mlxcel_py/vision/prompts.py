@@ -39,6 +39,8 @@ _BESIDE_ROWS = (
     "per_layer_inputs",
     "decoder_inputs_embeds",
 )
+# carried for a family with mRoPE: positions (vision.target.positions) and deepstack rows
+_CARRIED = ("position_ids", "rope_deltas", "visual_pos_masks", "deepstack_visual_embeds")
 
 
 @dataclass
@@ -136,19 +138,22 @@ class Vision:
             out[i] = r
         return out
 
-    def _image_rows(self, ids: np.ndarray, at: np.ndarray, inputs: Any) -> mx.array:
-        """The prompt's image rows, from the family's own merge (run on the model's thread)."""
+    def _image_rows(self, ids: np.ndarray, at: np.ndarray, inputs: Any) -> list[mx.array]:
+        """The prompt's image rows, from the family's own merge (run on the model's thread), and
+        the rows a family adds at deeper layers (Qwen3-VL's deepstack), if any."""
         extras = {k: _mx(v) for k, v in inputs.items() if k not in _NOT_EXTRA}
         mask = mx.ones((1, ids.size), dtype=mx.int32)  # one unpadded prompt (Gemma 3 reads it)
         merged = self.target.vlm.get_input_embeddings(
             mx.array(ids.astype(np.int32))[None], _mx(np.asarray(inputs["pixel_values"])), mask=mask, **extras
         )
-        beside = _BESIDE_ROWS[2:] if self.target.mrope else _BESIDE_ROWS  # positions: vision.target's
-        if needs := [k for k in beside if getattr(merged, k, None) is not None]:
+        carried = _CARRIED if self.target.mrope else ()  # vision.target passes these
+        if needs := [k for k in _BESIDE_ROWS if k not in carried and getattr(merged, k, None) is not None]:
             raise ModelError(
                 f"this {self.family} model needs {', '.join(needs)} beside the image rows (not supported yet)"
             )
-        return merged.inputs_embeds[0][mx.array(at.astype(np.int32))]
+        rows = [merged.inputs_embeds[0][mx.array(at.astype(np.int32))]]
+        deep = merged.deepstack_visual_embeds
+        return rows + (list(deep) if deep is not None else [])  # one row per image position already
 
     def _grids(self, inputs: Any) -> list[tuple[int, int, int]] | None:
         """Each image's (t, h, w) grid of positions, for a family with mRoPE (None otherwise)."""

@@ -37,13 +37,14 @@ SLOTS = 1 << 16  # -(1 + SLOTS * ROWS) still fits int32; slot numbers are not re
 class Deferred:
     """Image rows computed when a forward first reads them: on the thread that runs the model (a
     server builds prompts on other threads; only the model's thread runs MLX). One vision-tower
-    run serves every image of its prompt; each image's slot takes its slice."""
+    run serves every image of its prompt; each image's slot takes its slice. `compute` gives a
+    list: the image rows, then any deeper layers' rows (Qwen3-VL's deepstack)."""
 
-    def __init__(self, compute: Callable[[], mx.array]):
+    def __init__(self, compute: Callable[[], list[mx.array]]):
         self._compute = compute
-        self._value: mx.array | None = None
+        self._value: list[mx.array] | None = None
 
-    def value(self) -> mx.array:
+    def value(self) -> list[mx.array]:
         if self._value is None:
             self._value = self._compute()
             mx.eval(self._value)
@@ -100,33 +101,40 @@ class ImageRows:
                 self._grids.pop(old, None)
         return ids_of(slot, n)
 
-    def _held(self, slot: int) -> mx.array:
+    def _held(self, slot: int) -> list[mx.array]:
+        """The slot's rows: the image rows, then any rows its family adds at deeper layers
+        (Qwen3-VL's deepstack), each (n, hidden)."""
         with self._lock:
             entry = self._rows.get(slot)
         if entry is None:
             raise ModelError("an image's rows were let go before its prompt was fed; send the image again")
         rows, start, n = entry
         if isinstance(rows, Deferred):
-            rows = rows.value()[start : start + n]
+            rows = [r[start : start + n] for r in rows.value()]
             with self._lock:
                 if slot in self._rows:
                     self._rows[slot] = (rows, 0, n)
-            return rows
-        return rows[start : start + n]
+        return rows
 
-    def rows(self, ids: np.ndarray) -> mx.array:
-        """The rows negative `ids` name, in order (one gather per image)."""
+    def rows(self, ids: np.ndarray) -> list[mx.array]:
+        """The rows negative `ids` name, in order (one gather per image): the image rows, then
+        each deeper layer's rows where the family has them."""
         code = -ids.astype(np.int64) - 1
         slots, rows = code // ROWS, code % ROWS
-        parts, order = [], []
+        parts: list[list[mx.array]] = []
+        order = []
         for slot in np.unique(slots):
             held = self._held(int(slot))
-            pick = np.flatnonzero(slots == slot)
-            parts.append(held[mx.array(rows[pick].astype(np.int32))])
-            order.append(pick)
-        joined = mx.concatenate(parts) if len(parts) > 1 else parts[0]
+            pick = mx.array(rows[np.flatnonzero(slots == slot)].astype(np.int32))
+            parts.append([h[pick] for h in held])
+            order.append(np.flatnonzero(slots == slot))
         at = np.concatenate(order)
-        return joined if (np.diff(at) > 0).all() else joined[mx.array(np.argsort(at).astype(np.int32))]
+        back = None if (np.diff(at) > 0).all() else mx.array(np.argsort(at).astype(np.int32))
+        out = []
+        for k in range(len(parts[0])):
+            joined = mx.concatenate([p[k] for p in parts]) if len(parts) > 1 else parts[0][k]
+            out.append(joined if back is None else joined[back])
+        return out
 
 
 def ids_of(slot: int, n: int) -> list[int]:
@@ -185,7 +193,7 @@ class VisionTarget(nn.Module):
                 b, L, d = h.shape
                 flat = h.reshape(b * L, d)
                 where = np.flatnonzero(image.reshape(-1))
-                flat[mx.array(where)] = self.images.rows(ids.reshape(-1)[where]).astype(flat.dtype)
+                flat[mx.array(where)] = self.images.rows(ids.reshape(-1)[where])[0].astype(flat.dtype)
                 h = flat.reshape(b, L, d)
                 if self.text is not None:
                     return self.text(text, cache=cache, input_embeddings=h)
@@ -199,16 +207,19 @@ class VisionTarget(nn.Module):
         language model explicitly (`positions`), so nothing of one prompt stays in the model."""
         image = ids < 0
         text = mx.array(np.where(image, 0, ids).astype(np.int32))
-        h = None
+        h, beside = None, {}
         if image.any():
             h = self.text_embeddings(text)
             b, L, d = h.shape
             flat = h.reshape(b * L, d)
             where = np.flatnonzero(image.reshape(-1))
-            flat[mx.array(where)] = self.images.rows(ids.reshape(-1)[where]).astype(flat.dtype)
+            rows, *deep = self.images.rows(ids.reshape(-1)[where])
+            flat[mx.array(where)] = rows.astype(flat.dtype)
             h = flat.reshape(b, L, d)
+            if deep:  # Qwen3-VL: rows added at its first layers, at the image's positions
+                beside = {"visual_pos_masks": mx.array(image), "deepstack_visual_embeds": deep}
         pos = positions(self.images, ids.reshape(-1), cache)
-        return self.vlm.language_model(text, cache=cache, inputs_embeds=h, position_ids=pos).logits
+        return self.vlm.language_model(text, cache=cache, inputs_embeds=h, position_ids=pos, **beside).logits
 
 
 def positions(images: ImageRows, ids: np.ndarray, cache: Any) -> mx.array:
