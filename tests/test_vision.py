@@ -437,3 +437,23 @@ def test_a_text_gguf_with_its_mmproj_equals_the_folder(tmp_path, cli_env):
     assert (
         r.returncode == 1 and "projector type 'gemma3' is not converted yet" in r.stderr and "Traceback" not in r.stderr
     )
+
+
+def test_chat_image_under_a_real_terminal(llava_dir, tmp_path, cli_env):
+    """/image under a pseudo-terminal: attached, a bad file refused in one line, the turn
+    answered with the image, /bye ends it."""
+    from test_chat_pty import Pty
+
+    img = tmp_path / "a.png"
+    picture().save(img)
+    env = {**cli_env, "TERM": "dumb", "COLUMNS": "120"}
+    t = Pty(mlxcel_cmd() + ["chat", "-m", str(llava_dir), "-n", "6", "--temp", "0", "--profile"], env)
+    t.read_until(">>> ", timeout=180)
+    t.send(f"/image {img}\r")
+    assert "Attached" in t.read_until(">>> ")
+    t.send(f"/image {tmp_path / 'missing.png'}\r")
+    assert "no such file" in t.read_until(">>> ")
+    t.send("describe it\r")
+    assert "prompt tokens reused" in t.read_until(">>> ")
+    t.send("/bye\r")
+    assert t.wait() == 0
