@@ -55,3 +55,21 @@ def test_chat_shifts_a_reply_that_fills_the_window(tiny_dir, cli_env):
 
     stopped, shifted = chat(), chat("--context-shift")
     assert shifted.startswith(stopped.rstrip("\n")) and len(shifted) > len(stopped)
+
+
+def test_a_long_chat_drops_its_oldest_exchanges_instead_of_empty_replies(tiny_dir, cli_env):
+    """`chat -c 160`: once the history passes the window, the oldest exchange goes (said on stderr)
+    and every message is still answered; they used to get empty replies. A message that alone
+    fills the window is refused in one line and the chat goes on."""
+    lines = [f"message {i}: tell me about rivers, mountains, castles and the sea, please" for i in range(5)]
+    lines.insert(3, "x" * 400)  # over the window on its own (a byte tokenizer: 400 tokens)
+    out = mlxcel(
+        ["chat", "-m", str(tiny_dir), "-n", "40", "-c", "160", "--ignore-eos", "--profile"],
+        cli_env,
+        input="\n".join(lines) + "\n",
+    )
+    assert out.returncode == 0, out.stderr
+    turns = [ln for ln in out.stderr.splitlines() if "prompt tokens reused" in ln]
+    assert len(turns) == 5 and all(t.startswith("[40 tokens") for t in turns), turns
+    assert "oldest messages no longer fit the context window of 160 tokens" in out.stderr
+    assert "fills the context window (160); shorten it (the conversation is kept)" in out.stderr

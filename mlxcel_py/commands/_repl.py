@@ -121,8 +121,8 @@ def _converse(session, run: RunConfig, pending: list, messages, interactive: boo
             continue
         history.append({"role": "user", "content": with_images(attached, msg)})
         try:
-            ids = conversation_ids(session, history, g.chat_template)
-        except MlxcelError as exc:  # a bad image: the turn goes, the conversation (and images) stay
+            ids = _fitted(session, history, len(base), g)
+        except MlxcelError as exc:  # a bad image, a message over the window: the turn goes, the rest stays
             history.pop()
             chat_view.turn_refused(exc.message)
             continue
@@ -161,3 +161,28 @@ def _attach(session, path: str, attached: list) -> None:
         chat_view.turn_refused(exc.message)
         return
     chat_view.image_attached(path, len(attached))
+
+
+def _fitted(session, history: list, head: int, g) -> list[int]:
+    """The conversation's ids, leaving room in the window for a reply: while it does not, the
+    oldest exchange (a user turn and its reply, after the system turn) is dropped from the
+    history, as llama-cli's chat lets old turns go (a long chat used to get empty replies once
+    its history passed the window). A message that alone leaves no room is refused."""
+    window = session.engine.context_length
+    reserve = min(g.max_tokens, window // 2) if g.max_tokens > 0 else window // 4
+    dropped = 0
+    while True:
+        ids = conversation_ids(session, history, g.chat_template)
+        if len(ids) + reserve <= window or len(history) - head <= 1:
+            break
+        del history[head : head + 2]
+        dropped += 2
+    if dropped:
+        chat_view.turns_dropped(dropped, window)
+    if len(ids) >= window:
+        raise UsageError(
+            f"this message takes {len(ids)} tokens with the system prompt, which fills the context window "
+            f"({window}); shorten it"
+        )
+    return ids
+

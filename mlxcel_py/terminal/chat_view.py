@@ -45,6 +45,14 @@ def image_attached(path: str, count: int) -> None:
     err().print(f"Attached {path} to your next message{more}.", style="ui.muted", markup=False)
 
 
+def turns_dropped(count: int, window: int) -> None:
+    err().print(
+        f"(the {count} oldest messages no longer fit the context window of {window} tokens and were dropped)",
+        style="ui.muted",
+        markup=False,
+    )
+
+
 def turn_refused(message: str) -> None:
     """A turn that could not run (a bad image, a refused prompt): the conversation is kept."""
     err().print(f"error: {message} (the conversation is kept)", style="ui.warn", markup=False)
