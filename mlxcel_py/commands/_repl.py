@@ -185,4 +185,3 @@ def _fitted(session, history: list, head: int, g) -> list[int]:
             f"({window}); shorten it"
         )
     return ids
-

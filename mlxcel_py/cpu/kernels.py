@@ -225,6 +225,8 @@ def install_dispatch(model: Any) -> bool:
 
 
 def _install(model: Any) -> bool:
+    # a wrapper that runs a text model (a vision model's decoder) names it: the attention is its
+    model = getattr(model, "kernel_model", model)
     module = sys.modules.get(type(model).__module__)
     installed = False
     for name, (original, dispatcher) in _DISPATCH.items():

@@ -219,7 +219,8 @@ def _call(self, inputs, cache=None, input_embeddings=None, **kwargs):
     seq, pos, tree = plan
     # draft-tree rows (engine.tree): written at their slots, attending their prefix and tail
     rows = {} if tree is None else dict(slot=tree.slot, base=tree.base, tail=tree.tail)
-    h = self.embed_tokens(inputs)
+    # input embeddings: a vision prompt's rows (vision.target), one row per input position
+    h = self.embed_tokens(inputs) if input_embeddings is None else input_embeddings
     recorder = layer_recorder(self)  # drafters that read layer outputs (taps.layer_tap)
     for i, (layer, c) in enumerate(zip(ops, cache)):
         groups, ends = _sequences(c, len(seq))
@@ -251,7 +252,9 @@ def _reserve_at_cache_type(ops: list | None, inputs, cache, input_embeddings) ->
 def _plan(inputs, cache, input_embeddings, kwargs, n_layers: int) -> tuple[list[int], list[int], Any] | None:
     """(sequence, position) of every row of this forward and its draft-tree rows (or None), or
     None when it is not one for the fused layers."""
-    if kwargs or input_embeddings is not None or cache is None or len(cache) != n_layers:
+    if kwargs or cache is None or len(cache) != n_layers:
+        return None
+    if input_embeddings is not None and input_embeddings.shape[:2] != inputs.shape:
         return None
     if not cpu_kernels.row_exact_now() or inputs.ndim != 2 or inputs.size > cpu_layers.KERNEL_ROWS:
         return None

@@ -161,12 +161,19 @@ class VisionTarget(nn.Module):
         self.text = text
 
     @property
+    def kernel_model(self) -> nn.Module:
+        """The module whose attention the CPU kernels dispatch (cpu.kernels): the mlx-lm text
+        decoder where it runs, so a server batches this model's rows as a text model's."""
+        return self.text if self.text is not None else self
+
+    @property
     def layers(self):
         return self.text.layers if self.text is not None else self.vlm.language_model.layers
 
     @property
     def language_model(self):
-        return self.vlm.language_model
+        """The text decoder that runs (models.taps reads it: the KV cache type, hidden states)."""
+        return self.text if self.text is not None else self.vlm.language_model
 
     def make_cache(self) -> list:
         if self.text is not None:
