@@ -178,13 +178,24 @@ def test_reasoning_in_the_history_reaches_the_template(tokenizer):
     assert usage["cache_read_input_tokens"] == 0 and usage["input_tokens"] == len(worker.jobs[-1].prompt)
 
 
-def test_an_image_in_a_tool_result_is_refused_clearly():
+def test_an_image_in_a_tool_result_is_never_dropped_silently():
+    """A text model refuses it (a vision model reads it: tests/test_vision_server.py); a source
+    that names no image is refused naming the source."""
+    import base64
+
     client, _ = make_client()
-    result = {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "image", "source": {}}]}
     call = {"type": "tool_use", "id": "t1", "name": "shot", "input": {}}
-    messages = [*ASK, {"role": "assistant", "content": [call]}, {"role": "user", "content": [result]}]
-    r = client.post("/v1/messages", json={"max_tokens": 8, "messages": messages})
-    assert r.status_code == 400 and "tool_result holds image content" in r.json()["error"]["message"]
+
+    def ask(source):
+        result = {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "image", "source": source}]}
+        messages = [*ASK, {"role": "assistant", "content": [call]}, {"role": "user", "content": [result]}]
+        return client.post("/v1/messages", json={"max_tokens": 8, "messages": messages})
+
+    r = ask({})
+    assert r.status_code == 400 and "an image source must be" in r.json()["error"]["message"]
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()
+    r = ask({"type": "base64", "media_type": "image/png", "data": png})
+    assert r.status_code == 400 and "this model takes text only" in r.json()["error"]["message"]
 
 
 def test_generation_settings_responses_and_no_webui_match_llama_server(tokenizer):
