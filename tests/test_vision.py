@@ -457,3 +457,33 @@ def test_chat_image_under_a_real_terminal(llava_dir, tmp_path, cli_env):
     assert "prompt tokens reused" in t.read_until(">>> ")
     t.send("/bye\r")
     assert t.wait() == 0
+
+
+def test_a_processor_or_vision_tower_failure_is_one_line(vlm, monkeypatch):
+    """Whatever the family's processor or merge raises on an input becomes one error line
+    (exit 2 for the processor's refusal, 1 for the tower's), never a traceback."""
+    from mlxcel_py.errors import ModelError
+    from mlxcel_py.vision.prompts import Vision
+
+    v = vlm.vision
+    broken = Vision(
+        v.target,
+        lambda **kw: (_ for _ in ()).throw(RuntimeError("bad pixels")),
+        v.image_token_id,
+        v.image_token,
+        v.family,
+        v.tokenizer,
+    )
+    with pytest.raises(vimages.ImageError, match="refused the prompt's images: bad pixels"):
+        broken.encode("x", [picture()])
+    merge = v.target.vlm.get_input_embeddings
+
+    def failing(ids, pixels=None, **kw):  # the merge fails on images (text rows still embed)
+        if pixels is not None:
+            raise KeyError("grid")
+        return merge(ids, pixels, **kw)
+
+    monkeypatch.setattr(v.target.vlm, "get_input_embeddings", failing)
+    ids = ids_for(vlm, "a fresh image", [picture(123)])
+    with pytest.raises(ModelError, match="vision tower failed"):
+        SequenceCache(vlm.model).feed(ids)

@@ -109,7 +109,7 @@ class Vision:
         """Token ids of prompt `text` whose image placeholders take `images` (PIL, in order)."""
         try:
             inputs = self.processor(text=[text], images=list(images) or None, return_tensors="np")
-        except (ValueError, TypeError, IndexError) as exc:
+        except Exception as exc:  # the processor's refusal of an input: one line, never a traceback
             raise ImageError(f"the model's processor refused the prompt's images: {str(exc)[:200]}") from None
         ids = np.asarray(inputs["input_ids"])[0].astype(np.int64)
         bos = getattr(getattr(self.processor, "tokenizer", self.processor), "bos_token_id", None)
@@ -143,9 +143,14 @@ class Vision:
         the rows a family adds at deeper layers (Qwen3-VL's deepstack), if any."""
         extras = {k: _mx(v) for k, v in inputs.items() if k not in _NOT_EXTRA}
         mask = mx.ones((1, ids.size), dtype=mx.int32)  # one unpadded prompt (Gemma 3 reads it)
-        merged = self.target.vlm.get_input_embeddings(
-            mx.array(ids.astype(np.int32))[None], _mx(np.asarray(inputs["pixel_values"])), mask=mask, **extras
-        )
+        try:
+            merged = self.target.vlm.get_input_embeddings(
+                mx.array(ids.astype(np.int32))[None], _mx(np.asarray(inputs["pixel_values"])), mask=mask, **extras
+            )
+        except Exception as exc:  # mlx-vlm's code on an input it does not take: one line
+            raise ModelError(
+                f"the {self.family} vision tower failed on this prompt's images: {str(exc)[:200]}"
+            ) from None
         carried = _CARRIED if self.target.mrope else ()  # vision.target passes these
         if needs := [k for k in _BESIDE_ROWS if k not in carried and getattr(merged, k, None) is not None]:
             raise ModelError(
