@@ -279,9 +279,7 @@ def qwen2_vl(folder: Path, seed: int = 0) -> Path:
     """Qwen2-VL: multi-dimensional image positions (mRoPE: time, height, width), a 2x2 patch
     merger; 32 px images in 8 px patches give 4 image positions on a 2x2 grid."""
     folder.mkdir(parents=True, exist_ok=True)
-    special = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]  # 259..262
-    extra = {"extra_special_tokens": {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>"}}
-    _tokenizer(folder, special, "<|vision_start|><|image_pad|><|vision_end|>", extra)
+    _qwen_tokenizer(folder)
     cfg = dict(
         model_type="qwen2_vl",
         image_token_id=261,
@@ -313,6 +311,18 @@ def qwen2_vl(folder: Path, seed: int = 0) -> Path:
         ),
     )
     _weights_qwen(folder, cfg, seed)
+    _qwen_processor(folder, "Qwen2VLProcessor")
+    return folder
+
+
+def _qwen_tokenizer(folder: Path) -> None:
+    special = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]  # 259..262
+    extra = {"extra_special_tokens": {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>"}}
+    _tokenizer(folder, special, "<|vision_start|><|image_pad|><|vision_end|>", extra)
+
+
+def _qwen_processor(folder: Path, processor: str) -> None:
+    """Qwen's image processor at 64x64 pixels in 8 px patches, merged 2x2: a 4x4 grid of positions."""
     image = {
         "image_processor_type": "Qwen2VLImageProcessor",
         "min_pixels": 64 * 64,
@@ -324,8 +334,7 @@ def qwen2_vl(folder: Path, seed: int = 0) -> Path:
         **NORM,
     }
     (folder / "preprocessor_config.json").write_text(json.dumps(image))
-    (folder / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen2VLProcessor"}))
-    return folder
+    (folder / "processor_config.json").write_text(json.dumps({"processor_class": processor}))
 
 
 def _weights_qwen(folder: Path, cfg: dict, seed: int) -> None:
@@ -346,9 +355,7 @@ def qwen3_vl(folder: Path, seed: int = 0) -> Path:
     """Qwen3-VL: mRoPE positions and deepstack rows (the vision tower's first block's features
     added at the text model's first layer, at the image's positions)."""
     folder.mkdir(parents=True, exist_ok=True)
-    special = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]  # 259..262
-    extra = {"extra_special_tokens": {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>"}}
-    _tokenizer(folder, special, "<|vision_start|><|image_pad|><|vision_end|>", extra)
+    _qwen_tokenizer(folder)
     text = dict(
         model_type="qwen3_vl_text",
         num_hidden_layers=2,
@@ -395,18 +402,7 @@ def qwen3_vl(folder: Path, seed: int = 0) -> Path:
     model.update(tree_map(lambda p: p * 0.5 if p.ndim >= 2 else p, model.parameters()))
     mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())), {"format": "mlx"})
     (folder / "config.json").write_text(json.dumps(cfg))
-    image = {
-        "image_processor_type": "Qwen2VLImageProcessor",
-        "min_pixels": 64 * 64,
-        "max_pixels": 64 * 64,
-        "patch_size": 8,
-        "temporal_patch_size": 2,
-        "merge_size": 2,
-        "do_resize": True,
-        **NORM,
-    }
-    (folder / "preprocessor_config.json").write_text(json.dumps(image))
-    (folder / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen3VLProcessor"}))
+    _qwen_processor(folder, "Qwen3VLProcessor")
     return folder
 
 
