@@ -385,12 +385,16 @@ def test_families_whose_image_positions_live_in_the_model_are_refused_by_name():
     assert "keeps image positions" in unsupported(SimpleNamespace(language_model=SimpleNamespace(_rope_deltas=None)))
 
 
-def test_a_text_gguf_with_its_mmproj_equals_the_folder(tmp_path, cli_env):
+@pytest.mark.parametrize("family", ["idefics3", "gemma3"])
+def test_a_text_gguf_with_its_mmproj_equals_the_folder(family, tmp_path, cli_env):
     """llama.cpp's pair of files (`-m text.gguf --mmproj mmproj.gguf`) runs the same model as
     the folder they were written from: the same greedy text with an image, with prompt lookup
     equal to plain (--verify-exact); a projector of another type is refused by name."""
-    folder = tiny_vlms.idefics3(tmp_path / "folder")
-    text, proj = tiny_vlms.idefics3_ggufs(folder, tmp_path / "gguf")
+    if family == "idefics3":
+        folder = tiny_vlms.idefics3(tmp_path / "folder")
+        text, proj = tiny_vlms.idefics3_ggufs(folder, tmp_path / "gguf")
+    else:
+        folder, text, proj = tiny_vlms.gemma3_ggufs(tmp_path / "gguf")
     img = tmp_path / "a.png"
     picture(2).save(img)
     env = {**cli_env, "MLXCEL_CACHE_DIR": str(tmp_path / "cache")}
@@ -423,19 +427,21 @@ def test_a_text_gguf_with_its_mmproj_equals_the_folder(tmp_path, cli_env):
     assert r.returncode == 2 and "--mmproj pairs with a .gguf model" in r.stderr
     import gguf
 
-    other = gguf.GGUFWriter(str(tmp_path / "gemma3-mmproj.gguf"), "clip")
-    other.add_clip_projector_type("gemma3")
+    other = gguf.GGUFWriter(str(tmp_path / "qwen-mmproj.gguf"), "clip")
+    other.add_clip_projector_type("qwen2vl_merger")
     other.add_clip_has_vision_encoder(True)
     tiny_vlms._close(other)
     r = subprocess.run(
-        mlxcel_cmd() + ["generate", "-m", str(text), "--mmproj", str(tmp_path / "gemma3-mmproj.gguf"), "-p", "x"],
+        mlxcel_cmd() + ["generate", "-m", str(text), "--mmproj", str(tmp_path / "qwen-mmproj.gguf"), "-p", "x"],
         capture_output=True,
         text=True,
         env=env,
         timeout=240,
     )
     assert (
-        r.returncode == 1 and "projector type 'gemma3' is not converted yet" in r.stderr and "Traceback" not in r.stderr
+        r.returncode == 1
+        and "projector type 'qwen2vl_merger' is not converted yet" in r.stderr
+        and "Traceback" not in r.stderr
     )
 
 

@@ -115,9 +115,10 @@ def llava(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-def gemma3(folder: Path, seed: int = 0) -> Path:
+def gemma3(folder: Path, seed: int = 0, text: dict | None = None, tied: bool = False) -> Path:
     """Gemma 3: a SigLIP tower pooled to 4 image positions between <start_of_image> and
-    <end_of_image>; the text model is tiny_models' GEMMA3, its window 96."""
+    <end_of_image>; the text model is tiny_models' GEMMA3, its window 96 (`text`: overrides;
+    `tied`: the output layer is the embedding, as a GGUF holds it)."""
     folder.mkdir(parents=True, exist_ok=True)
     special = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]  # 259, 260, 261
     extra = {
@@ -136,10 +137,14 @@ def gemma3(folder: Path, seed: int = 0) -> Path:
         hidden_size=64,
         pad_token_id=0,
         # the copy prompts (~125 tokens) wrap the window; the reuse test's do not
-        text_config=dict(GEMMA3, vocab_size=264, sliding_window=96, mm_tokens_per_image=4),
+        text_config=dict(GEMMA3, vocab_size=264, sliding_window=96, mm_tokens_per_image=4, **(text or {})),
         vision_config=_tower("siglip_vision_model"),
     )
     _weights(folder, "gemma3", cfg, seed, 0.1)
+    if tied:
+        weights = mx.load(str(folder / "model.safetensors"))
+        weights["language_model.lm_head.weight"] = weights["language_model.model.embed_tokens.weight"]
+        mx.save_safetensors(str(folder / "model.safetensors"), weights, {"format": "mlx"})
     (folder / "preprocessor_config.json").write_text(
         json.dumps(
             {
@@ -266,6 +271,82 @@ def idefics3_ggufs(folder: Path, out: Path) -> tuple[Path, Path]:
         p.add_tensor(vmap.get_name("model." + name, try_suffixes=(".weight", ".bias")), value.astype(np.float32))
     _close(p)
     return out / "text.gguf", out / "mmproj.gguf"
+
+
+def gemma3_ggufs(out: Path) -> tuple[Path, Path, Path]:
+    """A tiny Gemma 3 in the shape llama.cpp's gemma3 graph has (every 6th layer global, the head
+    tied) as a folder and as llama.cpp's pair of files: (folder, text GGUF, mmproj GGUF). The
+    text GGUF stores norms plus one, as llama.cpp's converter writes Gemma's; the projector's
+    soft-embedding norm too; the input projection keeps its (vision, text) shape."""
+    import gguf
+    import numpy as np
+    from tokenizers import pre_tokenizers
+
+    folder = gemma3(out / "folder", text=dict(num_hidden_layers=6, sliding_window_pattern=6), tied=True)
+    cfg = json.loads((folder / "config.json").read_text())
+    text, vision = cfg["text_config"], cfg["vision_config"]
+    weights = {k: np.array(v.astype(mx.float32)) for k, v in mx.load(str(folder / "model.safetensors")).items()}
+
+    w = gguf.GGUFWriter(str(out / "text.gguf"), "gemma3")
+    for key, value in [
+        ("context_length", text["max_position_embeddings"]),
+        ("embedding_length", text["hidden_size"]),
+        ("block_count", text["num_hidden_layers"]),
+        ("feed_forward_length", text["intermediate_size"]),
+        ("attention.head_count", text["num_attention_heads"]),
+        ("attention.head_count_kv", text["num_key_value_heads"]),
+        ("attention.key_length", text["head_dim"]),
+        ("attention.value_length", text["head_dim"]),
+        ("attention.sliding_window", text["sliding_window"]),
+    ]:
+        w.add_uint32(f"gemma3.{key}", value)
+    w.add_float32("gemma3.attention.layer_norm_rms_epsilon", text["rms_norm_eps"])
+    w.add_float32("gemma3.rope.freq_base", 1000000.0)
+    special = BASE_SPECIAL + ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+    tokens = sorted(pre_tokenizers.ByteLevel.alphabet()) + special + ["ĀĀ"]
+    tokens += [f"<unused{i}>" for i in range(text["vocab_size"] - len(tokens))]
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 256 + [3] * len(special) + [1] + [5] * (len(tokens) - 263))
+    w.add_token_merges(["Ā Ā"])
+    w.add_eos_token_id(258)  # <|im_end|>
+    w.add_add_bos_token(False)
+    w.add_chat_template(TEMPLATE.replace("IMAGE", "<start_of_image>"))
+    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3, text["num_hidden_layers"])
+    for name, value in weights.items():
+        if not name.startswith("language_model.") or name.endswith("lm_head.weight"):  # tied
+            continue
+        hf = name.removeprefix("language_model.")
+        if hf.endswith("norm.weight"):
+            value = value + np.float32(1.0)
+        w.add_tensor(tmap.get_name(hf, try_suffixes=(".weight", ".bias")), value.astype(np.float32))
+    _close(w)
+
+    p = gguf.GGUFWriter(str(out / "mmproj.gguf"), "clip")
+    p.add_clip_projector_type("gemma3")
+    p.add_clip_has_vision_encoder(True)
+    p.add_vision_image_size(vision["image_size"])
+    p.add_vision_patch_size(vision["patch_size"])
+    p.add_vision_embedding_length(vision["hidden_size"])
+    p.add_vision_feed_forward_length(vision["intermediate_size"])
+    p.add_vision_block_count(vision["num_hidden_layers"])
+    p.add_vision_head_count(vision["num_attention_heads"])
+    p.add_vision_attention_layernorm_eps(1e-6)
+    p.add_vision_image_mean(NORM["image_mean"])
+    p.add_vision_image_std(NORM["image_std"])
+    p.add_vision_projector_scale_factor(2)  # 4x4 patches pooled to 2x2: not llama.cpp's default 4
+    vmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, vision["num_hidden_layers"])
+    for name, value in weights.items():
+        if name.startswith("language_model."):
+            continue
+        hf = name.replace("mm_input_projection_weight", "mm_input_projection.weight")
+        if value.ndim == 4:
+            value = value.transpose(0, 3, 1, 2)
+        if "soft_emb_norm.weight" in hf:
+            value = value + np.float32(1.0)
+        p.add_tensor(vmap.get_name(hf, try_suffixes=(".weight", ".bias")), value.astype(np.float32))
+    _close(p)
+    return folder, out / "text.gguf", out / "mmproj.gguf"
 
 
 def _close(w) -> None:
