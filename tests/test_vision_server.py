@@ -220,7 +220,7 @@ def test_llama_server_image_data_with_img_markers(vserver):
     assert s == 400 and "malformed" in e["error"]["message"]
 
 
-@pytest.mark.parametrize("family", ["gemma3", "idefics3", "qwen2_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["gemma3", "idefics3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_other_families_over_http_equal_generate_image(family, tmp_path):
     folder = tiny_vlms.FAMILIES[family](tmp_path / family)
     img = picture(4)

@@ -1,4 +1,4 @@
-"""Tiny random-weight vision-language models of five mlx-vlm families, built from mlx-vlm's own
+"""Tiny random-weight vision-language models of six mlx-vlm families, built from mlx-vlm's own
 model classes, with the processor files transformers / mlx-vlm read offline.
 
 Each folder holds: config.json, model.safetensors, a byte-level tokenizer with the family's image
@@ -487,4 +487,64 @@ def qwen3_vl(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-FAMILIES = {"llava": llava, "gemma3": gemma3, "idefics3": idefics3, "qwen2_vl": qwen2_vl, "qwen3_vl": qwen3_vl}
+def qwen2_5_vl(folder: Path, seed: int = 0) -> Path:
+    """Qwen2.5-VL: Qwen2-VL's mRoPE positions; its vision tower attends within 16 px windows
+    except in its last block."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _qwen_tokenizer(folder)
+    cfg = dict(
+        model_type="qwen2_5_vl",
+        image_token_id=261,
+        video_token_id=262,
+        vision_start_token_id=259,
+        vocab_size=264,
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        text_config=dict(model_type="qwen2_5_vl"),
+        vision_config=dict(
+            model_type="qwen2_5_vl",
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            out_hidden_size=64,
+            num_heads=2,
+            patch_size=8,
+            spatial_patch_size=8,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=32,
+            fullatt_block_indexes=[1],
+        ),
+    )
+    from mlx_vlm.models import qwen2_5_vl as module
+
+    conf = module.ModelConfig.from_dict(dict(cfg))
+    conf.vision_config = module.VisionConfig.from_dict(cfg["vision_config"])
+    conf.text_config = module.TextConfig.from_dict(
+        {k: v for k, v in cfg.items() if k not in ("vision_config", "text_config")}
+    )
+    mx.random.seed(seed)
+    model = module.Model(conf)
+    model.update(tree_map(lambda p: p * 0.5 if p.ndim >= 2 else p, model.parameters()))
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())), {"format": "mlx"})
+    (folder / "config.json").write_text(json.dumps(cfg))
+    _qwen_processor(folder, "Qwen2_5_VLProcessor")
+    return folder
+
+
+FAMILIES = {
+    "llava": llava,
+    "gemma3": gemma3,
+    "idefics3": idefics3,
+    "qwen2_vl": qwen2_vl,
+    "qwen2_5_vl": qwen2_5_vl,
+    "qwen3_vl": qwen3_vl,
+}
