@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -248,10 +249,8 @@ def _write(gguf_path: Path, out_dir: Path, weights: dict, config: dict, md: dict
     import mlx.core as mx
 
     tok_json = gguf_tokenizer.tokenizer_json(md, arch_name, gguf_path)  # fails before anything is written
-    tmp = out_dir.with_name(f"{out_dir.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+
+    def fill(tmp: Path) -> None:
         mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         (tmp / "tokenizer.json").write_text(tok_json)
@@ -260,13 +259,34 @@ def _write(gguf_path: Path, out_dir: Path, weights: dict, config: dict, md: dict
         (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": config["eos_token_id"]}))
         (tmp / "SOURCE").write_text(f"converted from {gguf_path}\n")
         _check_loads(gguf_path, tmp)
-        (tmp / COMPLETE).write_text("ok\n")  # last: its presence means every file above is whole
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.replace(out_dir)
+
+    publish(out_dir, fill)
+
+
+def publish(out: Path, fill: Callable[[Path], None]) -> None:
+    """Write a cache folder: `fill` writes its files under a temporary name, the COMPLETE marker
+    goes last (its presence means every file is whole), then the folder is renamed into place; a
+    failure or an interrupt leaves nothing that would be loaded."""
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        fill(tmp)
+        (tmp / COMPLETE).write_text("ok\n")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.replace(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def unwritable(cache_root: Path, source: Path, exc: OSError) -> ModelError:
+    """A cache folder that cannot be made or written: one line, not a traceback."""
+    return ModelError(
+        f"cache folder {cache_root}: cannot write the conversion of {source.name} there "
+        f"({exc.strerror or exc}); set MLXCEL_CACHE_DIR to a writable folder"
+    )
 
 
 HEAD_BYTES, TAIL_BYTES = 16 << 20, 1 << 20  # what the content key reads
@@ -313,7 +333,7 @@ def converted_dir(gguf_path: Path, cache_root: Path) -> Path:
     return cache_root / "gguf" / f"{gguf_path.stem}-{content_key(gguf_path)}-{FORMAT}{device}"
 
 
-def _remove_stale(out: Path) -> None:
+def remove_stale(out: Path) -> None:
     """Temporary folders left by conversions whose process is gone (killed mid-write)."""
     for tmp in out.parent.glob(f"{out.name}.tmp*"):
         pid = tmp.name.rsplit(".tmp", 1)[1]
@@ -343,12 +363,9 @@ def ensure_converted(gguf_path: Path, cache_root: Path) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         if not os.access(out.parent, os.W_OK | os.X_OK):
             raise PermissionError(13, "Permission denied")
-        _remove_stale(out)
+        remove_stale(out)
         made = convert(gguf_path, out)
         conversions.enforce_limit(made, out.parent)
         return made
-    except OSError as exc:  # a cache folder that cannot be made or written: one line, not a traceback
-        raise ModelError(
-            f"cache folder {cache_root}: cannot write the conversion of {gguf_path.name} there "
-            f"({exc.strerror or exc}); set MLXCEL_CACHE_DIR to a writable folder"
-        ) from None
+    except OSError as exc:
+        raise unwritable(cache_root, gguf_path, exc) from None

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import shutil
 from pathlib import Path
 
 from ...errors import ModelError
 from .cache import COMPLETE
-from .convert import content_key, metadata, read
+from .convert import content_key, metadata, publish, read, remove_stale, unwritable
 
 FORMAT = "p3"
 FAMILIES = {"idefics3": "idefics3", "gemma3": "gemma3"}  # llama.cpp's projector type -> mlx-vlm family
@@ -43,23 +42,10 @@ def projector_dir(mmproj: Path, text_folder: Path, cache_root: Path) -> Path:
         return out
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        try:
-            _build(mmproj, text_folder, tmp)
-            (tmp / COMPLETE).write_text("ok\n")
-            if out.exists():
-                shutil.rmtree(out)
-            tmp.replace(out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        remove_stale(out)
+        publish(out, lambda tmp: _build(mmproj, text_folder, tmp))
     except OSError as exc:
-        raise ModelError(
-            f"cache folder {cache_root}: cannot write the conversion of {mmproj.name} there "
-            f"({exc.strerror or exc}); set MLXCEL_CACHE_DIR to a writable folder"
-        ) from None
+        raise unwritable(cache_root, mmproj, exc) from None
     return out
 
 
