@@ -11,8 +11,10 @@ import pytest
 from conftest import mlxcel_cmd
 
 
-def mlxcel(args, env, input=None, timeout=300):
-    return subprocess.run(mlxcel_cmd() + args, capture_output=True, text=True, env=env, input=input, timeout=timeout)
+def mlxcel(args, env, input=None, timeout=300, cwd=None):
+    return subprocess.run(
+        mlxcel_cmd() + args, capture_output=True, text=True, env=env, input=input, timeout=timeout, cwd=cwd
+    )
 
 
 def test_help_lists_documented_flags_for_all_commands(cli_env):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import struct
-import subprocess
 import zlib
 
 import mlx.core as mx
@@ -17,6 +16,7 @@ import pytest
 import tiny_vlms
 from conftest import make_tiny_model, mlxcel_cmd
 from PIL import Image
+from test_cli_generate import mlxcel
 from test_engine import engine_for, lookup, run
 
 from mlxcel_py.engine.cache import SequenceCache, text_prefix
@@ -216,13 +216,11 @@ def llava_dir(tmp_path_factory):
 def test_generate_with_an_image_and_prompt_lookup_equals_plain(llava_dir, tmp_path, cli_env):
     img = tmp_path / "a.png"
     picture().save(img)
-    cmd = mlxcel_cmd() + ["generate", "-m", str(llava_dir), "--image", str(img), "-p", COPY, "-n", "40"]
-    r = subprocess.run(
-        cmd + ["--prompt-lookup", "--verify-exact"], capture_output=True, text=True, env=cli_env, timeout=240
-    )
+    cmd = ["generate", "-m", str(llava_dir), "--image", str(img), "-p", COPY, "-n", "40"]
+    r = mlxcel(cmd + ["--prompt-lookup", "--verify-exact"], cli_env)
     assert r.returncode == 0, r.stderr
     assert "speculative output equals plain output" in r.stderr
-    plain = subprocess.run(cmd, capture_output=True, text=True, env=cli_env, timeout=240)
+    plain = mlxcel(cmd, cli_env)
     assert plain.returncode == 0 and plain.stdout == r.stdout
 
 
@@ -242,14 +240,7 @@ def test_generate_refuses_bad_image_input_with_exit_2(setup, words, llava_dir, t
     elif setup == "truncated":
         image = str(tmp_path / "t.png")
         (tmp_path / "t.png").write_bytes(png_bytes(picture())[:150])
-    r = subprocess.run(
-        mlxcel_cmd() + ["generate", "-m", model, "--image", image, "-p", "hi", "-n", "4"],
-        capture_output=True,
-        text=True,
-        env=cli_env,
-        cwd=tmp_path,
-        timeout=240,
-    )
+    r = mlxcel(["generate", "-m", model, "--image", image, "-p", "hi", "-n", "4"], cli_env, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert words in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) <= 2
@@ -258,13 +249,8 @@ def test_generate_refuses_bad_image_input_with_exit_2(setup, words, llava_dir, t
 def test_learned_drafters_are_refused_beside_a_vision_model(llava_dir, tmp_path, cli_env):
     cfg = json.loads((llava_dir / "config.json").read_text())
     assert "vision_config" in cfg
-    r = subprocess.run(
-        mlxcel_cmd()
-        + ["generate", "-m", str(llava_dir), "-p", "hi", "--draft-kind", "mtp", "--draft-model", str(llava_dir)],
-        capture_output=True,
-        text=True,
-        env=cli_env,
-        timeout=240,
+    r = mlxcel(
+        ["generate", "-m", str(llava_dir), "-p", "hi", "--draft-kind", "mtp", "--draft-model", str(llava_dir)], cli_env
     )
     assert r.returncode == 1 and "--draft-kind mtp reads the target's hidden states" in r.stderr
 
@@ -293,14 +279,7 @@ def test_chat_attaches_images_and_keeps_the_conversation_on_a_bad_one(llava_dir,
     picture().save(img)
     (tmp_path / "bad.png").write_bytes(b"not a picture")
     lines = f"/image {img}\ndescribe it\n/image {tmp_path / 'bad.png'}\n/image\nand again\n"
-    r = subprocess.run(
-        mlxcel_cmd() + ["chat", "-m", str(llava_dir), "-n", "6", "--temp", "0", "--profile"],
-        input=lines,
-        capture_output=True,
-        text=True,
-        env=cli_env,
-        timeout=240,
-    )
+    r = mlxcel(["chat", "-m", str(llava_dir), "-n", "6", "--temp", "0", "--profile"], cli_env, input=lines)
     assert r.returncode == 0, r.stderr
     assert f"Attached {img} to your next message." in r.stderr
     assert "bad.png: not an image" in r.stderr and "/image needs a file" in r.stderr
@@ -314,14 +293,7 @@ def test_chat_attaches_images_and_keeps_the_conversation_on_a_bad_one(llava_dir,
 def test_chat_image_on_a_text_model_is_one_line(tiny_dir, tmp_path, cli_env):
     img = tmp_path / "a.png"
     picture().save(img)
-    r = subprocess.run(
-        mlxcel_cmd() + ["chat", "-m", str(tiny_dir), "-n", "4"],
-        input=f"/image {img}\nhello\n",
-        capture_output=True,
-        text=True,
-        env=cli_env,
-        timeout=240,
-    )
+    r = mlxcel(["chat", "-m", str(tiny_dir), "-n", "4"], cli_env, input=f"/image {img}\nhello\n")
     assert r.returncode == 0 and "/image: " in r.stderr and "is a text model" in r.stderr
     assert r.stdout.strip()  # the text turn was still answered
 
@@ -358,9 +330,9 @@ def test_no_mmproj_loads_a_vision_model_as_its_text_model(tmp_path, cli_env):
     loader, the vision tower left out (mlx-lm ties the head, which this random fixture has apart,
     so the two texts differ here; a real Gemma 3 ties it)."""
     folder = tiny_vlms.gemma3(tmp_path / "g3")
-    base = mlxcel_cmd() + ["generate", "-m", str(folder), "-p", "hello there", "-n", "8", "--temp", "0", "--verbose"]
-    full = subprocess.run(base, capture_output=True, text=True, env=cli_env, timeout=240)
-    text = subprocess.run(base + ["--no-mmproj"], capture_output=True, text=True, env=cli_env, timeout=240)
+    base = ["generate", "-m", str(folder), "-p", "hello there", "-n", "8", "--temp", "0", "--verbose"]
+    full = mlxcel(base, cli_env)
+    text = mlxcel(base + ["--no-mmproj"], cli_env)
     assert full.returncode == 0 and text.returncode == 0, (full.stderr, text.stderr)
     assert "(vision model)" in full.stderr and "(vision model)" not in text.stderr
     assert text.stdout.strip()  # mlx-lm's gemma3 reads the folder's text weights and decodes
@@ -399,31 +371,15 @@ def test_a_text_gguf_with_its_mmproj_equals_the_folder(family, tmp_path, cli_env
     picture(2).save(img)
     env = {**cli_env, "MLXCEL_CACHE_DIR": str(tmp_path / "cache")}
     ask = ["--image", str(img), "-p", COPY, "-n", "30", "--temp", "0"]
-    ref = subprocess.run(
-        mlxcel_cmd() + ["generate", "-m", str(folder), *ask], capture_output=True, text=True, env=env, timeout=240
+    ref = mlxcel(["generate", "-m", str(folder), *ask], env)
+    r = mlxcel(
+        ["generate", "-m", str(text), "--mmproj", str(proj), *ask, "--prompt-lookup", "--verify-exact", "--verbose"],
+        env,
     )
-    cmd = mlxcel_cmd() + [
-        "generate",
-        "-m",
-        str(text),
-        "--mmproj",
-        str(proj),
-        *ask,
-        "--prompt-lookup",
-        "--verify-exact",
-        "--verbose",
-    ]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     assert ref.returncode == 0 and r.returncode == 0, (ref.stderr, r.stderr)
     assert r.stdout == ref.stdout and "speculative output equals plain output" in r.stderr
     assert "vision projector" in r.stderr and "(vision model)" in r.stderr
-    r = subprocess.run(
-        mlxcel_cmd() + ["generate", "-m", str(folder), "--mmproj", str(proj), "-p", "x"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=240,
-    )
+    r = mlxcel(["generate", "-m", str(folder), "--mmproj", str(proj), "-p", "x"], env)
     assert r.returncode == 2 and "--mmproj pairs with a .gguf model" in r.stderr
     import gguf
 
@@ -431,13 +387,7 @@ def test_a_text_gguf_with_its_mmproj_equals_the_folder(family, tmp_path, cli_env
     other.add_clip_projector_type("qwen2vl_merger")
     other.add_clip_has_vision_encoder(True)
     tiny_vlms._close(other)
-    r = subprocess.run(
-        mlxcel_cmd() + ["generate", "-m", str(text), "--mmproj", str(tmp_path / "qwen-mmproj.gguf"), "-p", "x"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=240,
-    )
+    r = mlxcel(["generate", "-m", str(text), "--mmproj", str(tmp_path / "qwen-mmproj.gguf"), "-p", "x"], env)
     assert (
         r.returncode == 1
         and "projector type 'qwen2vl_merger' is not converted yet" in r.stderr

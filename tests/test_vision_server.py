@@ -11,11 +11,10 @@ import base64
 import concurrent.futures as cf
 import io
 import os
-import subprocess
 
 import pytest
 import tiny_vlms
-from conftest import mlxcel_cmd
+from test_cli_generate import mlxcel
 from test_server import get, post, start_server
 from test_vision import COPY, picture
 
@@ -30,6 +29,13 @@ def b64(img) -> str:
 
 def data_url(img) -> str:
     return "data:image/png;base64," + b64(img)
+
+
+def generated(folder, image, text: str, n: int, env) -> str:
+    """`generate --image` 's greedy text (what an HTTP reply to the same image and text must be)."""
+    cli = mlxcel(["generate", "-m", str(folder), "--image", str(image), "-p", text, "-n", str(n), "--temp", "0"], env)
+    assert cli.returncode == 0, cli.stderr
+    return cli.stdout.rstrip("\n")
 
 
 def chat_body(img, text=PROMPT, n=24, **kw):
@@ -63,15 +69,7 @@ def test_openai_client_image_url_reply_equals_generate_image(vserver, tmp_path):
     assert r.usage.prompt_tokens > 16  # the image's 16 positions are in the prompt
     path = tmp_path / "a.png"
     img.save(path)
-    cli = subprocess.run(
-        mlxcel_cmd() + ["generate", "-m", str(folder), "--image", str(path), "-p", PROMPT, "-n", "24", "--temp", "0"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=240,
-    )
-    assert cli.returncode == 0, cli.stderr
-    assert cli.stdout.rstrip("\n") == text
+    assert generated(folder, path, PROMPT, 24, env) == text
 
 
 def test_a_second_request_about_the_same_image_reuses_its_prefill(vserver):
@@ -231,15 +229,7 @@ def test_other_families_over_http_equal_generate_image(family, tmp_path):
     try:
         s, r = post(url + "/v1/chat/completions", chat_body(img, COPY, n=30))
         assert s == 200 and r["timings"]["draft_n"] > 0
-        cli = subprocess.run(
-            mlxcel_cmd() + ["generate", "-m", str(folder), "--image", str(path), "-p", COPY, "-n", "30", "--temp", "0"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=240,
-        )
-        assert cli.returncode == 0, cli.stderr
-        assert cli.stdout.rstrip("\n") == r["choices"][0]["message"]["content"]
+        assert generated(folder, path, COPY, 30, env) == r["choices"][0]["message"]["content"]
         # the same image and text as an Anthropic image block and a Responses input_image
         block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(img)}}
         body = {

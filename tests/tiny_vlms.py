@@ -71,10 +71,12 @@ def _tower(model_type: str, **extra) -> dict:
     )
 
 
-def _weights(folder: Path, family: str, cfg: dict, seed: int, scale: float) -> None:
+def _weights(folder: Path, family: str, cfg: dict, seed: int, scale: float, text: dict | None = None) -> None:
+    """Random weights of mlx-vlm's `family` model for `cfg` (`text`: the text config, where the
+    family reads it from the config's top level, as Qwen2-VL's does)."""
     module = importlib.import_module(f"mlx_vlm.models.{family}")
-    conf = module.ModelConfig.from_dict(cfg)
-    conf.text_config = module.TextConfig.from_dict(cfg["text_config"])
+    conf = module.ModelConfig.from_dict(dict(cfg))  # Qwen2-VL's from_dict writes into what it is given
+    conf.text_config = module.TextConfig.from_dict(text if text is not None else cfg["text_config"])
     conf.vision_config = module.VisionConfig.from_dict(cfg["vision_config"])
     mx.random.seed(seed)
     model = module.Model(conf)
@@ -356,17 +358,30 @@ def _close(w) -> None:
     w.close()
 
 
+QWEN_IDS = dict(image_token_id=261, video_token_id=262, vision_start_token_id=259, vocab_size=264)  # _qwen_tokenizer's
+QWEN_TOWER = dict(depth=2, num_heads=2, patch_size=8, spatial_patch_size=8, spatial_merge_size=2, temporal_patch_size=2)
+
+
 def qwen2_vl(folder: Path, seed: int = 0) -> Path:
     """Qwen2-VL: multi-dimensional image positions (mRoPE: time, height, width), a 2x2 patch
-    merger; 32 px images in 8 px patches give 4 image positions on a 2x2 grid."""
+    merger over 8 px patches of a 64x64-pixel budget (_qwen_processor)."""
+    return _qwen2(folder, "qwen2_vl", dict(embed_dim=32, hidden_size=64, mlp_ratio=2), "Qwen2VLProcessor", seed)
+
+
+def qwen2_5_vl(folder: Path, seed: int = 0) -> Path:
+    """Qwen2.5-VL: Qwen2-VL's mRoPE positions; its vision tower attends within 32 px windows
+    except in its last block."""
+    tower = dict(hidden_size=32, intermediate_size=64, out_hidden_size=64, window_size=32, fullatt_block_indexes=[1])
+    return _qwen2(folder, "qwen2_5_vl", tower, "Qwen2_5_VLProcessor", seed)
+
+
+def _qwen2(folder: Path, family: str, tower: dict, processor: str, seed: int) -> Path:
+    """A Qwen2-VL-shaped family: the text config at the config's top level, `tower` the vision
+    config beside QWEN_TOWER."""
     folder.mkdir(parents=True, exist_ok=True)
     _qwen_tokenizer(folder)
-    cfg = dict(
-        model_type="qwen2_vl",
-        image_token_id=261,
-        video_token_id=262,
-        vision_start_token_id=259,
-        vocab_size=264,
+    text = dict(
+        QWEN_IDS,
         hidden_size=64,
         num_hidden_layers=2,
         intermediate_size=128,
@@ -377,22 +392,15 @@ def qwen2_vl(folder: Path, seed: int = 0) -> Path:
         rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
         max_position_embeddings=2048,
         tie_word_embeddings=False,
-        text_config=dict(model_type="qwen2_vl"),
-        vision_config=dict(
-            model_type="qwen2_vl",
-            depth=2,
-            embed_dim=32,
-            hidden_size=64,
-            num_heads=2,
-            patch_size=8,
-            spatial_patch_size=8,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            mlp_ratio=2,
-        ),
     )
-    _weights_qwen(folder, cfg, seed)
-    _qwen_processor(folder, "Qwen2VLProcessor")
+    cfg = dict(
+        model_type=family,
+        **text,
+        text_config=dict(model_type=family),
+        vision_config=dict(model_type=family, **QWEN_TOWER, **tower),
+    )
+    _weights(folder, family, cfg, seed, 0.5, text={"model_type": family, **text})
+    _qwen_processor(folder, processor)
     return folder
 
 
@@ -403,7 +411,8 @@ def _qwen_tokenizer(folder: Path) -> None:
 
 
 def _qwen_processor(folder: Path, processor: str) -> None:
-    """Qwen's image processor at 64x64 pixels in 8 px patches, merged 2x2: a 4x4 grid of positions."""
+    """Qwen's image processor: an image resized to about 64x64 pixels, in 8 px patches merged 2x2
+    (a grid of about 4x4 positions, its shape following the image's)."""
     image = {
         "image_processor_type": "Qwen2VLImageProcessor",
         "min_pixels": 64 * 64,
@@ -416,20 +425,6 @@ def _qwen_processor(folder: Path, processor: str) -> None:
     }
     (folder / "preprocessor_config.json").write_text(json.dumps(image))
     (folder / "processor_config.json").write_text(json.dumps({"processor_class": processor}))
-
-
-def _weights_qwen(folder: Path, cfg: dict, seed: int) -> None:
-    from mlx_vlm.models import qwen2_vl as module
-
-    conf = module.ModelConfig.from_dict(dict(cfg))
-    conf.vision_config = module.VisionConfig.from_dict(cfg["vision_config"])
-    text = {k: v for k, v in cfg.items() if k not in ("vision_config", "text_config")}
-    conf.text_config = module.TextConfig.from_dict(text)
-    mx.random.seed(seed)
-    model = module.Model(conf)
-    model.update(tree_map(lambda p: p * 0.5 if p.ndim >= 2 else p, model.parameters()))
-    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())), {"format": "mlx"})
-    (folder / "config.json").write_text(json.dumps(cfg))
 
 
 def qwen3_vl(folder: Path, seed: int = 0) -> Path:
@@ -454,89 +449,21 @@ def qwen3_vl(folder: Path, seed: int = 0) -> Path:
     )
     cfg = dict(
         model_type="qwen3_vl",
-        image_token_id=261,
-        video_token_id=262,
-        vision_start_token_id=259,
+        **QWEN_IDS,
         vision_end_token_id=260,
-        vocab_size=264,
         text_config=text,
         vision_config=dict(
             model_type="qwen3_vl",
-            depth=2,
+            **QWEN_TOWER,
             hidden_size=32,
             intermediate_size=64,
             out_hidden_size=64,
-            num_heads=2,
-            patch_size=8,
-            spatial_patch_size=8,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
             num_position_embeddings=64,
             deepstack_visual_indexes=[0],
         ),
     )
-    from mlx_vlm.models import qwen3_vl as module
-
-    conf = module.ModelConfig.from_dict(dict(cfg))
-    mx.random.seed(seed)
-    model = module.Model(conf)
-    model.update(tree_map(lambda p: p * 0.5 if p.ndim >= 2 else p, model.parameters()))
-    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())), {"format": "mlx"})
-    (folder / "config.json").write_text(json.dumps(cfg))
+    _weights(folder, "qwen3_vl", cfg, seed, 0.5)
     _qwen_processor(folder, "Qwen3VLProcessor")
-    return folder
-
-
-def qwen2_5_vl(folder: Path, seed: int = 0) -> Path:
-    """Qwen2.5-VL: Qwen2-VL's mRoPE positions; its vision tower attends within 16 px windows
-    except in its last block."""
-    folder.mkdir(parents=True, exist_ok=True)
-    _qwen_tokenizer(folder)
-    cfg = dict(
-        model_type="qwen2_5_vl",
-        image_token_id=261,
-        video_token_id=262,
-        vision_start_token_id=259,
-        vocab_size=264,
-        hidden_size=64,
-        num_hidden_layers=2,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
-        text_config=dict(model_type="qwen2_5_vl"),
-        vision_config=dict(
-            model_type="qwen2_5_vl",
-            depth=2,
-            hidden_size=32,
-            intermediate_size=64,
-            out_hidden_size=64,
-            num_heads=2,
-            patch_size=8,
-            spatial_patch_size=8,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            window_size=32,
-            fullatt_block_indexes=[1],
-        ),
-    )
-    from mlx_vlm.models import qwen2_5_vl as module
-
-    conf = module.ModelConfig.from_dict(dict(cfg))
-    conf.vision_config = module.VisionConfig.from_dict(cfg["vision_config"])
-    conf.text_config = module.TextConfig.from_dict(
-        {k: v for k, v in cfg.items() if k not in ("vision_config", "text_config")}
-    )
-    mx.random.seed(seed)
-    model = module.Model(conf)
-    model.update(tree_map(lambda p: p * 0.5 if p.ndim >= 2 else p, model.parameters()))
-    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())), {"format": "mlx"})
-    (folder / "config.json").write_text(json.dumps(cfg))
-    _qwen_processor(folder, "Qwen2_5_VLProcessor")
     return folder
 
 
