@@ -24,9 +24,6 @@ from .models import loading, preflight
 from .options import RunConfig
 from .vision import loading as vision_loading
 
-# the drafters that read token ids only, so they draft beside a vision model's image prompts
-TEXT_DRAFTERS = frozenset({"prompt-lookup", "suffix", "full-model"})
-
 if TYPE_CHECKING:
     from .engine.engine import Engine
     from .models.taps import HiddenTap
@@ -104,11 +101,13 @@ def open_session(
     state = blas.prepare(run.options.model.blas)
     mopts = run.options.model
     resolved = _resolve_target(run, world)
-    if run.draft.enabled and run.draft.kind not in TEXT_DRAFTERS and world is None and not mopts.no_mmproj:
-        if (family := vision_loading.family(resolved.config)) is not None:
+    if run.draft.enabled and registry.kind_of(run.draft.kind).reads_target and world is None and not mopts.no_mmproj:
+        family = "a GGUF projector" if resolved.projector is not None else vision_loading.family(resolved.config)
+        if family is not None:
+            text_kinds = ", ".join(sorted(k.name for k in registry.KINDS.values() if not k.reads_target))
             raise ModelError(
                 f"--draft-kind {run.draft.kind} reads the target's hidden states, which a vision model ({family}) "
-                f"does not offer here; with images use {', '.join(sorted(TEXT_DRAFTERS))}"
+                f"does not offer here; with images use {text_kinds}"
             )
     plan = registry.kind_of(run.draft.kind).prepare(run.draft, resolved, mopts) if run.draft.enabled else None
     if plan is not None:

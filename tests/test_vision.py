@@ -381,6 +381,8 @@ def test_a_text_gguf_with_its_mmproj_equals_the_folder(family, tmp_path, cli_env
     assert "vision projector" in r.stderr and "(vision model)" in r.stderr
     r = mlxcel(["generate", "-m", str(folder), "--mmproj", str(proj), "-p", "x"], env)
     assert r.returncode == 2 and "--mmproj pairs with a .gguf model" in r.stderr
+    r = mlxcel(["generate", "-m", str(text), "--mmproj", str(proj), "--draft-kind", "mtp", "-p", "x"], env)
+    assert r.returncode == 1 and "reads the target's hidden states, which a vision model (a GGUF projector)" in r.stderr
     import gguf
 
     other = gguf.GGUFWriter(str(tmp_path / "qwen-mmproj.gguf"), "clip")

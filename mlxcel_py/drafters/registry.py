@@ -52,6 +52,8 @@ class DrafterKind:
     gated: bool = False
     # the block's first row is the last committed token (DFlash): block_size - 1 drafts a round
     anchored: bool = False
+    # reads the target's hidden states or head, not only token ids (so not beside a vision model)
+    reads_target: bool = False
 
     @property
     def named(self) -> str:
@@ -145,6 +147,7 @@ KINDS: dict[str, DrafterKind] = {
             what="an MTP head ({model_type})",
             spec_type="draft-mtp",
             unsharded="head",
+            reads_target=True,
         ),
         DrafterKind(
             name="dflash",
@@ -160,6 +163,7 @@ KINDS: dict[str, DrafterKind] = {
             spec_type="draft-dflash",
             unsharded="drafter",
             anchored=True,
+            reads_target=True,
         ),
         DrafterKind(
             name="eagle3",
@@ -175,6 +179,7 @@ KINDS: dict[str, DrafterKind] = {
             spec_type="draft-eagle3",
             unsharded="drafter",
             gated=True,  # trained here or published, its acceptance varies with the text
+            reads_target=True,
         ),
         DrafterKind(
             name="suffix",
