@@ -66,11 +66,6 @@ def conversation_ids(session, messages: list[dict], chat_template: bool = True) 
     if not images:
         return render_messages(session.tokenizer, messages, chat_template=chat_template)
     vision = vision_of(session, "/image")
-    bare = [  # the template sees only each part's type and text
-        {**m, "content": [{k: v for k, v in p.items() if k != "image"} for p in m["content"]]}
-        if isinstance(m["content"], list)
-        else m
-        for m in messages
-    ]
-    text = vision.render(session.tokenizer, bare) if chat_template else "".join(vision.flat(m["content"]) for m in bare)
-    return vision.encode(text, images)
+    if not chat_template:
+        return vision.encode("".join(vision.flat(m["content"]) for m in messages), images)
+    return vision.conversation_ids(session.tokenizer, messages)

@@ -365,7 +365,6 @@ def _load_vision(resolved, family, dequantize, fast_kernels, cpu_weights, cache_
     """A vision-language model: mlx-vlm's model and processor; its text decoder as mlx-lm's model
     of the family where mlx-lm has one (then on the CPU weights and kernels a text model gets),
     else mlx-vlm's own language model in the weights as stored."""
-    from ..cpu import kernels as cpu_kernels
     from ..vision import loading as vision_loading
 
     target, tokenizer, vision, dtype = vision_loading.load(resolved, family)
@@ -373,8 +372,7 @@ def _load_vision(resolved, family, dequantize, fast_kernels, cpu_weights, cache_
     if (text := vision_loading.text_model(target.vlm, resolved.config)) is not None:
         dtype, weights = _cpu_weights(text, dequantize, cpu_weights)
         kernels = _kernels(text, weights, fast_kernels, cache_types)
-        target.run_text_with(text)
-        cpu_kernels.alias(target, text)
+        _decode_with(target, text)
     from . import kv_cache
 
     resolved = replace(resolved, config=vision_loading.text_config(resolved.config))
@@ -386,8 +384,8 @@ def _load_vision(resolved, family, dequantize, fast_kernels, cpu_weights, cache_
 def _load_gguf_vision(resolved, dequantize, fast_kernels, cpu_weights, cache_types, start) -> LoadedModel:
     """A text .gguf with its --mmproj: the text model as any GGUF loads (its quantized weights on
     the row-exact kernels), the vision tower and projector from the projector's conversion."""
-    from ..cpu import kernels as cpu_kernels
     from ..vision import loading as vision_loading
+    from . import kv_cache
 
     text = load(
         replace(resolved, projector=None),
@@ -400,8 +398,7 @@ def _load_gguf_vision(resolved, dequantize, fast_kernels, cpu_weights, cache_typ
         resolved.projector, f"vision projector {resolved.projector}", read_config(resolved.projector)
     )
     target, _, vision, _ = vision_loading.load(projector, projector.config["model_type"], decoder=text.model)
-    target.run_text_with(text.model)
-    cpu_kernels.alias(target, text.model)
+    _decode_with(target, text.model)
     vision.tokenizer = text.tokenizer
     took = time.perf_counter() - start
     loaded = LoadedModel(
@@ -414,5 +411,13 @@ def _load_gguf_vision(resolved, dequantize, fast_kernels, cpu_weights, cache_typ
         text.weights,
         vision=vision,
     )
-    loaded.kv_cache, loaded.kv_bytes_per_token, loaded.kv_note = text.kv_cache, text.kv_bytes_per_token, text.kv_note
-    return loaded
+    return kv_cache.describe(loaded, cache_types)
+
+
+def _decode_with(target: Any, text: Any) -> None:
+    """A vision model decodes with `text`, mlx-lm's model of its decoder, and the CPU kernels
+    enabled for `text` engage for the vision model's forwards."""
+    from ..cpu import kernels as cpu_kernels
+
+    target.run_text_with(text)
+    cpu_kernels.alias(target, text)

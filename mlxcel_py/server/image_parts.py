@@ -87,20 +87,21 @@ def prompt_ids(vision: Any, tokenizer: Any, turns: list[dict], *, fetch: bool, *
             "this model takes text only: image parts need a vision-language model (one whose config.json "
             "declares a vision tower)"
         )
-    images = [
-        decode(p, fetch) for t in turns if isinstance(t["content"], list) for p in t["content"] if p["type"] == "image"
-    ]
-    bare = [
-        {**t, "content": [{"type": "image"} if p["type"] == "image" else p for p in t["content"]]}
+    decoded = [  # each image part's picture in its place, for vision.prompts
+        {
+            **t,
+            "content": [
+                {"type": "image", "image": decode(p, fetch)} if p["type"] == "image" else p for p in t["content"]
+            ],
+        }
         if isinstance(t["content"], list)
         else t
         for t in turns
     ]
     try:
-        text = vision.render(tokenizer, bare, **render)
+        return vision.conversation_ids(tokenizer, decoded, **render)
     except MlxcelError as exc:
         raise ApiError(exc.message) from None
-    return _encode(vision, text, images)
 
 
 def prompt_text(tokenizer: Any, ids: list[int], vision: Any) -> str:

@@ -95,10 +95,24 @@ class Vision:
         chat_template: bool = True,
     ) -> list[int]:
         """A one-shot prompt's ids: one user turn holding `images`, then the text (generate -p)."""
-        parts = [{"type": "image"} for _ in images] + [{"type": "text", "text": prompt}]
+        parts = [{"type": "image", "image": img} for img in images] + [{"type": "text", "text": prompt}]
+        if not chat_template:
+            return self.encode(self.flat(parts), images)
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": parts}]
-        text = self.render(tokenizer, messages) if chat_template else self.flat(parts)
-        return self.encode(text, images)
+        return self.conversation_ids(tokenizer, messages)
+
+    def conversation_ids(self, tokenizer: Any, messages: Sequence[dict], **render: Any) -> list[int]:
+        """Token ids of a conversation whose content parts may hold images: `{"type": "image",
+        "image": <PIL image>}`, in place among the text parts (`render`: the chat template's
+        options, as `render` takes them). The template sees each part's type and text only."""
+        images = [p["image"] for m in messages if isinstance(m["content"], list) for p in m["content"] if "image" in p]
+        bare = [
+            {**m, "content": [{k: v for k, v in p.items() if k != "image"} for p in m["content"]]}
+            if isinstance(m["content"], list)
+            else m
+            for m in messages
+        ]
+        return self.encode(self.render(tokenizer, bare, **render), images)
 
     def flat(self, content: Any) -> str:
         if isinstance(content, str):
