@@ -8,8 +8,8 @@
 // the sets added in a fixed order) / l. A row with more than KEY_CHUNK visible keys does that per
 // chunk of KEY_CHUNK keys and merges the chunks in order (merge()). Nothing depends on L, on the
 // row's place in the block, on which queries go through together or on the threads, which split
-// the queries by their keys and long queries by their key chunks. Keys and values are float32 or
-// float16 (KvType: widened exactly as they are loaded).
+// the queries by their keys and long queries by their key chunks. Keys and values are float32,
+// float16, bfloat16 or q8_0 (KvType: widened exactly as they are loaded, row16()).
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -149,8 +149,8 @@ struct Scratch {
 constexpr int KEYS_AHEAD = 32;
 
 template <typename T>
-inline void prefetch_rows(const T* base, int64_t stride, int j0, int j1, int D) {
-  const int bytes = D * static_cast<int>(sizeof(T));
+inline void prefetch_rows(const T* base, int64_t stride, int j0, int j1) {
+  const int bytes = static_cast<int>(stride * sizeof(T));  // one row (rows are contiguous)
   for (int j = j0; j < j1; ++j)
     for (int off = 0; off < bytes; off += 64)
       _mm_prefetch(reinterpret_cast<const char*>(base + j * stride) + off, _MM_HINT_T0);
@@ -179,14 +179,15 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
   sc.acc.assign(static_cast<size_t>(ACC) * n, 0.0f);
   const vf scl = set1(scale);
   constexpr int D = 16 * NC;
-  prefetch_rows(k, ks, lo, lo + std::min(maxvis, KEYS_AHEAD), D);
-  prefetch_rows(v, vs, lo, lo + std::min(maxvis, KEYS_AHEAD), D);
-  // float16 rows shared by several queries (a block's rows, a KV head's query heads) are widened
-  // once per 16 keys into an L1 buffer instead of once per query: the same float32 values (the
-  // conversion is exact), so the same bits, for a fraction of the conversions. Not for tree rows
-  // (GATHER: each query's tail rows are its own). A decode step's 3 query heads a KV head (the
-  // default model) measured 2.5% slower staged, 64-row prompt chunks at 6k keys 1.25x faster.
-  constexpr int kStageQueries = 4;
+  prefetch_rows(k, ks, lo, lo + std::min(maxvis, KEYS_AHEAD));
+  prefetch_rows(v, vs, lo, lo + std::min(maxvis, KEYS_AHEAD));
+  // float16, bfloat16 and q8_0 rows shared by several queries (a block's rows, a KV head's query
+  // heads) are widened once per 16 keys into an L1 buffer instead of once per query: the same
+  // float32 values (the conversion is exact), so the same bits, for a fraction of the conversions.
+  // Not for tree rows (GATHER: each query's tail rows are its own). From 2 queries: a decode step
+  // of the default model (3 query heads a KV head) at 6k keys went from 1.28-1.32x float32's speed
+  // to 1.74-1.77x at f16 (two A/B runs; 64-row prompt chunks were already staged, 1.25x).
+  constexpr int kStageQueries = 2;
   constexpr bool STAGE_K = !GATHER && !std::is_same_v<TK, float>;
   constexpr bool STAGE_V = !GATHER && !std::is_same_v<TV, float>;
   alignas(64) float staged[16 * D];
@@ -197,7 +198,7 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
       const int g = std::min(16, maxvis - j0);
       for (int jj = 0; jj < g; ++jj)
 #pragma GCC unroll 8
-        for (int cc = 0; cc < NC; ++cc) store(staged + jj * D + 16 * cc, load_kv(rows + (lo + j0 + jj) * rs + 16 * cc));
+        for (int cc = 0; cc < NC; ++cc) store(staged + jj * D + 16 * cc, row16<D>(rows + (lo + j0 + jj) * rs, cc));
       f([&](int, int jj) -> const float* { return staged + jj * D; });
     } else {
       f([&](int t, int jj) {
@@ -207,7 +208,7 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
     }
   };
   for (int j0 = 0; j0 < maxvis; j0 += 16) {  // scores
-    if (j0 + KEYS_AHEAD < maxvis) prefetch_rows(k, ks, lo + j0 + KEYS_AHEAD, lo + std::min(maxvis, j0 + KEYS_AHEAD + 16), D);
+    if (j0 + KEYS_AHEAD < maxvis) prefetch_rows(k, ks, lo + j0 + KEYS_AHEAD, lo + std::min(maxvis, j0 + KEYS_AHEAD + 16));
     const auto scores = [&](auto key_row) {
       for (int t = 0; t < n; ++t) {
         const int left = count(t) - j0;
@@ -220,9 +221,9 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
         for (int jj = 0; jj < 16; ++jj) {
           if (jj < cnt) {
             const auto* kr = key_row(t, jj);
-            vf x = mul(qv[0], load_kv(kr));
+            vf x = mul(qv[0], row16<D>(kr, 0));
 #pragma GCC unroll 8
-            for (int cc = 1; cc < NC; ++cc) x = fmadd(qv[cc], load_kv(kr + 16 * cc), x);
+            for (int cc = 1; cc < NC; ++cc) x = fmadd(qv[cc], row16<D>(kr, cc), x);
             acc[jj] = x;
           } else {
             acc[jj] = zero();
@@ -242,7 +243,7 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
     sc.l[t] = vis > 0 ? softmax_in_place(sp, vis, sc.m[t]) : 0.0f;
   }
   for (int j0 = 0; j0 < maxvis; j0 += 16) {  // weighted values
-    if (j0 + KEYS_AHEAD < maxvis) prefetch_rows(v, vs, lo + j0 + KEYS_AHEAD, lo + std::min(maxvis, j0 + KEYS_AHEAD + 16), D);
+    if (j0 + KEYS_AHEAD < maxvis) prefetch_rows(v, vs, lo + j0 + KEYS_AHEAD, lo + std::min(maxvis, j0 + KEYS_AHEAD + 16));
     const auto weigh = [&](auto value_row) {
       for (int t = 0; t < n; ++t) {
         const int left = count(t) - j0;
@@ -261,7 +262,7 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
             const vf p = set1(sp[jj]);
             const auto* vr = value_row(t, jj);
 #pragma GCC unroll 8
-            for (int cc = 0; cc < NC; ++cc) acc[jj % SETS][cc] = fmadd(p, load_kv(vr + 16 * cc), acc[jj % SETS][cc]);
+            for (int cc = 0; cc < NC; ++cc) acc[jj % SETS][cc] = fmadd(p, row16<D>(vr, cc), acc[jj % SETS][cc]);
           }
         } else {
           for (int jj = 0; jj < cnt; jj += SETS) {
@@ -271,7 +272,7 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
               const vf p = set1(sp[jj + e]);
               const auto* vr = value_row(t, jj + e);
 #pragma GCC unroll 8
-              for (int cc = 0; cc < NC; ++cc) acc[e][cc] = fmadd(p, load_kv(vr + 16 * cc), acc[e][cc]);
+              for (int cc = 0; cc < NC; ++cc) acc[e][cc] = fmadd(p, row16<D>(vr, cc), acc[e][cc]);
             }
           }
         }
@@ -350,17 +351,31 @@ void unit_of(const AttentionArgs& a, const Query* qs, int n, const TK* k, const 
     if (a.D == 128) return kv_unit<8, false>(qs, n, k, v, ks, vs, a.scale, c, parts, sc);
     if (a.D == 32) return kv_unit<2, false>(qs, n, k, v, ks, vs, a.scale, c, parts, sc);
   }
-  for (int t = 0; t < n; ++t) row(a, qs[t].q, k, v, qs[t].out, qs[t].vis, qs[t].base, qs[t].tail, sc.s);
+  // q8_0 rows are read by the chunked kernels only (q8_head_dim: the callers refuse other widths)
+  if constexpr (!std::is_same_v<TK, int8_t> && !std::is_same_v<TV, int8_t>)
+    for (int t = 0; t < n; ++t) row(a, qs[t].q, k, v, qs[t].out, qs[t].vis, qs[t].base, qs[t].tail, sc.s);
 }
 
-// the same code for each pair of stored types (a float16 row is widened where it is loaded)
+// the same code for each pair of stored types (a row is widened where it is loaded, row16())
+template <typename TK>
+void unit_k(const AttentionArgs& a, const Query* qs, int n, const TK* k, const void* v, int c, const Partials& parts,
+            Scratch& sc) {
+  switch (a.vt) {
+    case KvType::f16: return unit_of(a, qs, n, k, static_cast<const uint16_t*>(v), c, parts, sc);
+    case KvType::bf16: return unit_of(a, qs, n, k, static_cast<const bf16_bits*>(v), c, parts, sc);
+    case KvType::q8_0: return unit_of(a, qs, n, k, static_cast<const int8_t*>(v), c, parts, sc);
+    default: return unit_of(a, qs, n, k, static_cast<const float*>(v), c, parts, sc);
+  }
+}
+
 void unit(const AttentionArgs& a, const Query* qs, int n, const void* k, const void* v, int c, const Partials& parts,
           Scratch& sc) {
-  const bool kh = a.kt == KvType::f16, vh = a.vt == KvType::f16;
-  if (kh && vh) return unit_of(a, qs, n, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), c, parts, sc);
-  if (kh) return unit_of(a, qs, n, static_cast<const uint16_t*>(k), static_cast<const float*>(v), c, parts, sc);
-  if (vh) return unit_of(a, qs, n, static_cast<const float*>(k), static_cast<const uint16_t*>(v), c, parts, sc);
-  unit_of(a, qs, n, static_cast<const float*>(k), static_cast<const float*>(v), c, parts, sc);
+  switch (a.kt) {
+    case KvType::f16: return unit_k(a, qs, n, static_cast<const uint16_t*>(k), v, c, parts, sc);
+    case KvType::bf16: return unit_k(a, qs, n, static_cast<const bf16_bits*>(k), v, c, parts, sc);
+    case KvType::q8_0: return unit_k(a, qs, n, static_cast<const int8_t*>(k), v, c, parts, sc);
+    default: return unit_k(a, qs, n, static_cast<const float*>(k), v, c, parts, sc);
+  }
 }
 
 // One KV head's queries, or a part of them (a query's result never depends on the others).
@@ -507,14 +522,16 @@ void attention_rows(const RowsAttentionArgs& r, int threads) {
   AttentionArgs a{};  // what the kernels read: D, scale and the key/value row strides
   a.D = r.D;
   a.scale = r.scale;
-  a.k_strides[2] = a.v_strides[2] = r.D;
+  a.k_strides[2] = kv_row(r.D, r.kt);
+  a.v_strides[2] = kv_row(r.D, r.vt);
   a.kt = r.kt;
   a.vt = r.vt;
   std::vector<Item> items;
   for (const auto& entries : seqs)
     for (int kvh = 0; kvh < r.Hkv; ++kvh) {
       const int e0 = entries[0];
-      Item it{kv_at(r.k[e0], kvh * r.head_stride[e0], r.kt), kv_at(r.v[e0], kvh * r.head_stride[e0], r.vt), {}};
+      Item it{kv_row_at(const_cast<void*>(r.k[e0]), r.capacity[e0], kvh, 0, r.D, r.kt),
+              kv_row_at(const_cast<void*>(r.v[e0]), r.capacity[e0], kvh, 0, r.D, r.vt), {}};
       for (int e : entries)
         for (int h = kvh * group; h < (kvh + 1) * group; ++h)
           for (int i = 0; i < r.L; ++i) {
@@ -529,8 +546,12 @@ void attention_rows(const RowsAttentionArgs& r, int threads) {
 }
 
 void store_kv_row(void* dst, KvType t, const float* src, int n) {
-  if (t == KvType::f16) store_kv(static_cast<uint16_t*>(dst), src, n);
-  else store_kv(static_cast<float*>(dst), src, n);
+  switch (t) {
+    case KvType::f16: return store_kv(static_cast<uint16_t*>(dst), src, n);
+    case KvType::bf16: return store_kv(static_cast<bf16_bits*>(dst), src, n);
+    case KvType::q8_0: return store_kv(static_cast<int8_t*>(dst), src, n);
+    default: return store_kv(static_cast<float*>(dst), src, n);
+  }
 }
 
 }  // namespace MLXCEL_ISA

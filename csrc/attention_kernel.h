@@ -5,23 +5,34 @@
 
 namespace mlxcel {
 
-// The element type of a KV buffer (--cache-type-k / --cache-type-v): float32, or float16 (IEEE
-// half, held as its uint16_t bits). Keys and values are widened to float32 as they are read, so
-// the arithmetic below is the same for both: a row rounded to float16 once, when it was written,
-// reads back the same bits every time.
-enum class KvType : int { f32 = 0, f16 = 1 };
-inline int kv_bytes(KvType t) { return t == KvType::f16 ? 2 : 4; }
+// The element type of a KV buffer (--cache-type-k / --cache-type-v): float32; float16 or bfloat16
+// (held as their uint16_t bits); or q8_0 (llama.cpp's: blocks of 32 values as int8 and one float16
+// scale d, a value being q * d). A q8_0 row of D values is D int8 followed by its D/32 scales
+// (D + D/16 bytes; kv_row). Keys and values are widened to float32 as they are read, exactly (an
+// int8 times a float16 fits float32's mantissa), so the arithmetic below is the same for every
+// type: a row rounded once, when it was written, reads back the same bits every time.
+enum class KvType : int { f32 = 0, f16 = 1, bf16 = 2, q8_0 = 3 };
+// bytes of one element: the unit of a buffer's strides and offsets (q8_0: bytes)
+inline int kv_bytes(KvType t) { return t == KvType::f32 ? 4 : t == KvType::q8_0 ? 1 : 2; }
+// elements of one row of D values
+inline int64_t kv_row(int D, KvType t) { return t == KvType::q8_0 ? D + D / 16 : D; }
 // element `n` of a buffer of type t
 inline const void* kv_at(const void* base, int64_t n, KvType t) { return static_cast<const char*>(base) + n * kv_bytes(t); }
 inline void* kv_at(void* base, int64_t n, KvType t) { return static_cast<char*>(base) + n * kv_bytes(t); }
+// row r of head h in a buffer [heads, capacity, kv_row(D, t)]
+inline void* kv_row_at(void* base, int64_t capacity, int h, int64_t r, int D, KvType t) {
+  return kv_at(base, (h * capacity + r) * kv_row(D, t), t);
+}
+// whether the attention reads a q8_0 row of this head width (its chunked kernels only)
+inline bool q8_head_dim(int D) { return D == 32 || D == 64 || D == 128; }
 
 struct AttentionArgs {
   const float* q;  // [B, Hq, L, D] with the strides below (elements); D contiguous
-  const void* k;   // [B, Hkv, S, D], of type kt
-  const void* v;   // [B, Hkv, S, D], of type vt
+  const void* k;   // [B, Hkv, S, kv_row(D, kt)], of type kt
+  const void* v;   // [B, Hkv, S, kv_row(D, vt)], of type vt
   float* out;      // [B, Hq, L, D], contiguous
   int B, Hq, Hkv, L, S, D;
-  int64_t q_strides[3], k_strides[3], v_strides[3];  // for dims B, H, L/S
+  int64_t q_strides[3], k_strides[3], v_strides[3];  // for dims B, H, L/S (in elements of their type)
   float scale;
   bool causal;  // row i sees keys 0..S-L+i; otherwise every row sees all S keys
   KvType kt = KvType::f32, vt = KvType::f32;
@@ -34,7 +45,7 @@ struct AttentionArgs {
 
 // A batched block whose sequences each keep their own cache buffer (serve's batched steps):
 // sequence b's L query rows follow offset[b] cached keys, row i sees keys 0..offset[b]+i of its
-// own buffer [Hkv, cap_b, D]. Each row goes through the same one-row code as attention(), so it
+// own buffer [Hkv, cap_b, kv_row(D)]. Each row goes through the same one-row code as attention(), so it
 // equals that sequence's own call bit for bit (attention_rows()).
 struct RowsAttentionArgs {
   const float* q;  // [B, Hq, L, D] with q_strides for B, H, L; D contiguous
@@ -42,7 +53,7 @@ struct RowsAttentionArgs {
   const void* const* k;        // per sequence: [Hkv, cap_b, D], contiguous, of type kt
   const void* const* v;        // of type vt
   KvType kt = KvType::f32, vt = KvType::f32;
-  const int64_t* head_stride;  // per sequence: cap_b * D
+  const int64_t* capacity;     // per sequence: cap_b (rows a head)
   const int* offset;           // per sequence: keys before this block
   float* out;                  // [B, Hq, L, D], contiguous
   int B, Hq, Hkv, L, D;
@@ -57,8 +68,9 @@ struct RowsAttentionArgs {
 };
 
 // One build per ISA (isa_begin.h), and the dispatchers under the same names (isa.cpp).
-// store_kv_row: n float32 values into a KV row of type t at dst (float16: rounded to nearest
-// even, as MLX's astype rounds), the one place a key or value is rounded to the cache's type.
+// store_kv_row: n float32 values into a KV row of type t at dst (float16, bfloat16: rounded to
+// nearest even, as MLX's astype rounds; q8_0: llama.cpp's quantize_row_q8_0, n a multiple of 32),
+// the one place a key or value is rounded to the cache's type.
 #define MLXCEL_ATTENTION_KERNELS                                \
   void attention(const AttentionArgs& a, int threads);          \
   void attention_rows(const RowsAttentionArgs& a, int threads); \

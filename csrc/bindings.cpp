@@ -82,6 +82,9 @@ NB_MODULE(_qmm, m) {
   m.def("row_exact_attention", &mlxcel::row_exact_attention, "q"_a, "k"_a, "v"_a, "scale"_a, "causal"_a,
         "softmax(scale q k^T) v computed one query row at a time (row i of a causal block sees keys "
         "0..S-L+i): each row bit-identical to a one-row call at the same position");
+  m.def("kv_rows", &mlxcel::kv_rows, "x"_a, "dtype"_a,
+        "float32 rows [..., D] as KV cache rows of dtype (float32, float16, bfloat16, or int8 for q8_0: "
+        "[..., D + D/16], D int8 then D/32 float16 scales), rounded as the kernels round a row they write");
   m.def("row_exact_cache_attention",
         [](const mlx::core::array& q, const mlx::core::array& k_new, const mlx::core::array& v_new,
            const std::vector<mlx::core::array>& k_bufs, const std::vector<mlx::core::array>& v_bufs,

@@ -57,10 +57,10 @@ class RowExactCacheAttention : public mx::Primitive {
     KvType kt = KvType::f32, vt = KvType::f32;
     kv_type_of(outputs[1], &kt);
     kv_type_of(outputs[1 + S], &vt);
-    std::vector<int64_t> head_stride(S);
-    for (int b = 0; b < S; ++b) head_stride[b] = static_cast<int64_t>(outputs[1 + b].shape(2)) * D;
+    std::vector<int64_t> capacity(S);
+    for (int b = 0; b < S; ++b) capacity[b] = outputs[1 + b].shape(2);
     enc.dispatch([q, kn = inputs[1], vn = inputs[2], writes, bufs = std::move(bufs),
-                  head_stride = std::move(head_stride), seq = seq_, pos = pos_, scale = scale_, tree = tree_,
+                  capacity = std::move(capacity), seq = seq_, pos = pos_, scale = scale_, tree = tree_,
                   op = out.data<float>(), E, S, Hq, Hkv, L, D, kt, vt, threads = kernel_threads.load()]() {
       writes.copy();
       // every row's key and value into its sequence's buffers: [h, pos_e + i, :] = new[e, h, i, :]
@@ -74,8 +74,7 @@ class RowExactCacheAttention : public mx::Primitive {
           void* dst = bufs[which * S + seq[e]];
           for (int h = 0; h < Hkv; ++h)
             for (int i = 0; i < L; ++i)
-              store_kv_row(kv_at(dst, h * head_stride[seq[e]] + static_cast<int64_t>(tree.empty() ? pos[e] + i : tree.slot[e]) * D, t),
-                           t, base + e * st[0] + h * st[1] + i * st[2], D);
+              store_kv_row(kv_row_at(dst, capacity[seq[e]], h, tree.empty() ? pos[e] + i : tree.slot[e], D, t), t, base + e * st[0] + h * st[1] + i * st[2], D);
         }
       }
       std::vector<const void*> kp(E), vp(E);
@@ -83,7 +82,7 @@ class RowExactCacheAttention : public mx::Primitive {
       for (int e = 0; e < E; ++e) {
         kp[e] = bufs[seq[e]];
         vp[e] = bufs[S + seq[e]];
-        stride[e] = head_stride[seq[e]];
+        stride[e] = capacity[seq[e]];
       }
       RowsAttentionArgs a{};
       a.q = q.data<float>();
@@ -92,7 +91,7 @@ class RowExactCacheAttention : public mx::Primitive {
       a.v = vp.data();
       a.kt = kt;
       a.vt = vt;
-      a.head_stride = stride.data();
+      a.capacity = stride.data();
       a.offset = pos.data();
       a.out = op;
       a.B = E;
@@ -156,10 +155,11 @@ std::vector<mx::array> row_exact_cache_attention(const mx::array& q, const mx::a
     if (x->dtype() != mx::float32) throw std::invalid_argument(std::string(what) + "float32 only");
   for (int b = 0; b < S; ++b)
     for (const auto* buf : {&k_bufs[b], &v_bufs[b]})
-      if (buf->ndim() != 4 || buf->shape(0) != 1 || buf->shape(1) != Hkv || buf->shape(3) != D)
-        throw std::invalid_argument(std::string(what) + "buffer " + std::to_string(b) + " must be [1, Hkv, capacity, D]");
+      if (buf->ndim() != 4 || buf->shape(0) != 1 || buf->shape(1) != Hkv)
+        throw std::invalid_argument(std::string(what) + "buffer " + std::to_string(b) + " must be [1, Hkv, capacity, row]");
   KvType kt, vt;
   kv_types(k_bufs, v_bufs, what, &kt, &vt);
+  check_kv_rows(k_bufs, v_bufs, D, kt, vt, what);
   if (!tree.empty() && L != 1)
     throw std::invalid_argument(std::string(what) + "tree rows are entries of one row each");
   for (int e = 0; e < E; ++e)

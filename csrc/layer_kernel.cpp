@@ -134,9 +134,11 @@ void decoder_layer(const DecoderLayerView& L, const LayerRows& R, int threads) {
   for (int t = 0; t < T; ++t) {
     const int b = R.seq[t];
     for (int h = 0; h < Hkv; ++h) {
-      const int64_t at = h * R.head_stride[b] + static_cast<int64_t>(R.slot ? R.slot[t] : R.pos[t]) * D;
-      MLXCEL_ISA::store_kv_row(kv_at(R.k_bufs[b], at, R.kt), R.kt, s.kr.data() + (static_cast<int64_t>(t) * Hkv + h) * D, D);
-      MLXCEL_ISA::store_kv_row(kv_at(R.v_bufs[b], at, R.vt), R.vt, s.v.data() + (static_cast<int64_t>(t) * Hkv + h) * D, D);
+      const int64_t at = R.slot ? R.slot[t] : R.pos[t];
+      MLXCEL_ISA::store_kv_row(kv_row_at(R.k_bufs[b], R.capacity[b], h, at, D, R.kt), R.kt,
+                               s.kr.data() + (static_cast<int64_t>(t) * Hkv + h) * D, D);
+      MLXCEL_ISA::store_kv_row(kv_row_at(R.v_bufs[b], R.capacity[b], h, at, D, R.vt), R.vt,
+                               s.v.data() + (static_cast<int64_t>(t) * Hkv + h) * D, D);
     }
   }
   {
@@ -145,7 +147,7 @@ void decoder_layer(const DecoderLayerView& L, const LayerRows& R, int threads) {
     for (int t = 0; t < T; ++t) {
       kp[t] = R.k_bufs[R.seq[t]];
       vp[t] = R.v_bufs[R.seq[t]];
-      stride[t] = R.head_stride[R.seq[t]];
+      stride[t] = R.capacity[R.seq[t]];
     }
     RowsAttentionArgs a{};
     a.q = s.qr.data();
@@ -156,7 +158,7 @@ void decoder_layer(const DecoderLayerView& L, const LayerRows& R, int threads) {
     a.v = vp.data();
     a.kt = R.kt;
     a.vt = R.vt;
-    a.head_stride = stride.data();
+    a.capacity = stride.data();
     a.offset = R.pos;
     a.out = s.att.data();
     a.B = T;

@@ -38,7 +38,7 @@ struct DecoderLayerView {
 };
 
 // T rows of one forward. Row t belongs to sequence seq[t] and stands at position pos[t]; its key
-// and value go into that sequence's buffers ([Hkv, capacity, D], head_stride = capacity * D) at
+// and value go into that sequence's buffers ([Hkv, capacity, kv_row(D)]) at
 // pos[t], and it attends keys 0..pos[t] of its sequence. A sequence's rows in one call must be
 // at consecutive positions in order (a verify block, a prompt chunk).
 // Tree rows (a draft tree verified in one forward; slot non-null): row t is rotated at pos[t] (its
@@ -56,7 +56,7 @@ struct LayerRows {
   void* const* k_bufs;  // per sequence, of type kt (keys) and vt (values): KvType
   void* const* v_bufs;
   KvType kt = KvType::f32, vt = KvType::f32;
-  const int64_t* head_stride;  // per sequence
+  const int64_t* capacity;     // per sequence: rows a head
   const int* slot = nullptr;   // tree rows (above); null: rows write and see as plain rows
   const int* vis_base = nullptr;
   const int* const* vis_tail = nullptr;

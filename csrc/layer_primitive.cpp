@@ -48,13 +48,13 @@ class RowExactDecoderLayer : public mx::Primitive {
     for (const auto& a : inputs) enc.set_input_array(a);
     for (auto& o : outputs) enc.set_output_array(o);
     std::vector<void*> bufs(2 * S);
-    std::vector<int64_t> head_stride(S);
+    std::vector<int64_t> capacity(S);
     for (int j = 0; j < 2 * S; ++j) bufs[j] = outputs[1 + j].data<void>();
     KvType kt = KvType::f32, vt = KvType::f32;
     kv_type_of(outputs[1], &kt);
     kv_type_of(outputs[1 + S], &vt);
-    for (int b = 0; b < S; ++b) head_stride[b] = static_cast<int64_t>(outputs[1 + b].shape(2)) * st_->view.D;
-    enc.dispatch([h = inputs[0], e = two ? inputs.back() : inputs[0], two, writes, bufs = std::move(bufs), head_stride = std::move(head_stride), st = st_,
+    for (int b = 0; b < S; ++b) capacity[b] = outputs[1 + b].shape(2);
+    enc.dispatch([h = inputs[0], e = two ? inputs.back() : inputs[0], two, writes, bufs = std::move(bufs), capacity = std::move(capacity), st = st_,
                   seq = seq_, pos = pos_, tree = tree_, op = out.data<float>(), S, kt, vt, threads = kernel_threads.load()]() {
       writes.copy();
       std::vector<float> scratch, scratch_e;
@@ -74,7 +74,7 @@ class RowExactDecoderLayer : public mx::Primitive {
       rows.v_bufs = bufs.data() + S;
       rows.kt = kt;
       rows.vt = vt;
-      rows.head_stride = head_stride.data();
+      rows.capacity = capacity.data();
       const TreeTails tails(tree);
       if (!tree.empty()) {
         rows.slot = tree.slot.data();
@@ -223,11 +223,12 @@ std::vector<mx::array> DecoderLayer::operator()(const mx::array& h, const std::v
   for (int b = 0; b < S; ++b)
     for (const auto* buf : {&k_bufs[b], &v_bufs[b]})
       if (buf->ndim() != 4 || buf->shape(0) != 1 || buf->shape(1) != v.Hkv ||
-          buf->shape(3) != v.D || k_bufs[b].shape(2) != v_bufs[b].shape(2))
+          k_bufs[b].shape(2) != v_bufs[b].shape(2))
         throw std::invalid_argument(std::string(what) + "buffer " + std::to_string(b) +
-                                    " must be [1, kv_heads, capacity, head_dim]");
+                                    " must be [1, kv_heads, capacity, row]");
   KvType kt, vt;
   kv_types(k_bufs, v_bufs, what, &kt, &vt);
+  check_kv_rows(k_bufs, v_bufs, v.D, kt, vt, what);
   for (int t = 0; t < T; ++t)
     if (seq[t] < 0 || seq[t] >= S || pos[t] < 0 || (tree.empty() && pos[t] >= k_bufs[seq[t]].shape(2)))
       throw std::invalid_argument(std::string(what) + "row " + std::to_string(t) +

@@ -77,8 +77,9 @@ std::vector<mx::array> move_rows(const std::vector<mx::array>& bufs, const std::
   const char* what = "move_rows: ";
   if (bufs.empty()) return {};
   for (const auto& b : bufs)
-    if ((b.dtype() != mx::float32 && b.dtype() != mx::float16) || b.ndim() != 4 || b.shape(0) != 1)
-      throw std::invalid_argument(std::string(what) + "buffers must be float32 or float16 [1, heads, capacity, dim]");
+    if ((b.dtype() != mx::float32 && b.dtype() != mx::float16 && b.dtype() != mx::bfloat16 && b.dtype() != mx::int8) ||
+        b.ndim() != 4 || b.shape(0) != 1)
+      throw std::invalid_argument(std::string(what) + "buffers must be KV buffers (float32, float16, bfloat16 or int8) [1, heads, capacity, row]");
   for (size_t j = 0; j < rows.size(); ++j) {
     const bool increasing = j == 0 || rows[j] > rows[j - 1];
     for (const auto& b : bufs)

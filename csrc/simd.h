@@ -11,6 +11,8 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace mlxcel {
@@ -191,6 +193,35 @@ inline vf load_kv(const uint16_t* p) {
 #endif
 }
 inline vf load_kv_n(const uint16_t* p, int n) { return load_half_n(p, n); }
+// bfloat16 bits, a type of their own so the kernels' overloads tell it from float16
+struct bf16_bits {
+  uint16_t bits;
+};
+inline vf load_kv(const bf16_bits* p) { return load_bf16(reinterpret_cast<const uint16_t*>(p)); }
+inline vf load_kv_n(const bf16_bits* p, int n) {
+  alignas(32) uint16_t buf[16] = {};
+  std::memcpy(buf, p, sizeof(uint16_t) * (n > 0 ? (n < 16 ? n : 16) : 0));
+  return load_bf16(buf);
+}
+
+// Values cc*16..cc*16+15 of a KV row of D values, as float32: the element types above at
+// row + 16 cc; a q8_0 row (int8_t: D int8, then D/32 float16 scales) as q * d, exact in float32.
+template <int D, typename T>
+inline vf row16(const T* row, int cc) {
+  return load_kv(row + 16 * cc);
+}
+template <int D>
+inline vf row16(const int8_t* row, int cc) {
+  uint16_t h;
+  std::memcpy(&h, row + D + 2 * (cc / 2), sizeof h);
+  const vf d = set1(_cvtsh_ss(h));
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * cc));
+#if MLXCEL_ISA_AVX512
+  return mul(vf{_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))}, d);
+#else
+  return mul(vf{_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))}, d);
+#endif
+}
 
 // n float32 values into a KV row of the cache's type: float32 copied, float16 rounded to nearest
 // even (as MLX's astype rounds), once, when the row is written; every later read sees those bytes
@@ -201,6 +232,29 @@ inline void store_kv(uint16_t* dst, const float* src, int n) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
                      _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   for (; i < n; ++i) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+// bfloat16: the top half of the float32, rounded to nearest even (MLX's conversion; NaN stays NaN)
+inline void store_kv(bf16_bits* dst, const float* src, int n) {
+  for (int i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, src + i, sizeof u);
+    dst[i].bits = (u & 0x7FFFFFFFu) > 0x7F800000u ? static_cast<uint16_t>((u >> 16) | 0x40u)
+                                                  : static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  }
+}
+// q8_0 (llama.cpp's quantize_row_q8_0): per block of 32, d = max|x| / 127 stored as float16,
+// q = round(x / d) (half away from zero); n a multiple of 32. The row: n int8, then n/32 scales.
+inline void store_kv(int8_t* dst, const float* src, int n) {
+  for (int b = 0; b < n / 32; ++b) {
+    const float* x = src + 32 * b;
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t h = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    std::memcpy(dst + n + 2 * b, &h, sizeof h);
+    for (int i = 0; i < 32; ++i)
+      dst[32 * b + i] = static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, std::round(x[i] * id))));
+  }
 }
 
 // The sum of a's 16 lanes in one fixed tree (h = lanes i + (i+8); then q = h_i + h_(i+4); then

@@ -50,8 +50,12 @@ CPU_WEIGHTS = ("auto", "q8", "q4", "f32")
 DEFAULT_CPU_WEIGHTS = "auto"
 # --cache-type-k / --cache-type-v in llama.cpp's spelling; auto: f16 where the fused decoder layers
 # run (models.decoder_layers), else f32. LATER_CACHE_TYPES: llama.cpp's other names, run as auto with a note.
-CACHE_TYPES = ("auto", "f32", "f16")
-LATER_CACHE_TYPES = ("bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+CACHE_TYPES = ("auto", "f32", "f16", "bf16", "q8_0")
+LATER_CACHE_TYPES = ("q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+# mlx-lm's --kv-bits / --kv-group-size, as aliases: 8 bits is q8_0 (blocks of 32 values, as fine as
+# mlx-lm's default group of 64 or finer); 4 is q4_0 (not here yet)
+KV_BITS = {8: "q8_0", 4: "q4_0"}
+KV_GROUP_SIZES = (32, 64)
 
 # serve -np: llama-server's automatic value (4 slots). Speculation is gated to 2 live requests
 # (DEFAULT_PROMPT_LOOKUP_MAX_BATCH), so one or two users keep their speculative speed, and a
@@ -83,6 +87,8 @@ class ModelOptions:
     cpu_weights: str = DEFAULT_CPU_WEIGHTS  # one of CPU_WEIGHTS (bench: a comma list, see BenchPlan.weights)
     cache_type_k: str = "auto"  # one of CACHE_TYPES
     cache_type_v: str = "auto"
+    kv_bits: int | None = None  # mlx-lm's --kv-bits (validate maps it onto the cache types)
+    kv_group_size: int | None = None
 
     @property
     def cache_types(self) -> tuple[str, str]:

@@ -19,7 +19,6 @@ from .errors import UsageError
 from .formats import flag_texts, template_vars
 from .formats.grammars import GrammarSpec
 from .options import (
-    CACHE_TYPES,
     CPU_WEIGHTS,
     DEFAULT_CPU_WEIGHTS,
     DEFAULT_MAX_DRAFT,
@@ -28,7 +27,6 @@ from .options import (
     DEFAULT_POLICY,
     DEFAULT_SUFFIX_CACHE_TOKENS,
     DEFAULT_TREE_MARGIN,
-    LATER_CACHE_TYPES,
     MAX_DRAFT_LIMIT,
     MAX_PARALLEL,
     NGRAM_MAX_LIMIT,
@@ -41,6 +39,7 @@ from .options import (
     LookupConfig,
     RunConfig,
 )
+from .validate_cache import cache_types
 
 LLAMA_NGRAM_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 LLAMA_SPEC_TYPES = (
@@ -188,7 +187,7 @@ def validate(opts: CommandOptions) -> RunConfig:
         _server(opts)
     grammar = flag_texts.grammar(opts)
     template = flag_texts.chat_template(opts)
-    opts, cache_notes = _cache_types(opts)
+    opts, cache_notes = cache_types(opts)
     run = _validate(opts)
     run = replace(run, draft=with_trees(opts, run.draft, grammar))
     if opts.spec.draft_min:
@@ -320,23 +319,6 @@ def _cpu_weights(opts: CommandOptions) -> None:
             f"--no-dequantize keeps MLX's own quantized matmul and conflicts with --cpu-weights "
             f"{m.cpu_weights}; drop one of them"
         )
-
-
-def _cache_types(opts: CommandOptions) -> tuple[CommandOptions, tuple[str, ...]]:
-    """A typo is refused; llama.cpp's types that are not here yet (a llama-server command line's
-    `-ctk q8_0`) run as `auto`, with a note, so such command lines still start."""
-    notes, chosen = [], []
-    for flag, value in zip(("--cache-type-k", "--cache-type-v"), opts.model.cache_types):
-        if value in LATER_CACHE_TYPES:
-            notes.append(
-                f"{flag} {value} is not supported yet; the KV cache runs as auto ({', '.join(CACHE_TYPES)} are)"
-            )
-            value = "auto"
-        elif value not in CACHE_TYPES:
-            raise UsageError(f"{flag} {value} is not one of {', '.join(CACHE_TYPES)} (or llama.cpp's names)")
-        chosen.append(value)
-    model = replace(opts.model, cache_type_k=chosen[0], cache_type_v=chosen[1])
-    return replace(opts, model=model), tuple(notes)
 
 
 def _parallel(opts: CommandOptions) -> None:

@@ -1,9 +1,10 @@
 """KV cache types (--cache-type-k / --cache-type-v, models/kv_cache.py, csrc's KvType).
 
-A float16 row is rounded once, when it is written, and widened exactly when it is read, so the
-kernels over float16 buffers must give exactly what they give over float32 buffers holding the
-same rounded values; speculative output must equal plain output at each type; the flags are
-checked before any model loads, and a model that cannot keep the type says so and runs.
+A float16, bfloat16 or q8_0 row is rounded once, when it is written, and widened exactly when it
+is read, so the kernels over such buffers must give exactly what they give over float32 buffers
+holding the same rounded values; speculative output must equal plain output at each type; the
+flags (and mlx-lm's --kv-bits) are checked before any model loads, and a model that cannot keep
+the type says so and runs.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import subprocess
 
 import mlx.core as mx
+import numpy as np
 import pytest
-from conftest import mlxcel_cmd
+from conftest import make_tiny_model, mlxcel_cmd
 from test_engine import engine_for, lookup, run
 
 from mlxcel_py.cpu import extension as cpu_extension
@@ -22,63 +24,115 @@ QMM, WHY = cpu_extension.kernel_status()
 needs_kernel = pytest.mark.skipif(QMM is None, reason=f"row-exact kernel: {WHY}")
 
 
-def _rounded(x: mx.array) -> mx.array:
-    return x.astype(mx.float16).astype(mx.float32)
+DTYPES = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16, "q8_0": mx.int8}
+
+
+def _stored(x: mx.array, t: str) -> mx.array:
+    """float32 rows as a buffer of cache type t (q8_0: the kernels' own rounding)."""
+    return QMM.kv_rows(x, DTYPES[t]) if t == "q8_0" else x.astype(DTYPES[t])
+
+
+def _values(buf: mx.array, dim: int) -> mx.array:
+    """What a buffer's rows hold, as float32: q8_0 rows are q * d per block of 32."""
+    if buf.dtype != mx.int8:
+        return buf.astype(mx.float32)
+    lead = buf.shape[:-1]
+    q = buf[..., :dim].astype(mx.float32).reshape(*lead, dim // 32, 32)
+    d = buf[..., dim:].view(mx.float16).astype(mx.float32).reshape(*lead, dim // 32, 1)
+    return (q * d).reshape(*lead, dim)
+
+
+def _q8_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's quantize_row_q8_0 (ggml-quants.c), written out: per block of 32, d = max|x| /
+    127 kept as float16, q = round(x / d) rounding halves away from zero."""
+    blocks = x.astype(np.float32).reshape(-1, 32)
+    d = np.abs(blocks).max(axis=1) / np.float32(127)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    y = blocks * inv[:, None]
+    q = np.clip(np.sign(y) * np.floor(np.abs(y) + np.float32(0.5)), -127, 127).astype(np.int8)
+    return q, d.astype(np.float16)
+
+
+PAIRS = [("f16", "f16"), ("f16", "f32"), ("f32", "f16"), ("bf16", "bf16"), ("q8_0", "q8_0"), ("q8_0", "f16")]
 
 
 @needs_kernel
 @pytest.mark.parametrize("dim", [32, 64, 128, 48])  # 48: the one-row path for other head widths
-@pytest.mark.parametrize("types", [("f16", "f16"), ("f16", "f32"), ("f32", "f16")])
-def test_attention_over_float16_rows_is_attention_over_their_float32_values(dim, types):
+@pytest.mark.parametrize("types", PAIRS, ids="-".join)
+def test_attention_over_rounded_rows_is_attention_over_their_float32_values(dim, types):
     mx.random.seed(7)
     q = mx.random.normal((1, 6, 5, dim))
     kbuf, vbuf = mx.random.normal((1, 2, 90, dim)), mx.random.normal((1, 2, 90, dim))
-    k16, v16 = (b.astype(mx.float16) if t == "f16" else b for b, t in zip((kbuf, vbuf), types))
-    k32, v32 = (_rounded(b) if t == "f16" else b for b, t in zip((kbuf, vbuf), types))
+    if "q8_0" in types and dim == 48:  # q8_0 runs at head dims 32, 64 and 128 (the loader keeps f16 elsewhere)
+        with pytest.raises(ValueError, match="q8_0 rows hold whole blocks of 32"):
+            _stored(kbuf, "q8_0")
+        return
+    ks, vs = (_stored(b, t) for b, t in zip((kbuf, vbuf), types))
+    k32, v32 = _values(ks, dim), _values(vs, dim)
     for causal in (True, False):
-        got = QMM.row_exact_attention(q, k16[:, :, :80], v16[:, :, :80], 0.125, causal)  # strided views
+        got = QMM.row_exact_attention(q, ks[:, :, :80], vs[:, :, :80], 0.125, causal)  # strided views
         want = QMM.row_exact_attention(q, k32[:, :, :80], v32[:, :, :80], 0.125, causal)
         assert mx.array_equal(got, want).item(), (dim, types, causal)
+        one = QMM.row_exact_attention(q[:, :, -1:], ks[:, :, :80], vs[:, :, :80], 0.125, causal)  # a decode row
+        assert mx.array_equal(one, got[:, :, -1:]).item()
 
 
 @needs_kernel
-def test_cache_attention_rounds_new_rows_once_and_reads_them_back():
+def test_q8_0_rows_are_llama_cpps_blocks_and_bfloat16_rows_mlxs_rounding():
+    mx.random.seed(3)
+    x = mx.random.normal((3, 4, 128)) * mx.array([0.01, 1.0, 30.0, 0.0])[None, :, None]  # a zero row too
+    rows = QMM.kv_rows(x, mx.int8)
+    assert rows.shape == (3, 4, 136) and rows.dtype == mx.int8
+    q, d = _q8_reference(np.array(x).reshape(-1, 128))
+    got = np.array(rows).reshape(-1, 136)
+    assert np.array_equal(got[:, :128].reshape(-1, 32), q)
+    assert np.array_equal(got[:, 128:].copy().view(np.float16).reshape(-1), d)
+    err = mx.abs(_values(rows, 128) - x).max().item()
+    assert 0 < err <= 30.0 * 4 / 127 / 2 * 1.01  # half a step of the largest block's scale
+    assert mx.array_equal(QMM.kv_rows(x, mx.bfloat16), x.astype(mx.bfloat16)).item()
+    assert mx.array_equal(QMM.kv_rows(x, mx.float16), x.astype(mx.float16)).item()
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["f16", "q8_0"])
+def test_cache_attention_rounds_new_rows_once_and_reads_them_back(kind):
     mx.random.seed(9)
     heads, kv, dim, length = 6, 2, 64, 3
     offsets = [4, 30]
-    kbufs = [mx.random.normal((1, kv, o + length + 5, dim)).astype(mx.float16) for o in offsets]
-    vbufs = [mx.random.normal((1, kv, o + length + 5, dim)).astype(mx.float16) for o in offsets]
+    kbufs = [_stored(mx.random.normal((1, kv, o + length + 5, dim)), kind) for o in offsets]
+    vbufs = [_stored(mx.random.normal((1, kv, o + length + 5, dim)), kind) for o in offsets]
     q = mx.random.normal((2, heads, length, dim))
     k_new, v_new = mx.random.normal((2, kv, length, dim)), mx.random.normal((2, kv, length, dim))
     got = QMM.row_exact_cache_attention(q, k_new, v_new, kbufs, vbufs, [0, 1], offsets, 0.125)
     for b, o in enumerate(offsets):
         kb, vb = got[1 + b], got[3 + b]
-        assert kb.dtype == vb.dtype == mx.float16
-        # MLX's astype and the kernel's conversion round alike (to nearest even)
-        assert mx.array_equal(kb[:, :, o : o + length], k_new[b : b + 1].astype(mx.float16)).item()
-        assert mx.array_equal(vb[:, :, o : o + length], v_new[b : b + 1].astype(mx.float16)).item()
+        assert kb.dtype == vb.dtype == DTYPES[kind]
+        # MLX's astype and the kernel's conversion round alike (to nearest even); q8_0 as kv_rows
+        assert mx.array_equal(kb[:, :, o : o + length], _stored(k_new[b : b + 1], kind)).item()
+        assert mx.array_equal(vb[:, :, o : o + length], _stored(v_new[b : b + 1], kind)).item()
         want = QMM.row_exact_attention(q[b : b + 1], kb[:, :, : o + length], vb[:, :, : o + length], 0.125, True)
         assert mx.array_equal(got[0][b : b + 1], want).item()
     with pytest.raises(ValueError, match="share one type"):  # one type a layer, as the cache type is
         QMM.row_exact_cache_attention(
             q, k_new, v_new, [kbufs[0], kbufs[1].astype(mx.float32)], vbufs, [0, 1], offsets, 0.125
         )
-    with pytest.raises(ValueError, match="float32 or float16"):
-        QMM.row_exact_attention(q, kbufs[0].astype(mx.bfloat16), vbufs[0], 0.125, False)
+    with pytest.raises(ValueError, match="float32, float16, bfloat16 or q8_0"):
+        QMM.row_exact_attention(q, kbufs[0].astype(mx.int32), vbufs[0], 0.125, False)
 
 
 @needs_kernel
-def test_move_rows_moves_float16_rows_as_they_are():
-    buf = mx.arange(2 * 10 * 4).reshape(1, 2, 10, 4).astype(mx.float16)
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.int8])
+def test_move_rows_moves_rows_of_each_type_as_they_are(dtype):
+    buf = mx.arange(2 * 10 * 4).reshape(1, 2, 10, 4).astype(dtype)
     (moved,) = QMM.move_rows([buf], [5, 7], 2)
-    assert moved.dtype == mx.float16
+    assert moved.dtype == dtype
     assert mx.array_equal(moved[:, :, 2:4], buf[:, :, [5, 7]]).item()
     assert mx.array_equal(moved[:, :, :2], buf[:, :, :2]).item()
 
 
 @needs_kernel
 @pytest.mark.real
-@pytest.mark.parametrize("cache_type", ["f32", "f16"])
+@pytest.mark.parametrize("cache_type", ["f32", "f16", "bf16", "q8_0"])
 def test_prompt_lookup_equals_plain_on_the_default_model_at_each_type(cache_type, workloads):
     from mlxcel_py.formats.prompting import prompt_ids
 
@@ -104,21 +158,57 @@ def test_an_unknown_type_is_refused_before_loading(cli_env, no_weights):
     from mlxcel_py.options import CommandOptions, ModelOptions
     from mlxcel_py.validate import validate
 
-    with pytest.raises(UsageError, match="--cache-type-v f8 is not one of auto, f32, f16"):
+    names = "auto, f32, f16, bf16, q8_0"
+    with pytest.raises(UsageError, match=f"--cache-type-v f8 is not one of {names}"):
         validate(CommandOptions(command="generate", model=ModelOptions(cache_type_v="f8")))
     r = _cli(cli_env, "serve", "--port", "0", "-ctk", "f8")
-    assert r.returncode == 2 and "--cache-type-k f8 is not one of auto, f32, f16" in r.stderr
+    assert r.returncode == 2 and f"--cache-type-k f8 is not one of {names}" in r.stderr
     assert "Traceback" not in r.stderr
 
 
 def test_llama_cpps_later_types_run_as_auto_with_a_note():
-    # a llama-server command line (`-ctk q8_0`, llama.cpp's own test suite passes one) still starts
+    # a llama-server command line (`-ctk q4_0`) still starts
     from mlxcel_py.options import CommandOptions, ModelOptions
     from mlxcel_py.validate import validate
 
-    run = validate(CommandOptions(command="generate", model=ModelOptions(cache_type_k="q8_0", cache_type_v="f32")))
+    run = validate(CommandOptions(command="generate", model=ModelOptions(cache_type_k="q4_0", cache_type_v="f32")))
     assert run.options.model.cache_types == ("auto", "f32")
-    assert "--cache-type-k q8_0 is not supported yet; the KV cache runs as auto (auto, f32, f16 are)" in run.warnings
+    assert (
+        "--cache-type-k q4_0 is not supported yet; the KV cache runs as auto (auto, f32, f16, bf16, q8_0 are)"
+        in run.warnings
+    )
+
+
+@pytest.mark.parametrize(
+    ("bits", "group", "types", "error"),
+    [
+        (8, None, ("q8_0", "q8_0"), None),
+        (8, 32, ("q8_0", "q8_0"), None),
+        (8, 64, ("q8_0", "q8_0"), None),  # mlx-lm's default group: q8_0's blocks of 32 are finer
+        (4, None, ("auto", "auto"), None),  # q4_0: not here yet, the note says so
+        (3, None, None, "--kv-bits 3 is not one of 8, 4"),
+        (8, 16, None, "--kv-group-size 16 is not one of 32, 64"),
+        (None, 64, None, "--kv-group-size goes with --kv-bits"),
+    ],
+)
+def test_mlx_lms_kv_bits_name_the_q8_0_cache(bits, group, types, error):
+    from mlxcel_py.errors import UsageError
+    from mlxcel_py.options import CommandOptions, ModelOptions
+    from mlxcel_py.validate import validate
+
+    opts = CommandOptions(command="generate", model=ModelOptions(kv_bits=bits, kv_group_size=group))
+    if error:
+        with pytest.raises(UsageError, match=error):
+            validate(opts)
+        return
+    assert validate(opts).options.model.cache_types == types
+
+
+def test_kv_bits_beside_a_cache_type_is_refused_on_the_command_line(cli_env, no_weights):
+    r = _cli(cli_env, "generate", "-p", "hi", "--kv-bits", "8", "-ctv", "f16")
+    assert r.returncode == 2, r.stderr
+    assert "--kv-bits names the cache type; drop it or --cache-type-k/--cache-type-v" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_the_note_reaches_stderr_and_generation_runs(cli_env, tiny_dir):
@@ -159,3 +249,38 @@ def test_a_model_that_keeps_float32_says_so_and_runs(cli_env, tmp_path):
     assert "--cache-type-k f16: this model keeps a float32 KV cache" in r.stderr
     quiet = _cli(cli_env, "generate", "-m", str(folder), "-p", "hello", "-n", "3", "--temp", "0")
     assert "KV cache" not in quiet.stderr and quiet.stdout == r.stdout  # auto says nothing, same text
+
+
+@needs_kernel
+def test_kv_bits_8_runs_the_q8_0_cache_and_prompt_lookup_equals_plain(cli_env, tmp_path):
+    folder = make_tiny_model(tmp_path / "m", seed=1, hidden=128, scale=2.5)  # head dim 32 (q8_0 needs 32/64/128)
+    base = ["generate", "-m", str(folder), "-p", "one two three one two three one two", "-n", "24", "--temp", "0"]
+    plain = _cli(cli_env, *base, "--kv-bits", "8", "--verbose")
+    assert plain.returncode == 0, plain.stderr
+    assert "KV cache q8_0 keys, q8_0 values" in plain.stderr
+    spec = _cli(cli_env, *base, "-ctk", "q8_0", "-ctv", "q8_0", "--prompt-lookup")
+    assert spec.returncode == 0, spec.stderr
+    assert spec.stdout == plain.stdout and plain.stdout.strip()
+
+
+@needs_kernel
+def test_q8_0_at_a_head_dim_it_cannot_read_keeps_f16_and_says_so(tmp_path):
+    import tiny_models
+
+    cfg = dict(
+        model_type="llama",
+        hidden_size=96,
+        num_hidden_layers=1,
+        intermediate_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        rms_norm_eps=1e-5,
+        vocab_size=260,
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+    )
+    folder = tiny_models.build(tmp_path / "m", cfg)  # head dim 48
+    lm = loading.load(loading.resolve(str(folder)), cache_types=("q8_0", "f32"))
+    assert lm.kv_cache == "f16 keys, f32 values"
+    assert "--cache-type-k q8_0: a head dim of 48 is not one q8_0 runs at (32, 64, 128)" in lm.kv_note

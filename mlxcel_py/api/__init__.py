@@ -105,7 +105,7 @@ def load(
     pass prompt_lookup=True per call). `draft_tree_budget`: the drafter's rounds verify draft trees
     of up to that many more nodes (--draft-tree-budget; greedy calls only, sampled calls verify
     chains). `cache_type_k` / `cache_type_v`: the KV cache type (--cache-type-k/-v: auto, f32,
-    f16). Refusals are the CLI's, as MlxcelError subclasses."""
+    f16, bf16, q8_0). Refusals are the CLI's, as MlxcelError subclasses."""
     opts = CommandOptions(
         command="generate",
         model=ModelOptions(

@@ -35,8 +35,10 @@ NoMmprojOpt = Annotated[bool, typer.Option("--no-mmproj", help="Load a vision-la
 NoBlasOpt = Annotated[bool, typer.Option("--no-blas", help="Keep MLX's bundled reference BLAS instead of loading OpenBLAS (Linux CPU).", rich_help_panel=RUNTIME)]
 NoDequantizeOpt = Annotated[bool, typer.Option("--no-dequantize", help="Keep quantized weights on the CPU instead of dequantizing to float32.", rich_help_panel=RUNTIME)]
 CpuWeightsOpt = Annotated[Optional[str], typer.Option("--cpu-weights", metavar="auto|q8|q4|f32", help="CPU weight form: the row-exact kernels with 8- or 4-bit weights, or float32 on BLAS; auto: the kernels where they built, each layer as stored (quantized layers keep their bits, float16/bfloat16/float32 layers their precision on the float kernel), else f32. bench: a comma list, each benchmarked.", rich_help_panel=RUNTIME)]
-CacheTypeKOpt = Annotated[Optional[str], typer.Option("--cache-type-k", "-ctk", metavar="auto|f32|f16", help="KV cache type for keys (llama.cpp's spelling): auto is f16 where the fused decoder layers run, else f32. A row is rounded once, when written, so speculative output still equals plain output at the same type.", rich_help_panel=RUNTIME)]
-CacheTypeVOpt = Annotated[Optional[str], typer.Option("--cache-type-v", "-ctv", metavar="auto|f32|f16", help="KV cache type for values (as --cache-type-k).", rich_help_panel=RUNTIME)]
+CacheTypeKOpt = Annotated[Optional[str], typer.Option("--cache-type-k", "-ctk", metavar="auto|f32|f16|bf16|q8_0", help="KV cache type for keys (llama.cpp's spelling): auto is f16 where the fused decoder layers run, else f32; q8_0 is 8-bit blocks of 32 (half f16's bytes). A row is rounded once, when written, so speculative output still equals plain output at the same type.", rich_help_panel=RUNTIME)]
+CacheTypeVOpt = Annotated[Optional[str], typer.Option("--cache-type-v", "-ctv", metavar="auto|f32|f16|bf16|q8_0", help="KV cache type for values (as --cache-type-k).", rich_help_panel=RUNTIME)]
+KvBitsOpt = Annotated[Optional[int], typer.Option("--kv-bits", metavar="8", help="mlx-lm's spelling: 8 is --cache-type-k q8_0 --cache-type-v q8_0.", rich_help_panel=RUNTIME)]
+KvGroupSizeOpt = Annotated[Optional[int], typer.Option("--kv-group-size", metavar="32|64", help="mlx-lm's, with --kv-bits: q8_0's blocks are 32 values (as fine as 64 or finer).", rich_help_panel=RUNTIME)]
 NoFastKernelsOpt = Annotated[bool, typer.Option("--no-fast-kernels", help="Keep mlx-lm's attention and SwiGLU (MLX's scalar exp on the CPU) instead of the vectorized-exp kernels.", rich_help_panel=RUNTIME)]
 
 PromptOpt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text; '-' reads it from stdin. Without it: interactive chat.", rich_help_panel=GEN)]
@@ -178,6 +180,8 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             cpu_weights=_given(g("cpu_weights"), O.DEFAULT_CPU_WEIGHTS),
             cache_type_k=_given(g("cache_type_k"), "auto"),
             cache_type_v=_given(g("cache_type_v"), "auto"),
+            kv_bits=g("kv_bits"),
+            kv_group_size=g("kv_group_size"),
             chat_template=g("chat_template"),
             chat_template_file=g("chat_template_file"),
             mmproj=g("mmproj"),
@@ -329,6 +333,8 @@ RUNTIME_PARAMS = [
     _kw("cpu_weights", CpuWeightsOpt, None),
     _kw("cache_type_k", CacheTypeKOpt, None),
     _kw("cache_type_v", CacheTypeVOpt, None),
+    _kw("kv_bits", KvBitsOpt, None),
+    _kw("kv_group_size", KvGroupSizeOpt, None),
 ]
 # the context window and what a full one does (llama.cpp's -c, --context-shift, --keep): every command
 WINDOW_PARAMS = [_kw("ctx_size", CtxSizeOpt, 0), _kw("context_shift", ContextShiftOpt, False), _kw("keep", KeepOpt, 0)]

@@ -27,11 +27,19 @@ def attention_at(dtypes: tuple[mx.Dtype, mx.Dtype]):
     """`attention` over keys and values rounded to the cache type `dtypes` (keys, values), for
     a model whose fused layers keep float16 caches (models.decoder_layers): a forward that takes
     mlx-lm's layer code instead (a reference run, a block the fused op does not take) reads its
-    float32 rows as the fused layers would have stored them, so both give the same bits."""
+    float32 rows as the fused layers would have stored them, so both give the same bits. A q8_0
+    side (int8) is quantized as the layers quantize a row they write (`kv_rows`, eager: a
+    reference path, not the decode path)."""
+    qmm, _ = kernel_status()
     k_type, v_type = dtypes
 
+    def rounded(x: mx.array, t: mx.Dtype) -> mx.array:
+        if t != mx.int8:
+            return x.astype(t)
+        return x if x.dtype == mx.int8 else qmm.kv_rows(x, t)
+
     def at(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool) -> mx.array:
-        return attention(q, k.astype(k_type), v.astype(v_type), scale, causal)
+        return attention(q, rounded(k, k_type), rounded(v, v_type), scale, causal)
 
     return at
 

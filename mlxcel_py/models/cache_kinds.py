@@ -160,8 +160,8 @@ def reserve(
         return
     steps = (c.step + n - 1) // c.step
     k_type, v_type = dtypes if c.keys is None else (c.keys.dtype, c.values.dtype)
-    new_k = mx.zeros((1, heads, steps * c.step, dim), k_type)
-    new_v = mx.zeros((1, heads, steps * c.step, dim), v_type)
+    new_k = mx.zeros((1, heads, steps * c.step, row_width(dim, k_type)), k_type)
+    new_v = mx.zeros((1, heads, steps * c.step, row_width(dim, v_type)), v_type)
     if c.keys is None:
         c.keys, c.values = new_k, new_v
         return
@@ -169,6 +169,12 @@ def reserve(
         c.keys, c.values = c.keys[..., :prev, :], c.values[..., :prev, :]
     c.keys = mx.concatenate([c.keys, new_k], axis=2)
     c.values = mx.concatenate([c.values, new_v], axis=2)
+
+
+def row_width(dim: int, dtype: mx.Dtype) -> int:
+    """Elements of one KV row of `dim` values at a buffer dtype: int8 is q8_0 (csrc
+    attention_kernel.h: dim int8, then dim/32 float16 scales), the others hold the values as they are."""
+    return dim + dim // 16 if dtype == mx.int8 else dim
 
 
 def adapter_for(c: Any):

@@ -48,6 +48,7 @@ from ..cpu import extension as cpu_extension
 from ..cpu import kernels as cpu_kernels
 from ..cpu import layers as cpu_layers
 from ..cpu import row_ops as cpu_row_ops
+from ..errors import ModelError
 from . import cache_kinds
 from .families import model_type
 from .taps import layer_recorder, text_model
@@ -111,8 +112,10 @@ def why_not(model: Any) -> str | None:
     return None
 
 
-KV_DTYPES = {"f32": mx.float32, "f16": mx.float16}  # options.CACHE_TYPES
+# options.CACHE_TYPES; a q8_0 buffer is int8 (cache_kinds.row_width: its rows carry their scales)
+KV_DTYPES = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16, "q8_0": mx.int8}
 AUTO_CACHE_TYPE = "f16"  # what `auto` means where the fused layers run
+Q8_HEAD_DIMS = (32, 64, 128)  # the widths the attention reads q8_0 rows at (csrc q8_head_dim)
 
 
 @dataclass(frozen=True)
@@ -154,10 +157,12 @@ def _layer_op(qmm: Any, layer: Any, qwen3: bool, kv_dtypes: tuple[mx.Dtype, mx.D
     return _Layer(op, n_kv, head_dim, kv_dtypes)
 
 
-def cache_dtypes(cache_types: tuple[str, str]) -> tuple[mx.Dtype, mx.Dtype]:
-    """The buffers' dtypes for (--cache-type-k, --cache-type-v), `auto` resolved."""
+def cache_dtypes(cache_types: tuple[str, str], head_dim: int | None = None) -> tuple[mx.Dtype, mx.Dtype]:
+    """The buffers' dtypes for (--cache-type-k, --cache-type-v), `auto` resolved; q8_0 at a head
+    width its attention does not read stays float16 (kv_cache.describe says so)."""
     k, v = (AUTO_CACHE_TYPE if t == "auto" else t for t in cache_types)
-    return KV_DTYPES[k], KV_DTYPES[v]
+    fits = head_dim is None or head_dim in Q8_HEAD_DIMS
+    return tuple(KV_DTYPES[t] if t != "q8_0" or fits else mx.float16 for t in (k, v))
 
 
 def install(model: Any, cache_types: tuple[str, str] = ("auto", "auto")) -> int:
@@ -169,7 +174,8 @@ def install(model: Any, cache_types: tuple[str, str] = ("auto", "auto")) -> int:
     qmm, _ = cpu_extension.kernel_status()
     _, inner = text_model(model)
     qwen3 = model_type(model) == "qwen3"
-    dtypes = cache_dtypes(cache_types)
+    attn = inner.layers[0].self_attn
+    dtypes = cache_dtypes(cache_types, attn.q_proj.n // attn.n_heads)
     ops = [_layer_op(qmm, layer, qwen3, dtypes) for layer in inner.layers]
     key = id(inner)
     if key not in _FUSED:
@@ -214,7 +220,14 @@ def _call(self, inputs, cache=None, input_embeddings=None, **kwargs):
     ops = _FUSED.get(id(self))
     plan = _plan(inputs, cache, input_embeddings, kwargs, len(ops)) if ops is not None else None
     if plan is None:
+        if (
+            ops is not None
+            and _too_wide(inputs)
+            and _plan(inputs[:, :1], cache, _first(input_embeddings), kwargs, len(ops))
+        ):
+            return _in_chunks(self, inputs, cache, input_embeddings)  # only too wide for one op
         _reserve_at_cache_type(_GEOMETRY.get(id(self)), inputs, cache, input_embeddings)
+        _refuse_q8(cache)
         return self._mlxcel_base.__call__(self, inputs, cache=cache, input_embeddings=input_embeddings, **kwargs)
     seq, pos, tree = plan
     # draft-tree rows (engine.tree): written at their slots, attending their prefix and tail
@@ -236,6 +249,43 @@ def _call(self, inputs, cache=None, input_embeddings=None, **kwargs):
     return self.norm(h)
 
 
+def _too_wide(inputs) -> bool:
+    """One sequence's block of more rows than the op takes at once."""
+    return inputs.ndim == 2 and inputs.shape[0] == 1 and inputs.shape[1] > cpu_layers.KERNEL_ROWS
+
+
+def _first(input_embeddings):
+    return None if input_embeddings is None else input_embeddings[:, :1]
+
+
+def _in_chunks(model, inputs, cache, input_embeddings):
+    """A one-sequence block wider than the op takes, as consecutive chunks through it: the same
+    rows (each row's bits depend on its position and keys alone), and a q8_0 cache is never
+    written by mlx-lm's code, which cannot round to it."""
+    step = cpu_layers.KERNEL_ROWS
+    outs = [
+        _call(
+            model,
+            inputs[:, i : i + step],
+            cache,
+            None if input_embeddings is None else input_embeddings[:, i : i + step],
+        )
+        for i in range(0, inputs.shape[1], step)
+    ]
+    return mx.concatenate(outs, axis=1)
+
+
+def _refuse_q8(cache) -> None:
+    """mlx-lm's layer code would write float rows into a q8_0 (int8) buffer: refuse in one line."""
+    for c in cache or ():
+        held = getattr(c, "keys", None)
+        if type(c) is KVCache and held is not None and mx.int8 in (held.dtype, c.values.dtype):
+            raise ModelError(
+                "a q8_0 KV cache is written by the fused decoder layers only, and this forward "
+                "takes mlx-lm's layer code; run it with --cache-type-k/-v f16"
+            )
+
+
 def _reserve_at_cache_type(ops: list | None, inputs, cache, input_embeddings) -> None:
     """Before mlx-lm's layer code writes plain caches (a block wider than the op takes, input
     embeddings, `unfused`): room for its rows at the cache type, so its writes round to that type
@@ -245,8 +295,10 @@ def _reserve_at_cache_type(ops: list | None, inputs, cache, input_embeddings) ->
         return
     if not all(type(c) is KVCache for c in cache) or ops[0].kv_dtypes == (mx.float32, mx.float32):
         return
+    # q8_0 sides stay float32 here: mlx-lm writes floats, and attention_at rounds them as it reads
+    dtypes = tuple(mx.float32 if t == mx.int8 else t for t in ops[0].kv_dtypes)
     for layer, kv in zip(ops, cache):
-        cache_kinds.reserve(kv, rows.shape[1], layer.kv_heads, layer.head_dim, layer.kv_dtypes)
+        cache_kinds.reserve(kv, rows.shape[1], layer.kv_heads, layer.head_dim, dtypes)
 
 
 def _plan(inputs, cache, input_embeddings, kwargs, n_layers: int) -> tuple[list[int], list[int], Any] | None:

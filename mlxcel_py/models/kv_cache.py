@@ -2,7 +2,8 @@
 
 Where the fused decoder layers carry the model (models.decoder_layers) its caches hold the chosen
 types: `auto` is float16 there (half the bytes a long context reads every step), `f32` keeps
-float32. Elsewhere mlx-lm's layer code writes the cache in the model's activations' dtype
+float32, `bf16` is bfloat16 and `q8_0` llama.cpp's 8-bit blocks (int8 buffers whose rows carry
+their scales: a quarter of float32's bytes and a little more). Elsewhere mlx-lm's layer code writes the cache in the model's activations' dtype
 (float32 on the CPU paths), so an explicit `f16` cannot apply: the model runs, `kv_note` says why
 in one line, and the reports name the type really in use.
 """
@@ -14,12 +15,12 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from . import decoder_layers
+from . import cache_kinds, decoder_layers
 
 if TYPE_CHECKING:
     from .loading import LoadedModel
 
-NAMES = {mx.float32: "f32", mx.float16: "f16"}
+NAMES = {mx.float32: "f32", mx.float16: "f16", mx.bfloat16: "bf16", mx.int8: "q8_0"}
 
 
 def describe(loaded: LoadedModel, cache_types: tuple[str, str]) -> LoadedModel:
@@ -27,9 +28,21 @@ def describe(loaded: LoadedModel, cache_types: tuple[str, str]) -> LoadedModel:
     layers = decoder_layers.fused_layers(loaded.model)
     if layers:
         k_type, v_type = layers[0].kv_dtypes
-        per_token = sum(x.kv_heads * x.head_dim * (k_type.size + v_type.size) for x in layers)
+        per_token = sum(x.kv_heads * (row_bytes(x.head_dim, k_type) + row_bytes(x.head_dim, v_type)) for x in layers)
+        given = [NAMES[t] for t in (k_type, v_type)]
+        asked = [
+            f"{flag} q8_0"
+            for flag, t, got in zip(("--cache-type-k", "--cache-type-v"), cache_types, given)
+            if t == "q8_0" and got != "q8_0"
+        ]
+        note = (
+            f"{' and '.join(asked)}: a head dim of {layers[0].head_dim} is not one q8_0 runs at "
+            f"({', '.join(map(str, decoder_layers.Q8_HEAD_DIMS))}); the cache keeps f16 there"
+            if asked
+            else None
+        )
         return dataclasses.replace(
-            loaded, kv_cache=f"{NAMES[k_type]} keys, {NAMES[v_type]} values", kv_bytes_per_token=per_token
+            loaded, kv_cache=f"{given[0]} keys, {given[1]} values", kv_bytes_per_token=per_token, kv_note=note
         )
     note = None
     asked = [
@@ -41,6 +54,11 @@ def describe(loaded: LoadedModel, cache_types: tuple[str, str]) -> LoadedModel:
     return dataclasses.replace(
         loaded, kv_cache="f32 keys, f32 values", kv_bytes_per_token=_f32_bytes(loaded.config), kv_note=note
     )
+
+
+def row_bytes(head_dim: int, dtype: mx.Dtype) -> int:
+    """Bytes of one head's key or value row at a buffer dtype (q8_0: the int8 values and their scales)."""
+    return cache_kinds.row_width(head_dim, dtype) * dtype.size
 
 
 def _f32_bytes(cfg: dict) -> int:

@@ -355,7 +355,7 @@ def _kernels(model: Any, weights: Any, fast_kernels: bool, cache_types: tuple[st
 
         if fused := decoder_layers.install(model, cache_types):
             kernels += f"; {fused} fused decoder layers"
-            kv = decoder_layers.cache_dtypes(cache_types)
+            kv = decoder_layers.fused_layers(model)[0].kv_dtypes
             if kv != (mx.float32, mx.float32):  # mlx-lm's layer code reads what the fused layers store
                 cpu_kernels.enable_row_exact(model, cw_row_ops.attention_at(kv), cw_row_ops.swiglu)
     return kernels
