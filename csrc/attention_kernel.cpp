@@ -351,8 +351,8 @@ void unit_of(const AttentionArgs& a, const Query* qs, int n, const TK* k, const 
     if (a.D == 128) return kv_unit<8, false>(qs, n, k, v, ks, vs, a.scale, c, parts, sc);
     if (a.D == 32) return kv_unit<2, false>(qs, n, k, v, ks, vs, a.scale, c, parts, sc);
   }
-  // q8_0 rows are read by the chunked kernels only (q8_head_dim: the callers refuse other widths)
-  if constexpr (!std::is_same_v<TK, int8_t> && !std::is_same_v<TV, int8_t>)
+  // q8_0 and q4_0 rows are read by the chunked kernels only (q8_head_dim: the callers refuse other widths)
+  if constexpr (!kv_block_type<TK> && !kv_block_type<TV>)
     for (int t = 0; t < n; ++t) row(a, qs[t].q, k, v, qs[t].out, qs[t].vis, qs[t].base, qs[t].tail, sc.s);
 }
 
@@ -364,6 +364,7 @@ void unit_k(const AttentionArgs& a, const Query* qs, int n, const TK* k, const v
     case KvType::f16: return unit_of(a, qs, n, k, static_cast<const uint16_t*>(v), c, parts, sc);
     case KvType::bf16: return unit_of(a, qs, n, k, static_cast<const bf16_bits*>(v), c, parts, sc);
     case KvType::q8_0: return unit_of(a, qs, n, k, static_cast<const int8_t*>(v), c, parts, sc);
+    case KvType::q4_0: return unit_of(a, qs, n, k, static_cast<const uint8_t*>(v), c, parts, sc);
     default: return unit_of(a, qs, n, k, static_cast<const float*>(v), c, parts, sc);
   }
 }
@@ -374,6 +375,7 @@ void unit(const AttentionArgs& a, const Query* qs, int n, const void* k, const v
     case KvType::f16: return unit_k(a, qs, n, static_cast<const uint16_t*>(k), v, c, parts, sc);
     case KvType::bf16: return unit_k(a, qs, n, static_cast<const bf16_bits*>(k), v, c, parts, sc);
     case KvType::q8_0: return unit_k(a, qs, n, static_cast<const int8_t*>(k), v, c, parts, sc);
+    case KvType::q4_0: return unit_k(a, qs, n, static_cast<const uint8_t*>(k), v, c, parts, sc);
     default: return unit_k(a, qs, n, static_cast<const float*>(k), v, c, parts, sc);
   }
 }
@@ -550,6 +552,7 @@ void store_kv_row(void* dst, KvType t, const float* src, int n) {
     case KvType::f16: return store_kv(static_cast<uint16_t*>(dst), src, n);
     case KvType::bf16: return store_kv(static_cast<bf16_bits*>(dst), src, n);
     case KvType::q8_0: return store_kv(static_cast<int8_t*>(dst), src, n);
+    case KvType::q4_0: return store_kv(static_cast<uint8_t*>(dst), src, n);
     default: return store_kv(static_cast<float*>(dst), src, n);
   }
 }

@@ -6,16 +6,21 @@
 namespace mlxcel {
 
 // The element type of a KV buffer (--cache-type-k / --cache-type-v): float32; float16 or bfloat16
-// (held as their uint16_t bits); or q8_0 (llama.cpp's: blocks of 32 values as int8 and one float16
-// scale d, a value being q * d). A q8_0 row of D values is D int8 followed by its D/32 scales
-// (D + D/16 bytes; kv_row). Keys and values are widened to float32 as they are read, exactly (an
-// int8 times a float16 fits float32's mantissa), so the arithmetic below is the same for every
-// type: a row rounded once, when it was written, reads back the same bits every time.
-enum class KvType : int { f32 = 0, f16 = 1, bf16 = 2, q8_0 = 3 };
-// bytes of one element: the unit of a buffer's strides and offsets (q8_0: bytes)
-inline int kv_bytes(KvType t) { return t == KvType::f32 ? 4 : t == KvType::q8_0 ? 1 : 2; }
+// (held as their uint16_t bits); or llama.cpp's blocks of 32 values with one float16 scale d:
+// q8_0 (int8 q, a value q * d) and q4_0 (4-bit q, a value (q - 8) * d; byte j of a block holds
+// values j and j + 16 in its low and high nibbles). A q8_0 row of D values is D int8 followed by
+// its D/32 scales (D + D/16 bytes; kv_row), a q4_0 row D/2 bytes and then the scales. Keys and
+// values are widened to float32 as they are read, exactly (an int8 times a float16 fits float32's
+// mantissa), so the arithmetic below is the same for every type: a row rounded once, when it was
+// written, reads back the same bits every time.
+enum class KvType : int { f32 = 0, f16 = 1, bf16 = 2, q8_0 = 3, q4_0 = 4 };
+inline bool kv_blocks(KvType t) { return t == KvType::q8_0 || t == KvType::q4_0; }
+// bytes of one element: the unit of a buffer's strides and offsets (q8_0, q4_0: bytes)
+inline int kv_bytes(KvType t) { return t == KvType::f32 ? 4 : kv_blocks(t) ? 1 : 2; }
 // elements of one row of D values
-inline int64_t kv_row(int D, KvType t) { return t == KvType::q8_0 ? D + D / 16 : D; }
+inline int64_t kv_row(int D, KvType t) {
+  return t == KvType::q8_0 ? D + D / 16 : t == KvType::q4_0 ? D / 2 + D / 16 : D;
+}
 // element `n` of a buffer of type t
 inline const void* kv_at(const void* base, int64_t n, KvType t) { return static_cast<const char*>(base) + n * kv_bytes(t); }
 inline void* kv_at(void* base, int64_t n, KvType t) { return static_cast<char*>(base) + n * kv_bytes(t); }
@@ -23,7 +28,7 @@ inline void* kv_at(void* base, int64_t n, KvType t) { return static_cast<char*>(
 inline void* kv_row_at(void* base, int64_t capacity, int h, int64_t r, int D, KvType t) {
   return kv_at(base, (h * capacity + r) * kv_row(D, t), t);
 }
-// whether the attention reads a q8_0 row of this head width (its chunked kernels only)
+// whether the attention reads a q8_0 or q4_0 row of this head width (its chunked kernels only)
 inline bool q8_head_dim(int D) { return D == 32 || D == 64 || D == 128; }
 
 struct AttentionArgs {
@@ -69,7 +74,8 @@ struct RowsAttentionArgs {
 
 // One build per ISA (isa_begin.h), and the dispatchers under the same names (isa.cpp).
 // store_kv_row: n float32 values into a KV row of type t at dst (float16, bfloat16: rounded to
-// nearest even, as MLX's astype rounds; q8_0: llama.cpp's quantize_row_q8_0, n a multiple of 32),
+// nearest even, as MLX's astype rounds; q8_0, q4_0: llama.cpp's quantize_row_q8_0 / _q4_0, n a
+// multiple of 32),
 // the one place a key or value is rounded to the cache's type.
 #define MLXCEL_ATTENTION_KERNELS                                \
   void attention(const AttentionArgs& a, int threads);          \

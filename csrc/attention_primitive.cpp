@@ -89,13 +89,13 @@ mx::array row_exact_attention(const mx::array& q, const mx::array& k, const mx::
     throw std::invalid_argument("row_exact_attention: q, k, v must be [B, heads, length, dim]");
   KvType kt, vt;
   if (q.dtype() != mx::float32 || !kv_type_of(k, &kt) || !kv_type_of(v, &vt))
-    throw std::invalid_argument("row_exact_attention: float32 queries; float32, float16, bfloat16 or q8_0 (int8) keys and values");
+    throw std::invalid_argument("row_exact_attention: float32 queries; float32, float16, bfloat16, q8_0 (int8) or q4_0 (uint8) keys and values");
   const int D = q.shape(3);
   if (k.shape(0) != v.shape(0) || k.shape(1) != v.shape(1) || k.shape(2) != v.shape(2) || q.shape(0) != k.shape(0) ||
       k.shape(3) != kv_row(D, kt) || v.shape(3) != kv_row(D, vt) || k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0)
     throw std::invalid_argument("row_exact_attention: shapes do not match (query heads must be a multiple of KV heads)");
-  if ((kt == KvType::q8_0 || vt == KvType::q8_0) && !q8_head_dim(D))
-    throw std::invalid_argument("row_exact_attention: a q8_0 KV cache needs a head dim of 32, 64 or 128");
+  if ((kv_blocks(kt) || kv_blocks(vt)) && !q8_head_dim(D))
+    throw std::invalid_argument("row_exact_attention: a q8_0 or q4_0 KV cache needs a head dim of 32, 64 or 128");
   if (causal && q.shape(2) > k.shape(2))
     throw std::invalid_argument("row_exact_attention: a causal block cannot be longer than its keys");
   auto s = mx::default_stream(mx::Device::cpu);
@@ -105,10 +105,10 @@ mx::array row_exact_attention(const mx::array& q, const mx::array& k, const mx::
 mx::array kv_rows(const mx::array& x, mx::Dtype dtype) {
   mx::array probe = mx::zeros({1}, dtype);
   KvType t;
-  if (!kv_type_of(probe, &t)) throw std::invalid_argument("kv_rows: float32, float16, bfloat16 or int8 (q8_0) rows");
+  if (!kv_type_of(probe, &t)) throw std::invalid_argument("kv_rows: float32, float16, bfloat16, int8 (q8_0) or uint8 (q4_0) rows");
   if (x.ndim() < 1) throw std::invalid_argument("kv_rows: rows [..., D]");
   const int D = x.shape(-1);
-  if (t == KvType::q8_0 && D % 32 != 0) throw std::invalid_argument("kv_rows: q8_0 rows hold whole blocks of 32");
+  if (kv_blocks(t) && D % 32 != 0) throw std::invalid_argument("kv_rows: q8_0 and q4_0 rows hold whole blocks of 32");
   mx::array xs = mx::contiguous(mx::astype(x, mx::float32));
   mx::eval(xs);
   const int64_t rows = D ? xs.size() / D : 0, width = kv_row(D, t);

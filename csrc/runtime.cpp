@@ -49,7 +49,7 @@ void kv_types(const std::vector<mlx::core::array>& k_bufs, const std::vector<mlx
   for (size_t b = 0; b < k_bufs.size(); ++b) {
     KvType k, v;
     if (!kv_type_of(k_bufs[b], &k) || !kv_type_of(v_bufs[b], &v))
-      throw std::invalid_argument(std::string(what) + "KV buffers must be float32, float16, bfloat16 or int8 (q8_0)");
+      throw std::invalid_argument(std::string(what) + "KV buffers must be float32, float16, bfloat16, int8 (q8_0) or uint8 (q4_0)");
     if (b == 0) {
       *kt = k;
       *vt = v;
@@ -61,8 +61,8 @@ void kv_types(const std::vector<mlx::core::array>& k_bufs, const std::vector<mlx
 
 void check_kv_rows(const std::vector<mlx::core::array>& k_bufs, const std::vector<mlx::core::array>& v_bufs, int D,
                    KvType kt, KvType vt, const char* what) {
-  if ((kt == KvType::q8_0 || vt == KvType::q8_0) && !q8_head_dim(D))
-    throw std::invalid_argument(std::string(what) + "a q8_0 KV cache needs a head dim of 32, 64 or 128, not " + std::to_string(D));
+  if ((kv_blocks(kt) || kv_blocks(vt)) && !q8_head_dim(D))
+    throw std::invalid_argument(std::string(what) + "a q8_0 or q4_0 KV cache needs a head dim of 32, 64 or 128, not " + std::to_string(D));
   for (size_t b = 0; b < k_bufs.size(); ++b)
     if (k_bufs[b].shape(3) != kv_row(D, kt) || v_bufs[b].shape(3) != kv_row(D, vt))
       throw std::invalid_argument(std::string(what) + "buffer " + std::to_string(b) + "'s rows must hold " +

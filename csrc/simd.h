@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 namespace mlxcel {
 namespace MLXCEL_ISA {
@@ -193,6 +194,9 @@ inline vf load_kv(const uint16_t* p) {
 #endif
 }
 inline vf load_kv_n(const uint16_t* p, int n) { return load_half_n(p, n); }
+// q8_0 (int8_t) and q4_0 (uint8_t) rows: blocks of 32 values with their scales (row16)
+template <typename T>
+inline constexpr bool kv_block_type = std::is_same_v<T, int8_t> || std::is_same_v<T, uint8_t>;
 // bfloat16 bits, a type of their own so the kernels' overloads tell it from float16
 struct bf16_bits {
   uint16_t bits;
@@ -209,6 +213,25 @@ inline vf load_kv_n(const bf16_bits* p, int n) {
 template <int D, typename T>
 inline vf row16(const T* row, int cc) {
   return load_kv(row + 16 * cc);
+}
+// q4_0 (uint8_t: D/2 bytes, byte j of block b holding values 32b + j and 32b + j + 16, then D/32
+// float16 scales): (q - 8) * d
+template <int D>
+inline vf row16(const uint8_t* row, int cc) {
+  uint16_t h;
+  std::memcpy(&h, row + D / 2 + 2 * (cc / 2), sizeof h);
+  const vf d = set1(_cvtsh_ss(h));
+  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * (cc / 2)));
+  if (cc & 1) b = _mm_srli_epi16(b, 4);
+  b = _mm_and_si128(b, _mm_set1_epi8(0x0F));
+#if MLXCEL_ISA_AVX512
+  return mul(vf{_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(b), _mm512_set1_epi32(8)))}, d);
+#else
+  const __m256i eight = _mm256_set1_epi32(8);
+  return mul(vf{_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(b), eight)),
+                _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)), eight))},
+             d);
+#endif
 }
 template <int D>
 inline vf row16(const int8_t* row, int cc) {
@@ -240,6 +263,28 @@ inline void store_kv(bf16_bits* dst, const float* src, int n) {
     std::memcpy(&u, src + i, sizeof u);
     dst[i].bits = (u & 0x7FFFFFFFu) > 0x7F800000u ? static_cast<uint16_t>((u >> 16) | 0x40u)
                                                   : static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  }
+}
+// q4_0 (llama.cpp's quantize_row_q4_0_ref): per block of 32, d = m / -8 with m the value of the
+// largest magnitude, stored as float16; q = min(15, trunc(x / d + 8.5)); n a multiple of 32. The
+// row: n/2 bytes (byte j of a block: value j low, value j + 16 high), then n/32 scales.
+inline void store_kv(uint8_t* dst, const float* src, int n) {
+  for (int b = 0; b < n / 32; ++b) {
+    const float* x = src + 32 * b;
+    float amax = 0.0f, m = 0.0f;
+    for (int i = 0; i < 32; ++i)
+      if (amax < std::fabs(x[i])) {
+        amax = std::fabs(x[i]);
+        m = x[i];
+      }
+    const float d = m / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t h = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    std::memcpy(dst + n / 2 + 2 * b, &h, sizeof h);
+    for (int j = 0; j < 16; ++j) {
+      const int lo = std::min(15, static_cast<int>(static_cast<int8_t>(x[j] * id + 8.5f)));
+      const int hi = std::min(15, static_cast<int>(static_cast<int8_t>(x[16 + j] * id + 8.5f)));
+      dst[16 * b + j] = static_cast<uint8_t>(lo | (hi << 4));
+    }
   }
 }
 // q8_0 (llama.cpp's quantize_row_q8_0): per block of 32, d = max|x| / 127 stored as float16,

@@ -50,10 +50,10 @@ CPU_WEIGHTS = ("auto", "q8", "q4", "f32")
 DEFAULT_CPU_WEIGHTS = "auto"
 # --cache-type-k / --cache-type-v in llama.cpp's spelling; auto: f16 where the fused decoder layers
 # run (models.decoder_layers), else f32. LATER_CACHE_TYPES: llama.cpp's other names, run as auto with a note.
-CACHE_TYPES = ("auto", "f32", "f16", "bf16", "q8_0")
-LATER_CACHE_TYPES = ("q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
-# mlx-lm's --kv-bits / --kv-group-size, as aliases: 8 bits is q8_0 (blocks of 32 values, as fine as
-# mlx-lm's default group of 64 or finer); 4 is q4_0 (not here yet)
+CACHE_TYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0")
+LATER_CACHE_TYPES = ("q4_1", "iq4_nl", "q5_0", "q5_1")
+# mlx-lm's --kv-bits / --kv-group-size, as aliases: 8 bits is q8_0 and 4 is q4_0 (blocks of 32
+# values, as fine as mlx-lm's default group of 64 or finer)
 KV_BITS = {8: "q8_0", 4: "q4_0"}
 KV_GROUP_SIZES = (32, 64)
 

@@ -42,7 +42,7 @@ def _kv_bits(m: ModelOptions) -> tuple[str, str]:
     if m.kv_group_size is not None and m.kv_group_size not in KV_GROUP_SIZES:
         raise UsageError(
             f"--kv-group-size {m.kv_group_size} is not one of {', '.join(map(str, KV_GROUP_SIZES))} "
-            f"(q8_0's blocks are 32 values); drop it or use 32"
+            f"(q8_0's and q4_0's blocks are 32 values); drop it or use 32"
         )
     if m.cache_types != ("auto", "auto"):
         raise UsageError("--kv-bits names the cache type; drop it or --cache-type-k/--cache-type-v")

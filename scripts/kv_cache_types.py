@@ -65,7 +65,12 @@ def llama_runner(ids: list[int], tokens: int, kv: str):
 
     from mlxcel_py.models import default_model
 
-    ggml = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}[kv]
+    ggml = {
+        "f32": llama_cpp.GGML_TYPE_F32,
+        "f16": llama_cpp.GGML_TYPE_F16,
+        "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+        "q4_0": llama_cpp.GGML_TYPE_Q4_0,
+    }[kv]
     llm = llama_cpp.Llama(
         str(default_model.default_gguf()),
         n_ctx=len(ids) + tokens + 64,

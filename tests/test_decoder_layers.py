@@ -60,7 +60,8 @@ def folders(tmp_path_factory):
 
 # every test runs at each KV cache type the fused layers keep (--cache-type-k/-v): the default
 # float16, bfloat16 and q8_0 (each rounded once, when a row is written) and float32
-KV_TYPES = {"f16": mx.float16, "f32": mx.float32, "bf16": mx.bfloat16, "q8_0": mx.int8}
+KV_TYPES = {"f16": mx.float16, "f32": mx.float32, "bf16": mx.bfloat16, "q8_0": mx.int8, "q4_0": mx.uint8}
+ROW_BYTES = {mx.int8: 34, mx.uint8: 18}  # a head's row of 32 values: q8_0's 32 int8, q4_0's 16 bytes; a scale
 
 
 @pytest.fixture(scope="module", params=[(f, t) for f in sorted(CONFIGS) for t in KV_TYPES], ids="-".join)
@@ -99,7 +100,7 @@ def test_every_family_fuses_and_equals_mlx_lm_layers_bit_for_bit(family):
 def test_the_cache_holds_the_chosen_type_whichever_code_wrote_it(family):
     _, loaded = family
     want = KV_TYPES[loaded.kv_cache.split()[0]]
-    row = 34 if want == mx.int8 else 32 * want.size  # a q8_0 row: 32 int8 and one float16 scale
+    row = ROW_BYTES.get(want, 32 * want.size)
     assert loaded.kv_bytes_per_token == 2 * 2 * 2 * row  # layers x (k, v) x kv heads x a head's row
     fused = SequenceCache(loaded.model)
     fused.feed(list(range(40, 90)))  # the op's own buffers
@@ -107,15 +108,15 @@ def test_the_cache_holds_the_chosen_type_whichever_code_wrote_it(family):
     wide.feed(list(range(300)))  # wider than the op takes at once: consecutive chunks through it
     for c in (fused, wide):
         assert {(kv.keys.dtype, kv.values.dtype) for kv in c.layers} == {(want, want)}
-        assert c.layers[0].keys.shape[-1] == (34 if want == mx.int8 else 32)
-    with decoder_layers.unfused(loaded.model):  # mlx-lm's layer code: q8_0 rows stay float32 there
+        assert c.layers[0].keys.shape[-1] == (ROW_BYTES.get(want, 32))
+    with decoder_layers.unfused(loaded.model):  # mlx-lm's layer code: q8_0/q4_0 rows stay float32 there
         ref = SequenceCache(loaded.model)
         ref.feed(list(range(40, 90)))
-    assert ref.layers[0].keys.dtype == (mx.float32 if want == mx.int8 else want)
+    assert ref.layers[0].keys.dtype == (mx.float32 if want in ROW_BYTES else want)
 
 
 @needs_kernel
-@pytest.mark.parametrize("types", [("f16", "f32"), ("q8_0", "f16"), ("bf16", "q8_0")], ids="-".join)
+@pytest.mark.parametrize("types", [("f16", "f32"), ("q8_0", "f16"), ("bf16", "q8_0"), ("q8_0", "q4_0")], ids="-".join)
 def test_keys_and_values_may_differ_in_type(folders, types):
     loaded = loading.load(loading.resolve(str(folders["llama"])), cache_types=types)  # -ctk K -ctv V
     assert loaded.kv_cache == f"{types[0]} keys, {types[1]} values"
@@ -200,7 +201,7 @@ def test_the_op_refuses_bad_shapes_and_positions_with_a_message(family):
         op(h, [mx.zeros((1, 2, 256, 16))], [k], [0, 0, 0], [0, 1, 2])
     with pytest.raises(ValueError, match="rows must hold 34 key"):  # a q8_0 row carries its scales
         op(h, [k.astype(mx.int8)], [k], [0, 0, 0], [0, 1, 2])
-    with pytest.raises(ValueError, match="float32, float16, bfloat16 or int8"):
+    with pytest.raises(ValueError, match=r"float32, float16, bfloat16, int8 \(q8_0\) or uint8"):
         op(h, [k.astype(mx.int32)], [k], [0, 0, 0], [0, 1, 2])
     with pytest.raises(ValueError, match="h must be float32"):
         op(mx.zeros((1, 3, 64)), [k], [k], [0, 0, 0], [0, 1, 2])
@@ -227,11 +228,11 @@ def test_tree_rows_equal_their_paths_one_token_steps_bit_for_bit(family, fused, 
     of its own path: its ancestors' keys only, at its depth's position (the fused op, and
     mlx-lm's layers over the batched cache attention)."""
     _, loaded = family
-    if not fused and "q8_0" in loaded.kv_cache:
-        # mlx-lm's layer code keeps a q8_0 model's rows in float32 and rounds them as its attention
+    if not fused and ("q8_0" in loaded.kv_cache or "q4_0" in loaded.kv_cache):
+        # mlx-lm's layer code keeps a q8_0 (q4_0) model's rows in float32 and rounds them as its attention
         # reads them (row_ops.attention_at); the batched cache attention reads them as stored.
         # Only the fused op writes q8_0 rows, so that is the path to hold to its one-token steps.
-        pytest.skip("q8_0 rows are written by the fused op only")
+        pytest.skip("q8_0 and q4_0 rows are written by the fused op only")
     model, context = loaded.model, [60 + i % 190 for i in range(context_len)]
     with contextlib.nullcontext() if fused else decoder_layers.unfused(model):
         c = SequenceCache(model)
@@ -326,7 +327,7 @@ def test_other_caches_and_input_embeddings_take_mlx_lm_code(family):
         c = model(ids)  # no cache: mlx-lm's forward (a causal mask over the block)
     assert mx.array_equal(a, b).item()
     # no cache: mlx-lm's forward over float32 keys (q8_0's rounding moves the logits more)
-    assert mx.allclose(a, c, atol=0.1 if "q8_0" in loaded.kv_cache else 1e-3).item()
+    assert mx.allclose(a, c, atol={"q8_0": 0.1, "q4_0": 1.0}.get(loaded.kv_cache.split()[0], 1e-3)).item()
 
 
 @needs_kernel

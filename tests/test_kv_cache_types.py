@@ -24,21 +24,28 @@ QMM, WHY = cpu_extension.kernel_status()
 needs_kernel = pytest.mark.skipif(QMM is None, reason=f"row-exact kernel: {WHY}")
 
 
-DTYPES = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16, "q8_0": mx.int8}
+DTYPES = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16, "q8_0": mx.int8, "q4_0": mx.uint8}
+BLOCKS = ("q8_0", "q4_0")
 
 
 def _stored(x: mx.array, t: str) -> mx.array:
-    """float32 rows as a buffer of cache type t (q8_0: the kernels' own rounding)."""
-    return QMM.kv_rows(x, DTYPES[t]) if t == "q8_0" else x.astype(DTYPES[t])
+    """float32 rows as a buffer of cache type t (q8_0, q4_0: the kernels' own rounding)."""
+    return QMM.kv_rows(x, DTYPES[t]) if t in BLOCKS else x.astype(DTYPES[t])
 
 
 def _values(buf: mx.array, dim: int) -> mx.array:
-    """What a buffer's rows hold, as float32: q8_0 rows are q * d per block of 32."""
-    if buf.dtype != mx.int8:
+    """What a buffer's rows hold, as float32: q8_0 rows are q * d per block of 32, q4_0 rows
+    (q - 8) * d with byte j of a block holding values j (low nibble) and j + 16 (high)."""
+    if buf.dtype not in (mx.int8, mx.uint8):
         return buf.astype(mx.float32)
-    lead = buf.shape[:-1]
-    q = buf[..., :dim].astype(mx.float32).reshape(*lead, dim // 32, 32)
-    d = buf[..., dim:].view(mx.float16).astype(mx.float32).reshape(*lead, dim // 32, 1)
+    lead, n = buf.shape[:-1], dim // 32
+    if buf.dtype == mx.int8:
+        q, scales = buf[..., :dim].astype(mx.float32).reshape(*lead, n, 32), buf[..., dim:]
+    else:
+        packed = buf[..., : dim // 2].reshape(*lead, n, 16)
+        q = mx.concatenate([packed & 15, packed >> 4], axis=-1).astype(mx.float32) - 8
+        scales = buf[..., dim // 2 :]
+    d = scales.view(mx.float16).astype(mx.float32).reshape(*lead, n, 1)
     return (q * d).reshape(*lead, dim)
 
 
@@ -53,7 +60,27 @@ def _q8_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, d.astype(np.float16)
 
 
-PAIRS = [("f16", "f16"), ("f16", "f32"), ("f32", "f16"), ("bf16", "bf16"), ("q8_0", "q8_0"), ("q8_0", "f16")]
+def _q4_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's quantize_row_q4_0_ref: d = m / -8 with m the block's value of the largest
+    magnitude (kept as float16), q = min(15, trunc(x / d + 8.5)); the 32 q of a block in order."""
+    blocks = x.astype(np.float32).reshape(-1, 32)
+    m = blocks[np.arange(len(blocks)), np.abs(blocks).argmax(axis=1)]
+    d = m / np.float32(-8)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    q = np.minimum(15, np.trunc(blocks * inv[:, None] + np.float32(8.5))).astype(np.uint8)
+    return q, d.astype(np.float16)
+
+
+PAIRS = [
+    ("f16", "f16"),
+    ("f16", "f32"),
+    ("f32", "f16"),
+    ("bf16", "bf16"),
+    ("q8_0", "q8_0"),
+    ("q8_0", "f16"),
+    ("q4_0", "q4_0"),
+    ("f32", "q4_0"),
+]
 
 
 @needs_kernel
@@ -63,9 +90,9 @@ def test_attention_over_rounded_rows_is_attention_over_their_float32_values(dim,
     mx.random.seed(7)
     q = mx.random.normal((1, 6, 5, dim))
     kbuf, vbuf = mx.random.normal((1, 2, 90, dim)), mx.random.normal((1, 2, 90, dim))
-    if "q8_0" in types and dim == 48:  # q8_0 runs at head dims 32, 64 and 128 (the loader keeps f16 elsewhere)
-        with pytest.raises(ValueError, match="q8_0 rows hold whole blocks of 32"):
-            _stored(kbuf, "q8_0")
+    if set(types) & set(BLOCKS) and dim == 48:  # q8_0/q4_0 run at head dims 32, 64, 128 (else the loader keeps f16)
+        with pytest.raises(ValueError, match="q8_0 and q4_0 rows hold whole blocks of 32"):
+            _stored(kbuf, next(t for t in types if t in BLOCKS))
         return
     ks, vs = (_stored(b, t) for b, t in zip((kbuf, vbuf), types))
     k32, v32 = _values(ks, dim), _values(vs, dim)
@@ -89,6 +116,14 @@ def test_q8_0_rows_are_llama_cpps_blocks_and_bfloat16_rows_mlxs_rounding():
     assert np.array_equal(got[:, 128:].copy().view(np.float16).reshape(-1), d)
     err = mx.abs(_values(rows, 128) - x).max().item()
     assert 0 < err <= 30.0 * 4 / 127 / 2 * 1.01  # half a step of the largest block's scale
+    rows4 = QMM.kv_rows(x, mx.uint8)
+    assert rows4.shape == (3, 4, 72) and rows4.dtype == mx.uint8
+    q4, d4 = _q4_reference(np.array(x).reshape(-1, 128))
+    got4 = np.array(rows4).reshape(-1, 72)
+    nibbles = got4[:, :64].reshape(-1, 16)
+    assert np.array_equal(np.concatenate([nibbles & 15, nibbles >> 4], axis=1), q4)
+    assert np.array_equal(got4[:, 64:].copy().view(np.float16).reshape(-1), d4)
+    assert mx.abs(_values(rows4, 128) - x).max().item() <= 30.0 * 4 / 8 * 1.01  # a step of the largest scale
     assert mx.array_equal(QMM.kv_rows(x, mx.bfloat16), x.astype(mx.bfloat16)).item()
     assert mx.array_equal(QMM.kv_rows(x, mx.float16), x.astype(mx.float16)).item()
 
@@ -116,12 +151,12 @@ def test_cache_attention_rounds_new_rows_once_and_reads_them_back(kind):
         QMM.row_exact_cache_attention(
             q, k_new, v_new, [kbufs[0], kbufs[1].astype(mx.float32)], vbufs, [0, 1], offsets, 0.125
         )
-    with pytest.raises(ValueError, match="float32, float16, bfloat16 or q8_0"):
+    with pytest.raises(ValueError, match=r"float32, float16, bfloat16, q8_0 \(int8\) or q4_0"):
         QMM.row_exact_attention(q, kbufs[0].astype(mx.int32), vbufs[0], 0.125, False)
 
 
 @needs_kernel
-@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.int8])
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.int8, mx.uint8])
 def test_move_rows_moves_rows_of_each_type_as_they_are(dtype):
     buf = mx.arange(2 * 10 * 4).reshape(1, 2, 10, 4).astype(dtype)
     (moved,) = QMM.move_rows([buf], [5, 7], 2)
@@ -132,7 +167,7 @@ def test_move_rows_moves_rows_of_each_type_as_they_are(dtype):
 
 @needs_kernel
 @pytest.mark.real
-@pytest.mark.parametrize("cache_type", ["f32", "f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("cache_type", ["f32", "f16", "bf16", "q8_0", "q4_0"])
 def test_prompt_lookup_equals_plain_on_the_default_model_at_each_type(cache_type, workloads):
     from mlxcel_py.formats.prompting import prompt_ids
 
@@ -158,7 +193,7 @@ def test_an_unknown_type_is_refused_before_loading(cli_env, no_weights):
     from mlxcel_py.options import CommandOptions, ModelOptions
     from mlxcel_py.validate import validate
 
-    names = "auto, f32, f16, bf16, q8_0"
+    names = "auto, f32, f16, bf16, q8_0, q4_0"
     with pytest.raises(UsageError, match=f"--cache-type-v f8 is not one of {names}"):
         validate(CommandOptions(command="generate", model=ModelOptions(cache_type_v="f8")))
     r = _cli(cli_env, "serve", "--port", "0", "-ctk", "f8")
@@ -167,14 +202,14 @@ def test_an_unknown_type_is_refused_before_loading(cli_env, no_weights):
 
 
 def test_llama_cpps_later_types_run_as_auto_with_a_note():
-    # a llama-server command line (`-ctk q4_0`) still starts
+    # a llama-server command line (`-ctk q5_1`) still starts
     from mlxcel_py.options import CommandOptions, ModelOptions
     from mlxcel_py.validate import validate
 
-    run = validate(CommandOptions(command="generate", model=ModelOptions(cache_type_k="q4_0", cache_type_v="f32")))
+    run = validate(CommandOptions(command="generate", model=ModelOptions(cache_type_k="q5_1", cache_type_v="f32")))
     assert run.options.model.cache_types == ("auto", "f32")
     assert (
-        "--cache-type-k q4_0 is not supported yet; the KV cache runs as auto (auto, f32, f16, bf16, q8_0 are)"
+        "--cache-type-k q5_1 is not supported yet; the KV cache runs as auto (auto, f32, f16, bf16, q8_0, q4_0 are)"
         in run.warnings
     )
 
@@ -185,7 +220,7 @@ def test_llama_cpps_later_types_run_as_auto_with_a_note():
         (8, None, ("q8_0", "q8_0"), None),
         (8, 32, ("q8_0", "q8_0"), None),
         (8, 64, ("q8_0", "q8_0"), None),  # mlx-lm's default group: q8_0's blocks of 32 are finer
-        (4, None, ("auto", "auto"), None),  # q4_0: not here yet, the note says so
+        (4, None, ("q4_0", "q4_0"), None),
         (3, None, None, "--kv-bits 3 is not one of 8, 4"),
         (8, 16, None, "--kv-group-size 16 is not one of 32, 64"),
         (None, 64, None, "--kv-group-size goes with --kv-bits"),
@@ -212,9 +247,9 @@ def test_kv_bits_beside_a_cache_type_is_refused_on_the_command_line(cli_env, no_
 
 
 def test_the_note_reaches_stderr_and_generation_runs(cli_env, tiny_dir):
-    r = _cli(cli_env, "generate", "-m", str(tiny_dir), "-p", "hi", "-n", "3", "--temp", "0", "-ctk", "q4_0")
+    r = _cli(cli_env, "generate", "-m", str(tiny_dir), "-p", "hi", "-n", "3", "--temp", "0", "-ctk", "iq4_nl")
     assert r.returncode == 0, r.stderr
-    assert "--cache-type-k q4_0 is not supported yet" in r.stderr and r.stdout.strip()
+    assert "--cache-type-k iq4_nl is not supported yet" in r.stderr and r.stdout.strip()
 
 
 @needs_kernel
@@ -281,6 +316,9 @@ def test_q8_0_at_a_head_dim_it_cannot_read_keeps_f16_and_says_so(tmp_path):
         tie_word_embeddings=True,
     )
     folder = tiny_models.build(tmp_path / "m", cfg)  # head dim 48
-    lm = loading.load(loading.resolve(str(folder)), cache_types=("q8_0", "f32"))
-    assert lm.kv_cache == "f16 keys, f32 values"
-    assert "--cache-type-k q8_0: a head dim of 48 is not one q8_0 runs at (32, 64, 128)" in lm.kv_note
+    lm = loading.load(loading.resolve(str(folder)), cache_types=("q8_0", "q4_0"))
+    assert lm.kv_cache == "f16 keys, f16 values"
+    assert (
+        "--cache-type-k q8_0 and --cache-type-v q4_0: a head dim of 48 is not one q8_0 and q4_0 run at (32, 64, 128)"
+        in lm.kv_note
+    )

@@ -28,15 +28,15 @@ def attention_at(dtypes: tuple[mx.Dtype, mx.Dtype]):
     a model whose fused layers keep float16 caches (models.decoder_layers): a forward that takes
     mlx-lm's layer code instead (a reference run, a block the fused op does not take) reads its
     float32 rows as the fused layers would have stored them, so both give the same bits. A q8_0
-    side (int8) is quantized as the layers quantize a row they write (`kv_rows`, eager: a
+    or q4_0 side (int8, uint8) is quantized as the layers quantize a row they write (`kv_rows`, eager: a
     reference path, not the decode path)."""
     qmm, _ = kernel_status()
     k_type, v_type = dtypes
 
     def rounded(x: mx.array, t: mx.Dtype) -> mx.array:
-        if t != mx.int8:
+        if t not in (mx.int8, mx.uint8):  # q8_0, q4_0
             return x.astype(t)
-        return x if x.dtype == mx.int8 else qmm.kv_rows(x, t)
+        return x if x.dtype == t else qmm.kv_rows(x, t)
 
     def at(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool) -> mx.array:
         return attention(q, rounded(k, k_type), rounded(v, v_type), scale, causal)

@@ -173,8 +173,14 @@ def reserve(
 
 def row_width(dim: int, dtype: mx.Dtype) -> int:
     """Elements of one KV row of `dim` values at a buffer dtype: int8 is q8_0 (csrc
-    attention_kernel.h: dim int8, then dim/32 float16 scales), the others hold the values as they are."""
-    return dim + dim // 16 if dtype == mx.int8 else dim
+    attention_kernel.h: dim int8, then dim/32 float16 scales), uint8 q4_0 (dim/2 bytes of
+    nibbles, then the scales); the others hold the values as they are."""
+    if dtype == mx.int8:
+        return dim + dim // 16
+    return dim // 2 + dim // 16 if dtype == mx.uint8 else dim
+
+
+BLOCK_DTYPES = (mx.int8, mx.uint8)  # q8_0, q4_0: blocks of 32 values written by the kernels only
 
 
 def adapter_for(c: Any):

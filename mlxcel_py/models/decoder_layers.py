@@ -112,10 +112,11 @@ def why_not(model: Any) -> str | None:
     return None
 
 
-# options.CACHE_TYPES; a q8_0 buffer is int8 (cache_kinds.row_width: its rows carry their scales)
-KV_DTYPES = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16, "q8_0": mx.int8}
+# options.CACHE_TYPES; a q8_0 buffer is int8, a q4_0 one uint8 (cache_kinds.row_width: their rows
+# carry their scales)
+KV_DTYPES = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16, "q8_0": mx.int8, "q4_0": mx.uint8}
 AUTO_CACHE_TYPE = "f16"  # what `auto` means where the fused layers run
-Q8_HEAD_DIMS = (32, 64, 128)  # the widths the attention reads q8_0 rows at (csrc q8_head_dim)
+Q8_HEAD_DIMS = (32, 64, 128)  # the widths the attention reads q8_0 and q4_0 rows at (csrc q8_head_dim)
 
 
 @dataclass(frozen=True)
@@ -158,11 +159,11 @@ def _layer_op(qmm: Any, layer: Any, qwen3: bool, kv_dtypes: tuple[mx.Dtype, mx.D
 
 
 def cache_dtypes(cache_types: tuple[str, str], head_dim: int | None = None) -> tuple[mx.Dtype, mx.Dtype]:
-    """The buffers' dtypes for (--cache-type-k, --cache-type-v), `auto` resolved; q8_0 at a head
-    width its attention does not read stays float16 (kv_cache.describe says so)."""
+    """The buffers' dtypes for (--cache-type-k, --cache-type-v), `auto` resolved; q8_0 or q4_0 at a
+    head width its attention does not read stays float16 (kv_cache.describe says so)."""
     k, v = (AUTO_CACHE_TYPE if t == "auto" else t for t in cache_types)
     fits = head_dim is None or head_dim in Q8_HEAD_DIMS
-    return tuple(KV_DTYPES[t] if t != "q8_0" or fits else mx.float16 for t in (k, v))
+    return tuple(KV_DTYPES[t] if KV_DTYPES[t] not in cache_kinds.BLOCK_DTYPES or fits else mx.float16 for t in (k, v))
 
 
 def install(model: Any, cache_types: tuple[str, str] = ("auto", "auto")) -> int:
@@ -260,7 +261,7 @@ def _first(input_embeddings):
 
 def _in_chunks(model, inputs, cache, input_embeddings):
     """A one-sequence block wider than the op takes, as consecutive chunks through it: the same
-    rows (each row's bits depend on its position and keys alone), and a q8_0 cache is never
+    rows (each row's bits depend on its position and keys alone), and a q8_0/q4_0 cache is never
     written by mlx-lm's code, which cannot round to it."""
     step = cpu_layers.KERNEL_ROWS
     outs = [
@@ -276,12 +277,12 @@ def _in_chunks(model, inputs, cache, input_embeddings):
 
 
 def _refuse_q8(cache) -> None:
-    """mlx-lm's layer code would write float rows into a q8_0 (int8) buffer: refuse in one line."""
+    """mlx-lm's layer code would write float rows into a q8_0/q4_0 buffer: refuse in one line."""
     for c in cache or ():
         held = getattr(c, "keys", None)
-        if type(c) is KVCache and held is not None and mx.int8 in (held.dtype, c.values.dtype):
+        if type(c) is KVCache and held is not None and {held.dtype, c.values.dtype} & set(cache_kinds.BLOCK_DTYPES):
             raise ModelError(
-                "a q8_0 KV cache is written by the fused decoder layers only, and this forward "
+                "a q8_0 or q4_0 KV cache is written by the fused decoder layers only, and this forward "
                 "takes mlx-lm's layer code; run it with --cache-type-k/-v f16"
             )
 
@@ -295,8 +296,8 @@ def _reserve_at_cache_type(ops: list | None, inputs, cache, input_embeddings) ->
         return
     if not all(type(c) is KVCache for c in cache) or ops[0].kv_dtypes == (mx.float32, mx.float32):
         return
-    # q8_0 sides stay float32 here: mlx-lm writes floats, and attention_at rounds them as it reads
-    dtypes = tuple(mx.float32 if t == mx.int8 else t for t in ops[0].kv_dtypes)
+    # q8_0/q4_0 sides stay float32 here: mlx-lm writes floats, and attention_at rounds them as it reads
+    dtypes = tuple(mx.float32 if t in cache_kinds.BLOCK_DTYPES else t for t in ops[0].kv_dtypes)
     for layer, kv in zip(ops, cache):
         cache_kinds.reserve(kv, rows.shape[1], layer.kv_heads, layer.head_dim, dtypes)
 

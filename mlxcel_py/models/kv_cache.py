@@ -2,7 +2,7 @@
 
 Where the fused decoder layers carry the model (models.decoder_layers) its caches hold the chosen
 types: `auto` is float16 there (half the bytes a long context reads every step), `f32` keeps
-float32, `bf16` is bfloat16 and `q8_0` llama.cpp's 8-bit blocks (int8 buffers whose rows carry
+float32, `bf16` is bfloat16, `q8_0` and `q4_0` llama.cpp's 8- and 4-bit blocks (int8 and uint8 buffers whose rows carry
 their scales: a quarter of float32's bytes and a little more). Elsewhere mlx-lm's layer code writes the cache in the model's activations' dtype
 (float32 on the CPU paths), so an explicit `f16` cannot apply: the model runs, `kv_note` says why
 in one line, and the reports name the type really in use.
@@ -20,7 +20,7 @@ from . import cache_kinds, decoder_layers
 if TYPE_CHECKING:
     from .loading import LoadedModel
 
-NAMES = {mx.float32: "f32", mx.float16: "f16", mx.bfloat16: "bf16", mx.int8: "q8_0"}
+NAMES = {mx.float32: "f32", mx.float16: "f16", mx.bfloat16: "bf16", mx.int8: "q8_0", mx.uint8: "q4_0"}
 
 
 def describe(loaded: LoadedModel, cache_types: tuple[str, str]) -> LoadedModel:
@@ -31,12 +31,12 @@ def describe(loaded: LoadedModel, cache_types: tuple[str, str]) -> LoadedModel:
         per_token = sum(x.kv_heads * (row_bytes(x.head_dim, k_type) + row_bytes(x.head_dim, v_type)) for x in layers)
         given = [NAMES[t] for t in (k_type, v_type)]
         asked = [
-            f"{flag} q8_0"
+            f"{flag} {t}"
             for flag, t, got in zip(("--cache-type-k", "--cache-type-v"), cache_types, given)
-            if t == "q8_0" and got != "q8_0"
+            if t in ("q8_0", "q4_0") and got != t
         ]
         note = (
-            f"{' and '.join(asked)}: a head dim of {layers[0].head_dim} is not one q8_0 runs at "
+            f"{' and '.join(asked)}: a head dim of {layers[0].head_dim} is not one q8_0 and q4_0 run at "
             f"({', '.join(map(str, decoder_layers.Q8_HEAD_DIMS))}); the cache keeps f16 there"
             if asked
             else None
