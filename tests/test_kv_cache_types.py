@@ -302,19 +302,9 @@ def test_kv_bits_8_runs_the_q8_0_cache_and_prompt_lookup_equals_plain(cli_env, t
 def test_q8_0_at_a_head_dim_it_cannot_read_keeps_f16_and_says_so(tmp_path):
     import tiny_models
 
-    cfg = dict(
-        model_type="llama",
-        hidden_size=96,
-        num_hidden_layers=1,
-        intermediate_size=128,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        rms_norm_eps=1e-5,
-        vocab_size=260,
-        max_position_embeddings=2048,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
-    )
+    from test_decoder_layers import BASE
+
+    cfg = dict(BASE, model_type="llama", hidden_size=96, num_attention_heads=2, num_key_value_heads=1)
     folder = tiny_models.build(tmp_path / "m", cfg)  # head dim 48
     lm = loading.load(loading.resolve(str(folder)), cache_types=("q8_0", "q4_0"))
     assert lm.kv_cache == "f16 keys, f16 values"
