@@ -301,7 +301,6 @@ def test_kv_bits_8_runs_the_q8_0_cache_and_prompt_lookup_equals_plain(cli_env, t
 @needs_kernel
 def test_q8_0_at_a_head_dim_it_cannot_read_keeps_f16_and_says_so(tmp_path):
     import tiny_models
-
     from test_decoder_layers import BASE
 
     cfg = dict(BASE, model_type="llama", hidden_size=96, num_attention_heads=2, num_key_value_heads=1)
