@@ -302,6 +302,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l threads -s t -d 'CP
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l slot-save-path -d 'Folder for slot files: POST /slots/{id}?action=save|restore|erase writes a cached prompts KV cache there and reads it back (llama-servers)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l embeddings -l embedding -d 'Serve embeddings at /v1/embeddings and /embedding (llama-servers; 501 without)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l image-url-fetch -d 'Download http(s) image URLs in requests (10 s, 32 MiB each); otherwise only data: URLs'
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l media-path -d 'Read file:// image URLs in requests as paths inside DIR (llama-servers; nothing outside it); off by default'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l pooling -d 'How a prompts hidden states become one embedding (default last: the last tokens, as decoder embedding models read it)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l cache-ram -o cram -d 'Keep finished requests KV caches up to this many MiB, so a later prompt sharing a prefix (a resent chat history, a common system prompt) skips it; -1 no limit, 0 off (default 8192)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l parallel -o np -d 'Requests decoded together (llama-servers slots; default 4): their plain steps share one batched forward, the rest wait in the queue'

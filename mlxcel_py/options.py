@@ -224,6 +224,7 @@ class ServerOptions:
     embeddings: bool = False  # --embeddings: /v1/embeddings and /embedding answer (501 without)
     pooling: str = "last"  # --pooling: none, mean, cls or last (engine/embeddings.py)
     image_url_fetch: bool = False  # --image-url-fetch: http(s) image URLs in requests are downloaded
+    media_path: str | None = None  # --media-path: file:// image URLs name files inside this folder
     slot_save_path: str | None = None  # --slot-save-path: the folder of slot files (POST /slots/{id})
     cache_ram: int = DEFAULT_CACHE_RAM_MIB  # finished requests' caches kept, MiB; -1 no limit, 0 off
     parallel: int = DEFAULT_PARALLEL

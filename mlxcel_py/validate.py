@@ -281,6 +281,8 @@ def _server(opts: CommandOptions) -> None:
     srv = opts.server
     if srv.slot_save_path is not None and not Path(srv.slot_save_path).is_dir():
         raise UsageError(f"--slot-save-path {srv.slot_save_path}: no such folder; create it or pass another")
+    if srv.media_path is not None and not Path(srv.media_path).is_dir():
+        raise UsageError(f"--media-path {srv.media_path}: no such folder; create it or pass another")
     if srv.pooling not in POOLINGS:
         why = " (reranking, which this server does not do)" if srv.pooling == "rank" else ""
         raise UsageError(f"--pooling {srv.pooling}{why} is not one of {', '.join(POOLINGS)}")

@@ -11,9 +11,11 @@ import base64
 import concurrent.futures as cf
 import io
 import os
+import subprocess
 
 import pytest
 import tiny_vlms
+from conftest import mlxcel_cmd
 from test_cli_generate import mlxcel
 from test_server import get, post, start_server
 from test_vision import COPY, picture
@@ -44,12 +46,33 @@ def chat_body(img, text=PROMPT, n=24, **kw):
 
 
 @pytest.fixture(scope="module")
-def vserver(tmp_path_factory):
+def media_dir(tmp_path_factory):
+    """The server's --media-path folder (file:// image URLs), beside a file outside it."""
+    root = tmp_path_factory.mktemp("media")
+    (root / "pics").mkdir()
+    picture(31).save(root / "pics" / "a.png")
+    picture(32).save(root.parent / "outside.png")
+    (root / "pics" / "link.png").symlink_to(root.parent / "outside.png")  # a link out of the folder
+    return root
+
+
+@pytest.fixture(scope="module")
+def vserver(tmp_path_factory, media_dir):
     folder = tiny_vlms.llava(tmp_path_factory.mktemp("vsrv") / "model")
     env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path_factory.mktemp("cfg")))
     slots = tmp_path_factory.mktemp("slots")
     proc, url, lines = start_server(
-        env, "-m", str(folder), "--draft-kind", "prompt-lookup", "-np", "2", "--slot-save-path", str(slots)
+        env,
+        "-m",
+        str(folder),
+        "--draft-kind",
+        "prompt-lookup",
+        "-np",
+        "2",
+        "--slot-save-path",
+        str(slots),
+        "--media-path",
+        str(media_dir),
     )
     yield url, folder, env
     proc.terminate()
@@ -166,7 +189,10 @@ def test_responses_input_image_and_llama_server_multimodal_data(vserver):
         ([{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}], "not an image"),
         ([{"type": "image_url", "image_url": {"url": "data:image/png;base64,%%%"}}], "malformed"),
         ([{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}], "--image-url-fetch"),
-        ([{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}], "must be a data: URL"),
+        (
+            [{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}],
+            "no such file in the --media-path folder",
+        ),
         ([{"type": "input_audio", "input_audio": {"data": "AAAA"}}], "'input_audio' parts are not supported"),
     ],
     ids=["not-image", "bad-base64", "remote", "file-url", "audio"],
@@ -280,16 +306,62 @@ def test_remote_images_are_fetched_only_under_the_flag_within_limits(monkeypatch
     base = f"http://127.0.0.1:{srv.server_address[1]}"
     try:
         part = {"type": "image", "url": base + "/a.png", "where": "an image_url part"}
-        assert image_parts.decode(part, fetch=True).size == (50, 40)
+        assert image_parts.decode(part, image_parts.ImageSources(fetch=True)).size == (50, 40)
         with pytest.raises(ApiError, match="--image-url-fetch"):
-            image_parts.decode(part, fetch=False)
+            image_parts.decode(part, image_parts.ImageSources())
         monkeypatch.setattr(image_parts.vimages, "MAX_BYTES", 1024)
         with pytest.raises(ApiError, match="more than the limit"):
-            image_parts.decode({**part, "url": base + "/big.png"}, fetch=True)
+            image_parts.decode({**part, "url": base + "/big.png"}, image_parts.ImageSources(fetch=True))
         with pytest.raises(ApiError, match="cannot fetch the image"):
-            image_parts.decode({**part, "url": base + "/missing.png"}, fetch=True)
+            image_parts.decode({**part, "url": base + "/missing.png"}, image_parts.ImageSources(fetch=True))
     finally:
         srv.shutdown()
+
+
+def _file_chat(url: str, image_url: str) -> tuple[int, dict]:
+    content = [{"type": "image_url", "image_url": {"url": image_url}}, {"type": "text", "text": PROMPT}]
+    return post(
+        url + "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": content}], "max_tokens": 12, "temperature": 0},
+    )
+
+
+def test_file_urls_read_inside_the_media_path_only(vserver, media_dir):
+    """llama-server's --media-path: file:// URLs are paths relative to the folder (extra slashes
+    are one); `..`, a link out of it, a missing file or an absolute path outside are a 400."""
+    url, _, _ = vserver
+    s, want = post(url + "/v1/chat/completions", chat_body(picture(31), n=12))
+    assert s == 200
+    for good in ("file://pics/a.png", "file:////pics//a.png"):
+        s, body = _file_chat(url, good)
+        assert s == 200, body
+        assert body["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+    for bad, why in (
+        ("file://../outside.png", "not a file inside the --media-path folder"),
+        ("file://pics/link.png", "not a file inside the --media-path folder"),
+        ("file://pics/none.png", "no such file in the --media-path folder"),
+        (f"file://{media_dir.parent}/outside.png", "no such file in the --media-path folder"),  # never absolute
+        ("file://", "not a file inside the --media-path folder"),
+    ):
+        s, body = _file_chat(url, bad)
+        assert s == 400 and why in body["error"]["message"], (bad, body)
+    assert _file_chat(url, "file://pics/a.png")[0] == 200  # still serving
+
+
+def test_file_urls_are_refused_without_a_media_path(tmp_path, cli_env):
+    from mlxcel_py.server import image_parts
+    from mlxcel_py.server.http import ApiError
+
+    picture(33).save(tmp_path / "p.png")
+    with pytest.raises(ApiError, match=r"reads no local files \(start it with --media-path DIR\)"):
+        image_parts.decode({"type": "image", "url": "file://p.png", "where": "x"}, image_parts.ImageSources())
+    img = image_parts.decode({"type": "image", "url": "file://p.png"}, image_parts.ImageSources(media_path=tmp_path))
+    assert img.size == picture(33).size
+    r = subprocess.run(
+        [*mlxcel_cmd(), "serve", "--media-path", str(tmp_path / "none")], capture_output=True, text=True, env=cli_env
+    )
+    assert r.returncode == 2 and "--media-path" in r.stderr and "no such folder" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_a_cached_image_prompt_is_not_written_to_a_slot_file(vserver):

@@ -132,6 +132,7 @@ ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", metavar="N
 CtxSizeOpt = Annotated[int, typer.Option("--ctx-size", "-c", metavar="N", help="Context window in tokens (0: the model's); prompt plus reply never exceed it.", rich_help_panel=GEN)]
 ContextShiftOpt = Annotated[bool, typer.Option("--context-shift/--no-context-shift", help="When a generation fills the window, drop half of the context after the first --keep tokens and go on (llama.cpp's; default off: the generation stops there).", rich_help_panel=GEN)]
 ImageUrlFetchOpt = Annotated[bool, typer.Option("--image-url-fetch", help="Download http(s) image URLs in requests (10 s, 32 MiB each); otherwise only data: URLs.", rich_help_panel=SERVER)]
+MediaPathOpt = Annotated[Optional[str], typer.Option("--media-path", metavar="DIR", help="Read file:// image URLs in requests as paths inside DIR (llama-server's; nothing outside it); off by default.", rich_help_panel=SERVER)]
 EmbeddingsOpt = Annotated[bool, typer.Option("--embeddings", "--embedding", help="Serve embeddings at /v1/embeddings and /embedding (llama-server's; 501 without).", rich_help_panel=SERVER)]
 PoolingOpt = Annotated[Optional[str], typer.Option("--pooling", metavar="none|mean|cls|last", help="How a prompt's hidden states become one embedding (default last: the last token's, as decoder embedding models read it).", rich_help_panel=SERVER)]
 SlotSavePathOpt = Annotated[Optional[str], typer.Option("--slot-save-path", metavar="DIR", help="Folder for slot files: POST /slots/{id}?action=save|restore|erase writes a cached prompt's KV cache there and reads it back (llama-server's).", rich_help_panel=SERVER)]
@@ -263,6 +264,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             slot_save_path=g("slot_save_path"),
             embeddings=g("embeddings", False),
             image_url_fetch=g("image_url_fetch", False),
+            media_path=g("media_path"),
             pooling=_given(g("pooling"), "last"),
             cache_ram=g("cache_ram", O.DEFAULT_CACHE_RAM_MIB),
             parallel=_given(g("parallel"), O.DEFAULT_PARALLEL),
@@ -412,6 +414,7 @@ SERVER_PARAMS = [
     _kw("slot_save_path", SlotSavePathOpt, None),
     _kw("embeddings", EmbeddingsOpt, False),
     _kw("image_url_fetch", ImageUrlFetchOpt, False),
+    _kw("media_path", MediaPathOpt, None),
     _kw("pooling", PoolingOpt, None),
     _kw("cache_ram", CacheRamOpt, O.DEFAULT_CACHE_RAM_MIB),
     _kw("parallel", ParallelOpt, None),

@@ -25,6 +25,7 @@ from ..engine.context_shift import ContextShift
 from ..engine.text import TextPiece
 from ..options import SamplingOptions
 from .http import BODY_LIMIT, ApiError, error_body, log
+from .image_parts import ImageSources
 from .requests import RequestReader
 from .responses import ResponseShapes, sse
 from .worker import Busy, Job, Result, ShuttingDown, Worker
@@ -51,7 +52,7 @@ class ServerContext:
     context_shift: ContextShift | None = None  # --context-shift (its --keep): requests' default
     embeddings: bool = False  # --embeddings: the embedding routes answer
     vision: Any = None  # a vision-language model's vision.prompts.Vision (None: text only)
-    fetch_images: bool = False  # --image-url-fetch
+    images: ImageSources = field(default_factory=ImageSources)  # --image-url-fetch, --media-path
     pooling: str = "last"  # --pooling
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -73,7 +74,7 @@ class ServerContext:
             context_shift=self.context_shift,
             min_draft=drafters.config.min_draft if (drafters := getattr(self.engine, "drafters", None)) else 0,
             vision=self.vision,
-            fetch_images=self.fetch_images,
+            images=self.images,
         )
         self.responses = ResponseShapes(self.tokenizer)
         # llama-server's form, b<build>-<commit>: here the version and a hash of version and model

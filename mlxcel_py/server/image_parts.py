@@ -2,8 +2,9 @@
 
 The request schemas turn OpenAI's `image_url` parts, the Responses API's `input_image`, Anthropic's
 `image` blocks (in a message or inside a `tool_result`) and llama-server's `multimodal_data` into
-one content part, `{"type": "image", "url": ...}` (a data: URL, or http(s) where `serve
---image-url-fetch` allows it), in its place among the turn's text parts. Here each is fetched or
+one content part, `{"type": "image", "url": ...}` (a data: URL, http(s) where `serve
+--image-url-fetch` allows it, or file:// inside `serve --media-path DIR`, llama-server's), in its
+place among the turn's text parts. Here each is fetched or
 decoded and checked (vision.images: size, pixels, truncation, SVG) and the conversation becomes
 token ids through the vision model's processor (vision.prompts), which only prepares: the vision
 tower runs on the model's thread when the prompt is first fed. A bad image is a 400 naming the
@@ -13,7 +14,9 @@ part; an image sent to a text model is a 400 that says so.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from itertools import groupby
+from pathlib import Path
 from typing import Any
 
 from ..errors import MlxcelError
@@ -22,6 +25,14 @@ from .http import ApiError
 
 FETCH_SECONDS = 10.0  # a remote image's whole download (--image-url-fetch)
 MEDIA_MARKER = "<__media__>"  # llama-server's place for each multimodal_data item in a prompt string
+
+
+@dataclass(frozen=True)
+class ImageSources:
+    """Where a request's image URLs may come from besides data: URLs (serve's flags)."""
+
+    fetch: bool = False  # --image-url-fetch: http(s) URLs are downloaded
+    media_path: Path | None = None  # --media-path: file:// URLs name files inside this folder
 
 
 def has_images(turns: list[dict]) -> bool:
@@ -37,22 +48,44 @@ def text_of(content: Any) -> str:
     return content or ""
 
 
-def decode(part: dict, fetch: bool):
+def decode(part: dict, sources: ImageSources):
     """The PIL image a part names."""
     url, where = part["url"], part.get("where", "image")
     try:
         if url.startswith("data:"):
             return vimages.open_image(vimages.data_url_bytes(url, where), where)
         if url.startswith(("http://", "https://")):
-            if not fetch:
+            if not sources.fetch:
                 raise ApiError(
                     f"{where}: this server does not fetch remote images (start it with --image-url-fetch); "
                     "send the image as a data: URL"
                 )
             return vimages.open_image(_fetch(url, where), where)
-        raise ApiError(f"{where}: an image URL must be a data: URL (or http(s) under --image-url-fetch)")
+        if url.startswith("file://"):
+            return vimages.open_image(_local(url, where, sources.media_path), where)
+        raise ApiError(
+            f"{where}: an image URL must be a data: URL (or http(s) under --image-url-fetch, "
+            "file:// under --media-path)"
+        )
     except MlxcelError as exc:
         raise ApiError(exc.message) from None
+
+
+def _local(url: str, where: str, root: Path | None) -> bytes:
+    """A file:// URL's bytes: a path relative to --media-path (extra slashes are one), never a
+    file outside that folder (`..`, links out of it), as llama-server's --media-path."""
+    if root is None:
+        raise ApiError(f"{where}: this server reads no local files (start it with --media-path DIR)")
+    rel = "/".join(p for p in url[len("file://") :].split("/") if p)
+    base = root.resolve()
+    path = (base / rel).resolve()
+    if not rel or not path.is_relative_to(base):
+        raise ApiError(f"{where}: {url[:200]} is not a file inside the --media-path folder")
+    if not path.is_file():
+        raise ApiError(f"{where}: {url[:200]}: no such file in the --media-path folder")
+    if path.stat().st_size > vimages.MAX_BYTES:
+        raise ApiError(f"{where}: the image has more than {vimages.MAX_BYTES} bytes (the limit)")
+    return path.read_bytes()
 
 
 def _fetch(url: str, where: str) -> bytes:
@@ -80,7 +113,7 @@ def _fetch(url: str, where: str) -> bytes:
         raise ApiError(f"{where}: cannot fetch the image ({str(exc)[:120]})") from None
 
 
-def prompt_ids(vision: Any, tokenizer: Any, turns: list[dict], *, fetch: bool, **render: Any) -> list[int]:
+def prompt_ids(vision: Any, tokenizer: Any, turns: list[dict], *, sources: ImageSources, **render: Any) -> list[int]:
     """Token ids of turns holding image parts (`render`: the chat template's options)."""
     if vision is None:
         raise ApiError(
@@ -91,7 +124,7 @@ def prompt_ids(vision: Any, tokenizer: Any, turns: list[dict], *, fetch: bool, *
         {
             **t,
             "content": [
-                {"type": "image", "image": decode(p, fetch)} if p["type"] == "image" else p for p in t["content"]
+                {"type": "image", "image": decode(p, sources)} if p["type"] == "image" else p for p in t["content"]
             ],
         }
         if isinstance(t["content"], list)
@@ -150,7 +183,7 @@ def _encode(vision: Any, text: str, images: list) -> list[int]:
         raise ApiError(exc.message) from None
 
 
-def raw_prompt_ids(vision: Any, prompt: str, data: list[str], *, fetch: bool) -> list[int]:
+def raw_prompt_ids(vision: Any, prompt: str, data: list[str]) -> list[int]:
     """llama-server's `{"prompt_string", "multimodal_data"}`: each `<__media__>` in the string
     takes the next item (base64, or a data: URL); without markers the images go first."""
     if vision is None:

@@ -22,6 +22,7 @@ from ..errors import exit_on_signal
 from ..formats.template_vars import server_kwargs
 from ..options import SERVER_SAMPLING_DEFAULTS, RunConfig, SamplingOptions
 from ..session import describe_draft, open_session, resolved_drafter_line
+from .image_parts import ImageSources
 from .model_meta import model_meta
 
 
@@ -228,7 +229,7 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         embeddings=srv.embeddings,
         pooling=srv.pooling,
         vision=session.target.vision,
-        fetch_images=srv.image_url_fetch,
+        images=ImageSources(srv.image_url_fetch, Path(srv.media_path) if srv.media_path else None),
         model_path=str(session.target.resolved.named),
         aliases=aliases,
         tags=tags,

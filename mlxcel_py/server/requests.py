@@ -123,7 +123,7 @@ class RequestReader:
     min_draft: int = 0  # --draft-min: a request's speculative.n_min when it sends none
     context_shift: ContextShift | None = None  # --context-shift (None: a full window ends a reply)
     vision: Any = None  # a vision-language model's vision.prompts.Vision (None: image parts are refused)
-    fetch_images: bool = False  # --image-url-fetch: http(s) image URLs are downloaded
+    images: image_parts.ImageSources = image_parts.ImageSources()  # --image-url-fetch, --media-path
 
     async def parse(self, request: Request, model: type[Body]) -> Body:
         data = await read_json(request, self.body_limit)
@@ -248,9 +248,7 @@ class RequestReader:
         if isinstance(prompt, schemas.PromptObject):
             if prompt.multimodal_data:
                 self.fits(len(prompt.prompt_string))
-                return image_parts.raw_prompt_ids(
-                    self.vision, prompt.prompt_string, prompt.multimodal_data, fetch=self.fetch_images
-                )
+                return image_parts.raw_prompt_ids(self.vision, prompt.prompt_string, prompt.multimodal_data)
             prompt = prompt.prompt_string
         if not prompt:
             raise ApiError("'prompt' must be a non-empty string (or a list of token ids)")
@@ -365,7 +363,7 @@ class RequestReader:
                 self.vision,
                 self.tokenizer,
                 turns,
-                fetch=self.fetch_images,
+                sources=self.images,
                 add_generation_prompt=gen,
                 continue_last=prefill,
                 extra=extra,
