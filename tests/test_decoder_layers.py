@@ -59,16 +59,26 @@ def folders(tmp_path_factory):
 
 
 # every test runs at each KV cache type the fused layers keep (--cache-type-k/-v): the default
-# float16, bfloat16 and q8_0 (each rounded once, when a row is written) and float32
+# float16, bfloat16, q8_0 and q4_0 (each rounded once, when a row is written) and float32
 KV_TYPES = {"f16": mx.float16, "f32": mx.float32, "bf16": mx.bfloat16, "q8_0": mx.int8, "q4_0": mx.uint8}
 ROW_BYTES = {mx.int8: 34, mx.uint8: 18}  # a head's row of 32 values: q8_0's 32 int8, q4_0's 16 bytes; a scale
 
 
+def _loaded(folders, param):
+    name, cache_type = param
+    return name, loading.load(loading.resolve(str(folders[name])), cache_types=(cache_type, cache_type))
+
+
 @pytest.fixture(scope="module", params=[(f, t) for f in sorted(CONFIGS) for t in KV_TYPES], ids="-".join)
 def family(request, folders):
-    name, cache_type = request.param
-    loaded = loading.load(loading.resolve(str(folders[name])), cache_types=(cache_type, cache_type))
-    return name, loaded
+    return _loaded(folders, request.param)
+
+
+# the types mlx-lm's layer code writes too (q8_0 and q4_0 blocks are written by the fused op only:
+# mlx-lm's code keeps such a model's rows in float32 and rounds them as its attention reads them)
+@pytest.fixture(scope="module", params=[(f, t) for f in sorted(CONFIGS) for t in ("f16", "f32", "bf16")], ids="-".join)
+def float_family(request, folders):
+    return _loaded(folders, request.param)
 
 
 def _greedy_logits(model, prompt: list[int], n: int) -> tuple[list[int], mx.array]:
@@ -222,17 +232,20 @@ def _path_steps(model, context: list[int], path: list[int]) -> mx.array:
 
 @needs_kernel
 @pytest.mark.parametrize("context_len", [40, 1300])  # 1300: the prefix in two key chunks (KEY_CHUNK)
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "mlx-lm-layers"])
-def test_tree_rows_equal_their_paths_one_token_steps_bit_for_bit(family, fused, context_len):
+def test_tree_rows_equal_their_paths_one_token_steps_bit_for_bit(family, context_len):
     """Every node of a draft tree verified in one forward gives the logits of the one-token step
-    of its own path: its ancestors' keys only, at its depth's position (the fused op, and
-    mlx-lm's layers over the batched cache attention)."""
-    _, loaded = family
-    if not fused and ("q8_0" in loaded.kv_cache or "q4_0" in loaded.kv_cache):
-        # mlx-lm's layer code keeps a q8_0 (q4_0) model's rows in float32 and rounds them as its attention
-        # reads them (row_ops.attention_at); the batched cache attention reads them as stored.
-        # Only the fused op writes q8_0 rows, so that is the path to hold to its one-token steps.
-        pytest.skip("q8_0 and q4_0 rows are written by the fused op only")
+    of its own path: its ancestors' keys only, at its depth's position."""
+    _tree_rows_equal_path_steps(family[1], True, context_len)
+
+
+@needs_kernel
+@pytest.mark.parametrize("context_len", [40, 1300])
+def test_tree_rows_through_mlx_lm_layers_equal_their_paths_steps(float_family, context_len):
+    """The same through mlx-lm's layers over the batched cache attention."""
+    _tree_rows_equal_path_steps(float_family[1], False, context_len)
+
+
+def _tree_rows_equal_path_steps(loaded, fused: bool, context_len: int) -> None:
     model, context = loaded.model, [60 + i % 190 for i in range(context_len)]
     with contextlib.nullcontext() if fused else decoder_layers.unfused(model):
         c = SequenceCache(model)
