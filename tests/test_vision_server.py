@@ -342,6 +342,8 @@ def test_file_urls_read_inside_the_media_path_only(vserver, media_dir):
         ("file://pics/none.png", "no such file in the --media-path folder"),
         (f"file://{media_dir.parent}/outside.png", "no such file in the --media-path folder"),  # never absolute
         ("file://", "not a file inside the --media-path folder"),
+        ("file://pics/a\u0000.png", "cannot read"),  # a NUL byte
+        ("file://pics/" + "x" * 5000 + ".png", "cannot read"),  # a name longer than the system takes
     ):
         s, body = _file_chat(url, bad)
         assert s == 400 and why in body["error"]["message"], (bad, body)

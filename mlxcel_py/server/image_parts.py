@@ -77,15 +77,18 @@ def _local(url: str, where: str, root: Path | None) -> bytes:
     if root is None:
         raise ApiError(f"{where}: this server reads no local files (start it with --media-path DIR)")
     rel = "/".join(p for p in url[len("file://") :].split("/") if p)
-    base = root.resolve()
-    path = (base / rel).resolve()
-    if not rel or not path.is_relative_to(base):
-        raise ApiError(f"{where}: {url[:200]} is not a file inside the --media-path folder")
-    if not path.is_file():
-        raise ApiError(f"{where}: {url[:200]}: no such file in the --media-path folder")
-    if path.stat().st_size > vimages.MAX_BYTES:
-        raise ApiError(f"{where}: the image has more than {vimages.MAX_BYTES} bytes (the limit)")
-    return path.read_bytes()
+    try:  # a NUL byte, a name too long, an unreadable file: the request's fault, one line
+        base = root.resolve()
+        path = (base / rel).resolve()
+        if not rel or not path.is_relative_to(base):
+            raise ApiError(f"{where}: {url[:200]} is not a file inside the --media-path folder")
+        if not path.is_file():
+            raise ApiError(f"{where}: {url[:200]}: no such file in the --media-path folder")
+        if path.stat().st_size > vimages.MAX_BYTES:
+            raise ApiError(f"{where}: the image has more than {vimages.MAX_BYTES} bytes (the limit)")
+        return path.read_bytes()
+    except (OSError, ValueError) as exc:
+        raise ApiError(f"{where}: cannot read {url[:200]!r} in the --media-path folder ({str(exc)[:80]})") from None
 
 
 def _fetch(url: str, where: str) -> bytes:
