@@ -279,10 +279,9 @@ def _window(srv) -> None:
 
 def _server(opts: CommandOptions) -> None:
     srv = opts.server
-    if srv.slot_save_path is not None and not Path(srv.slot_save_path).is_dir():
-        raise UsageError(f"--slot-save-path {srv.slot_save_path}: no such folder; create it or pass another")
-    if srv.media_path is not None and not Path(srv.media_path).is_dir():
-        raise UsageError(f"--media-path {srv.media_path}: no such folder; create it or pass another")
+    for flag, folder in (("--slot-save-path", srv.slot_save_path), ("--media-path", srv.media_path)):
+        if folder is not None and not Path(folder).is_dir():
+            raise UsageError(f"{flag} {folder}: no such folder; create it or pass another")
     if srv.pooling not in POOLINGS:
         why = " (reranking, which this server does not do)" if srv.pooling == "rank" else ""
         raise UsageError(f"--pooling {srv.pooling}{why} is not one of {', '.join(POOLINGS)}")
