@@ -9,7 +9,7 @@
 // chunk of KEY_CHUNK keys and merges the chunks in order (merge()). Nothing depends on L, on the
 // row's place in the block, on which queries go through together or on the threads, which split
 // the queries by their keys and long queries by their key chunks. Keys and values are float32,
-// float16, bfloat16 or q8_0 (KvType: widened exactly as they are loaded, row16()).
+// float16, bfloat16, q8_0 or q4_0 (KvType: widened exactly as they are loaded, row16()).
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -351,7 +351,7 @@ void unit_of(const AttentionArgs& a, const Query* qs, int n, const TK* k, const 
     if (a.D == 128) return kv_unit<8, false>(qs, n, k, v, ks, vs, a.scale, c, parts, sc);
     if (a.D == 32) return kv_unit<2, false>(qs, n, k, v, ks, vs, a.scale, c, parts, sc);
   }
-  // q8_0 and q4_0 rows are read by the chunked kernels only (q8_head_dim: the callers refuse other widths)
+  // q8_0 and q4_0 rows are read by the chunked kernels only (kv_block_head_dim: the callers refuse other widths)
   if constexpr (!kv_block_type<TK> && !kv_block_type<TV>)
     for (int t = 0; t < n; ++t) row(a, qs[t].q, k, v, qs[t].out, qs[t].vis, qs[t].base, qs[t].tail, sc.s);
 }

@@ -29,7 +29,7 @@ inline void* kv_row_at(void* base, int64_t capacity, int h, int64_t r, int D, Kv
   return kv_at(base, (h * capacity + r) * kv_row(D, t), t);
 }
 // whether the attention reads a q8_0 or q4_0 row of this head width (its chunked kernels only)
-inline bool q8_head_dim(int D) { return D == 32 || D == 64 || D == 128; }
+inline bool kv_block_head_dim(int D) { return D == 32 || D == 64 || D == 128; }
 
 struct AttentionArgs {
   const float* q;  // [B, Hq, L, D] with the strides below (elements); D contiguous
@@ -55,7 +55,7 @@ struct AttentionArgs {
 struct RowsAttentionArgs {
   const float* q;  // [B, Hq, L, D] with q_strides for B, H, L; D contiguous
   int64_t q_strides[3];
-  const void* const* k;        // per sequence: [Hkv, cap_b, D], contiguous, of type kt
+  const void* const* k;        // per sequence: [Hkv, cap_b, kv_row(D, kt)], contiguous, of type kt
   const void* const* v;        // of type vt
   KvType kt = KvType::f32, vt = KvType::f32;
   const int64_t* capacity;     // per sequence: cap_b (rows a head)
@@ -75,8 +75,7 @@ struct RowsAttentionArgs {
 // One build per ISA (isa_begin.h), and the dispatchers under the same names (isa.cpp).
 // store_kv_row: n float32 values into a KV row of type t at dst (float16, bfloat16: rounded to
 // nearest even, as MLX's astype rounds; q8_0, q4_0: llama.cpp's quantize_row_q8_0 / _q4_0, n a
-// multiple of 32),
-// the one place a key or value is rounded to the cache's type.
+// multiple of 32), the one place a key or value is rounded to the cache's type.
 #define MLXCEL_ATTENTION_KERNELS                                \
   void attention(const AttentionArgs& a, int threads);          \
   void attention_rows(const RowsAttentionArgs& a, int threads); \

@@ -3,7 +3,6 @@
 #include "attention_primitive.h"
 
 #include <chrono>
-#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -94,7 +93,7 @@ mx::array row_exact_attention(const mx::array& q, const mx::array& k, const mx::
   if (k.shape(0) != v.shape(0) || k.shape(1) != v.shape(1) || k.shape(2) != v.shape(2) || q.shape(0) != k.shape(0) ||
       k.shape(3) != kv_row(D, kt) || v.shape(3) != kv_row(D, vt) || k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0)
     throw std::invalid_argument("row_exact_attention: shapes do not match (query heads must be a multiple of KV heads)");
-  if ((kv_blocks(kt) || kv_blocks(vt)) && !q8_head_dim(D))
+  if ((kv_blocks(kt) || kv_blocks(vt)) && !kv_block_head_dim(D))
     throw std::invalid_argument("row_exact_attention: a q8_0 or q4_0 KV cache needs a head dim of 32, 64 or 128");
   if (causal && q.shape(2) > k.shape(2))
     throw std::invalid_argument("row_exact_attention: a causal block cannot be longer than its keys");
@@ -103,9 +102,8 @@ mx::array row_exact_attention(const mx::array& q, const mx::array& k, const mx::
 }
 
 mx::array kv_rows(const mx::array& x, mx::Dtype dtype) {
-  mx::array probe = mx::zeros({1}, dtype);
   KvType t;
-  if (!kv_type_of(probe, &t)) throw std::invalid_argument("kv_rows: float32, float16, bfloat16, int8 (q8_0) or uint8 (q4_0) rows");
+  if (!kv_type_of(dtype, &t)) throw std::invalid_argument("kv_rows: float32, float16, bfloat16, int8 (q8_0) or uint8 (q4_0) rows");
   if (x.ndim() < 1) throw std::invalid_argument("kv_rows: rows [..., D]");
   const int D = x.shape(-1);
   if (kv_blocks(t) && D % 32 != 0) throw std::invalid_argument("kv_rows: q8_0 and q4_0 rows hold whole blocks of 32");
@@ -114,10 +112,9 @@ mx::array kv_rows(const mx::array& x, mx::Dtype dtype) {
   const int64_t rows = D ? xs.size() / D : 0, width = kv_row(D, t);
   mx::Shape shape = x.shape();
   shape.back() = static_cast<int>(width);
-  std::vector<char> bytes(static_cast<size_t>(rows * width * kv_bytes(t)));
-  for (int64_t r = 0; r < rows; ++r) store_kv_row(bytes.data() + r * width * kv_bytes(t), t, xs.data<float>() + r * D, D);
-  mx::array out(mx::allocator::malloc(bytes.size()), shape, dtype);
-  std::memcpy(out.data<char>(), bytes.data(), bytes.size());
+  const int64_t row_bytes = width * kv_bytes(t);
+  mx::array out(mx::allocator::malloc(static_cast<size_t>(rows * row_bytes)), shape, dtype);
+  for (int64_t r = 0; r < rows; ++r) store_kv_row(out.data<char>() + r * row_bytes, t, xs.data<float>() + r * D, D);
   return out;
 }
 

@@ -83,8 +83,9 @@ NB_MODULE(_qmm, m) {
         "softmax(scale q k^T) v computed one query row at a time (row i of a causal block sees keys "
         "0..S-L+i): each row bit-identical to a one-row call at the same position");
   m.def("kv_rows", &mlxcel::kv_rows, "x"_a, "dtype"_a,
-        "float32 rows [..., D] as KV cache rows of dtype (float32, float16, bfloat16, or int8 for q8_0: "
-        "[..., D + D/16], D int8 then D/32 float16 scales), rounded as the kernels round a row they write");
+        "float32 rows [..., D] as KV cache rows of dtype (float32, float16, bfloat16; int8 for q8_0: "
+        "[..., D + D/16], D int8 then D/32 float16 scales; uint8 for q4_0: [..., D/2 + D/16]), rounded as the "
+        "kernels round a row they write");
   m.def("row_exact_cache_attention",
         [](const mlx::core::array& q, const mlx::core::array& k_new, const mlx::core::array& v_new,
            const std::vector<mlx::core::array>& k_bufs, const std::vector<mlx::core::array>& v_bufs,

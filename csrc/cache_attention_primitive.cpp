@@ -78,11 +78,11 @@ class RowExactCacheAttention : public mx::Primitive {
         }
       }
       std::vector<const void*> kp(E), vp(E);
-      std::vector<int64_t> stride(E);
+      std::vector<int64_t> cap(E);
       for (int e = 0; e < E; ++e) {
         kp[e] = bufs[seq[e]];
         vp[e] = bufs[S + seq[e]];
-        stride[e] = capacity[seq[e]];
+        cap[e] = capacity[seq[e]];
       }
       RowsAttentionArgs a{};
       a.q = q.data<float>();
@@ -91,7 +91,7 @@ class RowExactCacheAttention : public mx::Primitive {
       a.v = vp.data();
       a.kt = kt;
       a.vt = vt;
-      a.capacity = stride.data();
+      a.capacity = cap.data();
       a.offset = pos.data();
       a.out = op;
       a.B = E;

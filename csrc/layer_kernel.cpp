@@ -143,11 +143,11 @@ void decoder_layer(const DecoderLayerView& L, const LayerRows& R, int threads) {
   }
   {
     std::vector<const void*> kp(T), vp(T);
-    std::vector<int64_t> stride(T);
+    std::vector<int64_t> cap(T);
     for (int t = 0; t < T; ++t) {
       kp[t] = R.k_bufs[R.seq[t]];
       vp[t] = R.v_bufs[R.seq[t]];
-      stride[t] = R.capacity[R.seq[t]];
+      cap[t] = R.capacity[R.seq[t]];
     }
     RowsAttentionArgs a{};
     a.q = s.qr.data();
@@ -158,7 +158,7 @@ void decoder_layer(const DecoderLayerView& L, const LayerRows& R, int threads) {
     a.v = vp.data();
     a.kt = R.kt;
     a.vt = R.vt;
-    a.capacity = stride.data();
+    a.capacity = cap.data();
     a.offset = R.pos;
     a.out = s.att.data();
     a.B = T;

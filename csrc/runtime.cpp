@@ -61,7 +61,7 @@ void kv_types(const std::vector<mlx::core::array>& k_bufs, const std::vector<mlx
 
 void check_kv_rows(const std::vector<mlx::core::array>& k_bufs, const std::vector<mlx::core::array>& v_bufs, int D,
                    KvType kt, KvType vt, const char* what) {
-  if ((kv_blocks(kt) || kv_blocks(vt)) && !q8_head_dim(D))
+  if ((kv_blocks(kt) || kv_blocks(vt)) && !kv_block_head_dim(D))
     throw std::invalid_argument(std::string(what) + "a q8_0 or q4_0 KV cache needs a head dim of 32, 64 or 128, not " + std::to_string(D));
   for (size_t b = 0; b < k_bufs.size(); ++b)
     if (k_bufs[b].shape(3) != kv_row(D, kt) || v_bufs[b].shape(3) != kv_row(D, vt))

@@ -41,17 +41,18 @@ struct BufferWrites {
 BufferWrites take_buffers(const std::vector<mlx::core::array>& inputs, size_t first_in,
                           std::vector<mlx::core::array>& outputs, size_t first_out, size_t n);
 
-// A KV buffer's element type (KvType: float32, float16, bfloat16, int8 for q8_0, uint8 for q4_0),
-// or false for any other dtype
-inline bool kv_type_of(const mlx::core::array& buf, KvType* t) {
-  if (buf.dtype() == mlx::core::float32) *t = KvType::f32;
-  else if (buf.dtype() == mlx::core::float16) *t = KvType::f16;
-  else if (buf.dtype() == mlx::core::bfloat16) *t = KvType::bf16;
-  else if (buf.dtype() == mlx::core::int8) *t = KvType::q8_0;
-  else if (buf.dtype() == mlx::core::uint8) *t = KvType::q4_0;
+// The KV element type a buffer dtype holds (KvType: float32, float16, bfloat16, int8 for q8_0,
+// uint8 for q4_0), or false for any other dtype
+inline bool kv_type_of(mlx::core::Dtype d, KvType* t) {
+  if (d == mlx::core::float32) *t = KvType::f32;
+  else if (d == mlx::core::float16) *t = KvType::f16;
+  else if (d == mlx::core::bfloat16) *t = KvType::bf16;
+  else if (d == mlx::core::int8) *t = KvType::q8_0;
+  else if (d == mlx::core::uint8) *t = KvType::q4_0;
   else return false;
   return true;
 }
+inline bool kv_type_of(const mlx::core::array& buf, KvType* t) { return kv_type_of(buf.dtype(), t); }
 
 // The buffers an op writes, of one type for the keys and one for the values (per layer: every
 // sequence's cache of a layer has the cache type chosen at load); else std::invalid_argument
@@ -59,7 +60,7 @@ inline bool kv_type_of(const mlx::core::array& buf, KvType* t) {
 void kv_types(const std::vector<mlx::core::array>& k_bufs, const std::vector<mlx::core::array>& v_bufs,
               const char* what, KvType* kt, KvType* vt);
 // Their rows hold kv_row(D) elements of their type (a q8_0 row: D int8 and D/32 scales), and a
-// q8_0 or q4_0 cache has a head width its attention reads (q8_head_dim); else std::invalid_argument
+// q8_0 or q4_0 cache has a head width its attention reads (kv_block_head_dim); else std::invalid_argument
 void check_kv_rows(const std::vector<mlx::core::array>& k_bufs, const std::vector<mlx::core::array>& v_bufs, int D,
                    KvType kt, KvType vt, const char* what);
 

@@ -209,41 +209,44 @@ inline vf load_kv_n(const bf16_bits* p, int n) {
 }
 
 // Values cc*16..cc*16+15 of a KV row of D values, as float32: the element types above at
-// row + 16 cc; a q8_0 row (int8_t: D int8, then D/32 float16 scales) as q * d, exact in float32.
+// row + 16 cc; a q8_0 or q4_0 row as its integers times their block's scale, exact in float32.
 template <int D, typename T>
 inline vf row16(const T* row, int cc) {
   return load_kv(row + 16 * cc);
+}
+// the float16 scale of block `block` of a row whose scales start at `scales`, in every lane
+inline vf block_scale(const void* scales, int block) {
+  uint16_t h;
+  std::memcpy(&h, static_cast<const char*>(scales) + 2 * block, sizeof h);
+  return set1(_cvtsh_ss(h));
+}
+// 16 bytes as float32 (int8, or uint8 less `bias`), exactly
+template <bool SIGNED>
+inline vf bytes16(__m128i b, int bias) {
+#if MLXCEL_ISA_AVX512
+  const __m512i x = SIGNED ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
+  return {_mm512_cvtepi32_ps(_mm512_sub_epi32(x, _mm512_set1_epi32(bias)))};
+#else
+  const __m128i hi = _mm_srli_si128(b, 8);
+  const __m256i lo8 = SIGNED ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
+  const __m256i hi8 = SIGNED ? _mm256_cvtepi8_epi32(hi) : _mm256_cvtepu8_epi32(hi);
+  const __m256i bv = _mm256_set1_epi32(bias);
+  return {_mm256_cvtepi32_ps(_mm256_sub_epi32(lo8, bv)), _mm256_cvtepi32_ps(_mm256_sub_epi32(hi8, bv))};
+#endif
 }
 // q4_0 (uint8_t: D/2 bytes, byte j of block b holding values 32b + j and 32b + j + 16, then D/32
 // float16 scales): (q - 8) * d
 template <int D>
 inline vf row16(const uint8_t* row, int cc) {
-  uint16_t h;
-  std::memcpy(&h, row + D / 2 + 2 * (cc / 2), sizeof h);
-  const vf d = set1(_cvtsh_ss(h));
   __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * (cc / 2)));
   if (cc & 1) b = _mm_srli_epi16(b, 4);
-  b = _mm_and_si128(b, _mm_set1_epi8(0x0F));
-#if MLXCEL_ISA_AVX512
-  return mul(vf{_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(b), _mm512_set1_epi32(8)))}, d);
-#else
-  const __m256i eight = _mm256_set1_epi32(8);
-  return mul(vf{_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(b), eight)),
-                _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)), eight))},
-             d);
-#endif
+  return mul(bytes16<false>(_mm_and_si128(b, _mm_set1_epi8(0x0F)), 8), block_scale(row + D / 2, cc / 2));
 }
+// q8_0 (int8_t: D int8, then D/32 float16 scales): q * d
 template <int D>
 inline vf row16(const int8_t* row, int cc) {
-  uint16_t h;
-  std::memcpy(&h, row + D + 2 * (cc / 2), sizeof h);
-  const vf d = set1(_cvtsh_ss(h));
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * cc));
-#if MLXCEL_ISA_AVX512
-  return mul(vf{_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))}, d);
-#else
-  return mul(vf{_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))}, d);
-#endif
+  return mul(bytes16<true>(b, 0), block_scale(row + D, cc / 2));
 }
 
 // n float32 values into a KV row of the cache's type: float32 copied, float16 rounded to nearest

@@ -116,7 +116,7 @@ def why_not(model: Any) -> str | None:
 # carry their scales)
 KV_DTYPES = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16, "q8_0": mx.int8, "q4_0": mx.uint8}
 AUTO_CACHE_TYPE = "f16"  # what `auto` means where the fused layers run
-Q8_HEAD_DIMS = (32, 64, 128)  # the widths the attention reads q8_0 and q4_0 rows at (csrc q8_head_dim)
+BLOCK_HEAD_DIMS = (32, 64, 128)  # the widths the attention reads q8_0 and q4_0 rows at (csrc kv_block_head_dim)
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ def cache_dtypes(cache_types: tuple[str, str], head_dim: int | None = None) -> t
     """The buffers' dtypes for (--cache-type-k, --cache-type-v), `auto` resolved; q8_0 or q4_0 at a
     head width its attention does not read stays float16 (kv_cache.describe says so)."""
     k, v = (AUTO_CACHE_TYPE if t == "auto" else t for t in cache_types)
-    fits = head_dim is None or head_dim in Q8_HEAD_DIMS
+    fits = head_dim is None or head_dim in BLOCK_HEAD_DIMS
     return tuple(KV_DTYPES[t] if KV_DTYPES[t] not in cache_kinds.BLOCK_DTYPES or fits else mx.float16 for t in (k, v))
 
 
@@ -228,7 +228,7 @@ def _call(self, inputs, cache=None, input_embeddings=None, **kwargs):
         ):
             return _in_chunks(self, inputs, cache, input_embeddings)  # only too wide for one op
         _reserve_at_cache_type(_GEOMETRY.get(id(self)), inputs, cache, input_embeddings)
-        _refuse_q8(cache)
+        _refuse_blocks(cache)
         return self._mlxcel_base.__call__(self, inputs, cache=cache, input_embeddings=input_embeddings, **kwargs)
     seq, pos, tree = plan
     # draft-tree rows (engine.tree): written at their slots, attending their prefix and tail
@@ -276,7 +276,7 @@ def _in_chunks(model, inputs, cache, input_embeddings):
     return mx.concatenate(outs, axis=1)
 
 
-def _refuse_q8(cache) -> None:
+def _refuse_blocks(cache) -> None:
     """mlx-lm's layer code would write float rows into a q8_0/q4_0 buffer: refuse in one line."""
     for c in cache or ():
         held = getattr(c, "keys", None)

@@ -2,9 +2,10 @@
 
 Where the fused decoder layers carry the model (models.decoder_layers) its caches hold the chosen
 types: `auto` is float16 there (half the bytes a long context reads every step), `f32` keeps
-float32, `bf16` is bfloat16, `q8_0` and `q4_0` llama.cpp's 8- and 4-bit blocks (int8 and uint8 buffers whose rows carry
-their scales: a quarter of float32's bytes and a little more). Elsewhere mlx-lm's layer code writes the cache in the model's activations' dtype
-(float32 on the CPU paths), so an explicit `f16` cannot apply: the model runs, `kv_note` says why
+float32, `bf16` is bfloat16, `q8_0` and `q4_0` llama.cpp's 8- and 4-bit blocks (int8 and uint8
+buffers whose rows carry their scales: q8_0 is a quarter of float32's bytes and a little more).
+Elsewhere mlx-lm's layer code writes the cache in the model's activations' dtype (float32 on the
+CPU paths), so an explicit `f16` cannot apply: the model runs, `kv_note` says why
 in one line, and the reports name the type really in use.
 """
 
@@ -37,7 +38,7 @@ def describe(loaded: LoadedModel, cache_types: tuple[str, str]) -> LoadedModel:
         ]
         note = (
             f"{' and '.join(asked)}: a head dim of {layers[0].head_dim} is not one q8_0 and q4_0 run at "
-            f"({', '.join(map(str, decoder_layers.Q8_HEAD_DIMS))}); the cache keeps f16 there"
+            f"({', '.join(map(str, decoder_layers.BLOCK_HEAD_DIMS))}); the cache keeps f16 there"
             if asked
             else None
         )
@@ -57,7 +58,7 @@ def describe(loaded: LoadedModel, cache_types: tuple[str, str]) -> LoadedModel:
 
 
 def row_bytes(head_dim: int, dtype: mx.Dtype) -> int:
-    """Bytes of one head's key or value row at a buffer dtype (q8_0: the int8 values and their scales)."""
+    """Bytes of one head's key or value row at a buffer dtype (q8_0, q4_0: the values and their scales)."""
     return cache_kinds.row_width(head_dim, dtype) * dtype.size
 
 
