@@ -208,35 +208,16 @@ def idefics3_ggufs(folder: Path, out: Path) -> tuple[Path, Path]:
     import gguf
     import numpy as np
     from gguf_files import _permute
-    from tokenizers import pre_tokenizers
 
     cfg = json.loads((folder / "config.json").read_text())
     text, vision = cfg["text_config"], cfg["vision_config"]
     weights = {k: np.array(v.astype(mx.float32)) for k, v in mx.load(str(folder / "model.safetensors")).items()}
     out.mkdir(parents=True, exist_ok=True)
 
-    w = gguf.GGUFWriter(str(out / "text.gguf"), "llama")
-    for key, value in [
-        ("context_length", text["max_position_embeddings"]),
-        ("embedding_length", text["hidden_size"]),
-        ("block_count", text["num_hidden_layers"]),
-        ("feed_forward_length", text["intermediate_size"]),
-        ("attention.head_count", text["num_attention_heads"]),
-        ("attention.head_count_kv", text["num_key_value_heads"]),
-    ]:
-        w.add_uint32(f"llama.{key}", value)
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", text["rms_norm_eps"])
-    w.add_float32("llama.rope.freq_base", 1000000.0)  # mlx-vlm's Idefics3 default (the config omits it)
+    # mlx-vlm's Idefics3 rope base (the config omits it)
+    w = _text_writer(out / "text.gguf", "llama", text, [], rope_base=1000000.0)
     special = BASE_SPECIAL + ["<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"]
-    # one merge of two bytes no prompt here holds, so the vocabulary tokenizes as the folder's does
-    tokens = sorted(pre_tokenizers.ByteLevel.alphabet()) + special + ["ĀĀ"]
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(tokens)
-    w.add_token_types([1] * 256 + [3] * len(special) + [1])
-    w.add_token_merges(["Ā Ā"])
-    w.add_eos_token_id(258)  # <|im_end|>
-    w.add_add_bos_token(False)
-    w.add_chat_template(TEMPLATE.replace("IMAGE", "<image>"))
+    _byte_vocab(w, special, "<image>")
     tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, text["num_hidden_layers"])
     for name, value in weights.items():
         if not name.startswith("language_model."):
@@ -250,19 +231,7 @@ def idefics3_ggufs(folder: Path, out: Path) -> tuple[Path, Path]:
         w.add_tensor(tmap.get_name(hf, try_suffixes=(".weight", ".bias")), value.astype(np.float32))
     _close(w)
 
-    p = gguf.GGUFWriter(str(out / "mmproj.gguf"), "clip")
-    p.add_clip_projector_type("idefics3")
-    p.add_clip_has_vision_encoder(True)
-    p.add_vision_image_size(vision["image_size"])
-    p.add_vision_patch_size(vision["patch_size"])
-    p.add_vision_embedding_length(vision["hidden_size"])
-    p.add_vision_feed_forward_length(vision["intermediate_size"])
-    p.add_vision_block_count(vision["num_hidden_layers"])
-    p.add_vision_head_count(vision["num_attention_heads"])
-    p.add_vision_attention_layernorm_eps(1e-6)
-    p.add_vision_image_mean(NORM["image_mean"])
-    p.add_vision_image_std(NORM["image_std"])
-    p.add_vision_projector_scale_factor(cfg["scale_factor"])
+    p = _mmproj_writer(out / "mmproj.gguf", "idefics3", vision, cfg["scale_factor"])
     p.add_vision_preproc_image_size(vision["image_size"])
     vmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, vision["num_hidden_layers"])
     for name, value in weights.items():
@@ -282,38 +251,20 @@ def gemma3_ggufs(out: Path) -> tuple[Path, Path, Path]:
     soft-embedding norm too; the input projection keeps its (vision, text) shape."""
     import gguf
     import numpy as np
-    from tokenizers import pre_tokenizers
 
     folder = gemma3(out / "folder", text=dict(num_hidden_layers=6, sliding_window_pattern=6), tied=True)
     cfg = json.loads((folder / "config.json").read_text())
     text, vision = cfg["text_config"], cfg["vision_config"]
     weights = {k: np.array(v.astype(mx.float32)) for k, v in mx.load(str(folder / "model.safetensors")).items()}
 
-    w = gguf.GGUFWriter(str(out / "text.gguf"), "gemma3")
-    for key, value in [
-        ("context_length", text["max_position_embeddings"]),
-        ("embedding_length", text["hidden_size"]),
-        ("block_count", text["num_hidden_layers"]),
-        ("feed_forward_length", text["intermediate_size"]),
-        ("attention.head_count", text["num_attention_heads"]),
-        ("attention.head_count_kv", text["num_key_value_heads"]),
+    extra = [
         ("attention.key_length", text["head_dim"]),
         ("attention.value_length", text["head_dim"]),
         ("attention.sliding_window", text["sliding_window"]),
-    ]:
-        w.add_uint32(f"gemma3.{key}", value)
-    w.add_float32("gemma3.attention.layer_norm_rms_epsilon", text["rms_norm_eps"])
-    w.add_float32("gemma3.rope.freq_base", 1000000.0)
+    ]
+    w = _text_writer(out / "text.gguf", "gemma3", text, extra, rope_base=1000000.0)
     special = BASE_SPECIAL + ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
-    tokens = sorted(pre_tokenizers.ByteLevel.alphabet()) + special + ["ĀĀ"]
-    tokens += [f"<unused{i}>" for i in range(text["vocab_size"] - len(tokens))]
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(tokens)
-    w.add_token_types([1] * 256 + [3] * len(special) + [1] + [5] * (len(tokens) - 263))
-    w.add_token_merges(["Ā Ā"])
-    w.add_eos_token_id(258)  # <|im_end|>
-    w.add_add_bos_token(False)
-    w.add_chat_template(TEMPLATE.replace("IMAGE", "<start_of_image>"))
+    _byte_vocab(w, special, "<start_of_image>", size=text["vocab_size"])
     tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3, text["num_hidden_layers"])
     for name, value in weights.items():
         if not name.startswith("language_model.") or name.endswith("lm_head.weight"):  # tied
@@ -324,19 +275,7 @@ def gemma3_ggufs(out: Path) -> tuple[Path, Path, Path]:
         w.add_tensor(tmap.get_name(hf, try_suffixes=(".weight", ".bias")), value.astype(np.float32))
     _close(w)
 
-    p = gguf.GGUFWriter(str(out / "mmproj.gguf"), "clip")
-    p.add_clip_projector_type("gemma3")
-    p.add_clip_has_vision_encoder(True)
-    p.add_vision_image_size(vision["image_size"])
-    p.add_vision_patch_size(vision["patch_size"])
-    p.add_vision_embedding_length(vision["hidden_size"])
-    p.add_vision_feed_forward_length(vision["intermediate_size"])
-    p.add_vision_block_count(vision["num_hidden_layers"])
-    p.add_vision_head_count(vision["num_attention_heads"])
-    p.add_vision_attention_layernorm_eps(1e-6)
-    p.add_vision_image_mean(NORM["image_mean"])
-    p.add_vision_image_std(NORM["image_std"])
-    p.add_vision_projector_scale_factor(2)  # 4x4 patches pooled to 2x2: not llama.cpp's default 4
+    p = _mmproj_writer(out / "mmproj.gguf", "gemma3", vision, 2)  # 4x4 patches pooled to 2x2: not llama.cpp's 4
     vmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, vision["num_hidden_layers"])
     for name, value in weights.items():
         if name.startswith("language_model."):
@@ -349,6 +288,63 @@ def gemma3_ggufs(out: Path) -> tuple[Path, Path, Path]:
         p.add_tensor(vmap.get_name(hf, try_suffixes=(".weight", ".bias")), value.astype(np.float32))
     _close(p)
     return folder, out / "text.gguf", out / "mmproj.gguf"
+
+
+def _text_writer(path: Path, arch: str, text: dict, extra: list, rope_base: float):
+    """A text GGUF writer with the shape keys of `text` (a config's text_config) under `arch`."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in [
+        ("context_length", text["max_position_embeddings"]),
+        ("embedding_length", text["hidden_size"]),
+        ("block_count", text["num_hidden_layers"]),
+        ("feed_forward_length", text["intermediate_size"]),
+        ("attention.head_count", text["num_attention_heads"]),
+        ("attention.head_count_kv", text["num_key_value_heads"]),
+        *extra,
+    ]:
+        w.add_uint32(f"{arch}.{key}", value)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", text["rms_norm_eps"])
+    w.add_float32(f"{arch}.rope.freq_base", rope_base)
+    return w
+
+
+def _byte_vocab(w, special: list[str], image: str, size: int | None = None) -> None:
+    """The fixtures' byte-level vocabulary (then `special`, then one merge of two bytes no prompt
+    here holds, so it tokenizes as the folder's does; padded with unused tokens to `size`), and the
+    chat template with `image` as the image token."""
+    from tokenizers import pre_tokenizers
+
+    tokens = sorted(pre_tokenizers.ByteLevel.alphabet()) + special + ["ĀĀ"]
+    unused = [f"<unused{i}>" for i in range((size or 0) - len(tokens))]
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens + unused)
+    w.add_token_types([1] * 256 + [3] * len(special) + [1] + [5] * len(unused))
+    w.add_token_merges(["Ā Ā"])
+    w.add_eos_token_id(258)  # <|im_end|>
+    w.add_add_bos_token(False)
+    w.add_chat_template(TEMPLATE.replace("IMAGE", image))
+
+
+def _mmproj_writer(path: Path, projector: str, vision: dict, scale_factor: int):
+    """An mmproj GGUF writer (`clip`) with the vision tower's keys and the processor's norm."""
+    import gguf
+
+    p = gguf.GGUFWriter(str(path), "clip")
+    p.add_clip_projector_type(projector)
+    p.add_clip_has_vision_encoder(True)
+    p.add_vision_image_size(vision["image_size"])
+    p.add_vision_patch_size(vision["patch_size"])
+    p.add_vision_embedding_length(vision["hidden_size"])
+    p.add_vision_feed_forward_length(vision["intermediate_size"])
+    p.add_vision_block_count(vision["num_hidden_layers"])
+    p.add_vision_head_count(vision["num_attention_heads"])
+    p.add_vision_attention_layernorm_eps(1e-6)
+    p.add_vision_image_mean(NORM["image_mean"])
+    p.add_vision_image_std(NORM["image_std"])
+    p.add_vision_projector_scale_factor(scale_factor)
+    return p
 
 
 def _close(w) -> None:
