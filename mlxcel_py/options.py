@@ -232,6 +232,7 @@ class ServerOptions:
     log_disable: bool = False
     webui: bool = True  # the chat page at / (--no-webui: / is a 404, as llama-server's)
     shutdown_grace: int = 5  # seconds requests in flight get after SIGTERM before they are cancelled
+    sleep_idle_seconds: int = -1  # --sleep-idle-seconds: release the model after this long idle (-1: never)
     max_predict_ms: int = DEFAULT_MAX_PREDICT_MS  # a request's decoding time limit (0: none)
     sampling_given: tuple[str, ...] = ()  # sampling flags given on the command line (the rest: model/server defaults)
     ignored: tuple[str, ...] = ()  # llama-server flags given that do not apply here (GPU offload...)

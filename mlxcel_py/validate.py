@@ -297,6 +297,13 @@ def _server(opts: CommandOptions) -> None:
     template_vars.check(srv)
     if srv.shutdown_grace < 0:
         raise UsageError(f"--shutdown-grace must be 0 or more seconds, got {srv.shutdown_grace}")
+    if srv.sleep_idle_seconds == 0 or srv.sleep_idle_seconds < -1:
+        raise UsageError(f"--sleep-idle-seconds must be -1 (never) or 1 or more seconds, got {srv.sleep_idle_seconds}")
+    if srv.sleep_idle_seconds > 0 and opts.parallel.active:
+        raise UsageError(
+            f"--sleep-idle-seconds does not run under {opts.parallel.flag}: every rank holds its part of the model; "
+            "drop one of them"
+        )
     if srv.max_predict_ms < 0:
         raise UsageError(f"--max-predict-ms must be 0 (no limit) or more milliseconds, got {srv.max_predict_ms}")
     if srv.threads is not None and srv.threads < 1:

@@ -35,8 +35,7 @@ SUITE_FLAGS = [
     "--sleep-idle-seconds", "5", "--webui-mcp-proxy",
 ]  # fmt: skip
 DROPPED_HERE = {"--model", "--model-draft", "--hf-repo", "--hf-file",
-                "--grp-attn-n", "--grp-attn-w", "--lora", "--sleep-idle-seconds",
-                "--webui-mcp-proxy"}  # fmt: skip
+                "--grp-attn-n", "--grp-attn-w", "--lora", "--webui-mcp-proxy"}  # fmt: skip
 
 
 def test_reference_model_flags_are_dropped_with_their_values_and_the_rest_passed_on():
@@ -57,6 +56,7 @@ def test_reference_model_flags_are_dropped_with_their_values_and_the_rest_passed
         "--slot-save-path",
         "--embedding",
         "--pooling",
+        "--sleep-idle-seconds",
     ):
         assert flag in kept
 

@@ -46,6 +46,12 @@ RULES = [
     (["generate", "-p", "x", "--tp-size", "0"], "--tp-size must be at least 1"),
     (["serve", "--pp-size", "0"], "--pp-size must be at least 1"),
     (["serve", "--max-predict-ms", "-1"], "--max-predict-ms must be 0 (no limit) or more milliseconds"),
+    (["serve", "--sleep-idle-seconds", "0"], "--sleep-idle-seconds must be -1 (never) or 1 or more seconds"),
+    (["serve", "--sleep-idle-seconds", "-3"], "--sleep-idle-seconds must be -1 (never) or 1 or more seconds"),
+    (
+        ["serve", "--sleep-idle-seconds", "60", "--tp-size", "2"],
+        "--sleep-idle-seconds does not run under --tp-size 2",
+    ),
     (["generate", "-p", "x", "--tp-size", "2", "--pp-size", "2"], "a 2-D layout is not supported"),
     (
         ["generate", "-p", "x", "--tp-size", "2", "--prompt-lookup", "--verify-exact"],

@@ -141,6 +141,7 @@ CacheRamOpt = Annotated[int, typer.Option("--cache-ram", "-cram", metavar="MIB",
 ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", metavar="N", help=f"Requests decoded together (llama-server's slots; default {O.DEFAULT_PARALLEL}): their plain steps share one batched forward, the rest wait in the queue. Given, it splits -c across the slots (each gets -c/N tokens) unless -kvu.", rich_help_panel=SERVER)]
 MaxPredictMsOpt = Annotated[int, typer.Option("--max-predict-ms", metavar="MS", help="Longest a request may decode, from its first token, before it ends with finish_reason length (0: no limit); a request may ask for less with t_max_predict_ms.", rich_help_panel=SERVER)]
 ShutdownGraceOpt = Annotated[int, typer.Option("--shutdown-grace", metavar="SECONDS", help="On SIGTERM/Ctrl-C, how long requests in flight may finish before they are cancelled.", rich_help_panel=SERVER)]
+SleepIdleOpt = Annotated[int, typer.Option("--sleep-idle-seconds", metavar="SECONDS", help="After this many seconds with no request, release the model's weights and caches; the next request that needs the model loads it again (llama-server's; -1, the default: never).", rich_help_panel=SERVER)]
 WebuiOpt = Annotated[bool, typer.Option("--webui/--no-webui", help="Serve the chat page at / (--no-webui: / is a 404, as llama-server's).", rich_help_panel=SERVER)]
 LogDisableOpt = Annotated[bool, typer.Option("--log-disable", help="No per-request access line on stderr.", rich_help_panel=SERVER)]
 GpuLayersOpt = Annotated[Optional[str], typer.Option("--n-gpu-layers", "-ngl", "--gpu-layers", metavar="N", help="llama-server's GPU offload (accepted; MLX places the whole model on its device).", rich_help_panel=SERVER)]
@@ -272,6 +273,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             log_disable=g("log_disable", False),
             webui=g("webui", True),
             shutdown_grace=g("shutdown_grace", 5),
+            sleep_idle_seconds=g("sleep_idle_seconds", -1),
             max_predict_ms=g("max_predict_ms", O.DEFAULT_MAX_PREDICT_MS),
             # serve: sampling flags left out take the model's generation_config.json, else llama-server's
             sampling_given=tuple(k for k in ("temp", "top_p", "top_k", "min_p") if g(k) is not None),
@@ -421,6 +423,7 @@ SERVER_PARAMS = [
     _kw("log_disable", LogDisableOpt, False),
     _kw("webui", WebuiOpt, True),
     _kw("shutdown_grace", ShutdownGraceOpt, 5),
+    _kw("sleep_idle_seconds", SleepIdleOpt, -1),
     _kw("max_predict_ms", MaxPredictMsOpt, O.DEFAULT_MAX_PREDICT_MS),
     _kw("n_gpu_layers", GpuLayersOpt, None),
     _kw("flash_attn", FlashAttnOpt, None),

@@ -56,6 +56,7 @@ class Engine:
         # per generation, since a drafter's own cache follows one sequence
         self.private_drafters = False
         self._cache: SequenceCache | None = None
+        self._released_draft: DraftConfig | None = None  # the drafter configuration while released
 
     @property
     def tree_nodes(self) -> int:
@@ -77,7 +78,28 @@ class Engine:
     @property
     def draft(self) -> DraftConfig:
         """The drafter configuration this engine runs (kind None: plain decoding)."""
-        return self.drafters.config if self.drafters is not None else DraftConfig()
+        if self.drafters is not None:
+            return self.drafters.config
+        return self._released_draft or DraftConfig()
+
+    # -- release and reload (serve --sleep-idle-seconds) ---------------------------------------
+    @property
+    def released(self) -> bool:
+        return self.model is None
+
+    def release(self) -> None:
+        """Let go of the weights, the drafters and every cache they filled. What a server
+        reports about the model (window, drafter configuration, end-of-sequence ids, measured
+        verify costs) stays, so /props answers the same; `adopt` brings weights back."""
+        self._released_draft = self.draft
+        if self.prompt_cache is not None:
+            self.prompt_cache.clear()
+        self.model = self.drafters = self._cache = None
+
+    def adopt(self, fresh: Engine) -> None:
+        """Take a freshly loaded engine's weights and drafters: the same model and drafter
+        configuration loaded again, after `release`."""
+        self.model, self.drafters, self._released_draft = fresh.model, fresh.drafters, None
 
     # -- per-request pieces --------------------------------------------------------------------
     def sequence_cache(self, reuse: bool) -> SequenceCache:

@@ -83,7 +83,9 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
 
     def load() -> None:
         try:
-            loaded["session"], loaded["worker"] = _load(run, app, sock, say=say, warn=warn, world=world)
+            session, loaded["worker"] = _load(run, app, sock, say=say, warn=warn, world=world)
+            if loaded["worker"].resident is None:  # else the resident holds it (and lets go of it asleep)
+                loaded["session"] = session
         except BaseException as exc:  # reported by the main thread once uvicorn has stopped
             loaded["error"] = exc
             server.should_exit = True
@@ -102,8 +104,11 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
         code = 130
     finally:
         if "worker" in loaded:
-            loaded["worker"].stop()
-            said = loaded["session"].save_store()  # the suffix drafter's memory of this server's requests
+            worker = loaded["worker"]
+            worker.stop()
+            # asleep (--sleep-idle-seconds), the store was saved as the model was released
+            session = worker.resident.session if worker.resident is not None else loaded["session"]
+            said = session.save_store() if session is not None else None  # the suffix drafter's memory
             if said:
                 say(said)
     if "error" in loaded:
@@ -185,6 +190,7 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         speculative_allowed=speculative,
         parallel=parallel,
         max_batch=srv.prompt_lookup_max_batch,
+        resident=_resident(run, session, say=say, warn=warn),
     )
     worker.start(warmup=srv.warmup)
     if worker.warmup_error:
@@ -241,12 +247,34 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         ),
     )
     say(line)
+    worker.serving()  # the idle clock (--sleep-idle-seconds) starts now, not while this still holds the session
     url = f"http://{_url_host(srv.host)}:{sock.getsockname()[1]}"
     say(f"mlxcel serve: model {model_id} listening on {url}")
     if srv.webui:
         say(f"chat page: {url}/ (--no-webui turns it off)")
     sys.stderr.flush()
     return session, worker
+
+
+def _resident(run: RunConfig, session, *, say, warn):
+    """--sleep-idle-seconds: the session, released when idle and loaded again on demand (None:
+    it stays loaded). A vision model stays loaded: an image's rows, kept by content across
+    requests, belong to the loaded vision tower."""
+    from .sleep import Resident
+
+    srv = run.options.server
+    if srv.sleep_idle_seconds <= 0:
+        return None
+    if session.target.vision is not None:
+        warn("--sleep-idle-seconds: a vision model stays loaded (its image rows are kept across requests)")
+        return None
+    quiet = replace(run, warnings=())  # its warnings were printed at startup
+
+    def load():
+        return open_session(quiet, say=lambda _: None, warn=lambda _: None)
+
+    say(f"sleep: the model is released after {srv.sleep_idle_seconds} s idle and loaded again on demand")
+    return Resident(session, load, srv.sleep_idle_seconds, warmup=srv.warmup, say=say)
 
 
 def names(text: str | None) -> list[str]:

@@ -59,8 +59,9 @@ async def _embeddings(request: Request, openai: bool):
             "'embd_normalize' must be an integer: -1 none, 0 int16 range, 2 euclidean, p a p-norm (up to 64)"
         )
     prompts = await asyncio.to_thread(_prompts, ctx, value)
-    model, pooling = ctx.engine.model, ctx.pooling
-    vectors = await ctx.worker.call(lambda: [embed(model, p, pooling, normalize) for p in prompts])
+    engine, pooling = ctx.engine, ctx.pooling
+    # the model is read on the worker's thread: after a sleep (--sleep-idle-seconds) it is loaded again first
+    vectors = await ctx.worker.call(lambda: [embed(engine.model, p, pooling, normalize) for p in prompts])
     if not openai:
         return [{"index": i, "embedding": v} for i, v in enumerate(vectors)]
     n = sum(len(p) for p in prompts)

@@ -100,6 +100,7 @@ async def props(request: Request):
         "model_path": ctx.model_path,
         "build_info": f"mlxcel-py {__version__}",
         "modalities": {"vision": ctx.vision is not None, "audio": False},  # llama-server's (the page reads it)
+        "is_sleeping": ctx.worker.asleep,  # --sleep-idle-seconds: the model is released until a request
         "speculative": {
             "enabled": drafting,
             "kind": draft.kind if drafting else None,

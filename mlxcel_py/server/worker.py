@@ -18,11 +18,17 @@ with this thread for the GIL.
 A client that disconnects (streaming or not) sets its job's cancel flag: a queued job is skipped,
 a running one stops at its next turn and frees its slot. Beyond `max_queue` waiting jobs, `submit`
 refuses at once (`Busy`, a 503 with Retry-After) instead of letting the queue grow without bound.
+
+With a `sleep.Resident` (--sleep-idle-seconds), a worker that has had nothing to do for that long
+releases the model while it waits; the next job or task (a request, a slot file, embeddings)
+loads it again first. Reads that do not queue anything (/health, /props, /metrics, /slots) neither
+wake it nor reset the idle clock, as in llama-server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import queue
 import signal
@@ -90,7 +96,10 @@ class Task:
             self.loop.call_soon_threadsafe(_settle, self.future, result, None)
 
     def cancel(self) -> None:
-        self.loop.call_soon_threadsafe(_settle, self.future, None, RuntimeError("the server is shutting down"))
+        self.fail(RuntimeError("the server is shutting down"))
+
+    def fail(self, exc: BaseException) -> None:
+        self.loop.call_soon_threadsafe(_settle, self.future, None, exc)
 
 
 def _settle(future: asyncio.Future, result: Any, exc: BaseException | None) -> None:
@@ -150,6 +159,7 @@ class Worker:
         max_queue: int = MAX_QUEUE,
         parallel: int = 1,
         max_batch: int | None = 2,
+        resident: Any = None,
     ):
         from ..engine.gate import Gate
 
@@ -168,6 +178,10 @@ class Worker:
         self.ready = threading.Event()
         self.warmup_error: str | None = None
         self._stopping = False
+        self.resident = resident  # sleep.Resident: the model is released when idle (None: never)
+        # when the last job or task ended; the clock starts when the server says it is serving
+        # (`serving`), so the model is not released while startup still holds it
+        self.idle_since = math.inf
         self.thread = threading.Thread(target=self._loop, name="mlx-worker", daemon=True)
 
     def start(self, warmup: bool) -> None:
@@ -179,6 +193,10 @@ class Worker:
     def alive(self) -> bool:
         """Can take requests: the thread runs and warmup (if any) succeeded."""
         return self.thread.is_alive() and self.warmup_error is None
+
+    @property
+    def asleep(self) -> bool:
+        return self.resident is not None and self.resident.asleep
 
     @property
     def active(self) -> int:
@@ -223,6 +241,7 @@ class Worker:
             live = [s for s in self.slots if s is not None]
             if not live:
                 continue
+            self.idle_since = time.monotonic()
             self.gate.tick(len(live))
             for slot in live:
                 self._turn(slot)
@@ -235,7 +254,7 @@ class Worker:
             if idle and self._stopping:
                 return False
             try:
-                job = self.jobs.get() if idle and not self._stopping else self.jobs.get_nowait()
+                job = self._wait() if idle and not self._stopping else self.jobs.get_nowait()
             except queue.Empty:
                 return True
             if job is None:
@@ -247,14 +266,55 @@ class Worker:
                     return False
                 continue
             if isinstance(job, Task):
-                job.run() if not self._stopping else job.cancel()
+                if self._stopping:
+                    job.cancel()
+                elif (why := self._wake()) is not None:
+                    job.fail(RuntimeError(why))
+                else:
+                    job.run()
+                    self.idle_since = time.monotonic()
                 continue
             if job.cancelled.is_set():
                 if self.shutting_down:  # its client still waits: a stream gets its error and [DONE]
                     self._emit(job, "error", ShuttingDown(self.shutting_down))
                 continue
+            if (why := self._wake()) is not None:
+                self._emit(job, "error", why)
+                continue
             self._start(self.slots.index(None), job)
         return True
+
+    def _wait(self) -> Job | Task | None:
+        """The next job, with nothing live; the model is released once it has waited
+        --sleep-idle-seconds (then it waits on, asleep)."""
+        while self.resident is not None and not self.resident.asleep:
+            left = self.idle_since + self.resident.idle_seconds - time.monotonic()
+            if left <= 0:
+                self.resident.release()
+                break
+            try:
+                return self.jobs.get(timeout=min(left, 1.0))  # a second at most: `serving` may start the clock
+            except queue.Empty:
+                continue
+        return self.jobs.get()
+
+    def serving(self) -> None:
+        """Start the idle clock (--sleep-idle-seconds): the server now answers requests."""
+        self.idle_since = time.monotonic()
+
+    def _wake(self) -> str | None:
+        """Load the model again if it sleeps; why it could not (the job gets that as its error,
+        the server stays asleep and the next request tries again)."""
+        if not self.asleep:
+            return None
+        try:
+            self.resident.restore()
+        except Exception as exc:  # a load failure of any kind, reported to the request
+            self.engine.release()  # a half-adopted engine stays released
+            return f"the model could not be loaded again after sleeping: {exc}"
+        finally:
+            self.idle_since = time.monotonic()
+        return None
 
     def _start(self, i: int, job: Job) -> None:
         spec = self.speculative_allowed and job.speculative
