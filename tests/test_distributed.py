@@ -105,6 +105,23 @@ def test_two_ranks_print_what_one_process_prints(llama4_dir, cli_env, layout, ex
         assert "accepted 0/" not in line, line
 
 
+@pytest.mark.parametrize("layout,extra", [("--tp-size", ["--prompt-lookup"]), ("--pp-size", [])])
+def test_f16_caches_on_the_ranks_print_what_one_process_prints_at_f16(tmp_path, cli_env, layout, extra):
+    """-ctk/-ctv f16 on every rank (mlx-lm's layer code there, its caches rounding rows as they are
+    written) equals one process's fused layers at f16, prompt lookup's rollbacks included."""
+    model = make_tiny_model(tmp_path / "model", seed=2, layers=4, scale=6.0)  # f16 rows change its text
+    args = ["generate", "-m", str(model), "-p", PROMPT, "-n", "80", "--no-chat-template", *extra]
+    alone = run(mlxcel_cmd() + args + ["-ctk", "f16", "-ctv", "f16"], cli_env)
+    assert alone.returncode == 0, alone.stderr.decode()
+    assert alone.stdout != single(args, cli_env).stdout  # so the ranks' text below shows their type
+    args += ["-ctk", "f16", "-ctv", "f16"]
+    r = run(launch_cmd(args + [layout, "2", "--verbose"]), cli_env)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err
+    assert r.stdout == alone.stdout
+    assert "KV cache f16 keys, f16 values" in err and "float32 KV cache" not in err
+
+
 def test_mlx_lm_pipeline_models_split_too(qwen2_dir, cli_env):
     """qwen2 has mlx-lm's own PipelineMixin (the llama test above uses pipeline_stages)."""
     args = _gen(qwen2_dir)

@@ -275,15 +275,20 @@ def test_verbose_and_profile_name_the_type_in_use(cli_env, tiny_dir):
     assert any(line.startswith("KV cache") and "f16 keys, f32 values" in line for line in r.stderr.splitlines())
 
 
-def test_a_model_that_keeps_float32_says_so_and_runs(cli_env, tmp_path):
+def test_a_model_on_mlx_lms_layers_takes_f16_and_says_where_q8_0_keeps_f16(cli_env, tmp_path):
     import tiny_models
 
     folder = tiny_models.build(tmp_path / "gemma", tiny_models.FAMILIES["gemma3_text"])
-    r = _cli(cli_env, "generate", "-m", str(folder), "-p", "hello", "-n", "3", "--temp", "0", "-ctk", "f16")
+    base = ["generate", "-m", str(folder), "-p", "hello", "-n", "3", "--temp", "0", "--verbose"]
+    r = _cli(cli_env, *base, "-ctk", "f16")
     assert r.returncode == 0, r.stderr
-    assert "--cache-type-k f16: this model keeps a float32 KV cache" in r.stderr
+    assert "KV cache f16 keys, f32 values" in r.stderr and "float32 KV cache" not in r.stderr
+    q8 = _cli(cli_env, *base, "-ctk", "q8_0")
+    assert q8.returncode == 0, q8.stderr
+    assert "--cache-type-k q8_0: q8_0 and q4_0 blocks are written by the fused decoder layers only" in q8.stderr
+    assert "KV cache f16 keys, f32 values" in q8.stderr and q8.stdout == r.stdout
     quiet = _cli(cli_env, "generate", "-m", str(folder), "-p", "hello", "-n", "3", "--temp", "0")
-    assert "KV cache" not in quiet.stderr and quiet.stdout == r.stdout  # auto says nothing, same text
+    assert "KV cache" not in quiet.stderr  # auto says nothing (float32 on these layers)
 
 
 @needs_kernel

@@ -28,7 +28,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from ..cpu import kernels as cpu_kernels
 from ..cpu import recurrent_steps
 from ..cpu import row_ops as cpu_row_ops
-from ..models import cache_kinds
+from ..models import cache_kinds, kv_cache
 from ..models.cache_kinds import adapter_for
 
 
@@ -61,6 +61,14 @@ def _arrays(x: Any) -> list:
 PREFILL_CHUNK = 512
 
 
+def _new_layers(model: Any) -> list:
+    """mlx-lm's caches for `model`, holding the cache type its mlx-lm-written layers keep
+    (models.kv_cache.store_caches: f16/bf16 where the fused layers do not run)."""
+    layers = make_prompt_cache(model)
+    kv_cache.store_caches(model, layers)
+    return layers
+
+
 class SequenceCache:
     """A model's layer caches plus the token ids they stand for, in order.
 
@@ -81,7 +89,7 @@ class SequenceCache:
         # mirror.Leader: each forward is announced to the other ranks, which mirror it
         self.channel = channel
         self.seq_id = channel.new_sequence() if channel is not None else 0
-        self.layers = make_prompt_cache(model)
+        self.layers = _new_layers(model)
         self.tokens: list[int] = []
         self._pending: list[int] = []
         self._checkpoint: Checkpoint | None = None
@@ -314,7 +322,7 @@ class SequenceCache:
         self.truncate(first + n)  # the rows after the path: the rejected nodes
 
     def reset(self) -> None:
-        self.layers = make_prompt_cache(self.model)
+        self.layers = _new_layers(self.model)
         self.tokens, self._pending, self._checkpoint, self._last_write = [], [], None, 0
         self._recording, self._step_records = False, None
         self.hidden, self.hidden_start = None, 0

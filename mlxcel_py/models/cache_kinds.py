@@ -159,7 +159,10 @@ def reserve(
     if c.keys is not None and prev + n <= c.keys.shape[2]:
         return
     steps = (c.step + n - 1) // c.step
-    k_type, v_type = dtypes if c.keys is None else (c.keys.dtype, c.values.dtype)
+    if c.keys is None:  # a cache given a type (store_as) keeps it whoever writes first
+        k_type, v_type = getattr(c, "kv_store", dtypes)
+    else:
+        k_type, v_type = c.keys.dtype, c.values.dtype
     new_k = mx.zeros((1, heads, steps * c.step, row_width(dim, k_type)), k_type)
     new_v = mx.zeros((1, heads, steps * c.step, row_width(dim, v_type)), v_type)
     if c.keys is None:
@@ -169,6 +172,25 @@ def reserve(
         c.keys, c.values = c.keys[..., :prev, :], c.values[..., :prev, :]
     c.keys = mx.concatenate([c.keys, new_k], axis=2)
     c.values = mx.concatenate([c.values, new_v], axis=2)
+
+
+STORABLE = (KVCache, RotatingKVCache)  # the kinds `store_as` gives a cache type
+
+
+def store_as(c: Any, dtypes: tuple[mx.Dtype, mx.Dtype]) -> None:
+    """Make a plain or sliding KV cache that mlx-lm's layer code writes hold its rows at `dtypes`
+    (keys, values: float16 or bfloat16, --cache-type-k/-v): each write is rounded once, as it
+    comes in, so the buffers mlx-lm grows take that type and a row reads back the same bits
+    whichever forward wrote it. (mlx-lm sizes new buffers by the incoming rows' dtype and a
+    concatenation of two types promotes, so the rows are cast before its update, not after.)"""
+    k_type, v_type = dtypes
+    update = type(c).update_and_fetch
+
+    def update_and_fetch(keys: mx.array, values: mx.array):
+        return update(c, keys.astype(k_type), values.astype(v_type))
+
+    c.update_and_fetch = update_and_fetch  # on the instance: the class, and what it saves as, stay mlx-lm's
+    c.kv_store = dtypes  # `reserve` gives a new buffer these types
 
 
 def row_width(dim: int, dtype: mx.Dtype) -> int:

@@ -4,15 +4,22 @@ Where the fused decoder layers carry the model (models.decoder_layers) its cache
 types: `auto` is float16 there (half the bytes a long context reads every step), `f32` keeps
 float32, `bf16` is bfloat16, `q8_0` and `q4_0` llama.cpp's 8- and 4-bit blocks (int8 and uint8
 buffers whose rows carry their scales: q8_0 is a quarter of float32's bytes and a little more).
-Elsewhere mlx-lm's layer code writes the cache in the model's activations' dtype (float32 on the
-CPU paths), so an explicit `f16` cannot apply: the model runs, `kv_note` says why
-in one line, and the reports name the type really in use.
+Elsewhere (sliding windows, hybrid and other families, vision decoders of those) mlx-lm's layer
+code writes the caches. `auto` keeps float32 there, as the activations are; an explicit `f16` or
+`bf16` makes every plain and sliding KV cache of the model round its rows to that type as they
+come in (`cache_kinds.store_as`, applied by `store_caches` wherever the engine makes caches), and
+the attention reads them as they are. That holds on every rank of a --tp-size/--pp-size run
+too (parallel.mirror's followers make their caches the same way). q8_0 and q4_0 blocks are
+written by the fused layers only: asked for there, the cache keeps f16 and `kv_note` says so in
+one line. The reports name the type really in use.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
@@ -45,16 +52,57 @@ def describe(loaded: LoadedModel, cache_types: tuple[str, str]) -> LoadedModel:
         return dataclasses.replace(
             loaded, kv_cache=f"{given[0]} keys, {given[1]} values", kv_bytes_per_token=per_token, kv_note=note
         )
-    note = None
+    return _unfused(loaded, cache_types)
+
+
+_STORED: dict[int, tuple[mx.Dtype, mx.Dtype]] = {}  # id(model) -> its mlx-lm-written caches' types
+FLOAT_TYPES = {"f16": mx.float16, "bf16": mx.bfloat16}
+
+
+def _unfused(loaded: LoadedModel, cache_types: tuple[str, str]) -> LoadedModel:
+    """A model whose layers run mlx-lm's code (a distributed rank's too): f16/bf16 rounded as
+    written (`store_caches`), q8_0 and q4_0 as f16 with a note."""
+    why = decoder_layers.why_not(loaded.model) or "its layers run mlx-lm's code"
     asked = [
-        f"{flag} {t}" for flag, t in zip(("--cache-type-k", "--cache-type-v"), cache_types) if t not in ("auto", "f32")
+        (flag, t) for flag, t in zip(("--cache-type-k", "--cache-type-v"), cache_types) if t not in ("auto", "f32")
     ]
-    if asked:
-        why = decoder_layers.why_not(loaded.model) or "its layers run mlx-lm's code"
-        note = f"{' and '.join(asked)}: this model keeps a float32 KV cache ({why}); use f32 or auto"
-    return dataclasses.replace(
-        loaded, kv_cache="f32 keys, f32 values", kv_bytes_per_token=_f32_bytes(loaded.config), kv_note=note
+    if not asked:
+        return dataclasses.replace(
+            loaded, kv_cache="f32 keys, f32 values", kv_bytes_per_token=_f32_bytes(loaded.config), kv_note=None
+        )
+    kept = tuple(FLOAT_TYPES.get(t, mx.float16) if t not in ("auto", "f32") else mx.float32 for t in cache_types)
+    blocks = [f"{flag} {t}" for flag, t in asked if t not in FLOAT_TYPES]
+    note = (
+        f"{' and '.join(blocks)}: q8_0 and q4_0 blocks are written by the fused decoder layers only, and this "
+        f"model's layers run mlx-lm's code ({why}); the cache keeps f16 there"
+        if blocks
+        else None
     )
+    _STORED[id(loaded.model)] = kept
+    weakref.finalize(loaded.model, _STORED.pop, id(loaded.model), None)
+    per_token = _f32_bytes(loaded.config) * sum(t.size for t in kept) // 8
+    return dataclasses.replace(
+        loaded,
+        kv_cache=f"{NAMES[kept[0]]} keys, {NAMES[kept[1]]} values",
+        kv_bytes_per_token=per_token,
+        kv_note=note,
+    )
+
+
+def store_caches(model: Any, layers: Sequence[Any]) -> None:
+    """Give the plain and sliding KV caches among `layers` (a model's, as make_prompt_cache or a
+    slot file made them) the type its layers write at, where that is not float32."""
+    types = _STORED.get(id(model))
+    if types is None:
+        return
+    for c in cache_kinds.leaves(layers):
+        if type(c) in cache_kinds.STORABLE:
+            cache_kinds.store_as(c, types)
+
+
+def stored_types(model: Any) -> tuple[mx.Dtype, mx.Dtype] | None:
+    """The cache type mlx-lm's layer code writes this model's caches at (None: float32)."""
+    return _STORED.get(id(model))
 
 
 def row_bytes(head_dim: int, dtype: mx.Dtype) -> int:

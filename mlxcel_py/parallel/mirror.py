@@ -187,6 +187,7 @@ def follow(model: Any, world: World, tap: Any) -> int:
     from mlx_lm.models.cache import make_prompt_cache
 
     from ..cpu import kernels as cpu_kernels
+    from ..models import kv_cache
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     caches: dict[int, list] = {}
@@ -210,6 +211,7 @@ def follow(model: Any, world: World, tap: Any) -> int:
             layers = caches.pop(seq, None)
             if layers is None or position == 0:
                 layers = make_prompt_cache(model)
+                kv_cache.store_caches(model, layers)  # -ctk/-ctv f16, bf16: the leader's rows' type
             caches[seq] = layers  # most recent last
             while len(caches) > MAX_FOLLOWED:
                 caches.pop(next(iter(caches)))

@@ -69,6 +69,7 @@ def restore(engine: Any, path: Path) -> tuple[int, int]:
     from mlx_lm.models.cache import load_prompt_cache
 
     from ..engine.cache import SequenceCache
+    from ..models import kv_cache
 
     pool = _pool(engine)
     if not path.is_file():
@@ -86,6 +87,7 @@ def restore(engine: Any, path: Path) -> tuple[int, int]:
     cache = SequenceCache(engine.model, engine.channel)
     if not (isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) and _fits(engine, layers, tokens)):
         raise ApiError(invalid)
+    kv_cache.store_caches(engine.model, layers)  # later writes keep the file's f16/bf16 rows at their type
     cache.layers, cache.tokens = layers, tokens
     pool.give(cache)
     return len(tokens), path.stat().st_size
