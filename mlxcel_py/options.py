@@ -223,6 +223,7 @@ class ServerOptions:
     keep: int = 0  # --keep: tokens of the prompt a shift keeps (-1: all of it)
     embeddings: bool = False  # --embeddings: /v1/embeddings and /embedding answer (501 without)
     pooling: str = "last"  # --pooling: none, mean, cls or last (engine/embeddings.py)
+    reranking: bool = False  # --reranking (or --pooling rank): /rerank scores documents (engine/rerank.py)
     image_url_fetch: bool = False  # --image-url-fetch: http(s) image URLs in requests are downloaded
     media_path: str | None = None  # --media-path: file:// image URLs name files inside this folder
     slot_save_path: str | None = None  # --slot-save-path: the folder of slot files (POST /slots/{id})

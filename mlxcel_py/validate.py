@@ -283,8 +283,7 @@ def _server(opts: CommandOptions) -> None:
         if folder is not None and not Path(folder).is_dir():
             raise UsageError(f"{flag} {folder}: no such folder; create it or pass another")
     if srv.pooling not in POOLINGS:
-        why = " (reranking, which this server does not do)" if srv.pooling == "rank" else ""
-        raise UsageError(f"--pooling {srv.pooling}{why} is not one of {', '.join(POOLINGS)}")
+        raise UsageError(f"--pooling {srv.pooling} is not one of {', '.join(POOLINGS)}, rank")
     if not 1 <= srv.parallel <= MAX_PARALLEL:
         raise UsageError(f"--parallel (-np) must be between 1 and {MAX_PARALLEL}, got {srv.parallel}")
     if srv.split_context and 0 < srv.ctx_size < srv.parallel * MIN_SLOT_CONTEXT:

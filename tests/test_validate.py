@@ -474,7 +474,7 @@ def test_serve_takes_llama_server_command_lines(monkeypatch, no_loading, tmp_pat
         (["serve", "-t", "0"], "--threads (-t) must be at least 1"),
         (["serve", "--context-shift", "--keep", "-2"], "--keep must be -1 (the whole prompt) or 0 or more tokens"),
         (["serve", "--slot-save-path", "/nonexistent-slots"], "--slot-save-path /nonexistent-slots: no such folder"),
-        (["serve", "--embeddings", "--pooling", "rank"], "--pooling rank (reranking, which this server does not do)"),
+        (["serve", "--embeddings", "--pooling", "max"], "--pooling max is not one of none, mean, cls, last, rank"),
         (["serve", "--prompt-lookup-max-batch", "many"], "--prompt-lookup-max-batch takes a count or auto, got 'many'"),
     ],
 )

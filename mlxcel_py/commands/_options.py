@@ -133,8 +133,9 @@ CtxSizeOpt = Annotated[int, typer.Option("--ctx-size", "-c", metavar="N", help="
 ContextShiftOpt = Annotated[bool, typer.Option("--context-shift/--no-context-shift", help="When a generation fills the window, drop half of the context after the first --keep tokens and go on (llama.cpp's; default off: the generation stops there).", rich_help_panel=GEN)]
 ImageUrlFetchOpt = Annotated[bool, typer.Option("--image-url-fetch", help="Download http(s) image URLs in requests (10 s, 32 MiB each); otherwise only data: URLs.", rich_help_panel=SERVER)]
 MediaPathOpt = Annotated[Optional[str], typer.Option("--media-path", metavar="DIR", help="Read file:// image URLs in requests as paths inside DIR (llama-server's; nothing outside it); off by default.", rich_help_panel=SERVER)]
+RerankingOpt = Annotated[bool, typer.Option("--reranking", "--rerank", help="Serve /rerank and /v1/rerank (llama-server's): a causal-LM reranker (Qwen3-Reranker's kind) scores each document by its next-token odds of yes against no; 501 without. --pooling rank turns it on too.", rich_help_panel=SERVER)]
 EmbeddingsOpt = Annotated[bool, typer.Option("--embeddings", "--embedding", help="Serve embeddings at /v1/embeddings and /embedding (llama-server's; 501 without).", rich_help_panel=SERVER)]
-PoolingOpt = Annotated[Optional[str], typer.Option("--pooling", metavar="none|mean|cls|last", help="How a prompt's hidden states become one embedding (default last: the last token's, as decoder embedding models read it).", rich_help_panel=SERVER)]
+PoolingOpt = Annotated[Optional[str], typer.Option("--pooling", metavar="none|mean|cls|last|rank", help="How a prompt's hidden states become one embedding (default last: the last token's, as decoder embedding models read it); rank is llama-server's reranking switch (--reranking).", rich_help_panel=SERVER)]
 SlotSavePathOpt = Annotated[Optional[str], typer.Option("--slot-save-path", metavar="DIR", help="Folder for slot files: POST /slots/{id}?action=save|restore|erase writes a cached prompt's KV cache there and reads it back (llama-server's).", rich_help_panel=SERVER)]
 KeepOpt = Annotated[int, typer.Option("--keep", metavar="N", help="Tokens from the start of the prompt a context shift keeps (-1: the whole prompt); on serve a request's n_keep overrides it.", rich_help_panel=GEN)]
 CacheRamOpt = Annotated[int, typer.Option("--cache-ram", "-cram", metavar="MIB", help=f"Keep finished requests' KV caches up to this many MiB, so a later prompt sharing a prefix (a resent chat history, a common system prompt) skips it; -1 no limit, 0 off (default {O.DEFAULT_CACHE_RAM_MIB}).", rich_help_panel=SERVER)]
@@ -266,7 +267,9 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             embeddings=g("embeddings", False),
             image_url_fetch=g("image_url_fetch", False),
             media_path=g("media_path"),
-            pooling=_given(g("pooling"), "last"),
+            # llama-server's --pooling rank is its reranking switch: the embeddings keep their default
+            pooling="last" if g("pooling") == "rank" else _given(g("pooling"), "last"),
+            reranking=g("reranking", False) or g("pooling") == "rank",
             cache_ram=g("cache_ram", O.DEFAULT_CACHE_RAM_MIB),
             parallel=_given(g("parallel"), O.DEFAULT_PARALLEL),
             parallel_given=g("parallel") is not None,
@@ -415,6 +418,7 @@ SERVER_PARAMS = [
     _kw("threads", ThreadsOpt, None),
     _kw("slot_save_path", SlotSavePathOpt, None),
     _kw("embeddings", EmbeddingsOpt, False),
+    _kw("reranking", RerankingOpt, False),
     _kw("image_url_fetch", ImageUrlFetchOpt, False),
     _kw("media_path", MediaPathOpt, None),
     _kw("pooling", PoolingOpt, None),

@@ -16,7 +16,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..options import SamplingOptions
-from . import routes_anthropic, routes_embeddings, routes_native, routes_openai, routes_responses, routes_slots
+from . import (
+    routes_anthropic,
+    routes_embeddings,
+    routes_native,
+    routes_openai,
+    routes_rerank,
+    routes_responses,
+    routes_slots,
+)
 from . import webui as webui_routes
 from .context import ServerContext
 from .http import BODY_LIMIT, ApiError, Cors, Guard, error_body
@@ -67,6 +75,7 @@ def create_app(
     app.include_router(routes_anthropic.router)  # /v1/messages, /v1/messages/count_tokens
     app.include_router(routes_responses.router)  # /v1/responses
     app.include_router(routes_embeddings.router)  # /v1/embeddings, /embedding (--embeddings)
+    app.include_router(routes_rerank.router)  # /rerank, /v1/rerank (--reranking)
     app.include_router(routes_slots.router)  # POST /slots/{id}: slot files (--slot-save-path)
     app.include_router(webui_routes.router)  # / (the chat page, or health) and /props
     app.add_middleware(Guard, access=access, body_limit=body_limit, access_log=access_log, cors=cors)

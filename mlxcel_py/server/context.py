@@ -51,6 +51,7 @@ class ServerContext:
     model_meta: dict = field(default_factory=dict)  # /v1/models' `meta` (model_meta.py)
     context_shift: ContextShift | None = None  # --context-shift (its --keep): requests' default
     embeddings: bool = False  # --embeddings: the embedding routes answer
+    reranking: bool = False  # --reranking: the rerank routes answer (routes_rerank.py)
     vision: Any = None  # a vision-language model's vision.prompts.Vision (None: text only)
     images: ImageSources = field(default_factory=ImageSources)  # --image-url-fetch, --media-path
     pooling: str = "last"  # --pooling

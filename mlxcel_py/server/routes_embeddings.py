@@ -33,6 +33,8 @@ async def native_embeddings(request: Request):
 
 async def _embeddings(request: Request, openai: bool):
     ctx = ctx_of(request)
+    if not ctx.embeddings and ctx.reranking:  # llama-server's rank pooling refuses embeddings so
+        raise ApiError("This server reranks (--reranking); start it with --embeddings too to serve embeddings")
     if not ctx.embeddings:
         raise ApiError(
             "This server does not support embeddings. Start it with `--embeddings`",

@@ -106,4 +106,10 @@ def tokenizer_config(md: dict, context_length: int) -> dict:
     }
     if "tokenizer.chat_template" in md:
         config["chat_template"] = str(md["tokenizer.chat_template"])
+    if "tokenizer.chat_template.rerank" in md:  # a reranker's judge prompt (serve --reranking)
+        # tokenizer_config's list of named templates; transformers reads it as a dict by name
+        named = [{"name": "rerank", "template": str(md["tokenizer.chat_template.rerank"])}]
+        if "chat_template" in config:
+            named.insert(0, {"name": "default", "template": config["chat_template"]})
+        config["chat_template"] = named
     return config
