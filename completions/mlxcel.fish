@@ -309,6 +309,8 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l cache-ram -o cram -
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l parallel -o np -d 'Requests decoded together (llama-servers slots; default 4): their plain steps share one batched forward, the rest wait in the queue'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l log-disable -d 'No per-request access line on stderr'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l webui -l no-webui -d 'Serve the chat page at / (--no-webui: / is a 404, as llama-servers)'
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l ui-mcp-proxy -l webui-mcp-proxy -d 'Serve llama-servers MCP CORS proxy: /cors-proxy?url=URL forwards to URL, public addresses only (403 without)'
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l ui-mcp-proxy-allow -d 'A host the MCP CORS proxy may reach although it is not public (exact, e'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l shutdown-grace -d 'On SIGTERM/Ctrl-C, how long requests in flight may finish before they are cancelled'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l sleep-idle-seconds -d 'After this many seconds with no request, release the models weights and caches; the next request that needs the model loads it again (llama-servers; -1, the default: never)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l max-predict-ms -d 'Longest a request may decode, from its first token, before it ends with finish_reason length (0: no limit); a request may ask for less with t_max_predict_ms'

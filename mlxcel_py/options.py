@@ -232,6 +232,8 @@ class ServerOptions:
     parallel_given: bool = False  # -np given: the window is split across the slots unless -kvu
     log_disable: bool = False
     webui: bool = True  # the chat page at / (--no-webui: / is a 404, as llama-server's)
+    mcp_proxy: bool = False  # --ui-mcp-proxy: /cors-proxy forwards to public URLs (server/cors_proxy.py)
+    mcp_proxy_allow: tuple[str, ...] = ()  # --ui-mcp-proxy-allow: hosts it may reach beyond that policy
     shutdown_grace: int = 5  # seconds requests in flight get after SIGTERM before they are cancelled
     sleep_idle_seconds: int = -1  # --sleep-idle-seconds: release the model after this long idle (-1: never)
     max_predict_ms: int = DEFAULT_MAX_PREDICT_MS  # a request's decoding time limit (0: none)

@@ -40,7 +40,7 @@ DROPPED = {
     "--hf-repo": 1, "-hfr": 1, "--hf-file": 1, "-hff": 1, "--model-url": 1, "-mu": 1, "--model": 1,
     "--model-draft": 1, "--lora": 1, "--models-dir": 1, "--models-max": 1,
     "--models-preset": 1, "--no-models-autoload": 0, "--grp-attn-n": 1,
-    "--grp-attn-w": 1, "--mmproj-url": 1, "--webui-mcp-proxy": 0,
+    "--grp-attn-w": 1, "--mmproj-url": 1,
 }  # fmt: skip
 
 

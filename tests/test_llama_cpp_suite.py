@@ -35,7 +35,7 @@ SUITE_FLAGS = [
     "--sleep-idle-seconds", "5", "--webui-mcp-proxy",
 ]  # fmt: skip
 DROPPED_HERE = {"--model", "--model-draft", "--hf-repo", "--hf-file",
-                "--grp-attn-n", "--grp-attn-w", "--lora", "--webui-mcp-proxy"}  # fmt: skip
+                "--grp-attn-n", "--grp-attn-w", "--lora"}  # fmt: skip
 
 
 def test_reference_model_flags_are_dropped_with_their_values_and_the_rest_passed_on():
@@ -57,6 +57,7 @@ def test_reference_model_flags_are_dropped_with_their_values_and_the_rest_passed
         "--embedding",
         "--pooling",
         "--sleep-idle-seconds",
+        "--webui-mcp-proxy",
     ):
         assert flag in kept
 

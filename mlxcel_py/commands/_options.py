@@ -143,6 +143,8 @@ ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", metavar="N", help
 MaxPredictMsOpt = Annotated[int, typer.Option("--max-predict-ms", metavar="MS", help="Longest a request may decode, from its first token, before it ends with finish_reason length (0: no limit); a request may ask for less with t_max_predict_ms.", rich_help_panel=SERVER)]
 ShutdownGraceOpt = Annotated[int, typer.Option("--shutdown-grace", metavar="SECONDS", help="On SIGTERM/Ctrl-C, how long requests in flight may finish before they are cancelled.", rich_help_panel=SERVER)]
 SleepIdleOpt = Annotated[int, typer.Option("--sleep-idle-seconds", metavar="SECONDS", help="After this many seconds with no request, release the model's weights and caches; the next request that needs the model loads it again (llama-server's; -1, the default: never).", rich_help_panel=SERVER)]
+McpProxyOpt = Annotated[bool, typer.Option("--ui-mcp-proxy", "--webui-mcp-proxy", help="Serve llama-server's MCP CORS proxy: /cors-proxy?url=URL forwards to URL, public addresses only (403 without).", rich_help_panel=SERVER)]
+McpProxyAllowOpt = Annotated[Optional[list[str]], typer.Option("--ui-mcp-proxy-allow", metavar="HOST", envvar="LLAMA_ARG_UI_MCP_PROXY_ALLOW", help="A host the MCP CORS proxy may reach although it is not public (exact, e.g. 127.0.0.1); repeat it or separate hosts with commas.", rich_help_panel=SERVER)]
 WebuiOpt = Annotated[bool, typer.Option("--webui/--no-webui", help="Serve the chat page at / (--no-webui: / is a 404, as llama-server's).", rich_help_panel=SERVER)]
 LogDisableOpt = Annotated[bool, typer.Option("--log-disable", help="No per-request access line on stderr.", rich_help_panel=SERVER)]
 GpuLayersOpt = Annotated[Optional[str], typer.Option("--n-gpu-layers", "-ngl", "--gpu-layers", metavar="N", help="llama-server's GPU offload (accepted; MLX places the whole model on its device).", rich_help_panel=SERVER)]
@@ -275,6 +277,8 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             parallel_given=g("parallel") is not None,
             log_disable=g("log_disable", False),
             webui=g("webui", True),
+            mcp_proxy=g("mcp_proxy", False),
+            mcp_proxy_allow=tuple(h.strip() for v in g("mcp_proxy_allow") or () for h in v.split(",") if h.strip()),
             shutdown_grace=g("shutdown_grace", 5),
             sleep_idle_seconds=g("sleep_idle_seconds", -1),
             max_predict_ms=g("max_predict_ms", O.DEFAULT_MAX_PREDICT_MS),
@@ -426,6 +430,8 @@ SERVER_PARAMS = [
     _kw("parallel", ParallelOpt, None),
     _kw("log_disable", LogDisableOpt, False),
     _kw("webui", WebuiOpt, True),
+    _kw("mcp_proxy", McpProxyOpt, False),
+    _kw("mcp_proxy_allow", McpProxyAllowOpt, None),
     _kw("shutdown_grace", ShutdownGraceOpt, 5),
     _kw("sleep_idle_seconds", SleepIdleOpt, -1),
     _kw("max_predict_ms", MaxPredictMsOpt, O.DEFAULT_MAX_PREDICT_MS),

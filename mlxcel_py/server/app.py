@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..options import SamplingOptions
 from . import (
+    cors_proxy,
     routes_anthropic,
     routes_embeddings,
     routes_native,
@@ -52,6 +53,8 @@ def create_app(
     app.state.webui = webui
     app.state.slots = slots
     app.state.slot_dir = None  # --slot-save-path, as a Path (main sets it)
+    app.state.api_keys = access.api_keys  # never forwarded by the MCP CORS proxy
+    app.state.mcp_proxy, app.state.mcp_proxy_allow = False, ()  # --ui-mcp-proxy (main sets them)
     app.state.ctx = (
         None
         if session is None
@@ -76,6 +79,7 @@ def create_app(
     app.include_router(routes_responses.router)  # /v1/responses
     app.include_router(routes_embeddings.router)  # /v1/embeddings, /embedding (--embeddings)
     app.include_router(routes_rerank.router)  # /rerank, /v1/rerank (--reranking)
+    app.include_router(cors_proxy.router)  # /cors-proxy (--ui-mcp-proxy)
     app.include_router(routes_slots.router)  # POST /slots/{id}: slot files (--slot-save-path)
     app.include_router(webui_routes.router)  # / (the chat page, or health) and /props
     app.add_middleware(Guard, access=access, body_limit=body_limit, access_log=access_log, cors=cors)

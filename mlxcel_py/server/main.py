@@ -51,6 +51,7 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
     sock = _bind(srv.host, srv.port)
     app = create_app(access=access, cors=cors, access_log=not srv.log_disable, webui=srv.webui, slots=srv.slots)
     app.state.slot_dir = Path(srv.slot_save_path) if srv.slot_save_path else None
+    app.state.mcp_proxy, app.state.mcp_proxy_allow = srv.mcp_proxy, srv.mcp_proxy_allow
     # on SIGTERM/SIGINT uvicorn stops accepting, waits this long for requests in flight, then
     # cancels them (their streams end, the finally below stops the worker's job)
     from .protocol import MAX_CONNECTIONS, HeaderDeadlineProtocol
