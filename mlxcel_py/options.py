@@ -232,6 +232,9 @@ class ServerOptions:
     parallel_given: bool = False  # -np given: the window is split across the slots unless -kvu
     log_disable: bool = False
     webui: bool = True  # the chat page at / (--no-webui: / is a 404, as llama-server's)
+    models_dir: str | None = None  # --models-dir: router mode, one server per model found there
+    models_max: int = 4  # --models-max: models loaded at once in router mode (0: no limit)
+    models_autoload: bool = True  # --no-models-autoload: a model loads only by POST /models/load
     mcp_proxy: bool = False  # --ui-mcp-proxy: /cors-proxy forwards to public URLs (server/cors_proxy.py)
     mcp_proxy_allow: tuple[str, ...] = ()  # --ui-mcp-proxy-allow: hosts it may reach beyond that policy
     shutdown_grace: int = 5  # seconds requests in flight get after SIGTERM before they are cancelled

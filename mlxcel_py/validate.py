@@ -14,6 +14,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+from . import validate_server
 from .drafters import registry
 from .errors import UsageError
 from .formats import flag_texts, template_vars
@@ -279,7 +280,11 @@ def _window(srv) -> None:
 
 def _server(opts: CommandOptions) -> None:
     srv = opts.server
-    for flag, folder in (("--slot-save-path", srv.slot_save_path), ("--media-path", srv.media_path)):
+    for flag, folder in (
+        ("--slot-save-path", srv.slot_save_path),
+        ("--media-path", srv.media_path),
+        ("--models-dir", srv.models_dir),
+    ):
         if folder is not None and not Path(folder).is_dir():
             raise UsageError(f"{flag} {folder}: no such folder; create it or pass another")
     if srv.pooling not in POOLINGS:
@@ -296,13 +301,7 @@ def _server(opts: CommandOptions) -> None:
     template_vars.check(srv)
     if srv.shutdown_grace < 0:
         raise UsageError(f"--shutdown-grace must be 0 or more seconds, got {srv.shutdown_grace}")
-    if srv.sleep_idle_seconds == 0 or srv.sleep_idle_seconds < -1:
-        raise UsageError(f"--sleep-idle-seconds must be -1 (never) or 1 or more seconds, got {srv.sleep_idle_seconds}")
-    if srv.sleep_idle_seconds > 0 and opts.parallel.active:
-        raise UsageError(
-            f"--sleep-idle-seconds does not run under {opts.parallel.flag}: every rank holds its part of the model; "
-            "drop one of them"
-        )
+    validate_server.check(opts)
     if srv.max_predict_ms < 0:
         raise UsageError(f"--max-predict-ms must be 0 (no limit) or more milliseconds, got {srv.max_predict_ms}")
     if srv.threads is not None and srv.threads < 1:

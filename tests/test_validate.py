@@ -46,6 +46,9 @@ RULES = [
     (["generate", "-p", "x", "--tp-size", "0"], "--tp-size must be at least 1"),
     (["serve", "--pp-size", "0"], "--pp-size must be at least 1"),
     (["serve", "--max-predict-ms", "-1"], "--max-predict-ms must be 0 (no limit) or more milliseconds"),
+    (["serve", "--models-dir", ".", "-m", "x"], "--models-dir runs a router that starts one server per model"),
+    (["serve", "--models-dir", ".", "--tp-size", "2"], "--models-dir does not run under --tp-size 2"),
+    (["serve", "--models-max", "-1"], "--models-max must be 0 (no limit) or more"),
     (["serve", "--sleep-idle-seconds", "0"], "--sleep-idle-seconds must be -1 (never) or 1 or more seconds"),
     (["serve", "--sleep-idle-seconds", "-3"], "--sleep-idle-seconds must be -1 (never) or 1 or more seconds"),
     (
@@ -474,6 +477,7 @@ def test_serve_takes_llama_server_command_lines(monkeypatch, no_loading, tmp_pat
         (["serve", "-t", "0"], "--threads (-t) must be at least 1"),
         (["serve", "--context-shift", "--keep", "-2"], "--keep must be -1 (the whole prompt) or 0 or more tokens"),
         (["serve", "--slot-save-path", "/nonexistent-slots"], "--slot-save-path /nonexistent-slots: no such folder"),
+        (["serve", "--models-dir", "/nonexistent-models"], "--models-dir /nonexistent-models: no such folder"),
         (["serve", "--embeddings", "--pooling", "max"], "--pooling max is not one of none, mean, cls, last, rank"),
         (["serve", "--prompt-lookup-max-batch", "many"], "--prompt-lookup-max-batch takes a count or auto, got 'many'"),
     ],

@@ -143,6 +143,9 @@ ParallelOpt = Annotated[int, typer.Option("--parallel", "-np", metavar="N", help
 MaxPredictMsOpt = Annotated[int, typer.Option("--max-predict-ms", metavar="MS", help="Longest a request may decode, from its first token, before it ends with finish_reason length (0: no limit); a request may ask for less with t_max_predict_ms.", rich_help_panel=SERVER)]
 ShutdownGraceOpt = Annotated[int, typer.Option("--shutdown-grace", metavar="SECONDS", help="On SIGTERM/Ctrl-C, how long requests in flight may finish before they are cancelled.", rich_help_panel=SERVER)]
 SleepIdleOpt = Annotated[int, typer.Option("--sleep-idle-seconds", metavar="SECONDS", help="After this many seconds with no request, release the model's weights and caches; the next request that needs the model loads it again (llama-server's; -1, the default: never).", rich_help_panel=SERVER)]
+ModelsDirOpt = Annotated[Optional[str], typer.Option("--models-dir", metavar="DIR", help="Router mode (llama-server's): serve every model in DIR (.gguf files, model folders), each loaded on first use in a process of its own and picked by a request's \"model\"; GET /models lists them.", rich_help_panel=SERVER)]
+ModelsMaxOpt = Annotated[int, typer.Option("--models-max", metavar="N", help="Router mode: models loaded at once; the least recently used idle one is stopped for another (default 4; 0: no limit).", rich_help_panel=SERVER)]
+ModelsAutoloadOpt = Annotated[bool, typer.Option("--models-autoload/--no-models-autoload", help="Router mode: load a model when a request names it (default), or only by POST /models/load.", rich_help_panel=SERVER)]
 McpProxyOpt = Annotated[bool, typer.Option("--ui-mcp-proxy", "--webui-mcp-proxy", help="Serve llama-server's MCP CORS proxy: /cors-proxy?url=URL forwards to URL, public addresses only (403 without).", rich_help_panel=SERVER)]
 McpProxyAllowOpt = Annotated[Optional[list[str]], typer.Option("--ui-mcp-proxy-allow", metavar="HOST", envvar="LLAMA_ARG_UI_MCP_PROXY_ALLOW", help="A host the MCP CORS proxy may reach although it is not public (exact, e.g. 127.0.0.1); repeat it or separate hosts with commas.", rich_help_panel=SERVER)]
 WebuiOpt = Annotated[bool, typer.Option("--webui/--no-webui", help="Serve the chat page at / (--no-webui: / is a 404, as llama-server's).", rich_help_panel=SERVER)]
@@ -277,6 +280,9 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             parallel_given=g("parallel") is not None,
             log_disable=g("log_disable", False),
             webui=g("webui", True),
+            models_dir=g("models_dir"),
+            models_max=g("models_max", 4),
+            models_autoload=g("models_autoload", True),
             mcp_proxy=g("mcp_proxy", False),
             mcp_proxy_allow=tuple(h.strip() for v in g("mcp_proxy_allow") or () for h in v.split(",") if h.strip()),
             shutdown_grace=g("shutdown_grace", 5),
@@ -430,6 +436,9 @@ SERVER_PARAMS = [
     _kw("parallel", ParallelOpt, None),
     _kw("log_disable", LogDisableOpt, False),
     _kw("webui", WebuiOpt, True),
+    _kw("models_dir", ModelsDirOpt, None),
+    _kw("models_max", ModelsMaxOpt, 4),
+    _kw("models_autoload", ModelsAutoloadOpt, True),
     _kw("mcp_proxy", McpProxyOpt, False),
     _kw("mcp_proxy_allow", McpProxyAllowOpt, None),
     _kw("shutdown_grace", ShutdownGraceOpt, 5),

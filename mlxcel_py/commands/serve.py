@@ -49,6 +49,14 @@ def serve(**params) -> None:
         if cfg.options.server.threads:  # read by OpenBLAS when it loads, so set before prepare()
             os.environ["OPENBLAS_NUM_THREADS"] = str(cfg.options.server.threads)
             os.environ["MLXCEL_KERNEL_THREADS"] = str(cfg.options.server.threads)  # the row-exact kernel's
+        if cfg.options.server.models_dir is not None:  # router mode: no model in this process
+            import sys
+
+            from ..server.router.main import run_router
+            from ._router_argv import child_argv, serve_arguments
+
+            run_router(cfg, child_argv(serve_arguments(sys.argv), serve), say=ui.info, warn=ui.warn)
+            return
         blas.prepare(cfg.options.model.blas)
         from ..server.main import run_server
         from ._ranks import ranks

@@ -63,16 +63,7 @@ def create_app(
         )
     )
 
-    @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError):
-        body = error_body(exc.message, exc.type, exc.code, exc.extra)
-        return JSONResponse(body, status_code=exc.status, headers=exc.headers)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException):
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
-
+    install_error_handlers(app)
     app.include_router(routes_openai.router)
     app.include_router(routes_native.router)
     app.include_router(routes_anthropic.router)  # /v1/messages, /v1/messages/count_tokens
@@ -85,3 +76,17 @@ def create_app(
     app.add_middleware(Guard, access=access, body_limit=body_limit, access_log=access_log, cors=cors)
     app.add_middleware(Cors, policy=cors)  # added last, so outermost: preflights never reach the key check
     return app
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error as `{"error": {...}}`: ApiError with its status, Starlette's 404/405 alike."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError):
+        body = error_body(exc.message, exc.type, exc.code, exc.extra)
+        return JSONResponse(body, status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)

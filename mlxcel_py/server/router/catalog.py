@@ -1,0 +1,57 @@
+"""What a `--models-dir` folder offers, as llama-server's router reads one: a `.gguf` file at the
+top level is a model named by its stem; a sub-folder is a model named by the folder, either a
+model folder (a `config.json`: safetensors, MLX) or GGUF files (the first shard of a split
+model, with an `mmproj*.gguf` beside it as its vision projector). Files whose names start with
+`mmproj` are never models themselves; hidden entries are skipped.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: str
+    path: Path  # a .gguf file or a model folder
+    mmproj: Path | None = None
+
+
+def _model_ggufs(files: list[Path]) -> list[Path]:
+    """The GGUF files that start a model: not projectors, not second or later shards."""
+    out = []
+    for f in files:
+        if f.suffix.lower() != ".gguf" or f.name.lower().startswith("mmproj") or f.name.startswith("."):
+            continue
+        shard = _SHARD.search(f.stem)
+        if shard is None or int(shard.group(1)) == 1:
+            out.append(f)
+    return out
+
+
+def discover(folder: Path) -> list[Entry]:
+    entries: list[Entry] = []
+    children = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+    for f in _model_ggufs([p for p in children if p.is_file()]):
+        entries.append(Entry(f.stem, f))
+    for d in (p for p in children if p.is_dir()):
+        if (d / "config.json").is_file():
+            entries.append(Entry(d.name, d))
+            continue
+        files = sorted(p for p in d.iterdir() if p.is_file())
+        models = _model_ggufs(files)
+        if not models:
+            continue
+        mmproj = next((f for f in files if f.name.lower().startswith("mmproj") and f.suffix.lower() == ".gguf"), None)
+        entries.append(Entry(d.name, models[0], mmproj))
+    seen: set[str] = set()
+    unique = []
+    for e in entries:  # a file and a folder of one name: the first found keeps it
+        if e.id not in seen:
+            seen.add(e.id)
+            unique.append(e)
+    return unique

@@ -1,0 +1,205 @@
+"""The router's HTTP side, in llama-server's router API:
+
+- `GET /models`, `/v1/models`: every model of the folder with its `status` (`unloaded`, `loading`,
+  `loaded`; a failed start says `failed` and its `exit_code`) and its `path`;
+- `POST /models/load`, `/models/unload` with `{"model"}`: `{"success": true}` (a load answers once
+  the process starts; `GET /models` says when it is loaded);
+- `GET /props`: the router's own (`role: "router"`, `max_instances`, `models_autoload`), or a
+  model's with `?model=ID`; `GET /health`;
+- everything else goes to the model the request names, loaded first where autoload allows: a
+  POST by its JSON body's `model`, a GET by `?model=ID`; `?autoload=true|false` overrides
+  `--no-models-autoload` for one request. The answer streams back as the model's server sends it.
+
+Access (keys, Host, CORS) is checked here, as on one model's server; the model's own server is
+reached with the key the router gave it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from ... import __version__
+from ..app import install_error_handlers
+from ..http import BODY_LIMIT, ApiError, Cors, Guard, read_json
+from ..security import AccessPolicy, CorsPolicy
+from .instances import Instances
+
+HOP_BY_HOP = {"connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade", "proxy-authorization"}
+NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "authorization", "x-api-key"}
+NOT_RETURNED = HOP_BY_HOP | {"content-length"}
+
+
+def create_router_app(
+    instances: Instances,
+    *,
+    access: AccessPolicy = AccessPolicy(),
+    cors: CorsPolicy = CorsPolicy(),
+    body_limit: int = BODY_LIMIT,
+    access_log: bool = False,
+) -> FastAPI:
+    app = FastAPI(title="mlxcel-py router", docs_url=None, redoc_url=None)
+    app.state.instances = instances
+    created = int(time.time())
+    install_error_handlers(app)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/")
+    async def no_page():
+        raise ApiError(
+            "the router serves no chat page; GET /models lists its models (each model's server has its own)",
+            status=404,
+            type="not_found_error",
+        )
+
+    @app.get("/models")
+    @app.get("/v1/models")
+    async def models():
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": i.entry.id,
+                    "object": "model",
+                    "owned_by": "mlxcel-py",
+                    "created": created,
+                    "path": str(i.entry.path),
+                    "status": i.describe(),
+                }
+                for i in instances.by_id.values()
+            ],
+        }
+
+    @app.post("/models/load")
+    async def load(request: Request):
+        body = await read_json(request, body_limit)
+        await instances.load(body.get("model"))
+        return {"success": True}
+
+    @app.post("/models/unload")
+    async def unload(request: Request):
+        body = await read_json(request, body_limit)
+        await instances.unload(body.get("model"))
+        return {"success": True}
+
+    @app.get("/props")
+    async def props(request: Request):
+        if "model" in request.query_params:
+            return await _proxy(request, request.query_params["model"], b"")
+        return {
+            "role": "router",
+            "max_instances": instances.max_instances,
+            "models_autoload": instances.autoload,
+            "build_info": f"mlxcel-py {__version__}",
+        }
+
+    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    async def forward(request: Request, path: str):
+        if request.method == "GET" or request.method == "DELETE":
+            model = request.query_params.get("model")
+            if model is None:
+                raise ApiError(f"name the model of GET /{path[:100]} with ?model=ID (GET /models lists them)")
+            return await _proxy(request, model, b"")
+        body = await _raw_body(request, body_limit)
+        try:
+            parsed = json.loads(body or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ApiError('malformed JSON body: the router reads its "model" to route it') from None
+        if not isinstance(parsed, dict):
+            raise ApiError('the request body must be a JSON object with a "model"')
+        return await _proxy(request, parsed.get("model"), body)
+
+    async def _proxy(request: Request, model, body: bytes):
+        autoload = _autoload(request.query_params.get("autoload"))
+        inst = await instances.acquire(model, autoload, gone=request.is_disconnected)
+        try:
+            return await _send(request, inst, body)
+        except BaseException:
+            instances.release(inst)
+            raise
+
+    async def _send(request: Request, inst, body: bytes):
+        """The request to the model's server; the model is released when the answer has been
+        relayed (or the client left)."""
+        import httpx
+
+        client = _client(app)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED}
+        headers["Authorization"] = f"Bearer {inst.key}"
+        url = f"http://127.0.0.1:{inst.port}{request.url.path}"
+        if request.url.query:
+            url += f"?{request.url.query}"
+        try:
+            upstream = await client.send(
+                client.build_request(request.method, url, headers=headers, content=body), stream=True
+            )
+        except httpx.HTTPError as exc:
+            raise ApiError(
+                f"model {inst.entry.id} did not answer ({type(exc).__name__})", status=502, type="unavailable_error"
+            ) from None
+        returned = {k: v for k, v in upstream.headers.items() if k.lower() not in NOT_RETURNED}
+        done = False
+
+        async def finish() -> None:  # once, whichever comes first: the relay's end or the response's
+            nonlocal done
+            if not done:
+                done = True
+                await upstream.aclose()
+                instances.release(inst)
+
+        async def relay():
+            try:
+                async for chunk in upstream.aiter_raw():
+                    yield chunk
+            finally:
+                await finish()
+
+        if upstream.status_code in (204, 304):
+            await finish()
+            return Response(status_code=upstream.status_code, headers=returned)
+        # the background task runs after the response even when the client left before the body
+        # started (the relay's own `finally` never runs then)
+        return StreamingResponse(
+            relay(), status_code=upstream.status_code, headers=returned, background=BackgroundTask(finish)
+        )
+
+    app.add_middleware(Guard, access=access, body_limit=body_limit, access_log=access_log, cors=cors)
+    app.add_middleware(Cors, policy=cors)
+    return app
+
+
+def _client(app: FastAPI):
+    import httpx
+
+    client = getattr(app.state, "client", None)
+    if client is None:
+        # no timeout on reading: a long generation streams for as long as it decodes
+        client = httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=httpx.Timeout(None, connect=10.0))
+        app.state.client = client
+    return client
+
+
+def _autoload(value: str | None) -> bool | None:
+    if value is None:
+        return None
+    if value.lower() in ("1", "true", "yes"):
+        return True
+    if value.lower() in ("0", "false", "no"):
+        return False
+    raise ApiError(f"'autoload' must be true or false, got {value[:20]!r}")
+
+
+async def _raw_body(request: Request, limit: int) -> bytes:
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw.extend(chunk)
+        if len(raw) > limit:
+            raise ApiError(f"the request body is larger than {limit} bytes", status=413)
+    return bytes(raw)

@@ -1,0 +1,296 @@
+"""serve --models-dir (llama-server's router mode), over real sockets: a folder of tiny models,
+each loaded on first use in a process of its own, routed by the request's `model`, stopped for
+another at --models-max (never while busy), loaded and unloaded by the API, a broken one failing
+alone, keys checked at the router, and every process gone after SIGTERM. A routed reply equals
+the model's own `mlxcel generate` output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import make_tiny_model, mlxcel_cmd
+
+from mlxcel_py.server.router.catalog import discover
+
+
+def _start(models: Path, env: dict, *args: str):
+    proc = subprocess.Popen(
+        mlxcel_cmd() + ["serve", "--models-dir", str(models), "--port", "0", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    lines: list[str] = []
+    while True:
+        line = proc.stderr.readline()
+        if not line:
+            proc.kill()
+            raise RuntimeError("the router did not start: " + "".join(lines))
+        lines.append(line)
+        m = re.search(r"router listening on http://127\.0\.0\.1:(\d+)", line)
+        if m:
+            break
+    threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True).start()
+    return proc, f"http://127.0.0.1:{m.group(1)}", lines
+
+
+def _call(method: str, url: str, body: dict | None = None, headers: dict | None = None, timeout: float = 120):
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def _status(url: str, model: str) -> dict:
+    return next(m["status"] for m in _call("GET", url + "/models")[1]["data"] if m["id"] == model)
+
+
+def _until(check, limit: float = 60.0) -> bool:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return check()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("models")
+    for i, name in enumerate(("alpha", "beta", "gamma")):
+        make_tiny_model(root / name, seed=i + 1, scale=2.5)
+    make_tiny_model(root / "slow", seed=4, hidden=512, layers=8, scale=2.5)  # ~2.5 ms a token: seconds of decoding
+    broken = root / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "llama"}')  # no weights: its server fails to load
+    return root
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict:
+    return dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path_factory.mktemp("cfg")))
+
+
+@pytest.fixture(scope="module")
+def router(models, env):
+    proc, url, lines = _start(models, env, "--models-max", "2", "--temp", "0", "-n", "8")
+    yield url, lines
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_the_catalog_reads_files_folders_shards_and_projectors(tmp_path):
+    (tmp_path / "small-Q4_K_M.gguf").write_bytes(b"GGUF")
+    (tmp_path / "mmproj-small.gguf").write_bytes(b"GGUF")  # a projector is no model
+    (tmp_path / ".hidden.gguf").write_bytes(b"GGUF")
+    big = tmp_path / "big"
+    big.mkdir()
+    for k in (1, 2):
+        (big / f"big-0000{k}-of-00002.gguf").write_bytes(b"GGUF")
+    vision = tmp_path / "vision"
+    vision.mkdir()
+    (vision / "vision-Q8_0.gguf").write_bytes(b"GGUF")
+    (vision / "mmproj-F16.gguf").write_bytes(b"GGUF")
+    folder = tmp_path / "mlx-model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (tmp_path / "empty").mkdir()
+    got = {e.id: (e.path.name, e.mmproj.name if e.mmproj else None) for e in discover(tmp_path)}
+    assert got == {
+        "small-Q4_K_M": ("small-Q4_K_M.gguf", None),
+        "big": ("big-00001-of-00002.gguf", None),
+        "mlx-model": ("mlx-model", None),
+        "vision": ("vision-Q8_0.gguf", "mmproj-F16.gguf"),
+    }
+
+
+def test_a_model_gets_the_routers_flags_but_not_its_address_or_keys():
+    from mlxcel_py.commands._router_argv import child_argv, serve_arguments
+    from mlxcel_py.commands.serve import serve
+
+    argv = ["--models-dir", "/m", "--port", "9", "--temp", "0", "-n", "8", "--api-key", "k", "--draft-max=4",
+            "--no-models-autoload", "--host=0.0.0.0", "--prompt-lookup", "--models-max", "1", "-np", "2"]  # fmt: skip
+    assert child_argv(argv, serve) == ["--temp", "0", "-n", "8", "--draft-max=4", "--prompt-lookup", "-np", "2"]
+    assert serve_arguments(["mlxcel", "serve", "--port", "1"]) == ["--port", "1"]
+    assert serve_arguments(["mlxcel-server", "--port", "1"]) == ["--port", "1"]
+
+
+def test_models_are_listed_loaded_on_first_use_and_reply_as_the_model_itself(router, models, env):
+    url, lines = router
+    status, listed = _call("GET", url + "/v1/models")
+    assert status == 200
+    assert {m["id"]: m["status"]["value"] for m in listed["data"]} == {
+        "alpha": "unloaded",
+        "beta": "unloaded",
+        "broken": "unloaded",
+        "gamma": "unloaded",
+        "slow": "unloaded",
+    }
+    assert _call("GET", url + "/props")[1] == {
+        "role": "router",
+        "max_instances": 2,
+        "models_autoload": True,
+        "build_info": _call("GET", url + "/props")[1]["build_info"],
+    }
+    status, body = _call("POST", url + "/completion", {"model": "alpha", "prompt": "hello there", "n_predict": 8})
+    assert status == 200, body
+    alone = subprocess.run(
+        mlxcel_cmd()
+        + [
+            "generate",
+            "-m",
+            str(models / "alpha"),
+            "-p",
+            "hello there",
+            "--no-chat-template",
+            "-n",
+            "8",
+            "--temp",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert body["content"] == alone.stdout.rstrip("\n") and body["tokens_predicted"] == 8
+    loaded = _status(url, "alpha")
+    assert loaded["value"] == "loaded" and loaded["args"][:4] == ["mlxcel", "serve", "-m", str(models / "alpha")]
+    assert "--temp" in loaded["args"] and "--models-dir" not in loaded["args"]
+    # the OpenAI client, streaming, through the router
+    from openai import OpenAI
+
+    client = OpenAI(base_url=url + "/v1", api_key="none")
+    chunks = list(
+        client.chat.completions.create(
+            model="alpha", messages=[{"role": "user", "content": "hi"}], max_tokens=6, stream=True
+        )
+    )
+    assert chunks[-1].choices[0].finish_reason in ("length", "stop")
+    # GET routes name the model in the query
+    assert _call("GET", url + "/props?model=alpha")[1]["model_alias"] == "alpha"
+    status, err = _call("GET", url + "/slots")
+    assert status == 400 and "?model=" in err["error"]["message"]
+    assert _call("GET", url + "/")[0] == 404 and _call("GET", url + "/health") == (200, {"status": "ok"})
+
+
+@pytest.mark.parametrize(
+    "body,fragment",
+    [
+        ({"model": "nope", "prompt": "x"}, "model 'nope' not found"),
+        ({"prompt": "x"}, "the request names no model"),
+        ({"model": 7, "prompt": "x"}, "the request names no model"),
+    ],
+)
+def test_requests_for_no_known_model_are_400s(router, body, fragment):
+    status, err = _call("POST", router[0] + "/v1/completions", body)
+    assert status == 400 and fragment in err["error"]["message"]
+
+
+def test_a_model_that_fails_to_load_fails_alone(router):
+    url, _ = router
+    status, err = _call("POST", url + "/v1/completions", {"model": "broken", "prompt": "x"})
+    assert status == 503 and "model broken failed to load (exit code 1)" in err["error"]["message"]
+    failed = _status(url, "broken")
+    assert failed["value"] == "unloaded" and failed["failed"] is True and failed["exit_code"] == 1
+    assert _call("POST", url + "/v1/completions", {"model": "alpha", "prompt": "x", "max_tokens": 2})[0] == 200
+
+
+def test_load_unload_and_the_lru_model_makes_room(router):
+    url, _ = router
+    assert _call("POST", url + "/models/load", {"model": "beta"}) == (200, {"success": True})
+    assert _until(lambda: _status(url, "beta")["value"] == "loaded")
+    status, err = _call("POST", url + "/models/load", {"model": "beta"})
+    assert status == 400 and "already running" in err["error"]["message"]
+    # alpha (used before beta) and beta are loaded: gamma takes the least recently used one's place
+    _call("POST", url + "/v1/completions", {"model": "alpha", "prompt": "x", "max_tokens": 2})
+    assert _call("POST", url + "/v1/completions", {"model": "gamma", "prompt": "x", "max_tokens": 2})[0] == 200
+    assert {m: _status(url, m)["value"] for m in ("alpha", "beta", "gamma")} == {
+        "alpha": "loaded",
+        "beta": "unloaded",
+        "gamma": "loaded",
+    }
+    assert _call("POST", url + "/models/unload", {"model": "gamma"}) == (200, {"success": True})
+    assert _status(url, "gamma")["value"] == "unloaded" and "failed" not in _status(url, "gamma")
+    status, err = _call("POST", url + "/models/unload", {"model": "gamma"})
+    assert status == 400 and "not running" in err["error"]["message"]
+
+
+def test_a_busy_model_is_not_stopped_for_another_and_no_autoload_waits_for_a_load(models, env):
+    proc, url, lines = _start(models, env, "--models-max", "1", "--no-models-autoload", "--temp", "0")
+    try:
+        status, err = _call("POST", url + "/v1/completions", {"model": "slow", "prompt": "x"})
+        assert status == 400 and "not loaded" in err["error"]["message"]
+        assert _call("POST", url + "/models/load", {"model": "slow"})[0] == 200
+        assert _until(lambda: _status(url, "slow")["value"] == "loaded")
+        results: dict = {}
+
+        def long():
+            body = {"model": "slow", "prompt": "x", "n_predict": 1800, "ignore_eos": True}
+            results["slow"] = _call("POST", url + "/completion", body, timeout=300)
+
+        def other():  # asks for the only place while slow decodes (autoload asked for per request)
+            body = {"model": "beta", "prompt": "x", "n_predict": 2}
+            results["beta"] = _call("POST", url + "/completion?autoload=true", body)
+
+        busy, waiting = threading.Thread(target=long), threading.Thread(target=other)
+        busy.start()
+        time.sleep(0.5)
+        waiting.start()
+        time.sleep(1.0)
+        assert busy.is_alive() and waiting.is_alive()  # beta waits for slow's place
+        assert _status(url, "slow")["value"] == "loaded" and _status(url, "beta")["value"] == "unloaded"
+        busy.join(timeout=300)
+        waiting.join(timeout=300)
+        assert results["slow"][0] == 200 and results["slow"][1]["tokens_predicted"] == 1800  # never cut short
+        assert results["beta"][0] == 200
+        assert _status(url, "slow")["value"] == "unloaded" and _status(url, "beta")["value"] == "loaded"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_keys_are_checked_at_the_router(models, env):
+    proc, url, _ = _start(models, env, "--api-key", "sk-router")
+    try:
+        body = {"model": "alpha", "prompt": "x", "max_tokens": 2}
+        status, err = _call("POST", url + "/v1/completions", body)
+        assert status == 401 and err["error"]["type"] == "authentication_error"
+        assert _call("GET", url + "/models")[0] == 200  # public, as on one model's server
+        assert _call("POST", url + "/v1/completions", body, headers={"Authorization": "Bearer sk-router"})[0] == 200
+        args = _status(url, "alpha")["args"]
+        assert "sk-router" not in " ".join(args)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_sigterm_stops_the_router_and_every_model_within_seconds(models, env):
+    proc, url, _ = _start(models, env)
+    for m in ("alpha", "beta"):
+        assert _call("POST", url + "/v1/completions", {"model": m, "prompt": "x", "max_tokens": 2})[0] == 200
+    pids = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert len(pids) == 2
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    assert time.monotonic() - start < 15
+    for pid in pids:
+        assert _until(lambda pid=pid: not Path(f"/proc/{pid}").exists(), 10), f"model process {pid} outlived the router"
