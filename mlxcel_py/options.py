@@ -98,6 +98,7 @@ class ModelOptions:
     chat_template_file: str | None = None  # --chat-template-file
     mmproj: str | None = None  # llama-server's --mmproj (refused: GGUF projectors are not converted)
     no_mmproj: bool = False  # --no-mmproj: a vision-language model loads as its text model only
+    adapter_path: str | None = None  # --adapter-path / --lora: an mlx-lm adapter folder, fused at load
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,7 @@ def open_session(
         world=world,
         cache_types=mopts.cache_types,
         text_only=mopts.no_mmproj,
+        adapter=mopts.adapter_path,
     )
     if target.kv_note is not None:
         (warn or say)(target.kv_note)

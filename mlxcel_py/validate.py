@@ -14,7 +14,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from . import validate_server
+from . import validate_loading
 from .drafters import registry
 from .errors import UsageError
 from .formats import flag_texts, template_vars
@@ -184,6 +184,7 @@ def _spec_type(opts: CommandOptions, kind: str | None, draft_model: str | None) 
 def validate(opts: CommandOptions) -> RunConfig:
     """Check one command's options; return the resolved run configuration."""
     _window(opts.server)
+    validate_loading.adapter(opts)
     if opts.command == "serve":
         _server(opts)
     grammar = flag_texts.grammar(opts)
@@ -301,7 +302,7 @@ def _server(opts: CommandOptions) -> None:
     template_vars.check(srv)
     if srv.shutdown_grace < 0:
         raise UsageError(f"--shutdown-grace must be 0 or more seconds, got {srv.shutdown_grace}")
-    validate_server.check(opts)
+    validate_loading.serving(opts)
     if srv.max_predict_ms < 0:
         raise UsageError(f"--max-predict-ms must be 0 (no limit) or more milliseconds, got {srv.max_predict_ms}")
     if srv.threads is not None and srv.threads < 1:

@@ -28,7 +28,7 @@ LAYERS = {
     "formats": 1,
     "validate": 2,
     "validate_cache": 1,  # the KV cache type flags, checked by validate
-    "validate_server": 1,  # serve's sleep and router flags, checked by validate
+    "validate_loading": 1,  # what loads and for how long: adapters, sleep, router mode
     "cpu": 3,
     "vision": 3,  # vision-language models: image checks, prompts with images, mlx-vlm loading
     "models": 4,

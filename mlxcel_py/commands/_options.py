@@ -31,6 +31,7 @@ ModelArg = Annotated[Optional[str], typer.Argument(metavar="[MODEL]", help="Mode
 RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hugging Face revision (repo ids only).", rich_help_panel=MODEL)]
 DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", "--model-draft", "-md", help="Smaller causal LM sharing the target's tokenizer, used as a full-model drafter.", rich_help_panel=MODEL)]
 MmprojOpt = Annotated[Optional[str], typer.Option("--mmproj", "-mm", metavar="FILE", help="llama.cpp's vision projector GGUF beside a .gguf model (SmolVLM / Idefics3 projectors are converted).", rich_help_panel=MODEL)]
+AdapterOpt = Annotated[Optional[str], typer.Option("--adapter-path", "--lora", metavar="DIR", help="A LoRA or DoRA adapter folder from mlx_lm.lora (adapter_config.json, adapters.safetensors), fused into the weights at load as mlx_lm.fuse does (--lora: llama-server's name; its GGUF adapters are not read).", rich_help_panel=MODEL)]
 NoMmprojOpt = Annotated[bool, typer.Option("--no-mmproj", help="Load a vision-language model as its text model only (llama-server's).", rich_help_panel=MODEL)]
 NoBlasOpt = Annotated[bool, typer.Option("--no-blas", help="Keep MLX's bundled reference BLAS instead of loading OpenBLAS (Linux CPU).", rich_help_panel=RUNTIME)]
 NoDequantizeOpt = Annotated[bool, typer.Option("--no-dequantize", help="Keep quantized weights on the CPU instead of dequantizing to float32.", rich_help_panel=RUNTIME)]
@@ -194,6 +195,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             chat_template_file=g("chat_template_file"),
             mmproj=g("mmproj"),
             no_mmproj=g("no_mmproj", False),
+            adapter_path=g("adapter_path"),
         ),
         generation=O.PromptOptions(
             prompt=g("prompt"),
@@ -342,6 +344,7 @@ MODEL_PARAMS = [
     _kw("offline", OfflineOpt, False),
     _kw("mmproj", MmprojOpt, None),
     _kw("no_mmproj", NoMmprojOpt, False),
+    _kw("adapter_path", AdapterOpt, None),
 ]
 RUNTIME_PARAMS = [
     _kw("no_blas", NoBlasOpt, False),

@@ -308,23 +308,32 @@ def load(
     world: Any = None,
     cache_types: tuple[str, str] = ("auto", "auto"),
     text_only: bool = False,
+    adapter: str | None = None,
 ) -> LoadedModel:
     """Read weights and tokenizer of a resolved model (`world`: only this rank's part of them;
-    `text_only`: never as a vision-language model, as a drafter is read)."""
+    `text_only`: never as a vision-language model, as a drafter is read; `adapter`: an mlx-lm
+    adapter folder fused into the weights first, models.adapters)."""
     import mlx_lm
 
     from ..vision import loading as vision_loading
 
     start = time.perf_counter()
+    vision_family = None if world is not None or text_only else vision_loading.family(resolved.config)
+    if adapter is not None and (resolved.projector is not None or vision_family is not None) and not text_only:
+        raise ModelError(f"--adapter-path {adapter}: adapters are fused into text models only, not vision models yet")
     if resolved.projector is not None and world is None and not text_only:
         return _load_gguf_vision(resolved, dequantize, fast_kernels, cpu_weights, cache_types, start)
-    if world is None and not text_only and (family := vision_loading.family(resolved.config)) is not None:
-        return _load_vision(resolved, family, dequantize, fast_kernels, cpu_weights, cache_types, start)
+    if vision_family is not None:
+        return _load_vision(resolved, vision_family, dequantize, fast_kernels, cpu_weights, cache_types, start)
     try:
         model, tokenizer = mlx_lm.load(str(resolved.path), lazy=world is not None)
     except (ValueError, FileNotFoundError, KeyError, OSError, ImportError) as exc:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelError(f"cannot load {resolved.path}: {text}") from None
+    if adapter is not None:
+        from .adapters import fuse_adapter
+
+        fuse_adapter(model, adapter)
     if world is not None:
         dtype, weights = _sharded_weights(model, dequantize, world, cpu_weights)
     else:

@@ -52,6 +52,7 @@ class ServerContext:
     context_shift: ContextShift | None = None  # --context-shift (its --keep): requests' default
     embeddings: bool = False  # --embeddings: the embedding routes answer
     reranking: bool = False  # --reranking: the rerank routes answer (routes_rerank.py)
+    adapter: str | None = None  # --adapter-path/--lora: fused at load (GET /lora-adapters lists it)
     vision: Any = None  # a vision-language model's vision.prompts.Vision (None: text only)
     images: ImageSources = field(default_factory=ImageSources)  # --image-url-fetch, --media-path
     pooling: str = "last"  # --pooling

@@ -235,6 +235,7 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         context_shift=ContextShift(keep=srv.keep) if srv.context_shift else None,
         embeddings=srv.embeddings,
         reranking=srv.reranking,
+        adapter=opts.model.adapter_path,
         pooling=srv.pooling,
         vision=session.target.vision,
         images=ImageSources(srv.image_url_fetch, Path(srv.media_path) if srv.media_path else None),

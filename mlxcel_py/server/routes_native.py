@@ -100,6 +100,21 @@ async def metrics(request: Request):
     return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
 
 
+@router.get("/lora-adapters")
+async def lora_adapters(request: Request):
+    """llama-server's adapter list: the --adapter-path/--lora adapter, fused at load at scale 1."""
+    ctx = ctx_of(request)
+    return [{"id": 0, "path": ctx.adapter, "scale": 1.0}] if ctx.adapter else []
+
+
+@router.post("/lora-adapters")
+async def set_lora_adapters(request: Request):
+    ctx_of(request)
+    raise ApiError(
+        "adapter scales cannot change here: --adapter-path/--lora fuses the adapter into the weights at load"
+    )
+
+
 @router.post("/tokenize")
 async def tokenize(request: Request):
     ctx = ctx_of(request)

@@ -1,0 +1,65 @@
+"""Validation of the flags that decide what loads and for how long: --adapter-path / --lora (an
+mlx-lm adapter fused into the model), serve's --sleep-idle-seconds (release the model when idle)
+and router mode (--models-dir, --models-max). Called by validate before anything loads
+(docs/validation.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import UsageError
+from .options import CommandOptions
+
+ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
+
+
+def adapter(opts: CommandOptions) -> None:
+    """--adapter-path / --lora: an mlx-lm adapter folder, on one process."""
+    path = opts.model.adapter_path
+    if path is None:
+        return
+    flag = f"--adapter-path {path}"
+    p = Path(path)
+    if p.suffix.lower() == ".gguf":
+        raise UsageError(
+            f"{flag}: llama.cpp's GGUF LoRA adapters are not read here; give an mlx-lm adapter folder "
+            "(what mlx_lm.lora writes: adapter_config.json and adapters.safetensors)"
+        )
+    if not p.is_dir():
+        raise UsageError(f"{flag}: no such folder; give the folder mlx_lm.lora wrote")
+    missing = [f for f in ADAPTER_FILES if not (p / f).is_file()]
+    if missing:
+        raise UsageError(f"{flag}: no {' or '.join(missing)} in it; give the folder mlx_lm.lora wrote")
+    if opts.parallel.active:
+        raise UsageError(f"{flag}: adapters are not fused on {opts.parallel.flag} ranks; drop one of them")
+
+
+def serving(opts: CommandOptions) -> None:
+    """serve's flags for how long and how many models stay loaded."""
+    _sleep(opts)
+    _router(opts)
+
+
+def _sleep(opts: CommandOptions) -> None:
+    srv = opts.server
+    if srv.sleep_idle_seconds == 0 or srv.sleep_idle_seconds < -1:
+        raise UsageError(f"--sleep-idle-seconds must be -1 (never) or 1 or more seconds, got {srv.sleep_idle_seconds}")
+    if srv.sleep_idle_seconds > 0 and opts.parallel.active:
+        raise UsageError(
+            f"--sleep-idle-seconds does not run under {opts.parallel.flag}: every rank holds its part of the model; "
+            "drop one of them"
+        )
+
+
+def _router(opts: CommandOptions) -> None:
+    """--models-dir (router mode) against what names one model or splits one (the folder's
+    existence is checked with the other folders, in validate)."""
+    srv = opts.server
+    if srv.models_max < 0:
+        raise UsageError(f"--models-max must be 0 (no limit) or more, got {srv.models_max}")
+    if srv.models_dir is None:
+        return
+    if opts.model.model is not None:
+        raise UsageError("--models-dir runs a router that starts one server per model found there; drop -m/--model")
+    if opts.parallel.active:
+        raise UsageError(f"--models-dir does not run under {opts.parallel.flag}; drop one of them")
