@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from mlxcel_py.cpu import blas
@@ -163,3 +164,13 @@ def pytest_report_header(config):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     # again at the end: `make test` runs pytest -q, which hides the header
     terminalreporter.write_line(_cpu_weights_line())
+
+
+def wait_until(check, limit: float = 30.0, every: float = 0.02) -> bool:
+    """Poll `check` until it holds or `limit` seconds pass; its last answer."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(every)
+    return check()

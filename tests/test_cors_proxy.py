@@ -142,8 +142,7 @@ def test_off_by_default_is_a_403(proxies):
     ],
 )
 def test_targets_that_are_not_public_are_refused(proxies, url):
-    r = requests.get(_via(proxies(True), url))
-    assert r.status_code == 400 and "error" in r.json()
+    _refused(proxies, url)
 
 
 @pytest.mark.parametrize(
@@ -161,6 +160,10 @@ def test_targets_that_are_not_public_are_refused(proxies, url):
     ],
 )
 def test_malformed_urls_are_a_client_error(proxies, url):
+    _refused(proxies, url)
+
+
+def _refused(proxies, url: str) -> None:
     r = requests.get(_via(proxies(True), url))
     assert r.status_code == 400 and "error" in r.json()
 

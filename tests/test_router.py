@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import make_tiny_model, mlxcel_cmd
+from conftest import make_tiny_model, mlxcel_cmd, wait_until
 
 from mlxcel_py.server.router.catalog import discover
 
@@ -61,15 +61,6 @@ def _call(method: str, url: str, body: dict | None = None, headers: dict | None 
 
 def _status(url: str, model: str) -> dict:
     return next(m["status"] for m in _call("GET", url + "/models")[1]["data"] if m["id"] == model)
-
-
-def _until(check, limit: float = 60.0) -> bool:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return check()
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +207,7 @@ def test_a_model_that_fails_to_load_fails_alone(router):
 def test_load_unload_and_the_lru_model_makes_room(router):
     url, _ = router
     assert _call("POST", url + "/models/load", {"model": "beta"}) == (200, {"success": True})
-    assert _until(lambda: _status(url, "beta")["value"] == "loaded")
+    assert wait_until(lambda: _status(url, "beta")["value"] == "loaded")
     status, err = _call("POST", url + "/models/load", {"model": "beta"})
     assert status == 400 and "already running" in err["error"]["message"]
     # alpha (used before beta) and beta are loaded: gamma takes the least recently used one's place
@@ -239,7 +230,7 @@ def test_a_busy_model_is_not_stopped_for_another_and_no_autoload_waits_for_a_loa
         status, err = _call("POST", url + "/v1/completions", {"model": "slow", "prompt": "x"})
         assert status == 400 and "not loaded" in err["error"]["message"]
         assert _call("POST", url + "/models/load", {"model": "slow"})[0] == 200
-        assert _until(lambda: _status(url, "slow")["value"] == "loaded")
+        assert wait_until(lambda: _status(url, "slow")["value"] == "loaded")
         results: dict = {}
 
         def long():
@@ -293,4 +284,6 @@ def test_sigterm_stops_the_router_and_every_model_within_seconds(models, env):
     proc.wait(timeout=30)
     assert time.monotonic() - start < 15
     for pid in pids:
-        assert _until(lambda pid=pid: not Path(f"/proc/{pid}").exists(), 10), f"model process {pid} outlived the router"
+        assert wait_until(lambda pid=pid: not Path(f"/proc/{pid}").exists(), 10), (
+            f"model process {pid} outlived the router"
+        )

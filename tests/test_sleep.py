@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from conftest import wait_until
 from test_server import get, post, start_server
 
 from mlxcel_py.options import SamplingOptions
@@ -32,15 +33,6 @@ class Loaded:
 
     def save_store(self) -> None:
         return None
-
-
-def _until(check, limit: float = 20.0) -> bool:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return check()
 
 
 def _run(worker, prompt):
@@ -76,7 +68,7 @@ def test_an_idle_worker_frees_the_model_and_the_next_job_loads_it_again(tiny_dir
         kind, awake = _run(worker, prompt)
         assert kind == "done" and len(awake.tokens) == 12
         model = weakref.ref(first.engine.model)
-        assert _until(lambda: resident.sleeps == 1) and worker.asleep
+        assert wait_until(lambda: resident.sleeps == 1) and worker.asleep
         del first
         gc.collect()
         assert model() is None and not resident.held, "the weights outlived the sleep"
@@ -86,7 +78,7 @@ def test_an_idle_worker_frees_the_model_and_the_next_job_loads_it_again(tiny_dir
         assert kind == "done" and woken.tokens == awake.tokens and resident.wakes == 1
 
         # a load that fails: the request hears why, the server stays asleep and serves the next one
-        assert _until(lambda: resident.sleeps == 2)
+        assert wait_until(lambda: resident.sleeps == 2)
 
         def broken():
             raise RuntimeError("model.safetensors: no such file")
@@ -100,7 +92,7 @@ def test_an_idle_worker_frees_the_model_and_the_next_job_loads_it_again(tiny_dir
         assert kind == "done" and again.tokens == awake.tokens
 
         # a task (slot files, embeddings) on the model's thread wakes it too
-        assert _until(lambda: resident.sleeps == 3)
+        assert wait_until(lambda: resident.sleeps == 3)
 
         async def task():
             return await worker.call(lambda: worker.engine.model is not None)
@@ -161,7 +153,7 @@ def test_the_server_sleeps_when_idle_and_a_request_wakes_it_with_the_same_reply(
     assert status == 200
     _, emb_before = post(url + "/v1/embeddings", {"input": "hello there"})
     awake_rss = _rss_mib(pid)
-    assert _until(lambda: _asleep(url), 15)
+    assert wait_until(lambda: _asleep(url), 15)
     assert any("sleeping: model released" in ln for ln in log)
     # the weights (92 MiB) and the heap they used go back to the system, not just out of reach
     assert _rss_mib(pid) < awake_rss - 64
@@ -178,7 +170,7 @@ def test_the_server_sleeps_when_idle_and_a_request_wakes_it_with_the_same_reply(
     assert any("awake: model loaded again" in ln for ln in log)
 
     # embeddings read the model on the worker's thread: asleep, they wake it and get the same vector
-    assert _until(lambda: _asleep(url), 15)
+    assert wait_until(lambda: _asleep(url), 15)
     status, emb_after = post(url + "/v1/embeddings", {"input": "hello there"})
     assert status == 200 and not _asleep(url)
     assert emb_after["data"][0]["embedding"] == emb_before["data"][0]["embedding"]
@@ -231,7 +223,7 @@ def test_a_slot_file_restored_while_asleep_wakes_the_server(sleepy):
     assert post(url + "/completion", {**COPY, "n_predict": 4})[0] == 200
     status, saved = post(url + "/slots/0?action=save", {"filename": "s.bin"})
     assert status == 200 and saved["n_saved"] > 0
-    assert _until(lambda: _asleep(url), 15)
+    assert wait_until(lambda: _asleep(url), 15)
     status, restored = post(url + "/slots/0?action=restore", {"filename": "s.bin"})
     assert status == 200 and restored["n_restored"] == saved["n_saved"]
     assert not _asleep(url)

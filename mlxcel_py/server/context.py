@@ -88,6 +88,16 @@ class ServerContext:
         if self.worker is not None:
             self.worker.metrics = self.metrics
 
+    def serves(self, on: bool, what: str, flag: str) -> None:
+        """A route behind a switch (`flag`: --embeddings, --reranking) and on one process only:
+        501 otherwise, in llama-server's words."""
+        if not on:
+            raise ApiError(
+                f"This server does not support {what}. Start it with `{flag}`", status=501, type="not_supported_error"
+            )
+        if self.engine.channel is not None:
+            raise ApiError(f"{what}: not served under --tp-size/--pp-size", status=501, type="not_supported_error")
+
     # ---- running a job ---------------------------------------------------------------------
     def admit(self, job: Job) -> None:
         """Into the worker's queue now, so a dead worker or a full queue answers before any body."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from .http import ApiError
+from .http import ApiError, read_body
 
 router = APIRouter()
 METADATA_NAMES = ("metadata.google.internal", "metadata.goog")
@@ -162,19 +162,10 @@ async def cors_proxy(request: Request):
         )
     target = parse(request.query_params.get("url", ""))
     address = await address_of(target, getattr(state, "mcp_proxy_allow", ()))
-    body = await _body(request, state.body_limit)
+    body = await read_body(request, state.body_limit)
     headers = forwarded_headers(request.headers.items(), getattr(state, "api_keys", ()))
     headers["Host"] = target.authority
     return await _send(request, target, address, headers, body)
-
-
-async def _body(request: Request, limit: int) -> bytes:
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw.extend(chunk)
-        if len(raw) > limit:
-            raise ApiError(f"the request body is larger than {limit} bytes", status=413)
-    return bytes(raw)
 
 
 async def _send(request: Request, target: Target, address: str, headers: dict, body: bytes):

@@ -60,9 +60,9 @@ def _no_constants(name: str) -> Any:
 BODY_TIMEOUT = float(os.environ.get("MLXCEL_BODY_TIMEOUT", "30"))
 
 
-async def read_json(request: Request, limit: int) -> dict:
-    """The body as a JSON object, read at most `limit` bytes far (chunked bodies included) and
-    within BODY_TIMEOUT seconds."""
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body's bytes, read at most `limit` bytes far (chunked bodies included) and within
+    BODY_TIMEOUT seconds."""
     raw = bytearray()
 
     async def read() -> None:
@@ -75,8 +75,14 @@ async def read_json(request: Request, limit: int) -> dict:
         await asyncio.wait_for(read(), BODY_TIMEOUT)
     except asyncio.TimeoutError:
         raise ApiError(f"the request body did not arrive within {BODY_TIMEOUT:g} s", status=408) from None
+    return bytes(raw)
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    """The body as a JSON object (`read_body`), parsed strictly."""
+    raw = await read_body(request, limit)
     try:
-        data = json.loads(bytes(raw) or b"{}", parse_constant=_no_constants)
+        data = json.loads(raw or b"{}", parse_constant=_no_constants)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ApiError(f"malformed JSON body: {exc}") from None
     except RecursionError:

@@ -35,14 +35,7 @@ async def _embeddings(request: Request, openai: bool):
     ctx = ctx_of(request)
     if not ctx.embeddings and ctx.reranking:  # llama-server's rank pooling refuses embeddings so
         raise ApiError("This server reranks (--reranking); start it with --embeddings too to serve embeddings")
-    if not ctx.embeddings:
-        raise ApiError(
-            "This server does not support embeddings. Start it with `--embeddings`",
-            status=501,
-            type="not_supported_error",
-        )
-    if ctx.engine.channel is not None:
-        raise ApiError("embeddings are not served under --tp-size/--pp-size", status=501, type="not_supported_error")
+    ctx.serves(ctx.embeddings, "embeddings", "--embeddings")
     if openai and ctx.pooling == "none":
         raise ApiError("Pooling type 'none' is not OAI compatible. Please use a different pooling type")
     body = await read_json(request, ctx.body_limit)

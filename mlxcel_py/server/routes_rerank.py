@@ -34,14 +34,7 @@ MAX_DOCUMENTS = 256  # documents in one request (each is one prompt through the 
 @router.post("/v1/reranking")
 async def rerank(request: Request):
     ctx = ctx_of(request)
-    if not ctx.reranking:
-        raise ApiError(
-            "This server does not support reranking. Start it with `--reranking`",
-            status=501,
-            type="not_supported_error",
-        )
-    if ctx.engine.channel is not None:
-        raise ApiError("reranking is not served under --tp-size/--pp-size", status=501, type="not_supported_error")
+    ctx.serves(ctx.reranking, "reranking", "--reranking")
     body = await read_json(request, ctx.body_limit)
     query, documents, tei = _read(body)
     top_n = body.get("top_n")

@@ -25,7 +25,7 @@ from starlette.background import BackgroundTask
 
 from ... import __version__
 from ..app import install_error_handlers
-from ..http import BODY_LIMIT, ApiError, Cors, Guard, read_json
+from ..http import BODY_LIMIT, ApiError, Cors, Guard, read_body, read_json
 from ..security import AccessPolicy, CorsPolicy
 from .instances import Instances
 
@@ -107,7 +107,7 @@ def create_router_app(
             if model is None:
                 raise ApiError(f"name the model of GET /{path[:100]} with ?model=ID (GET /models lists them)")
             return await _proxy(request, model, b"")
-        body = await _raw_body(request, body_limit)
+        body = await read_body(request, body_limit)
         try:
             parsed = json.loads(body or b"{}")
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -194,12 +194,3 @@ def _autoload(value: str | None) -> bool | None:
     if value.lower() in ("0", "false", "no"):
         return False
     raise ApiError(f"'autoload' must be true or false, got {value[:20]!r}")
-
-
-async def _raw_body(request: Request, limit: int) -> bytes:
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw.extend(chunk)
-        if len(raw) > limit:
-            raise ApiError(f"the request body is larger than {limit} bytes", status=413)
-    return bytes(raw)
