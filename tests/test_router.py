@@ -83,7 +83,7 @@ def env(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def router(models, env):
     proc, url, lines = _start(models, env, "--models-max", "2", "--temp", "0", "-n", "8")
-    yield url, lines
+    yield url, lines, proc.pid
     proc.terminate()
     proc.wait(timeout=30)
 
@@ -125,7 +125,7 @@ def test_a_model_gets_the_routers_flags_but_not_its_address_or_keys():
 
 
 def test_models_are_listed_loaded_on_first_use_and_reply_as_the_model_itself(router, models, env):
-    url, lines = router
+    url, lines, _ = router
     status, listed = _call("GET", url + "/v1/models")
     assert status == 200
     assert {m["id"]: m["status"]["value"] for m in listed["data"]} == {
@@ -196,7 +196,7 @@ def test_requests_for_no_known_model_are_400s(router, body, fragment):
 
 
 def test_a_model_that_fails_to_load_fails_alone(router):
-    url, _ = router
+    url, _, _ = router
     status, err = _call("POST", url + "/v1/completions", {"model": "broken", "prompt": "x"})
     assert status == 503 and "model broken failed to load (exit code 1)" in err["error"]["message"]
     failed = _status(url, "broken")
@@ -205,7 +205,7 @@ def test_a_model_that_fails_to_load_fails_alone(router):
 
 
 def test_load_unload_and_the_lru_model_makes_room(router):
-    url, _ = router
+    url, _, _ = router
     assert _call("POST", url + "/models/load", {"model": "beta"}) == (200, {"success": True})
     assert wait_until(lambda: _status(url, "beta")["value"] == "loaded")
     status, err = _call("POST", url + "/models/load", {"model": "beta"})
@@ -287,3 +287,19 @@ def test_sigterm_stops_the_router_and_every_model_within_seconds(models, env):
         assert wait_until(lambda pid=pid: not Path(f"/proc/{pid}").exists(), 10), (
             f"model process {pid} outlived the router"
         )
+
+
+def test_a_model_process_that_dies_is_marked_failed_and_started_again_on_the_next_request(router):
+    url, _, router_pid = router
+    assert _call("POST", url + "/v1/completions", {"model": "alpha", "prompt": "x", "max_tokens": 2})[0] == 200
+    pid = next(
+        int(p)
+        for p in subprocess.run(
+            ["pgrep", "-P", str(router_pid), "-f", "--", "--alias alpha"], capture_output=True, text=True
+        ).stdout.split()
+    )
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: _status(url, "alpha").get("failed") is True, 20)
+    assert _status(url, "alpha")["exit_code"] == -9
+    assert _call("POST", url + "/v1/completions", {"model": "alpha", "prompt": "x", "max_tokens": 2})[0] == 200
+    assert _status(url, "alpha")["value"] == "loaded"
