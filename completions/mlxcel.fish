@@ -316,6 +316,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l log-disable -d 'No 
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l webui -l no-webui -d 'Serve the chat page at / (--no-webui: / is a 404, as llama-servers)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l models-dir -d 'Router mode (llama-servers): serve every model in DIR ('
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l models-max -d 'Router mode: models loaded at once; the least recently used idle one is stopped for another (default 4; 0: no limit)'
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l models-preset -d 'Router mode (llama-servers): an INI file of models and their serve flags ([*] for every model, [ID] for one, model = PATH to add one, load-on-startup, stop-timeout)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l models-autoload -l no-models-autoload -d 'Router mode: load a model when a request names it (default), or only by POST /models/load'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l ui-mcp-proxy -l webui-mcp-proxy -d 'Serve llama-servers MCP CORS proxy: /cors-proxy?url=URL forwards to URL, public addresses only (403 without)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l ui-mcp-proxy-allow -d 'A host the MCP CORS proxy may reach although it is not public (exact, e'

@@ -235,6 +235,7 @@ class ServerOptions:
     webui: bool = True  # the chat page at / (--no-webui: / is a 404, as llama-server's)
     models_dir: str | None = None  # --models-dir: router mode, one server per model found there
     models_max: int = 4  # --models-max: models loaded at once in router mode (0: no limit)
+    models_preset: str | None = None  # --models-preset: an INI file of models and their flags (router mode)
     models_autoload: bool = True  # --no-models-autoload: a model loads only by POST /models/load
     mcp_proxy: bool = False  # --ui-mcp-proxy: /cors-proxy forwards to public URLs (server/cors_proxy.py)
     mcp_proxy_allow: tuple[str, ...] = ()  # --ui-mcp-proxy-allow: hosts it may reach beyond that policy
@@ -243,6 +244,11 @@ class ServerOptions:
     max_predict_ms: int = DEFAULT_MAX_PREDICT_MS  # a request's decoding time limit (0: none)
     sampling_given: tuple[str, ...] = ()  # sampling flags given on the command line (the rest: model/server defaults)
     ignored: tuple[str, ...] = ()  # llama-server flags given that do not apply here (GPU offload...)
+
+    @property
+    def router(self) -> bool:
+        """Router mode: models from a folder or a preset file, each in a server of its own."""
+        return self.models_dir is not None or self.models_preset is not None
 
     @property
     def split_context(self) -> bool:

@@ -57,9 +57,12 @@ def _router(opts: CommandOptions) -> None:
     srv = opts.server
     if srv.models_max < 0:
         raise UsageError(f"--models-max must be 0 (no limit) or more, got {srv.models_max}")
-    if srv.models_dir is None:
+    if not srv.router:
         return
+    flag = "--models-dir" if srv.models_dir is not None else "--models-preset"
+    if srv.models_preset is not None and not Path(srv.models_preset).is_file():
+        raise UsageError(f"--models-preset {srv.models_preset}: no such file")
     if opts.model.model is not None:
-        raise UsageError("--models-dir runs a router that starts one server per model found there; drop -m/--model")
+        raise UsageError(f"{flag} runs a router that starts one server per model found there; drop -m/--model")
     if opts.parallel.active:
-        raise UsageError(f"--models-dir does not run under {opts.parallel.flag}; drop one of them")
+        raise UsageError(f"{flag} does not run under {opts.parallel.flag}; drop one of them")

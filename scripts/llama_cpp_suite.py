@@ -6,7 +6,7 @@ llama.cpp's tools/server/tests start `llama-server` from $LLAMA_SERVER_BIN_PATH 
 own flags, on small reference models they download. This script points that variable at itself:
 called as the server (`--as-llama-server FLAGS...`), it drops what names or fetches a reference
 model (`--hf-repo`, `--hf-file`, `--model-url`, `--model`, `--model-draft`) and the
-flags of features mlxcel-py does not have (LoRA, router presets,
+flags of features mlxcel-py does not have (GGUF LoRA adapters,
 images; each listed in DROPPED), then runs `mlxcel serve` with the rest, on the
 default model (or $MLXCEL_SUITE_MODEL). Every other llama-server flag is passed on unchanged, so a
 flag `mlxcel serve` lacks shows up as a failing test, not as a silent pass.
@@ -38,7 +38,7 @@ from pathlib import Path
 # with their value (the number says how many values follow the flag).
 DROPPED = {
     "--hf-repo": 1, "-hfr": 1, "--hf-file": 1, "-hff": 1, "--model-url": 1, "-mu": 1, "--model": 1,
-    "--model-draft": 1, "--lora": 1, "--models-preset": 1, "--grp-attn-n": 1,
+    "--model-draft": 1, "--lora": 1, "--grp-attn-n": 1,
     "--grp-attn-w": 1, "--mmproj-url": 1,
 }  # fmt: skip
 

@@ -303,3 +303,69 @@ def test_a_model_process_that_dies_is_marked_failed_and_started_again_on_the_nex
     assert _status(url, "alpha")["exit_code"] == -9
     assert _call("POST", url + "/v1/completions", {"model": "alpha", "prompt": "x", "max_tokens": 2})[0] == 200
     assert _status(url, "alpha")["value"] == "loaded"
+
+
+def test_a_preset_file_reads_into_flags_per_model(tmp_path):
+    from mlxcel_py.commands._router_argv import read_preset
+    from mlxcel_py.commands.serve import serve
+    from mlxcel_py.errors import UsageError
+
+    ini = tmp_path / "models.ini"
+    ini.write_text(
+        "version = 1\n[*]\nc = 4096\ntemp = 0.5\nwarmup = false\n\n"
+        "[alpha]\nmodel = /m/alpha\nn-predict = 3\ntemp = 0\nprompt-lookup = true\nload-on-startup = true\n"
+        "stop-timeout = 4\n"
+    )
+    preset = read_preset(str(ini), serve)
+    assert preset.flags["*"] == ["-c", "4096", "--temp", "0.5", "--no-warmup"]
+    assert preset.flags_for("alpha") == ["-c", "4096", "--temp", "0.5", "--no-warmup", "--n-predict", "3", "--temp", "0", "--prompt-lookup"]  # fmt: skip
+    assert (
+        preset.paths == {"alpha": "/m/alpha"} and preset.startup == {"alpha"} and preset.stop_timeout == {"alpha": 4.0}
+    )
+    for body, message in (
+        ("[*]\nno-such-flag = 1\n", "[*] no-such-flag: not a serve flag"),
+        ("[*]\nport = 9\n", "[*] port: the router sets it for every model"),
+        ("[*]\nprompt-lookup = maybe\n", "prompt-lookup is a switch: true or false"),
+        ("[a]\nstop-timeout = soon\n", "stop-timeout must be a number of seconds"),
+        ("[*\n", "not an INI file"),
+    ):
+        ini.write_text(body)
+        with pytest.raises(UsageError, match=re.escape(message)):
+            read_preset(str(ini), serve)
+
+
+def test_a_router_from_a_preset_alone_with_its_precedence_and_startup_load(models, env, tmp_path):
+    ini = tmp_path / "models.ini"
+    ini.write_text(
+        f"version = 1\n[*]\ntemp = 0.5\nn-predict = 5\n\n[alpha]\nmodel = {models / 'alpha'}\ntemp = 0\n"
+        f"n-predict = 3\nload-on-startup = true\n\n[beta]\nmodel = {models / 'beta'}\n"
+    )
+    proc = subprocess.Popen(
+        mlxcel_cmd() + ["serve", "--models-preset", str(ini), "--port", "0", "-n", "4"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        url = None
+        for line in proc.stderr:
+            m = re.search(r"router listening on http://127\.0\.0\.1:(\d+)", line)
+            if m:
+                url = f"http://127.0.0.1:{m.group(1)}"
+                break
+        assert url is not None
+        threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+        assert sorted(m["id"] for m in _call("GET", url + "/models")[1]["data"]) == ["alpha", "beta"]
+        assert wait_until(lambda: _status(url, "alpha")["value"] == "loaded", 60)  # loaded at startup, unasked
+        assert _status(url, "beta")["value"] == "unloaded"
+        settings = {
+            m: _call("GET", url + f"/props?model={m}")[1]["default_generation_settings"]["params"]
+            for m in ("alpha", "beta")
+        }
+        # the command line's -n wins over both sections; [alpha]'s temp over [*]'s
+        assert settings["alpha"]["n_predict"] == 4 and settings["beta"]["n_predict"] == 4
+        assert settings["alpha"]["temperature"] == 0.0 and settings["beta"]["temperature"] == 0.5
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -478,6 +478,7 @@ def test_serve_takes_llama_server_command_lines(monkeypatch, no_loading, tmp_pat
         (["serve", "--context-shift", "--keep", "-2"], "--keep must be -1 (the whole prompt) or 0 or more tokens"),
         (["serve", "--slot-save-path", "/nonexistent-slots"], "--slot-save-path /nonexistent-slots: no such folder"),
         (["serve", "--models-dir", "/nonexistent-models"], "--models-dir /nonexistent-models: no such folder"),
+        (["serve", "--models-preset", "/nonexistent.ini"], "--models-preset /nonexistent.ini: no such file"),
         (["serve", "--embeddings", "--pooling", "max"], "--pooling max is not one of none, mean, cls, last, rank"),
         (["serve", "--prompt-lookup-max-batch", "many"], "--prompt-lookup-max-batch takes a count or auto, got 'many'"),
     ],

@@ -145,6 +145,7 @@ MaxPredictMsOpt = Annotated[int, typer.Option("--max-predict-ms", metavar="MS", 
 ShutdownGraceOpt = Annotated[int, typer.Option("--shutdown-grace", metavar="SECONDS", help="On SIGTERM/Ctrl-C, how long requests in flight may finish before they are cancelled.", rich_help_panel=SERVER)]
 SleepIdleOpt = Annotated[int, typer.Option("--sleep-idle-seconds", metavar="SECONDS", help="After this many seconds with no request, release the model's weights and caches; the next request that needs the model loads it again (llama-server's; -1, the default: never).", rich_help_panel=SERVER)]
 ModelsDirOpt = Annotated[Optional[str], typer.Option("--models-dir", metavar="DIR", help="Router mode (llama-server's): serve every model in DIR (.gguf files, model folders), each loaded on first use in a process of its own and picked by a request's \"model\"; GET /models lists them.", rich_help_panel=SERVER)]
+ModelsPresetOpt = Annotated[Optional[str], typer.Option("--models-preset", metavar="FILE", help="Router mode (llama-server's): an INI file of models and their serve flags ([*] for every model, [ID] for one, model = PATH to add one, load-on-startup, stop-timeout).", rich_help_panel=SERVER)]
 ModelsMaxOpt = Annotated[int, typer.Option("--models-max", metavar="N", help="Router mode: models loaded at once; the least recently used idle one is stopped for another (default 4; 0: no limit).", rich_help_panel=SERVER)]
 ModelsAutoloadOpt = Annotated[bool, typer.Option("--models-autoload/--no-models-autoload", help="Router mode: load a model when a request names it (default), or only by POST /models/load.", rich_help_panel=SERVER)]
 McpProxyOpt = Annotated[bool, typer.Option("--ui-mcp-proxy", "--webui-mcp-proxy", help="Serve llama-server's MCP CORS proxy: /cors-proxy?url=URL forwards to URL, public addresses only (403 without).", rich_help_panel=SERVER)]
@@ -284,6 +285,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             webui=g("webui", True),
             models_dir=g("models_dir"),
             models_max=g("models_max", 4),
+            models_preset=g("models_preset"),
             models_autoload=g("models_autoload", True),
             mcp_proxy=g("mcp_proxy", False),
             mcp_proxy_allow=tuple(h.strip() for v in g("mcp_proxy_allow") or () for h in v.split(",") if h.strip()),
@@ -441,6 +443,7 @@ SERVER_PARAMS = [
     _kw("webui", WebuiOpt, True),
     _kw("models_dir", ModelsDirOpt, None),
     _kw("models_max", ModelsMaxOpt, 4),
+    _kw("models_preset", ModelsPresetOpt, None),
     _kw("models_autoload", ModelsAutoloadOpt, True),
     _kw("mcp_proxy", McpProxyOpt, False),
     _kw("mcp_proxy_allow", McpProxyAllowOpt, None),

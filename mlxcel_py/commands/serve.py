@@ -49,13 +49,15 @@ def serve(**params) -> None:
         if cfg.options.server.threads:  # read by OpenBLAS when it loads, so set before prepare()
             os.environ["OPENBLAS_NUM_THREADS"] = str(cfg.options.server.threads)
             os.environ["MLXCEL_KERNEL_THREADS"] = str(cfg.options.server.threads)  # the row-exact kernel's
-        if cfg.options.server.models_dir is not None:  # router mode: no model in this process
+        if cfg.options.server.router:  # router mode: no model in this process
             import sys
 
             from ..server.router.main import run_router
-            from ._router_argv import child_argv, serve_arguments
+            from ._router_argv import child_argv, read_preset, serve_arguments
 
-            run_router(cfg, child_argv(serve_arguments(sys.argv), serve), say=ui.info, warn=ui.warn)
+            preset = read_preset(cfg.options.server.models_preset, serve)
+            argv = child_argv(serve_arguments(sys.argv), serve)
+            run_router(cfg, argv, preset=preset, say=ui.info, warn=ui.warn)
             return
         blas.prepare(cfg.options.model.blas)
         from ..server.main import run_server

@@ -8,7 +8,7 @@ model, with an `mmproj*.gguf` beside it as its vision projector). Files whose na
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")
@@ -19,6 +19,21 @@ class Entry:
     id: str
     path: Path  # a .gguf file or a model folder
     mmproj: Path | None = None
+
+
+@dataclass
+class Preset:
+    """A --models-preset file, read (commands/_router_argv.py): serve flags per section (`*`:
+    every model), the models it adds (`model = PATH`), those loaded at startup, stop timeouts."""
+
+    flags: dict[str, list[str]] = field(default_factory=dict)
+    paths: dict[str, str] = field(default_factory=dict)
+    startup: set[str] = field(default_factory=set)
+    stop_timeout: dict[str, float] = field(default_factory=dict)
+
+    def flags_for(self, model_id: str) -> list[str]:
+        """`[*]`'s flags, then the model's own (the later spelling of a flag counts)."""
+        return [*self.flags.get("*", []), *self.flags.get(model_id, [])]
 
 
 def _model_ggufs(files: list[Path]) -> list[Path]:

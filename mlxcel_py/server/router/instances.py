@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
 from ..http import ApiError
-from .catalog import Entry
+from .catalog import Entry, Preset
 
 LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
 LOAD_SECONDS = float(os.environ.get("MLXCEL_ROUTER_LOAD_TIMEOUT", "900"))  # a first GGUF conversion is slow
@@ -83,9 +83,11 @@ class Instances:
         autoload: bool,
         say: Callable[[str], None] = lambda s: None,
         python: str = sys.executable,
+        preset: Preset | None = None,
     ):
         self.by_id = {e.id: Instance(e) for e in entries}
         self.child_argv = list(child_argv)
+        self.preset = preset or Preset()
         self.max_instances = max_instances  # 0: no limit
         self.autoload = autoload
         self.say = say
@@ -177,7 +179,8 @@ class Instances:
         e = inst.entry
         inst.key = secrets.token_urlsafe(24)
         flags = ["-m", str(e.path)] + (["--mmproj", str(e.mmproj)] if e.mmproj else [])
-        flags += ["--host", "127.0.0.1", "--port", "0", "--alias", e.id, *self.child_argv]
+        # a preset's [*] and [ID] flags, then the command line's: the last spelling of a flag counts
+        flags += ["--host", "127.0.0.1", "--port", "0", "--alias", e.id, *self.preset.flags_for(e.id), *self.child_argv]
         inst.args = ["mlxcel", "serve", *flags]
         env = dict(os.environ, LLAMA_API_KEY=inst.key)
         inst.status, inst.port, inst.failed, inst.exit_code, inst.stopping = "loading", None, False, None, False
@@ -240,7 +243,7 @@ class Instances:
         inst.stopping = True
         proc.terminate()
         try:
-            await asyncio.wait_for(inst.gone.wait(), STOP_SECONDS)
+            await asyncio.wait_for(inst.gone.wait(), self.preset.stop_timeout.get(inst.entry.id, STOP_SECONDS))
         except asyncio.TimeoutError:
             proc.kill()
             await inst.gone.wait()

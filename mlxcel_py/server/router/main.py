@@ -9,11 +9,19 @@ from pathlib import Path
 
 from ...errors import exit_on_signal
 from ...options import RunConfig
+from .catalog import Entry, Preset
 
 
 def run_router(
-    run: RunConfig, child_argv: Sequence[str], *, say: Callable[[str], None], warn: Callable[[str], None]
+    run: RunConfig,
+    child_argv: Sequence[str],
+    *,
+    preset: Preset | None = None,
+    say: Callable[[str], None],
+    warn: Callable[[str], None],
 ) -> None:
+    """Serve the models of --models-dir and --models-preset (`preset`, read by the command) until a
+    signal; every model's server gets `child_argv` after the preset's flags."""
     import uvicorn
 
     from ..main import _bind, _exit_now, _url_host
@@ -28,12 +36,19 @@ def run_router(
         api_keys=parse_keys(srv.api_keys, srv.api_key_file), loopback_only_hosts=is_loopback(srv.host)
     )
     cors = CorsPolicy.parse(srv.cors_origins, srv.cors_methods, srv.cors_headers, srv.cors_credentials)
-    folder = Path(srv.models_dir)
-    entries = discover(folder)
+    preset = preset or Preset()
+    found = discover(Path(srv.models_dir)) if srv.models_dir else []
+    known = {e.id for e in found}
+    entries = found + [Entry(name, Path(path)) for name, path in preset.paths.items() if name not in known]
+    where = " and ".join(f for f in (srv.models_dir, srv.models_preset) if f)
     if not entries:
-        warn(f"--models-dir {folder}: no models in it (.gguf files, or folders of one model each)")
+        warn(f"{where}: no models there (.gguf files, folders of one model each, or preset sections with model = PATH)")
+    for name in sorted(set(preset.flags) - {"*"} - {e.id for e in entries}):
+        warn(f"--models-preset: [{name}] names no model of the folder and gives no model = PATH; it is ignored")
     sock = _bind(srv.host, srv.port)
-    instances = Instances(entries, child_argv, max_instances=srv.models_max, autoload=srv.models_autoload, say=say)
+    instances = Instances(
+        entries, child_argv, max_instances=srv.models_max, autoload=srv.models_autoload, say=say, preset=preset
+    )
     app = create_router_app(instances, access=access, cors=cors, access_log=not srv.log_disable)
     config = uvicorn.Config(
         app,
@@ -46,7 +61,7 @@ def run_router(
     server = uvicorn.Server(config)
     limit = f"at most {srv.models_max} loaded at once" if srv.models_max else "no limit on how many are loaded"
     say(
-        f"router: {len(entries)} model{'s' if len(entries) != 1 else ''} in {folder} ({limit}; "
+        f"router: {len(entries)} model{'s' if len(entries) != 1 else ''} from {where} ({limit}; "
         + ("loaded on a request's first use)" if srv.models_autoload else "loaded by POST /models/load only)")
     )
     say(f"mlxcel serve: router listening on http://{_url_host(srv.host)}:{sock.getsockname()[1]}")

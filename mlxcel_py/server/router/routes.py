@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
@@ -42,7 +43,13 @@ def create_router_app(
     body_limit: int = BODY_LIMIT,
     access_log: bool = False,
 ) -> FastAPI:
-    app = FastAPI(title="mlxcel-py router", docs_url=None, redoc_url=None)
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        for model_id in sorted(instances.preset.startup & set(instances.by_id)):  # a preset's load-on-startup
+            await instances.load(model_id)  # starts it; the server answers while it loads
+        yield
+
+    app = FastAPI(title="mlxcel-py router", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.instances = instances
     created = int(time.time())
     install_error_handlers(app)
