@@ -369,3 +369,53 @@ def test_a_router_from_a_preset_alone_with_its_precedence_and_startup_load(model
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_reload_events_and_a_sleeping_model(models, env, tmp_path):
+    import urllib.request
+
+    ini = tmp_path / "models.ini"
+    ini.write_text(f"[a]\nmodel = {models / 'alpha'}\n\n[b]\nmodel = {models / 'beta'}\n")
+    proc = subprocess.Popen(
+        mlxcel_cmd() + ["serve", "--models-preset", str(ini), "--port", "0", "--sleep-idle-seconds", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        url = None
+        for line in proc.stderr:
+            m = re.search(r"router listening on http://127\.0\.0\.1:(\d+)", line)
+            if m:
+                url = f"http://127.0.0.1:{m.group(1)}"
+                break
+        threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+        events: list[dict] = []
+
+        def listen():
+            with urllib.request.urlopen(url + "/models/sse", timeout=120) as r:
+                for raw in r:
+                    if raw.startswith(b"data: "):
+                        events.append(json.loads(raw[6:]))
+
+        threading.Thread(target=listen, daemon=True).start()
+        time.sleep(0.5)
+        assert _call("POST", url + "/v1/completions", {"model": "a", "prompt": "x", "max_tokens": 2})[0] == 200
+        # --sleep-idle-seconds reaches the model's server: asleep, the router lists it so
+        assert wait_until(lambda: _status(url, "a")["value"] == "sleeping", 30)
+        # the preset edited: b gone, c new; a (running, same path) stays
+        ini.write_text(f"[a]\nmodel = {models / 'alpha'}\n\n[c]\nmodel = {models / 'gamma'}\n")
+        ids = [m["id"] for m in _call("GET", url + "/models?reload=1")[1]["data"]]
+        assert sorted(ids) == ["a", "c"] and _status(url, "a")["value"] in ("loaded", "sleeping")
+        ini.write_text("[a]\nno-such-flag = 1\n")
+        status, err = _call("GET", url + "/models?reload=1")
+        assert status == 400 and "no-such-flag" in err["error"]["message"]
+        assert sorted(m["id"] for m in _call("GET", url + "/models")[1]["data"]) == ["a", "c"]  # unchanged
+        assert wait_until(lambda: {"model_remove", "models_reload"} <= {e["event"] for e in events}, 10)
+        statuses = [e["data"]["status"] for e in events if e["model"] == "a" and e["event"] == "model_status"]
+        assert statuses[:2] == ["loading", "loaded"]
+        assert {"model": "b", "event": "model_remove"} in events
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -55,9 +55,16 @@ def serve(**params) -> None:
             from ..server.router.main import run_router
             from ._router_argv import child_argv, read_preset, serve_arguments
 
-            preset = read_preset(cfg.options.server.models_preset, serve)
+            path = cfg.options.server.models_preset
             argv = child_argv(serve_arguments(sys.argv), serve)
-            run_router(cfg, argv, preset=preset, say=ui.info, warn=ui.warn)
+            run_router(
+                cfg,
+                argv,
+                preset=read_preset(path, serve),
+                read_preset=lambda: read_preset(path, serve),
+                say=ui.info,
+                warn=ui.warn,
+            )
             return
         blas.prepare(cfg.options.model.blas)
         from ..server.main import run_server

@@ -92,6 +92,7 @@ class Instances:
         self.autoload = autoload
         self.say = say
         self.python = python
+        self.listeners: list[asyncio.Queue] = []  # GET /models/sse streams
         self._start_lock: asyncio.Lock | None = None
         self._changed: asyncio.Condition | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -119,6 +120,32 @@ class Instances:
 
     def _changed_soon(self) -> None:
         asyncio.ensure_future(self._notify())
+
+    def emit(self, model: str, event: str, data: dict | None = None) -> None:
+        """One event for every /models/sse listener (llama-server's `{model, event, data}`)."""
+        item = {"model": model, "event": event, **({"data": data} if data is not None else {})}
+        for q in list(self.listeners):
+            q.put_nowait(item)
+
+    # -- the model list ------------------------------------------------------------------------
+    async def reconcile(self, entries: Sequence[Entry], preset: Preset) -> None:
+        """GET /models?reload=1: the folder and preset read again. A model gone from them, or
+        whose path changed, is stopped if running; new ones are added; the preset's flags apply
+        to every start from now on."""
+        self._bind()
+        wanted = {e.id: e for e in entries}
+        for model_id, inst in list(self.by_id.items()):
+            if wanted.get(model_id) != inst.entry:
+                if inst.running:
+                    await self.stop(inst)
+                del self.by_id[model_id]
+                if model_id not in wanted:
+                    self.emit(model_id, "model_remove")
+        for model_id, e in wanted.items():
+            if model_id not in self.by_id:
+                self.by_id[model_id] = Instance(e)
+        self.preset = preset
+        self.emit("*", "models_reload")
 
     # -- requests ------------------------------------------------------------------------------
     async def acquire(
@@ -187,6 +214,7 @@ class Instances:
         inst.loaded_once, inst.gone = asyncio.Event(), asyncio.Event()
         inst.tail.clear()
         self.say(f"router: starting {e.id}")
+        self.emit(e.id, "model_status", {"status": "loading"})
         inst.proc = subprocess.Popen(
             [self.python, "-m", "mlxcel_py", "serve", *flags],
             stdin=subprocess.DEVNULL,
@@ -222,6 +250,7 @@ class Instances:
             inst.last_used = time.monotonic()
             inst.loaded_once.set()
             self.say(f"router: {inst.entry.id} loaded")
+            self.emit(inst.entry.id, "model_status", {"status": "loaded"})
             self._changed_soon()
 
     def _exited(self, inst: Instance, proc: subprocess.Popen, code: int) -> None:
@@ -233,6 +262,8 @@ class Instances:
         inst.loaded_once.set()
         inst.gone.set()
         self.say(f"router: {inst.entry.id} " + (f"exited with code {code}" if inst.failed else "unloaded"))
+        status = {"status": "unloaded", **({"failed": True, "exit_code": code} if inst.failed else {})}
+        self.emit(inst.entry.id, "model_status", status)
         self._changed_soon()
 
     async def stop(self, inst: Instance) -> None:

@@ -7,8 +7,9 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ...errors import exit_on_signal
+from ...errors import MlxcelError, exit_on_signal
 from ...options import RunConfig
+from ..http import ApiError
 from .catalog import Entry, Preset
 
 
@@ -17,17 +18,18 @@ def run_router(
     child_argv: Sequence[str],
     *,
     preset: Preset | None = None,
+    read_preset: Callable[[], Preset] | None = None,
     say: Callable[[str], None],
     warn: Callable[[str], None],
 ) -> None:
-    """Serve the models of --models-dir and --models-preset (`preset`, read by the command) until a
-    signal; every model's server gets `child_argv` after the preset's flags."""
+    """Serve the models of --models-dir and --models-preset (`preset`, read by the command;
+    `read_preset` reads it again for GET /models?reload=1) until a signal; every model's server
+    gets `child_argv` after the preset's flags."""
     import uvicorn
 
     from ..main import _bind, _exit_now, _url_host
     from ..protocol import MAX_CONNECTIONS, HeaderDeadlineProtocol
     from ..security import AccessPolicy, CorsPolicy, is_loopback, parse_keys
-    from .catalog import discover
     from .instances import Instances
     from .routes import create_router_app
 
@@ -37,9 +39,7 @@ def run_router(
     )
     cors = CorsPolicy.parse(srv.cors_origins, srv.cors_methods, srv.cors_headers, srv.cors_credentials)
     preset = preset or Preset()
-    found = discover(Path(srv.models_dir)) if srv.models_dir else []
-    known = {e.id for e in found}
-    entries = found + [Entry(name, Path(path)) for name, path in preset.paths.items() if name not in known]
+    entries = _entries(srv.models_dir, preset)
     where = " and ".join(f for f in (srv.models_dir, srv.models_preset) if f)
     if not entries:
         warn(f"{where}: no models there (.gguf files, folders of one model each, or preset sections with model = PATH)")
@@ -49,7 +49,15 @@ def run_router(
     instances = Instances(
         entries, child_argv, max_instances=srv.models_max, autoload=srv.models_autoload, say=say, preset=preset
     )
-    app = create_router_app(instances, access=access, cors=cors, access_log=not srv.log_disable)
+
+    def reread() -> tuple[list[Entry], Preset]:  # GET /models?reload=1
+        try:
+            again = read_preset() if read_preset is not None else preset
+        except MlxcelError as exc:  # the file was edited into something wrong: the list stays
+            raise ApiError(exc.message) from None
+        return _entries(srv.models_dir, again), again
+
+    app = create_router_app(instances, access=access, cors=cors, access_log=not srv.log_disable, reload=reread)
     config = uvicorn.Config(
         app,
         log_level="warning",
@@ -78,3 +86,12 @@ def run_router(
     finally:
         instances.shutdown()
     _exit_now(code)
+
+
+def _entries(models_dir: str | None, preset: Preset) -> list[Entry]:
+    """The folder's models, then the preset's own (`model = PATH` sections naming no folder model)."""
+    from .catalog import discover
+
+    found = discover(Path(models_dir)) if models_dir else []
+    known = {e.id for e in found}
+    return found + [Entry(name, Path(path)) for name, path in preset.paths.items() if name not in known]

@@ -16,8 +16,10 @@ reached with the key the router gave it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -28,6 +30,7 @@ from ... import __version__
 from ..app import install_error_handlers
 from ..http import BODY_LIMIT, ApiError, Cors, Guard, read_body, read_json
 from ..security import AccessPolicy, CorsPolicy
+from .catalog import Preset
 from .instances import Instances
 
 HOP_BY_HOP = {"connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade", "proxy-authorization"}
@@ -42,7 +45,10 @@ def create_router_app(
     cors: CorsPolicy = CorsPolicy(),
     body_limit: int = BODY_LIMIT,
     access_log: bool = False,
+    reload: Callable[[], tuple[list, Preset]] | None = None,
 ) -> FastAPI:
+    """`reload`: the folder and preset read again, for GET /models?reload=1."""
+
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         for model_id in sorted(instances.preset.startup & set(instances.by_id)):  # a preset's load-on-startup
@@ -68,21 +74,65 @@ def create_router_app(
 
     @app.get("/models")
     @app.get("/v1/models")
-    async def models():
-        return {
-            "object": "list",
-            "data": [
+    async def models(request: Request):
+        if request.query_params.get("reload") in ("1", "true") and reload is not None:
+            await instances.reconcile(*reload())
+        asleep = await _asleep(list(instances.by_id.values()))
+        data = []
+        for i in list(instances.by_id.values()):
+            status = i.describe()
+            if i.entry.id in asleep:
+                status["value"] = "sleeping"
+            data.append(
                 {
                     "id": i.entry.id,
                     "object": "model",
                     "owned_by": "mlxcel-py",
                     "created": created,
                     "path": str(i.entry.path),
-                    "status": i.describe(),
+                    "status": status,
                 }
-                for i in instances.by_id.values()
-            ],
-        }
+            )
+        return {"object": "list", "data": data}
+
+    @app.get("/models/sse")
+    async def events(request: Request):
+        """llama-server's model events, as server-sent events, until the client leaves."""
+        q: asyncio.Queue = asyncio.Queue()
+        instances.listeners.append(q)
+
+        async def stream():
+            try:
+                while not await request.is_disconnected():
+                    try:
+                        item = await asyncio.wait_for(q.get(), 15.0)
+                    except asyncio.TimeoutError:
+                        yield b": keep-alive\n\n"
+                        continue
+                    yield f"data: {json.dumps(item)}\n\n".encode()
+            finally:
+                instances.listeners.remove(q)
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    async def _asleep(candidates) -> set[str]:
+        """The loaded models whose server sleeps (--sleep-idle-seconds), asked at once."""
+        loaded = [i for i in candidates if i.status == "loaded" and i.port is not None]
+        if not loaded:
+            return set()
+        client = _client(app)
+
+        async def one(i) -> bool:
+            try:
+                r = await client.get(
+                    f"http://127.0.0.1:{i.port}/props", headers={"Authorization": f"Bearer {i.key}"}, timeout=1.0
+                )
+                return bool(r.json().get("is_sleeping"))
+            except Exception:  # busy, starting or gone: not known to sleep
+                return False
+
+        answers = await asyncio.gather(*(one(i) for i in loaded))
+        return {i.entry.id for i, a in zip(loaded, answers) if a}
 
     @app.post("/models/load")
     async def load(request: Request):
