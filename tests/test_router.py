@@ -419,3 +419,15 @@ def test_reload_events_and_a_sleeping_model(models, env, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_model_that_does_not_listen_in_time_is_stopped_and_its_request_told(models, env):
+    proc, url, _ = _start(models, dict(env, MLXCEL_ROUTER_LOAD_TIMEOUT="0.2"))
+    try:
+        status, err = _call("POST", url + "/v1/completions", {"model": "alpha", "prompt": "x", "max_tokens": 2})
+        assert status == 503 and "not listening after 0.2 s (MLXCEL_ROUTER_LOAD_TIMEOUT)" in err["error"]["message"]
+        assert _status(url, "alpha")["failed"] is True
+        assert subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True).stdout == b""
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

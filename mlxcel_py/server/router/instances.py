@@ -53,6 +53,7 @@ class Instance:
         self.loaded_once = asyncio.Event()  # set when this start ends: listening, or exited
         self.gone = asyncio.Event()  # set when the process has exited
         self.tail: deque[str] = deque(maxlen=20)
+        self.reason = ""  # why the router itself stopped a start (else the process's last line says)
 
     @property
     def running(self) -> bool:
@@ -68,7 +69,7 @@ class Instance:
         return out
 
     def why_failed(self) -> str:
-        last = next((ln for ln in reversed(self.tail) if ln.strip()), "")
+        last = self.reason or next((ln for ln in reversed(self.tail) if ln.strip()), "")
         code = f" (exit code {self.exit_code})" if self.exit_code is not None else ""
         return f"model {self.entry.id} failed to load{code}" + (f": {last.strip()[:300]}" if last else "")
 
@@ -88,6 +89,7 @@ class Instances:
         self.by_id = {e.id: Instance(e) for e in entries}
         self.child_argv = list(child_argv)
         self.preset = preset or Preset()
+        self.load_seconds = LOAD_SECONDS
         self.max_instances = max_instances  # 0: no limit
         self.autoload = autoload
         self.say = say
@@ -213,6 +215,7 @@ class Instances:
         inst.status, inst.port, inst.failed, inst.exit_code, inst.stopping = "loading", None, False, None, False
         inst.loaded_once, inst.gone = asyncio.Event(), asyncio.Event()
         inst.tail.clear()
+        inst.reason = ""
         self.say(f"router: starting {e.id}")
         self.emit(e.id, "model_status", {"status": "loading"})
         inst.proc = subprocess.Popen(
@@ -226,6 +229,13 @@ class Instances:
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
         )
         threading.Thread(target=self._watch, args=(inst, inst.proc), name=f"router-{e.id}", daemon=True).start()
+        self._loop.call_later(self.load_seconds, self._overdue, inst, inst.proc)
+
+    def _overdue(self, inst: Instance, proc: subprocess.Popen) -> None:
+        """A process still not listening after load_seconds is stopped: its load has failed."""
+        if inst.proc is proc and inst.status == "loading":
+            inst.reason = f"not listening after {self.load_seconds:g} s (MLXCEL_ROUTER_LOAD_TIMEOUT)"
+            proc.kill()  # _exited marks it failed, and its waiting requests get the 503
 
     def _watch(self, inst: Instance, proc: subprocess.Popen) -> None:
         """The process's stderr, relayed; its port once it listens; its exit."""
