@@ -49,7 +49,7 @@ POLICIES = ("auto", "graded", "gated", "cost")
 CPU_WEIGHTS = ("auto", "q8", "q4", "f32")
 DEFAULT_CPU_WEIGHTS = "auto"
 # --cache-type-k / --cache-type-v in llama.cpp's spelling; auto: f16 where the fused decoder layers
-# run (models.decoder_layers), else f32. LATER_CACHE_TYPES: llama.cpp's other names, run as auto with a note.
+# run (models.decoder_layers), else f32. LATER_CACHE_TYPES: llama.cpp's other names, run as q8_0 with a note.
 CACHE_TYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0")
 LATER_CACHE_TYPES = ("q4_1", "iq4_nl", "q5_0", "q5_1")
 # mlx-lm's --kv-bits / --kv-group-size, as aliases: 8 bits is q8_0 and 4 is q4_0 (blocks of 32

@@ -1,7 +1,7 @@
 """Validation of the KV cache type flags (--cache-type-k/-v, mlx-lm's --kv-bits/--kv-group-size).
 
 Part of the validation layer (validate.py calls `cache_types` before anything loads): a typo is
-exit 2, llama.cpp's names that have no kernel here yet run as `auto` with a note, and mlx-lm's
+exit 2, llama.cpp's names that have no kernel here yet run as q8_0 with a note, and mlx-lm's
 spelling becomes the cache types it names, so the loader sees one pair of names.
 """
 
@@ -14,16 +14,18 @@ from .options import CACHE_TYPES, KV_BITS, KV_GROUP_SIZES, LATER_CACHE_TYPES, Co
 
 
 def cache_types(opts: CommandOptions) -> tuple[CommandOptions, tuple[str, ...]]:
-    """A typo is refused; llama.cpp's types that are not here yet (a llama-server command line's
-    `-ctk q4_0`) run as `auto`, with a note, so such command lines still start."""
+    """A typo is refused; llama.cpp's types that are not built here (a llama-server command line's
+    `-ctk q5_1`) run as q8_0, with a note: the nearest built type at least as precise as each of
+    them, and still a quarter of float32's bytes, so such command lines start and save memory."""
     notes, chosen = [], []
     types = _kv_bits(opts.model)
     for flag, value in zip(("--cache-type-k", "--cache-type-v"), types):
         if value in LATER_CACHE_TYPES:
             notes.append(
-                f"{flag} {value} is not supported yet; the KV cache runs as auto ({', '.join(CACHE_TYPES)} are)"
+                f"{flag} {value} is not built here; the KV cache runs as q8_0, the nearest type at least as "
+                f"precise ({', '.join(CACHE_TYPES)} are built)"
             )
-            value = "auto"
+            value = "q8_0"
         elif value not in CACHE_TYPES:
             raise UsageError(f"{flag} {value} is not one of {', '.join(CACHE_TYPES)} (or llama.cpp's names)")
         chosen.append(value)

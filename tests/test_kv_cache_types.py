@@ -201,16 +201,16 @@ def test_an_unknown_type_is_refused_before_loading(cli_env, no_weights):
     assert "Traceback" not in r.stderr
 
 
-def test_llama_cpps_later_types_run_as_auto_with_a_note():
+def test_llama_cpps_later_types_run_as_q8_0_with_a_note():
     # a llama-server command line (`-ctk q5_1`) still starts
     from mlxcel_py.options import CommandOptions, ModelOptions
     from mlxcel_py.validate import validate
 
     run = validate(CommandOptions(command="generate", model=ModelOptions(cache_type_k="q5_1", cache_type_v="f32")))
-    assert run.options.model.cache_types == ("auto", "f32")
+    assert run.options.model.cache_types == ("q8_0", "f32")
     assert (
-        "--cache-type-k q5_1 is not supported yet; the KV cache runs as auto (auto, f32, f16, bf16, q8_0, q4_0 are)"
-        in run.warnings
+        "--cache-type-k q5_1 is not built here; the KV cache runs as q8_0, the nearest type at least as precise "
+        "(auto, f32, f16, bf16, q8_0, q4_0 are built)" in run.warnings
     )
 
 
@@ -249,7 +249,7 @@ def test_kv_bits_beside_a_cache_type_is_refused_on_the_command_line(cli_env, no_
 def test_the_note_reaches_stderr_and_generation_runs(cli_env, tiny_dir):
     r = _cli(cli_env, "generate", "-m", str(tiny_dir), "-p", "hi", "-n", "3", "--temp", "0", "-ctk", "iq4_nl")
     assert r.returncode == 0, r.stderr
-    assert "--cache-type-k iq4_nl is not supported yet" in r.stderr and r.stdout.strip()
+    assert "--cache-type-k iq4_nl is not built here; the KV cache runs as q8_0" in r.stderr and r.stdout.strip()
 
 
 @needs_kernel
