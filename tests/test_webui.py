@@ -227,3 +227,41 @@ def test_the_page_attaches_an_image_when_the_model_takes_them(browser, tmp_path)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_page_behind_a_router_picks_the_model_each_request_goes_to(browser, tmp_path):
+    from conftest import make_tiny_model
+    from test_router import _start, _status
+
+    models = tmp_path / "models"
+    for i, name in enumerate(("alpha", "beta")):
+        make_tiny_model(models / name, seed=i + 1, scale=2.5)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path / "cfg"))
+    proc, url, _ = _start(models, env, "--temp", "0", "-n", "6")
+    try:
+        d = browser
+        d.get(url + "/")
+        pick = _wait(
+            d,
+            lambda d: (
+                d.find_element(By.ID, "model-pick") if d.find_element(By.ID, "model-pick").is_displayed() else None
+            ),
+        )
+        assert [o.text for o in pick.find_elements(By.TAG_NAME, "option")] == ["alpha", "beta"]
+        assert "not loaded" in d.find_element(By.ID, "drafter").text
+        pick.find_element(By.CSS_SELECTOR, "option[value=beta]").click()
+        _send(d, "hello")
+        _wait(d, lambda d: _idle(d) and _replies(d) and _replies(d)[-1].find_element(By.CSS_SELECTOR, ".content").text)
+        assert _status(url, "beta")["value"] == "loaded" and _status(url, "alpha")["value"] == "unloaded"
+        # once loaded, the page shows the chosen model's own settings (its /props through the router)
+        assert _wait(
+            d,
+            lambda d: (
+                "drafter" in d.find_element(By.ID, "drafter").text or "plain" in d.find_element(By.ID, "drafter").text
+            ),
+        )
+        d.get(url + "/")  # the choice is kept
+        assert _wait(d, lambda d: d.find_element(By.ID, "model-pick").get_attribute("value") == "beta")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -57,7 +57,9 @@ def run_router(
             raise ApiError(exc.message) from None
         return _entries(srv.models_dir, again), again
 
-    app = create_router_app(instances, access=access, cors=cors, access_log=not srv.log_disable, reload=reread)
+    app = create_router_app(
+        instances, access=access, cors=cors, access_log=not srv.log_disable, reload=reread, webui=srv.webui
+    )
     config = uvicorn.Config(
         app,
         log_level="warning",

@@ -23,13 +23,14 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from ... import __version__
 from ..app import install_error_handlers
 from ..http import BODY_LIMIT, ApiError, Cors, Guard, read_body, read_json
 from ..security import AccessPolicy, CorsPolicy
+from ..webui import CSP, page, wants_json
 from .catalog import Preset
 from .instances import Instances
 
@@ -46,6 +47,7 @@ def create_router_app(
     body_limit: int = BODY_LIMIT,
     access_log: bool = False,
     reload: Callable[[], tuple[list, Preset]] | None = None,
+    webui: bool = True,
 ) -> FastAPI:
     """`reload`: the folder and preset read again, for GET /models?reload=1."""
 
@@ -65,12 +67,22 @@ def create_router_app(
         return {"status": "ok"}
 
     @app.get("/")
-    async def no_page():
-        raise ApiError(
-            "the router serves no chat page; GET /models lists its models (each model's server has its own)",
-            status=404,
-            type="not_found_error",
-        )
+    async def root(request: Request):
+        """The chat page, with a picker of the router's models (JSON clients get health)."""
+        if wants_json(request.headers.get("accept", "")):
+            return {"status": "ok"}
+        if not webui:
+            raise ApiError("the chat page is off (--no-webui)", status=404, type="not_found_error")
+        return HTMLResponse(page(), headers={"Content-Security-Policy": CSP, "Cache-Control": "no-cache"})
+
+    @app.get("/bundle.js")
+    @app.get("/bundle.css")
+    async def asset(request: Request):
+        if not webui:
+            raise ApiError("the chat page is off (--no-webui)", status=404, type="not_found_error")
+        name = request.url.path.lstrip("/")
+        kind = "text/javascript" if name.endswith(".js") else "text/css"
+        return Response(page(name), media_type=f"{kind}; charset=utf-8", headers={"Cache-Control": "no-cache"})
 
     @app.get("/models")
     @app.get("/v1/models")

@@ -9,6 +9,7 @@ let conversations = store.get("conversations", []);
 let current = store.get("current", null);
 let settings = Object.assign({ temperature: null, top_p: null, max_tokens: 512, system: "" }, store.get("settings", {}));
 let props = null;
+let routed = null;  // a router's model this page talks to (mlxcel serve --models-dir): the request's "model"
 let controller = null;
 let attached = [];  // data: URLs of the images for the next message
 
@@ -142,11 +143,36 @@ async function explain(resp) {
   if (resp.status === 503) return "The server is not ready: " + message;
   return message;
 }
+async function loadModels() {  // a router: its models in the picker, the last one chosen kept
+  const resp = await fetch("/models", { headers: headers() });
+  if (!resp.ok) { showError(await explain(resp)); return false; }
+  const ids = ((await resp.json()).data || []).map((m) => m.id);
+  const pick = $("model-pick");
+  pick.innerHTML = "";
+  for (const id of ids) { const o = document.createElement("option"); o.value = id; o.textContent = id; pick.appendChild(o); }
+  pick.style.display = "";
+  $("model").style.display = "none";
+  routed = ids.includes(store.get("model", null)) ? store.get("model", null) : ids[0] || null;
+  if (routed) pick.value = routed;
+  return routed !== null;
+}
 async function loadProps() {
   try {
-    const resp = await fetch("/props", { headers: headers() });
+    let resp = await fetch("/props", { headers: headers() });
     if (!resp.ok) { showError(await explain(resp)); return; }
     props = await resp.json();
+    if (props.role === "router") {
+      if (!(await loadModels())) { showError("This router serves no models (mlxcel serve --models-dir)."); return; }
+      // the chosen model's own settings, without loading it just to show them
+      resp = await fetch("/props?autoload=false&model=" + encodeURIComponent(routed), { headers: headers() });
+      if (!resp.ok) {
+        showError("");
+        $("drafter").textContent = routed + " is not loaded: it loads with the first message";
+        $("plain-next").disabled = true;
+        return;
+      }
+      props = await resp.json();
+    }
     showError("");
     $("model").textContent = props.model_alias || "model";
     const s = props.speculative || {};
@@ -204,6 +230,7 @@ async function send(text) {
   if (settings.temperature !== null) body.temperature = settings.temperature;
   if (settings.top_p !== null) body.top_p = settings.top_p;
   if (plain) body["speculative.n_max"] = 0;
+  if (routed) body.model = routed;
   controller = new AbortController();
   const started = performance.now();
   reply.pieces = 0;
@@ -250,6 +277,7 @@ async function send(text) {
     save();
     renderList();
     $("input").focus();
+    if (routed) loadProps();  // the router's model is loaded now: its drafter and settings
   }
 }
 
@@ -262,6 +290,7 @@ $("attach").addEventListener("change", async () => {
   showAttached();
 });
 $("new-chat").addEventListener("click", newConversation);
+$("model-pick").addEventListener("change", () => { routed = $("model-pick").value; store.set("model", routed); loadProps(); });
 $("api-key").value = store.get("apiKey", "");
 $("api-key").addEventListener("change", () => { store.set("apiKey", $("api-key").value.trim()); loadProps(); });
 for (const id of ["temperature", "top-p", "max-tokens", "system"]) $(id).addEventListener("change", readSettings);
