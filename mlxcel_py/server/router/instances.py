@@ -158,6 +158,8 @@ class Instances:
         inst = self.get(model_id)
         autoload = self.autoload if autoload is None else autoload
         while True:
+            if self.by_id.get(inst.entry.id) is not inst:  # dropped by a reload while this request waited
+                raise ApiError(f"model {inst.entry.id} was removed from this router's list (GET /models?reload=1)")
             if inst.status == "loaded" and not inst.stopping:
                 inst.in_flight += 1
                 inst.last_used = time.monotonic()
