@@ -200,7 +200,10 @@ def test_eagle3_alone_runs_under_the_break_even_policy(dirs):
     a, _ = run(plain, p, max_tokens=60, ignore_eos=True)
     b, g = run(s.engine, p, max_tokens=60, ignore_eos=True)
     assert a == b
-    assert g.stats.policy == "break-even" and 0 < g.stats.drafted_rounds < g.stats.rounds / 2, g.stats
+    # it drafts, then pauses: how often it probes again follows measured times (7 of 60 rounds
+    # on a quiet machine, 31 beside a loaded one), so only the pausing itself is asserted
+    assert g.stats.policy == "break-even" and 0 < g.stats.drafted_rounds < g.stats.rounds, g.stats
+    assert g.stats.paused_rounds > 0, g.stats
 
 
 def test_bench_plans_the_composite_beside_each_drafter_alone(dirs):
