@@ -435,3 +435,36 @@ def test_a_model_that_does_not_listen_in_time_is_stopped_and_its_request_told(mo
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize(
+    "raw,status,fragment",
+    [
+        (b"[" * 100_000 + b"]" * 100_000, 400, "nested too deeply"),
+        (b'{"model": "alpha", "prompt": NaN}', 400, "not a number JSON allows"),
+        (b"[1, 2]", 400, "must be a JSON object"),
+        (b'{"model": "alpha", "prompt": "\\ud800"}', 400, "lone UTF-16 surrogate"),
+        (b"{not json", 400, "malformed JSON body"),
+    ],
+)
+def test_hostile_bodies_are_the_routers_4xx_and_it_keeps_serving(router, raw, status, fragment):
+    import urllib.error
+    import urllib.request
+
+    url = router[0]
+    req = urllib.request.Request(url + "/v1/completions", data=raw, headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=60)
+    assert e.value.code == status and fragment in e.value.read().decode()
+    assert _call("GET", url + "/health") == (200, {"status": "ok"})
+
+
+def test_a_body_over_the_limit_is_refused_from_its_length(router):
+    import socket
+
+    url = router[0]  # refused from its Content-Length, before the body is read
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        sock.sendall((head + f"Content-Length: {9 * 2**20}\r\n\r\n").encode())
+        assert b" 413 " in sock.recv(4096).split(b"\r\n")[0] + b" "

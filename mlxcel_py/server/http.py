@@ -79,8 +79,13 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 async def read_json(request: Request, limit: int) -> dict:
-    """The body as a JSON object (`read_body`), parsed strictly."""
-    raw = await read_body(request, limit)
+    """The body as a JSON object (`read_body`), parsed strictly (`parse_json`)."""
+    return parse_json(await read_body(request, limit))
+
+
+def parse_json(raw: bytes) -> dict:
+    """A body's bytes as a JSON object, strictly: no NaN or Infinity, no lone surrogates, and deep
+    nesting or giant numbers a 400, never a 500."""
     try:
         data = json.loads(raw or b"{}", parse_constant=_no_constants)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -28,7 +28,7 @@ from starlette.background import BackgroundTask
 
 from ... import __version__
 from ..app import install_error_handlers
-from ..http import BODY_LIMIT, ApiError, Cors, Guard, read_body, read_json
+from ..http import BODY_LIMIT, ApiError, Cors, Guard, parse_json, read_body, read_json
 from ..security import AccessPolicy, CorsPolicy
 from ..webui import CSP, page, wants_json
 from .catalog import Preset
@@ -177,12 +177,7 @@ def create_router_app(
                 raise ApiError(f"name the model of GET /{path[:100]} with ?model=ID (GET /models lists them)")
             return await _proxy(request, model, b"")
         body = await read_body(request, body_limit)
-        try:
-            parsed = json.loads(body or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ApiError('malformed JSON body: the router reads its "model" to route it') from None
-        if not isinstance(parsed, dict):
-            raise ApiError('the request body must be a JSON object with a "model"')
+        parsed = parse_json(body)  # strictly, as a model's server reads it: a bad body is the router's 400
         return await _proxy(request, parsed.get("model"), body)
 
     async def _proxy(request: Request, model, body: bytes):
