@@ -99,6 +99,59 @@ def llama_runner(ids: list[int], tokens: int, kv: str):
     return run
 
 
+def llama_quality(kv_types: list[str], prompts: list[list[int]], n: int) -> dict:
+    """llama.cpp measured the way ours is: its own f32 cache's greedy reply to each prompt, then
+    each other cache type teacher-forced along that reply, counting where its top-1 agrees."""
+    import llama_cpp
+    import numpy as np
+
+    from mlxcel_py.models import default_model
+
+    ggml = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
+    ggml["q4_0"] = llama_cpp.GGML_TYPE_Q4_0
+
+    def open_as(kv: str):
+        return llama_cpp.Llama(
+            str(default_model.default_gguf()),
+            n_ctx=2048,
+            n_threads=2,
+            n_threads_batch=2,
+            n_batch=512,
+            type_k=ggml[kv],
+            type_v=ggml[kv],
+            flash_attn=True,
+            logits_all=True,
+            verbose=False,
+        )
+
+    def forced(llm, ids: list[int], reply: list[int]) -> list[int]:
+        llm.reset()
+        llm.eval(ids + reply[:-1])
+        rows = np.asarray(llm.scores[len(ids) - 1 : len(ids) + len(reply) - 1])
+        return rows.argmax(axis=-1).tolist()
+
+    ref = open_as("f32")
+    replies = []
+    for ids in prompts:
+        ref.reset()
+        reply = []
+        for tok in ref.generate(ids, temp=0.0, reset=True):
+            reply.append(tok)
+            if len(reply) == n:
+                break
+        replies.append(reply)
+    out = {}
+    for kv in kv_types:
+        llm = open_as(kv)
+        same = total = 0
+        for ids, reply in zip(prompts, replies):
+            got = forced(llm, ids, reply)
+            same += sum(x == y for x, y in zip(got, reply))
+            total += len(reply)
+        out[f"llama.cpp {kv}"] = same / total
+    return out
+
+
 def greedy(model, ids: list[int], n: int) -> list[int]:
     from mlxcel_py.engine.cache import SequenceCache
 
@@ -127,6 +180,9 @@ def main() -> None:
     ap.add_argument("--types", default="f32,f16")
     ap.add_argument("--quality-tokens", type=int, default=128, help="0: skip the quality half")
     ap.add_argument("--llama-types", default="f16,q8_0", help="llama.cpp's cache types ('': none)")
+    ap.add_argument(
+        "--llama-quality", action="store_true", help="also llama.cpp's --llama-types against its own f32 cache"
+    )
     ap.add_argument("--json")
     a = ap.parse_args()
     import mlxcel_py as mc
@@ -204,6 +260,12 @@ def main() -> None:
                 f"| {t} | {q['top1_agreement']:.2%} | {', '.join(map(str, q['first_difference']))} (of {a.quality_tokens}) "
                 f"| {gap:.3f} ({q['median_top2_gap']:.3f}) |"
             )
+        if a.llama_quality:
+            kinds = [t for t in filter(None, a.llama_types.split(",")) if t != "f32"]
+            theirs = llama_quality(kinds, [ref.encode(p["prompt"]) for p in prompts], a.quality_tokens)
+            for t, agreement in theirs.items():
+                quality[t] = {"top1_agreement": agreement, "against": "llama.cpp f32"}
+                print(f"| {t} (against llama.cpp's f32) | {agreement:.2%} | | |")
     if a.json:
         Path(a.json).write_text(
             json.dumps(
