@@ -227,3 +227,42 @@ def test_a_slot_file_restored_while_asleep_wakes_the_server(sleepy):
     status, restored = post(url + "/slots/0?action=restore", {"filename": "s.bin"})
     assert status == 200 and restored["n_restored"] == saved["n_saved"]
     assert not _asleep(url)
+
+
+def test_a_release_that_fails_midway_leaves_a_worker_that_wakes_on_the_next_job(tiny_dir):
+    from mlxcel_py.engine.engine import Engine
+    from mlxcel_py.models import loading
+    from mlxcel_py.server import sleep as sleep_module
+    from mlxcel_py.server.sleep import Resident
+    from mlxcel_py.server.worker import Worker
+
+    def load():
+        t = loading.load(loading.resolve(str(tiny_dir)))
+        return Loaded(Engine(t.model, eos_ids=[], vocab_size=t.vocab_size, context_length=2048))
+
+    class BrokenStore(Loaded):
+        def save_store(self):
+            raise OSError("disk full")
+
+    first = load()
+    resident = Resident(BrokenStore(first.engine), load, 0.2, warmup=False)
+    tokenizer = loading.load(loading.resolve(str(tiny_dir))).tokenizer
+    worker = Worker(first.engine, tokenizer, resident=resident)
+    trims = []
+
+    def failing_trim():  # after the weights are gone: the release fails midway
+        trims.append(1)
+        raise RuntimeError("trim failed")
+
+    real_trim = sleep_module._trim_heap
+    sleep_module._trim_heap = failing_trim
+    try:
+        worker.start(warmup=False)
+        worker.serving()
+        assert wait_until(lambda: trims, 10) and wait_until(lambda: worker.asleep, 10)
+        assert worker.thread.is_alive()  # the failed release did not take the worker down
+        kind, result = _run(worker, [5, 6, 7, 8])
+        assert kind == "done" and len(result.tokens) == 12 and resident.wakes == 1
+    finally:
+        sleep_module._trim_heap = real_trim
+        worker.stop()

@@ -49,7 +49,10 @@ class Resident:
 
     def release(self) -> None:
         """Save what the drafter keeps across runs, then drop weights and caches."""
-        said = self.session.save_store() if self.session is not None else None
+        try:  # a store that cannot be written costs its memory of this run, not the sleep
+            said = self.session.save_store() if self.session is not None else None
+        except Exception as exc:
+            said = f"sleeping: the drafter's store was not saved ({type(exc).__name__}: {exc})"
         if said:
             self.say(said)
         before = _rss_mib()
@@ -62,7 +65,7 @@ class Resident:
         mx.clear_cache()
         _trim_heap()
         self.sleeps += 1
-        self.asleep = True
+        self.asleep = True  # once the memory is back (/props says is_sleeping from here on)
         self.held = weights() is not None  # something still holds the model: a bug, said below
         line = f"sleeping: model released after {self.idle_seconds:g} s idle (--sleep-idle-seconds)"
         if before is not None and (after := _rss_mib()) is not None:

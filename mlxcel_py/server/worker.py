@@ -290,7 +290,15 @@ class Worker:
         while self.resident is not None and not self.resident.asleep:
             left = self.idle_since + self.resident.idle_seconds - time.monotonic()
             if left <= 0:
-                self.resident.release()
+                try:
+                    self.resident.release()
+                except Exception as exc:  # the worker must outlive a failed release
+                    sys.stderr.write(f"mlxcel serve: sleep failed: {type(exc).__name__}: {exc}\n")
+                    if self.engine.released:  # the weights went before it failed: the next job loads them
+                        self.resident.asleep = True
+                        break
+                    self.idle_since = time.monotonic()
+                    continue
                 break
             try:
                 return self.jobs.get(timeout=min(left, 1.0))  # a second at most: `serving` may start the clock
