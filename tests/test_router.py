@@ -22,9 +22,11 @@ from conftest import make_tiny_model, mlxcel_cmd, wait_until
 from mlxcel_py.server.router.catalog import discover
 
 
-def _start(models: Path, env: dict, *args: str):
+def _start(models: Path | None, env: dict, *args: str):
+    """A router on an ephemeral port (`models`: its --models-dir, or None for a preset alone)."""
+    folder = ["--models-dir", str(models)] if models is not None else []
     proc = subprocess.Popen(
-        mlxcel_cmd() + ["serve", "--models-dir", str(models), "--port", "0", *args],
+        mlxcel_cmd() + ["serve", *folder, "--port", "0", *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -344,22 +346,8 @@ def test_a_router_from_a_preset_alone_with_its_precedence_and_startup_load(model
         f"version = 1\n[*]\ntemp = 0.5\nn-predict = 5\n\n[alpha]\nmodel = {models / 'alpha'}\ntemp = 0\n"
         f"n-predict = 3\nload-on-startup = true\n\n[beta]\nmodel = {models / 'beta'}\n"
     )
-    proc = subprocess.Popen(
-        mlxcel_cmd() + ["serve", "--models-preset", str(ini), "--port", "0", "-n", "4"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    proc, url, _ = _start(None, env, "--models-preset", str(ini), "-n", "4")
     try:
-        url = None
-        for line in proc.stderr:
-            m = re.search(r"router listening on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                url = f"http://127.0.0.1:{m.group(1)}"
-                break
-        assert url is not None
-        threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
         assert sorted(m["id"] for m in _call("GET", url + "/models")[1]["data"]) == ["alpha", "beta"]
         assert wait_until(lambda: _status(url, "alpha")["value"] == "loaded", 60)  # loaded at startup, unasked
         assert _status(url, "beta")["value"] == "unloaded"
@@ -380,21 +368,8 @@ def test_reload_events_and_a_sleeping_model(models, env, tmp_path):
 
     ini = tmp_path / "models.ini"
     ini.write_text(f"[a]\nmodel = {models / 'alpha'}\n\n[b]\nmodel = {models / 'beta'}\n")
-    proc = subprocess.Popen(
-        mlxcel_cmd() + ["serve", "--models-preset", str(ini), "--port", "0", "--sleep-idle-seconds", "1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    proc, url, _ = _start(None, env, "--models-preset", str(ini), "--sleep-idle-seconds", "1")
     try:
-        url = None
-        for line in proc.stderr:
-            m = re.search(r"router listening on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                url = f"http://127.0.0.1:{m.group(1)}"
-                break
-        threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
         events: list[dict] = []
 
         def listen():

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from .http import ApiError, read_body
 
@@ -192,9 +193,17 @@ async def _send(request: Request, target: Target, address: str, headers: dict, b
         raise ApiError(f"the proxy cannot reach {target.authority}: {type(exc).__name__}", status=502) from None
     returned = {k: v for k, v in upstream.headers.items() if k.lower() not in NOT_RETURNED}
     returned = {k: v for k, v in returned.items() if not k.lower().startswith("access-control-")}
+    closed = False
+
+    async def close() -> None:  # once: after the relay, or after a response whose client left first
+        nonlocal closed
+        if not closed:
+            closed = True
+            await upstream.aclose()
+            await client.aclose()
+
     if upstream.status_code in (204, 304) or request.method == "HEAD":
-        await upstream.aclose()
-        await client.aclose()
+        await close()
         return Response(status_code=upstream.status_code, headers=returned)
 
     async def relay():
@@ -202,7 +211,8 @@ async def _send(request: Request, target: Target, address: str, headers: dict, b
             async for chunk in upstream.aiter_raw():  # as sent (content-encoding included)
                 yield chunk
         finally:
-            await upstream.aclose()
-            await client.aclose()
+            await close()
 
-    return StreamingResponse(relay(), status_code=upstream.status_code, headers=returned)
+    return StreamingResponse(
+        relay(), status_code=upstream.status_code, headers=returned, background=BackgroundTask(close)
+    )
