@@ -23,24 +23,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
-from starlette.background import BackgroundTask
 
-from .http import ApiError, read_body
+from .http import HOP_BY_HOP, ApiError, read_body, relay
 
 router = APIRouter()
 METADATA_NAMES = ("metadata.google.internal", "metadata.goog")
-HOP_BY_HOP = {
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "trailers",
-    "transfer-encoding",
-    "upgrade",
-}
 # request headers kept from the target: where the request came from and what identifies it here
 NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "origin", "referer", "cookie", "accept-encoding"}
 # response headers not handed back: this server sets its own CORS and length, and no cookies
@@ -191,28 +178,9 @@ async def _send(request: Request, target: Target, address: str, headers: dict, b
     except httpx.HTTPError as exc:
         await client.aclose()
         raise ApiError(f"the proxy cannot reach {target.authority}: {type(exc).__name__}", status=502) from None
-    returned = {k: v for k, v in upstream.headers.items() if k.lower() not in NOT_RETURNED}
-    returned = {k: v for k, v in returned.items() if not k.lower().startswith("access-control-")}
-    closed = False
-
-    async def close() -> None:  # once: after the relay, or after a response whose client left first
-        nonlocal closed
-        if not closed:
-            closed = True
-            await upstream.aclose()
-            await client.aclose()
-
-    if upstream.status_code in (204, 304) or request.method == "HEAD":
-        await close()
-        return Response(status_code=upstream.status_code, headers=returned)
-
-    async def relay():
-        try:
-            async for chunk in upstream.aiter_raw():  # as sent (content-encoding included)
-                yield chunk
-        finally:
-            await close()
-
-    return StreamingResponse(
-        relay(), status_code=upstream.status_code, headers=returned, background=BackgroundTask(close)
-    )
+    returned = {
+        k: v
+        for k, v in upstream.headers.items()
+        if k.lower() not in NOT_RETURNED and not k.lower().startswith("access-control-")
+    }
+    return await relay(upstream, returned, client.aclose)

@@ -15,10 +15,12 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect
 
 from ..inputs.digits import whole_number
@@ -101,6 +103,52 @@ def parse_json(raw: bytes) -> dict:
     except UnicodeEncodeError:
         raise ApiError("malformed JSON body: a string holds a lone UTF-16 surrogate (not valid Unicode text)") from None
     return data
+
+
+# headers that describe one connection, never passed from one to the next (RFC 9110 7.6.1)
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+
+
+async def relay(upstream: Any, headers: dict, after: Callable[[], Awaitable[None]]) -> Response:
+    """An httpx streamed answer handed to the client as it comes (its bytes as sent, content
+    encoding included); `after` runs once, after `upstream` is closed: when the relay ends, or,
+    for a client that left before the body, as the response's background task (the relay's own
+    `finally` never runs then). A 204 or 304 is answered without a body."""
+    done = False
+
+    async def finish() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            await upstream.aclose()
+            await after()
+
+    if upstream.status_code in (204, 304):
+        await finish()
+        return Response(status_code=upstream.status_code, headers=headers)
+
+    async def body():
+        try:
+            async for chunk in upstream.aiter_raw():
+                yield chunk
+        finally:
+            await finish()
+
+    return StreamingResponse(
+        body(), status_code=upstream.status_code, headers=headers, background=BackgroundTask(finish)
+    )
 
 
 class Cors:

@@ -24,17 +24,15 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
 
 from ... import __version__
 from ..app import install_error_handlers
-from ..http import BODY_LIMIT, ApiError, Cors, Guard, parse_json, read_body, read_json
+from ..http import BODY_LIMIT, HOP_BY_HOP, ApiError, Cors, Guard, parse_json, read_body, read_json, relay
 from ..security import AccessPolicy, CorsPolicy
 from ..webui import CSP, page, wants_json
 from .catalog import Preset
 from .instances import Instances
 
-HOP_BY_HOP = {"connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade", "proxy-authorization"}
 NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "authorization", "x-api-key"}
 NOT_RETURNED = HOP_BY_HOP | {"content-length"}
 
@@ -209,30 +207,11 @@ def create_router_app(
                 f"model {inst.entry.id} did not answer ({type(exc).__name__})", status=502, type="unavailable_error"
             ) from None
         returned = {k: v for k, v in upstream.headers.items() if k.lower() not in NOT_RETURNED}
-        done = False
 
-        async def finish() -> None:  # once, whichever comes first: the relay's end or the response's
-            nonlocal done
-            if not done:
-                done = True
-                await upstream.aclose()
-                instances.release(inst)
+        async def release() -> None:  # once the answer has been relayed, or its client has left
+            instances.release(inst)
 
-        async def relay():
-            try:
-                async for chunk in upstream.aiter_raw():
-                    yield chunk
-            finally:
-                await finish()
-
-        if upstream.status_code in (204, 304):
-            await finish()
-            return Response(status_code=upstream.status_code, headers=returned)
-        # the background task runs after the response even when the client left before the body
-        # started (the relay's own `finally` never runs then)
-        return StreamingResponse(
-            relay(), status_code=upstream.status_code, headers=returned, background=BackgroundTask(finish)
-        )
+        return await relay(upstream, returned, release)
 
     app.add_middleware(Guard, access=access, body_limit=body_limit, access_log=access_log, cors=cors)
     app.add_middleware(Cors, policy=cors)
