@@ -76,11 +76,11 @@ class MoveRows : public mx::Primitive {
 std::vector<mx::array> move_rows(const std::vector<mx::array>& bufs, const std::vector<int>& rows, int first) {
   const char* what = "move_rows: ";
   if (bufs.empty()) return {};
-  for (const auto& b : bufs)
-    if ((b.dtype() != mx::float32 && b.dtype() != mx::float16 && b.dtype() != mx::bfloat16 && b.dtype() != mx::int8 &&
-         b.dtype() != mx::uint8) ||
-        b.ndim() != 4 || b.shape(0) != 1)
+  for (const auto& b : bufs) {
+    KvType t;
+    if (!kv_type_of(b, &t) || b.ndim() != 4 || b.shape(0) != 1)
       throw std::invalid_argument(std::string(what) + "buffers must be KV buffers (float32, float16, bfloat16, int8 or uint8) [1, heads, capacity, row]");
+  }
   for (size_t j = 0; j < rows.size(); ++j) {
     const bool increasing = j == 0 || rows[j] > rows[j - 1];
     for (const auto& b : bufs)

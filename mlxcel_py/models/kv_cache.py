@@ -56,7 +56,13 @@ def describe(loaded: LoadedModel, cache_types: tuple[str, str]) -> LoadedModel:
 
 
 _STORED: dict[int, tuple[mx.Dtype, mx.Dtype]] = {}  # id(model) -> its mlx-lm-written caches' types
-FLOAT_TYPES = {"f16": mx.float16, "bf16": mx.bfloat16}
+
+
+def _stored_type(name: str) -> mx.Dtype:
+    """What mlx-lm's layer code keeps for a cache type name: auto and f32 float32, the block
+    types (written by the fused layers only) float16, the others themselves."""
+    dtype = decoder_layers.KV_DTYPES.get(name, mx.float32)
+    return mx.float16 if dtype in cache_kinds.BLOCK_DTYPES else dtype
 
 
 def _unfused(loaded: LoadedModel, cache_types: tuple[str, str]) -> LoadedModel:
@@ -70,8 +76,8 @@ def _unfused(loaded: LoadedModel, cache_types: tuple[str, str]) -> LoadedModel:
         return dataclasses.replace(
             loaded, kv_cache="f32 keys, f32 values", kv_bytes_per_token=_f32_bytes(loaded.config), kv_note=None
         )
-    kept = tuple(FLOAT_TYPES.get(t, mx.float16) if t not in ("auto", "f32") else mx.float32 for t in cache_types)
-    blocks = [f"{flag} {t}" for flag, t in asked if t not in FLOAT_TYPES]
+    kept = tuple(_stored_type(t) for t in cache_types)
+    blocks = [f"{flag} {t}" for flag, t in asked if decoder_layers.KV_DTYPES[t] in cache_kinds.BLOCK_DTYPES]
     note = (
         f"{' and '.join(blocks)}: q8_0 and q4_0 blocks are written by the fused decoder layers only, and this "
         f"model's layers run mlx-lm's code ({why}); the cache keeps f16 there"
@@ -98,11 +104,6 @@ def store_caches(model: Any, layers: Sequence[Any]) -> None:
     for c in cache_kinds.leaves(layers):
         if type(c) in cache_kinds.STORABLE:
             cache_kinds.store_as(c, types)
-
-
-def stored_types(model: Any) -> tuple[mx.Dtype, mx.Dtype] | None:
-    """The cache type mlx-lm's layer code writes this model's caches at (None: float32)."""
-    return _STORED.get(id(model))
 
 
 def row_bytes(head_dim: int, dtype: mx.Dtype) -> int:

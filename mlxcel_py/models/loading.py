@@ -318,10 +318,11 @@ def load(
     from ..vision import loading as vision_loading
 
     start = time.perf_counter()
+    projector = resolved.projector is not None and world is None and not text_only
     vision_family = None if world is not None or text_only else vision_loading.family(resolved.config)
-    if adapter is not None and (resolved.projector is not None or vision_family is not None) and not text_only:
+    if adapter is not None and (projector or vision_family is not None):
         raise ModelError(f"--adapter-path {adapter}: adapters are fused into text models only, not vision models yet")
-    if resolved.projector is not None and world is None and not text_only:
+    if projector:
         return _load_gguf_vision(resolved, dequantize, fast_kernels, cpu_weights, cache_types, start)
     if vision_family is not None:
         return _load_vision(resolved, vision_family, dequantize, fast_kernels, cpu_weights, cache_types, start)
