@@ -35,35 +35,17 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
     import uvicorn
 
     from .app import create_app
-    from .security import AccessPolicy, CorsPolicy, is_loopback, parse_keys
 
     srv = run.options.server
     # the key file is read and the port bound before the model loads, so either fails in a second
-    access = AccessPolicy(
-        api_keys=parse_keys(srv.api_keys, srv.api_key_file), loopback_only_hosts=is_loopback(srv.host)
-    )
-    cors = CorsPolicy.parse(srv.cors_origins, srv.cors_methods, srv.cors_headers, srv.cors_credentials)
-    if cors.relaxed and not access.api_keys:
-        warn(
-            "CORS: any web page may call this server (--cors-origins '*'), and no --api-key is set; "
-            "the default, localhost, allows only pages served from this machine"
-        )
+    access, cors = policies(srv, warn)
     sock = _bind(srv.host, srv.port)
     app = create_app(access=access, cors=cors, access_log=not srv.log_disable, webui=srv.webui, slots=srv.slots)
     app.state.slot_dir = Path(srv.slot_save_path) if srv.slot_save_path else None
     app.state.mcp_proxy, app.state.mcp_proxy_allow = srv.mcp_proxy, srv.mcp_proxy_allow
     # on SIGTERM/SIGINT uvicorn stops accepting, waits this long for requests in flight, then
     # cancels them (their streams end, the finally below stops the worker's job)
-    from .protocol import MAX_CONNECTIONS, HeaderDeadlineProtocol
-
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=srv.shutdown_grace,
-        http=HeaderDeadlineProtocol,  # request headers within HEADER_TIMEOUT (slowloris)
-        limit_concurrency=MAX_CONNECTIONS,
-    )
+    config = uvicorn_config(app, srv)
     loaded: dict = {}
 
     class Server(uvicorn.Server):
@@ -120,6 +102,40 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
 
 
 SHUTTING_DOWN = "the server is shutting down; this reply was cut short"
+
+
+def policies(srv: Any, warn: Callable[[str], None]) -> tuple[Any, Any]:
+    """(security.AccessPolicy, security.CorsPolicy) from serve's flags, a server's or a router's;
+    a relaxed CORS without a key is said once."""
+    from .security import AccessPolicy, CorsPolicy, is_loopback, parse_keys
+
+    access = AccessPolicy(
+        api_keys=parse_keys(srv.api_keys, srv.api_key_file), loopback_only_hosts=is_loopback(srv.host)
+    )
+    cors = CorsPolicy.parse(srv.cors_origins, srv.cors_methods, srv.cors_headers, srv.cors_credentials)
+    if cors.relaxed and not access.api_keys:
+        warn(
+            "CORS: any web page may call this server (--cors-origins '*'), and no --api-key is set; "
+            "the default, localhost, allows only pages served from this machine"
+        )
+    return access, cors
+
+
+def uvicorn_config(app: Any, srv: Any) -> Any:
+    """uvicorn as every server here runs it: request headers within HEADER_TIMEOUT (slowloris), at
+    most MAX_CONNECTIONS open, --shutdown-grace for requests in flight at SIGTERM."""
+    import uvicorn
+
+    from .protocol import MAX_CONNECTIONS, HeaderDeadlineProtocol
+
+    return uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=srv.shutdown_grace,
+        http=HeaderDeadlineProtocol,
+        limit_concurrency=MAX_CONNECTIONS,
+    )
 
 
 def _exit_now(code: int) -> None:

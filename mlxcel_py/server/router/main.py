@@ -27,17 +27,12 @@ def run_router(
     gets `child_argv` after the preset's flags."""
     import uvicorn
 
-    from ..main import _bind, _exit_now, _url_host
-    from ..protocol import MAX_CONNECTIONS, HeaderDeadlineProtocol
-    from ..security import AccessPolicy, CorsPolicy, is_loopback, parse_keys
+    from ..main import _bind, _exit_now, _url_host, policies, uvicorn_config
     from .instances import Instances
     from .routes import create_router_app
 
     srv = run.options.server
-    access = AccessPolicy(
-        api_keys=parse_keys(srv.api_keys, srv.api_key_file), loopback_only_hosts=is_loopback(srv.host)
-    )
-    cors = CorsPolicy.parse(srv.cors_origins, srv.cors_methods, srv.cors_headers, srv.cors_credentials)
+    access, cors = policies(srv, warn)
     preset = preset or Preset()
     entries = _entries(srv.models_dir, preset)
     where = " and ".join(f for f in (srv.models_dir, srv.models_preset) if f)
@@ -60,15 +55,7 @@ def run_router(
     app = create_router_app(
         instances, access=access, cors=cors, access_log=not srv.log_disable, reload=reread, webui=srv.webui
     )
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=srv.shutdown_grace,
-        http=HeaderDeadlineProtocol,
-        limit_concurrency=MAX_CONNECTIONS,
-    )
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(app, srv))
     limit = f"at most {srv.models_max} loaded at once" if srv.models_max else "no limit on how many are loaded"
     say(
         f"router: {len(entries)} model{'s' if len(entries) != 1 else ''} from {where} ({limit}; "
