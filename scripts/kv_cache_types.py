@@ -59,8 +59,9 @@ def speed(model, ids: list[int], tokens: int) -> tuple[float, float]:
     return prefill, tokens / (time.perf_counter() - start)
 
 
-def llama_runner(ids: list[int], tokens: int, kv: str):
-    """(prefill tok/s, decode tok/s) of llama.cpp on the default model's GGUF, cache type `kv`."""
+def llama(kv: str, n_ctx: int, logits_all: bool = False):
+    """llama.cpp (llama-cpp-python) on the default model's GGUF, cache type `kv`, 2 threads, flash
+    attention (its q8_0 cache needs it)."""
     import llama_cpp
 
     from mlxcel_py.models import default_model
@@ -71,17 +72,23 @@ def llama_runner(ids: list[int], tokens: int, kv: str):
         "q8_0": llama_cpp.GGML_TYPE_Q8_0,
         "q4_0": llama_cpp.GGML_TYPE_Q4_0,
     }[kv]
-    llm = llama_cpp.Llama(
+    return llama_cpp.Llama(
         str(default_model.default_gguf()),
-        n_ctx=len(ids) + tokens + 64,
+        n_ctx=n_ctx,
         n_threads=2,
         n_threads_batch=2,
         n_batch=512,
         type_k=ggml,
         type_v=ggml,
         flash_attn=True,
+        logits_all=logits_all,
         verbose=False,
     )
+
+
+def llama_runner(ids: list[int], tokens: int, kv: str):
+    """(prefill tok/s, decode tok/s) of llama.cpp on the default model's GGUF, cache type `kv`."""
+    llm = llama(kv, len(ids) + tokens + 64)
 
     def run(ids_: list[int], n: int) -> tuple[float, float]:
         # generate() keeps the previous run's matching prefix (the whole prompt, from round 2 on):
@@ -102,27 +109,7 @@ def llama_runner(ids: list[int], tokens: int, kv: str):
 def llama_quality(kv_types: list[str], prompts: list[list[int]], n: int) -> dict:
     """llama.cpp measured the way ours is: its own f32 cache's greedy reply to each prompt, then
     each other cache type teacher-forced along that reply, counting where its top-1 agrees."""
-    import llama_cpp
     import numpy as np
-
-    from mlxcel_py.models import default_model
-
-    ggml = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
-    ggml["q4_0"] = llama_cpp.GGML_TYPE_Q4_0
-
-    def open_as(kv: str):
-        return llama_cpp.Llama(
-            str(default_model.default_gguf()),
-            n_ctx=2048,
-            n_threads=2,
-            n_threads_batch=2,
-            n_batch=512,
-            type_k=ggml[kv],
-            type_v=ggml[kv],
-            flash_attn=True,
-            logits_all=True,
-            verbose=False,
-        )
 
     def forced(llm, ids: list[int], reply: list[int]) -> list[int]:
         llm.reset()
@@ -130,7 +117,7 @@ def llama_quality(kv_types: list[str], prompts: list[list[int]], n: int) -> dict
         rows = np.asarray(llm.scores[len(ids) - 1 : len(ids) + len(reply) - 1])
         return rows.argmax(axis=-1).tolist()
 
-    ref = open_as("f32")
+    ref = llama("f32", 2048, logits_all=True)
     replies = []
     for ids in prompts:
         ref.reset()
@@ -142,7 +129,7 @@ def llama_quality(kv_types: list[str], prompts: list[list[int]], n: int) -> dict
         replies.append(reply)
     out = {}
     for kv in kv_types:
-        llm = open_as(kv)
+        llm = llama(kv, 2048, logits_all=True)
         same = total = 0
         for ids, reply in zip(prompts, replies):
             got = forced(llm, ids, reply)
