@@ -77,6 +77,19 @@ REPETITION_PENALTY_RANGE = (0.01, 100.0)  # beyond it logits overflow or vanish:
 
 
 @dataclass(frozen=True)
+class AdapterSpec:
+    """One adapter as the command line names it: a path and the scale it is applied at."""
+
+    path: str
+    scale: float = 1.0
+    flag: str = "--lora"  # the flag that named it, for messages
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.path.lower().endswith(".gguf")
+
+
+@dataclass(frozen=True)
 class ModelOptions:
     model: str | None = None  # None: the embedded default model
     revision: str | None = None
@@ -98,7 +111,9 @@ class ModelOptions:
     chat_template_file: str | None = None  # --chat-template-file
     mmproj: str | None = None  # llama-server's --mmproj (refused: GGUF projectors are not converted)
     no_mmproj: bool = False  # --no-mmproj: a vision-language model loads as its text model only
-    adapter_path: str | None = None  # --adapter-path / --lora: an mlx-lm adapter folder, fused at load
+    # --adapter-path (an mlx-lm folder), --lora / --lora-scaled (folders or GGUF LoRA files):
+    # fused into the weights at load, in that order (their ids on serve's /lora-adapters)
+    adapters: tuple[AdapterSpec, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -123,10 +123,12 @@ def open_session(
         world=world,
         cache_types=mopts.cache_types,
         text_only=mopts.no_mmproj,
-        adapter=mopts.adapter_path,
+        adapters=mopts.adapters,
     )
     if target.kv_note is not None:
         (warn or say)(target.kv_note)
+    if target.adapters:
+        say("adapters fused: " + ", ".join(f"{a.spec.path} at scale {a.spec.scale:g}" for a in target.adapters))
     if run.chat_template is not None:  # --chat-template: replaces the model's own (and any renderer)
         tok = target.tokenizer
         inner = getattr(tok, "_tokenizer", tok)

@@ -1,10 +1,11 @@
-"""Validation of the flags that decide what loads and for how long: --adapter-path / --lora (an
-mlx-lm adapter fused into the model), serve's --sleep-idle-seconds (release the model when idle)
+"""Validation of the flags that decide what loads and for how long: --adapter-path / --lora /
+--lora-scaled (adapters fused into the model), serve's --sleep-idle-seconds (release the model when idle)
 and router mode (--models-dir, --models-max). Called by validate before anything loads
 (docs/validation.md)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from .errors import UsageError
@@ -14,24 +15,23 @@ ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
 
 
 def adapter(opts: CommandOptions) -> None:
-    """--adapter-path / --lora: an mlx-lm adapter folder, on one process."""
-    path = opts.model.adapter_path
-    if path is None:
-        return
-    flag = f"--adapter-path {path}"
-    p = Path(path)
-    if p.suffix.lower() == ".gguf":
-        raise UsageError(
-            f"{flag}: llama.cpp's GGUF LoRA adapters are not read here; give an mlx-lm adapter folder "
-            "(what mlx_lm.lora writes: adapter_config.json and adapters.safetensors)"
-        )
-    if not p.is_dir():
-        raise UsageError(f"{flag}: no such folder; give the folder mlx_lm.lora wrote")
-    missing = [f for f in ADAPTER_FILES if not (p / f).is_file()]
-    if missing:
-        raise UsageError(f"{flag}: no {' or '.join(missing)} in it; give the folder mlx_lm.lora wrote")
-    if opts.parallel.active:
-        raise UsageError(f"{flag}: adapters are not fused on {opts.parallel.flag} ranks; drop one of them")
+    """--adapter-path / --lora / --lora-scaled: mlx-lm adapter folders or GGUF LoRA files, on one process."""
+    for spec in opts.model.adapters:
+        flag = f"{spec.flag} {spec.path}"
+        if not math.isfinite(spec.scale):
+            raise UsageError(f"{flag}: expected FNAME:SCALE, a path and a number after its last colon")
+        p = Path(spec.path)
+        if spec.is_gguf:
+            if not p.is_file():
+                raise UsageError(f"{flag}: no such file")
+        elif not p.is_dir():
+            raise UsageError(
+                f"{flag}: no such folder or .gguf file; give the folder mlx_lm.lora wrote or a GGUF LoRA adapter"
+            )
+        elif missing := [f for f in ADAPTER_FILES if not (p / f).is_file()]:
+            raise UsageError(f"{flag}: no {' or '.join(missing)} in it; give the folder mlx_lm.lora wrote")
+        if opts.parallel.active:
+            raise UsageError(f"{flag}: adapters are not fused on {opts.parallel.flag} ranks; drop one of them")
 
 
 def serving(opts: CommandOptions) -> None:

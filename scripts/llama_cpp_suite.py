@@ -5,9 +5,9 @@
 llama.cpp's tools/server/tests start `llama-server` from $LLAMA_SERVER_BIN_PATH with llama-server's
 own flags, on small reference models they download. This script points that variable at itself:
 called as the server (`--as-llama-server FLAGS...`), it drops what names or fetches a reference
-model (`--hf-repo`, `--hf-file`, `--model-url`, `--model`, `--model-draft`) and the
-flags of features mlxcel-py does not have (GGUF LoRA adapters,
-images; each listed in DROPPED), then runs `mlxcel serve` with the rest, on the
+model or an adapter made for one (`--hf-repo`, `--hf-file`, `--model-url`, `--model`,
+`--model-draft`, `--lora`: its adapter is its MoE reference model's) and the flags of features
+mlxcel-py does not have (each listed in DROPPED), then runs `mlxcel serve` with the rest, on the
 default model (or $MLXCEL_SUITE_MODEL). Every other llama-server flag is passed on unchanged, so a
 flag `mlxcel serve` lacks shows up as a failing test, not as a silent pass.
 

@@ -340,3 +340,36 @@ def reference_folder(folder: Path, family: str, weights: dict[str, np.ndarray], 
 
 def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+LLAMA_ROTARY = ("llama", "mistral", "mixtral")  # families whose Q/K rows llama.cpp permutes
+
+
+def write_lora(
+    path: Path, family: str, pairs: dict[str, tuple[np.ndarray, np.ndarray]], alpha: float, task_name: str = ""
+) -> Path:
+    """A GGUF LoRA adapter as llama.cpp's convert_lora_to_gguf.py writes one for `family`'s tiny
+    model: `pairs` maps an mlx-lm weight name to (A [rank, in], B [out, rank]) in the model's own
+    row order; B's Q/K rows go into the file in llama.cpp's rotary order, as the base's do."""
+    arch, cfg = CONFIGS[family]
+    tmap = gguf.get_tensor_name_map(
+        next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch), cfg["num_hidden_layers"]
+    )
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_type(gguf.GGUFType.ADAPTER)
+    w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
+    if task_name:
+        w.add_string(gguf.Keys.Adapter.LORA_TASK_NAME, task_name)
+    for mlx_name, (a, b) in pairs.items():
+        name = gguf_name(tmap, mlx_name)
+        for proj, heads in (("q_proj", "num_attention_heads"), ("k_proj", "num_key_value_heads")):
+            if family in LLAMA_ROTARY and f".self_attn.{proj}." in mlx_name:
+                b = _permute(b, cfg[heads])
+        w.add_tensor(f"{name}.lora_a", np.ascontiguousarray(a, dtype=np.float32))
+        w.add_tensor(f"{name}.lora_b", np.ascontiguousarray(b, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

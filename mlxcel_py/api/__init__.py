@@ -36,6 +36,7 @@ from ..errors import MlxcelError, UsageError
 from ..formats.prompting import prompt_ids
 from ..options import (
     DEFAULT_MAX_DRAFT,
+    AdapterSpec,
     CommandOptions,
     ModelOptions,
     PromptLookupOptions,
@@ -98,6 +99,7 @@ def load(
     suffix_store: str | None = None,
     draft_tree_budget: int | None = None,
     adapter: str | None = None,
+    adapters: Sequence[tuple[str, float]] = (),
     warmup: bool = True,
 ) -> Model:
     """Load a model as `mlxcel generate -m MODEL` does: a folder, a .gguf file, an owner/name repo id
@@ -106,8 +108,9 @@ def load(
     pass prompt_lookup=True per call). `draft_tree_budget`: the drafter's rounds verify draft trees
     of up to that many more nodes (--draft-tree-budget; greedy calls only, sampled calls verify
     chains). `cache_type_k` / `cache_type_v`: the KV cache type (--cache-type-k/-v: auto, f32,
-    f16, bf16, q8_0). `adapter`: an mlx-lm LoRA adapter folder fused into the weights
-    (--adapter-path). Refusals are the CLI's, as MlxcelError subclasses."""
+    f16, bf16, q8_0). `adapter`: an mlx-lm adapter folder fused into the weights
+    (--adapter-path); `adapters`: (path, scale) pairs of GGUF LoRA files or folders fused beside it
+    (--lora-scaled). Refusals are the CLI's, as MlxcelError subclasses."""
     opts = CommandOptions(
         command="generate",
         model=ModelOptions(
@@ -117,7 +120,8 @@ def load(
             cpu_weights=cpu_weights,
             cache_type_k=cache_type_k,
             cache_type_v=cache_type_v,
-            adapter_path=adapter,
+            adapters=((AdapterSpec(adapter, 1.0, "--adapter-path"),) if adapter else ())
+            + tuple(AdapterSpec(str(p), float(w), "--lora-scaled") for p, w in adapters),
         ),
         # a one-shot prompt stands in for the calls to come (validation asks whether there is one)
         generation=PromptOptions(prompt=""),

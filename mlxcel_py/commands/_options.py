@@ -7,7 +7,9 @@ returns the frozen CommandOptions the validation layer checks. Defaults come fro
 from __future__ import annotations
 
 import copy
+import math
 import os
+from dataclasses import replace
 from typing import Annotated, Any, Optional
 
 import typer
@@ -31,7 +33,9 @@ ModelArg = Annotated[Optional[str], typer.Argument(metavar="[MODEL]", help="Mode
 RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hugging Face revision (repo ids only).", rich_help_panel=MODEL)]
 DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", "--model-draft", "-md", help="Smaller causal LM sharing the target's tokenizer, used as a full-model drafter.", rich_help_panel=MODEL)]
 MmprojOpt = Annotated[Optional[str], typer.Option("--mmproj", "-mm", metavar="FILE", help="llama.cpp's vision projector GGUF beside a .gguf model (SmolVLM / Idefics3 projectors are converted).", rich_help_panel=MODEL)]
-AdapterOpt = Annotated[Optional[str], typer.Option("--adapter-path", "--lora", metavar="DIR", help="A LoRA or DoRA adapter folder from mlx_lm.lora (adapter_config.json, adapters.safetensors), fused into the weights at load as mlx_lm.fuse does (--lora: llama-server's name; its GGUF adapters are not read).", rich_help_panel=MODEL)]
+AdapterOpt = Annotated[Optional[str], typer.Option("--adapter-path", metavar="DIR", help="A LoRA, DoRA or full fine-tune adapter folder from mlx_lm.lora (adapter_config.json, adapters.safetensors), fused into the weights at load as mlx_lm.fuse does (mlx-lm's name).", rich_help_panel=MODEL)]
+LoraOpt = Annotated[Optional[list[str]], typer.Option("--lora", metavar="FNAME", help="A LoRA adapter at scale 1: a GGUF file from llama.cpp's convert_lora_to_gguf.py or an mlx_lm.lora folder; repeat it or separate several with commas (llama-server's). Adapters are fused into the weights at load.", rich_help_panel=MODEL)]
+LoraScaledOpt = Annotated[Optional[list[str]], typer.Option("--lora-scaled", metavar="FNAME:SCALE", help="A LoRA adapter at its own scale, FNAME:SCALE; repeat it or separate several with commas (llama-server's).", rich_help_panel=MODEL)]
 NoMmprojOpt = Annotated[bool, typer.Option("--no-mmproj", help="Load a vision-language model as its text model only (llama-server's).", rich_help_panel=MODEL)]
 NoBlasOpt = Annotated[bool, typer.Option("--no-blas", help="Keep MLX's bundled reference BLAS instead of loading OpenBLAS (Linux CPU).", rich_help_panel=RUNTIME)]
 NoDequantizeOpt = Annotated[bool, typer.Option("--no-dequantize", help="Keep quantized weights on the CPU instead of dequantizing to float32.", rich_help_panel=RUNTIME)]
@@ -160,6 +164,7 @@ UbatchSizeOpt = Annotated[Optional[int], typer.Option("--ubatch-size", "-ub", me
 MetricsOpt = Annotated[bool, typer.Option("--metrics", help="llama-server's switch for /metrics (accepted: /metrics is always served, Prometheus text).", rich_help_panel=SERVER)]
 AliasOpt = Annotated[Optional[str], typer.Option("--alias", "-a", help="Model names for the API, comma-separated: /v1/models lists them as aliases, its id the first in alphabetical order (llama-server's).", rich_help_panel=SERVER)]
 TagsOpt = Annotated[Optional[str], typer.Option("--tags", help="Model tags, comma-separated, listed by /v1/models (informational, as llama-server's).", rich_help_panel=SERVER)]
+LoraInitWithoutApplyOpt = Annotated[bool, typer.Option("--lora-init-without-apply", help="Load the --lora adapters at scale 0 (the base model's replies); POST /lora-adapters or a request's 'lora' applies them (llama-server's).", rich_help_panel=SERVER)]
 # fmt: on
 
 
@@ -171,6 +176,27 @@ def _count_or_auto(value: str | None, default: int) -> int | str | None:
     """A count, None for "auto", or the text as given (validate names the flag and rejects it)."""
     text = (value or "").strip().lower()
     return default if value is None else None if text == "auto" else int(text) if text.lstrip("-").isdigit() else value
+
+
+def adapter_specs(
+    folder: str | None, loras: list[str] | None, scaled: list[str] | None, without_apply: bool
+) -> tuple[O.AdapterSpec, ...]:
+    """--adapter-path, then each --lora, then each --lora-scaled (commas split each, as llama-server's);
+    a --lora-scaled item whose scale is not a number keeps the item as its path and a NaN scale,
+    which validation refuses with the flag's name. --lora-init-without-apply: every scale 0."""
+    specs = [O.AdapterSpec(folder, 1.0, "--adapter-path")] if folder else []
+    for text in loras or ():
+        specs += [O.AdapterSpec(p.strip(), 1.0, "--lora") for p in text.split(",") if p.strip()]
+    for text in scaled or ():
+        for item in (i.strip() for i in text.split(",") if i.strip()):
+            path, _, scale = item.rpartition(":")
+            try:
+                specs.append(O.AdapterSpec(path, float(scale), "--lora-scaled"))
+            except ValueError:
+                specs.append(O.AdapterSpec(item, math.nan, "--lora-scaled"))
+    if without_apply:
+        specs = [replace(s, scale=0.0) for s in specs]
+    return tuple(specs)
 
 
 def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
@@ -196,7 +222,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             chat_template_file=g("chat_template_file"),
             mmproj=g("mmproj"),
             no_mmproj=g("no_mmproj", False),
-            adapter_path=g("adapter_path"),
+            adapters=adapter_specs(g("adapter_path"), g("lora"), g("lora_scaled"), g("lora_init_without_apply", False)),
         ),
         generation=O.PromptOptions(
             prompt=g("prompt"),
@@ -347,6 +373,8 @@ MODEL_PARAMS = [
     _kw("mmproj", MmprojOpt, None),
     _kw("no_mmproj", NoMmprojOpt, False),
     _kw("adapter_path", AdapterOpt, None),
+    _kw("lora", LoraOpt, None),
+    _kw("lora_scaled", LoraScaledOpt, None),
 ]
 RUNTIME_PARAMS = [
     _kw("no_blas", NoBlasOpt, False),
@@ -449,6 +477,7 @@ SERVER_PARAMS = [
     _kw("mcp_proxy_allow", McpProxyAllowOpt, None),
     _kw("shutdown_grace", ShutdownGraceOpt, 5),
     _kw("sleep_idle_seconds", SleepIdleOpt, -1),
+    _kw("lora_init_without_apply", LoraInitWithoutApplyOpt, False),
     _kw("max_predict_ms", MaxPredictMsOpt, O.DEFAULT_MAX_PREDICT_MS),
     _kw("n_gpu_layers", GpuLayersOpt, None),
     _kw("flash_attn", FlashAttnOpt, None),

@@ -23,7 +23,10 @@ from .config import read_config
 from .gguf import convert as gguf
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ..cpu.weights import WeightsReport
+    from ..options import AdapterSpec
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 BARE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -59,6 +62,7 @@ class LoadedModel:
     kv_bytes_per_token: int = 0  # the cache's bytes a token over every layer (0: not known)
     kv_note: str | None = None  # why an explicit cache type could not apply (models.kv_cache)
     vision: Any = None  # a vision-language model's vision.prompts.Vision (None: text only)
+    adapters: list = field(default_factory=list)  # models.adapters.Adapter, in their flags' order
 
     @property
     def kv_summary(self) -> str:
@@ -308,11 +312,11 @@ def load(
     world: Any = None,
     cache_types: tuple[str, str] = ("auto", "auto"),
     text_only: bool = False,
-    adapter: str | None = None,
+    adapters: Sequence[AdapterSpec] = (),
 ) -> LoadedModel:
     """Read weights and tokenizer of a resolved model (`world`: only this rank's part of them;
-    `text_only`: never as a vision-language model, as a drafter is read; `adapter`: an mlx-lm
-    adapter folder fused into the weights first, models.adapters)."""
+    `text_only`: never as a vision-language model, as a drafter is read; `adapters`: fused into
+    the weights first, each at its scale, models.adapters)."""
     import mlx_lm
 
     from ..vision import loading as vision_loading
@@ -320,8 +324,9 @@ def load(
     start = time.perf_counter()
     projector = resolved.projector is not None and world is None and not text_only
     vision_family = None if world is not None or text_only else vision_loading.family(resolved.config)
-    if adapter is not None and (projector or vision_family is not None):
-        raise ModelError(f"--adapter-path {adapter}: adapters are fused into text models only, not vision models yet")
+    if adapters and (projector or vision_family is not None):
+        a = adapters[0]
+        raise ModelError(f"{a.flag} {a.path}: adapters are fused into text models only, not vision models yet")
     if projector:
         return _load_gguf_vision(resolved, dequantize, fast_kernels, cpu_weights, cache_types, start)
     if vision_family is not None:
@@ -331,10 +336,11 @@ def load(
     except (ValueError, FileNotFoundError, KeyError, OSError, ImportError) as exc:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelError(f"cannot load {resolved.path}: {text}") from None
-    if adapter is not None:
-        from .adapters import fuse_adapter
+    read_adapters = []
+    if adapters:
+        from . import adapters as adapter_files
 
-        fuse_adapter(model, adapter)
+        read_adapters = adapter_files.load_all(model, adapters, resolved.config)
     if world is not None:
         dtype, weights = _sharded_weights(model, dequantize, world, cpu_weights)
     else:
@@ -342,7 +348,8 @@ def load(
     kernels = _kernels(model, weights, fast_kernels, cache_types)
     from . import kv_cache
 
-    loaded = LoadedModel(model, tokenizer, resolved, dtype, time.perf_counter() - start, kernels, weights)
+    took = time.perf_counter() - start
+    loaded = LoadedModel(model, tokenizer, resolved, dtype, took, kernels, weights, adapters=read_adapters)
     return kv_cache.describe(loaded, cache_types)
 
 

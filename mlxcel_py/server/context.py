@@ -52,7 +52,7 @@ class ServerContext:
     context_shift: ContextShift | None = None  # --context-shift (its --keep): requests' default
     embeddings: bool = False  # --embeddings: the embedding routes answer
     reranking: bool = False  # --reranking: the rerank routes answer (routes_rerank.py)
-    adapter: str | None = None  # --adapter-path/--lora: fused at load (GET /lora-adapters lists it)
+    adapters: Any = None  # adapter_variants.AdapterVariants under --lora/--adapter-path (None: none)
     vision: Any = None  # a vision-language model's vision.prompts.Vision (None: text only)
     images: ImageSources = field(default_factory=ImageSources)  # --image-url-fetch, --media-path
     pooling: str = "last"  # --pooling
@@ -77,6 +77,7 @@ class ServerContext:
             min_draft=drafters.config.min_draft if (drafters := getattr(self.engine, "drafters", None)) else 0,
             vision=self.vision,
             images=self.images,
+            adapters=self.adapters,
         )
         self.responses = ResponseShapes(self.tokenizer)
         # llama-server's form, b<build>-<commit>: here the version and a hash of version and model

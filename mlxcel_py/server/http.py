@@ -85,9 +85,9 @@ async def read_json(request: Request, limit: int) -> dict:
     return parse_json(await read_body(request, limit))
 
 
-def parse_json(raw: bytes) -> dict:
-    """A body's bytes as a JSON object, strictly: no NaN or Infinity, no lone surrogates, and deep
-    nesting or giant numbers a 400, never a 500."""
+def parse_json(raw: bytes, *, array: bool = False) -> Any:
+    """A body's bytes as a JSON object (or, `array`, a JSON array: POST /lora-adapters), strictly:
+    no NaN or Infinity, no lone surrogates, and deep nesting or giant numbers a 400, never a 500."""
     try:
         data = json.loads(raw or b"{}", parse_constant=_no_constants)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -96,7 +96,9 @@ def parse_json(raw: bytes) -> dict:
         raise ApiError("malformed JSON body: nested too deeply") from None
     except ValueError as exc:  # e.g. an integer with thousands of digits
         raise ApiError(f"malformed JSON body: {str(exc).splitlines()[0][:120]}") from None
-    if not isinstance(data, dict):
+    if array and not isinstance(data, list):
+        raise ApiError("the request body must be a JSON array")
+    if not array and not isinstance(data, dict):
         raise ApiError("the request body must be a JSON object")
     try:  # JSON may spell a lone UTF-16 surrogate ("\ud800"); no tokenizer can encode one
         json.dumps(data, ensure_ascii=False).encode("utf-8")

@@ -209,6 +209,7 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         max_batch=srv.prompt_lookup_max_batch,
         resident=_resident(run, session, say=say, warn=warn),
     )
+    worker.variants = _adapter_variants(run, session, parallel, say=say)
     worker.start(warmup=srv.warmup)
     if worker.warmup_error:
         warn(f"warmup failed: {worker.warmup_error}")
@@ -251,7 +252,7 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         context_shift=ContextShift(keep=srv.keep) if srv.context_shift else None,
         embeddings=srv.embeddings,
         reranking=srv.reranking,
-        adapter=opts.model.adapter_path,
+        adapters=worker.variants,
         pooling=srv.pooling,
         vision=session.target.vision,
         images=ImageSources(srv.image_url_fetch, Path(srv.media_path) if srv.media_path else None),
@@ -273,6 +274,34 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         say(f"chat page: {url}/ (--no-webui turns it off)")
     sys.stderr.flush()
     return session, worker
+
+
+def _adapter_variants(run: RunConfig, session, parallel: int, *, say):
+    """--lora / --lora-scaled / --adapter-path: the fused models for other adapter scales (POST
+    /lora-adapters, a request's `lora`), each loaded as the startup one was and set up alike
+    (None: no adapters)."""
+    from .adapter_variants import AdapterVariants
+
+    if not session.target.adapters:
+        return None
+    srv, model = run.options.server, run.options.model
+    quiet = replace(run, warnings=())  # its warnings were printed at startup
+
+    def load(scales: tuple[float, ...]):
+        specs = tuple(replace(a, scale=s) for a, s in zip(model.adapters, scales))
+        options = replace(run.options, model=replace(model, adapters=specs))
+        engine = open_session(replace(quiet, options=options), say=lambda _: None, warn=lambda _: None).engine
+        if srv.cache_ram != 0:
+            engine.keep_prompts(None if srv.cache_ram < 0 else srv.cache_ram * 2**20)
+        engine.private_drafters = parallel > 1
+        if srv.warmup:
+            engine.warmup()
+        say(f"adapters: weights fused at scales {', '.join(f'{s:g}' for s in scales)} for a request")
+        return engine
+
+    listed = ", ".join(f"{i}: {a.spec.path} at {a.spec.scale:g}" for i, a in enumerate(session.target.adapters))
+    say(f"adapters: {listed} (GET/POST /lora-adapters; a request's 'lora' picks its own scales)")
+    return AdapterVariants(session.target.adapters, session.engine, load)
 
 
 def _resident(run: RunConfig, session, *, say, warn):

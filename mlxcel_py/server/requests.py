@@ -124,6 +124,7 @@ class RequestReader:
     context_shift: ContextShift | None = None  # --context-shift (None: a full window ends a reply)
     vision: Any = None  # a vision-language model's vision.prompts.Vision (None: image parts are refused)
     images: image_parts.ImageSources = image_parts.ImageSources()  # --image-url-fetch, --media-path
+    adapters: Any = None  # adapter_variants.AdapterVariants under --lora (None: no adapters)
 
     async def parse(self, request: Request, model: type[Body]) -> Body:
         data = await read_json(request, self.body_limit)
@@ -436,7 +437,21 @@ class RequestReader:
             predict_ms=self.predict_ms(req),
             shift=self.shift(req, prompt),
             progress=req.stream and (req.model_extra or {}).get("return_progress") is True,
+            adapter_scales=self.adapter_scales((req.model_extra or {}).get("lora")),
         )
+
+    def adapter_scales(self, value: Any) -> tuple[float, ...] | None:
+        """A request's `lora` list as the scales it decodes under (None: the server's)."""
+        if value is None:
+            return None
+        if self.adapters is None:
+            if value == []:
+                return None
+            raise ApiError("invalid adapter id: this server has no LoRA adapters (start it with --lora)")
+        try:
+            return self.adapters.requested(value)
+        except ValueError as exc:
+            raise ApiError(str(exc)) from None
 
     def shift(self, req: schemas.Sampling, prompt: list[int]) -> ContextShift | None:
         """The request's context shift under --context-shift: its n_keep (else --keep) and

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ..formats.prompting import leading_bos
 from .context import LOADING, ServerContext, ctx_of
-from .http import ApiError
+from .http import ApiError, parse_json, read_body
 from .image_parts import image_data_ids, prompt_text
 from .infill import check_extra, fim_tokens, infill_prompt, why_not
 from .responses import generation_settings, timings
@@ -102,17 +102,28 @@ async def metrics(request: Request):
 
 @router.get("/lora-adapters")
 async def lora_adapters(request: Request):
-    """llama-server's adapter list: the --adapter-path/--lora adapter, fused at load at scale 1."""
+    """llama-server's adapter list: every --lora/--lora-scaled/--adapter-path adapter at the scales
+    requests get when they name none."""
     ctx = ctx_of(request)
-    return [{"id": 0, "path": ctx.adapter, "scale": 1.0}] if ctx.adapter else []
+    return ctx.adapters.listing() if ctx.adapters is not None else []
 
 
 @router.post("/lora-adapters")
 async def set_lora_adapters(request: Request):
-    ctx_of(request)
-    raise ApiError(
-        "adapter scales cannot change here: --adapter-path/--lora fuses the adapter into the weights at load"
-    )
+    """The scales every request gets from now on ([{"id", "scale"}]; an adapter not listed: 0).
+    The fused model for them loads with the next request that needs it (adapter_variants)."""
+    ctx = ctx_of(request)
+    body = parse_json(await read_body(request, ctx.body_limit), array=True)
+    if ctx.adapters is None:
+        if body:
+            raise ApiError("invalid adapter id: this server has no LoRA adapters (start it with --lora)")
+        return {"success": True}
+    try:
+        scales = ctx.adapters.requested(body)
+    except ValueError as exc:
+        raise ApiError(str(exc)) from None
+    ctx.adapters.set_global(scales)
+    return {"success": True}
 
 
 @router.post("/tokenize")

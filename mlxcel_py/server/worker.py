@@ -15,6 +15,9 @@ Each slot's turn hands its text pieces to the event loop in one call (a streamin
 request read whole gets only its result), since every hand-off wakes the loop, which then competes
 with this thread for the GIL.
 
+Under LoRA adapters each set of adapter scales is its own engine (adapter_variants): a slot
+decodes on its job's, and each engine's slots share a batched forward of their own.
+
 A client that disconnects (streaming or not) sets its job's cancel flag: a queued job is skipped,
 a running one stops at its next turn and frees its slot. Beyond `max_queue` waiting jobs, `submit`
 refuses at once (`Busy`, a 503 with Retry-After) instead of letting the queue grow without bound.
@@ -69,6 +72,7 @@ class Job:
     constraint: OutputRule | None = None  # `grammar` compiled (by the route, off this thread)
     shift: ContextShift | None = None  # --context-shift: what a full window drops (None: it ends the reply)
     progress: bool = False  # "progress" events while the prompt is fed (llama-server's return_progress)
+    adapter_scales: tuple[float, ...] | None = None  # its `lora` scales (None: the server's, POST /lora-adapters)
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -147,6 +151,8 @@ class Slot:
     deadline: float | None = None  # monotonic time its decoding must end (set at its first piece)
     timed_out: bool = False  # ended by its deadline: finish_reason "length"
     progress_sent: int = 0  # prompt progress reports emitted
+    engine: Any = None  # the engine it decodes on (one per set of adapter scales: adapter_variants)
+    scales: tuple[float, ...] = ()  # that engine's adapter scales
 
 
 class Worker:
@@ -179,6 +185,7 @@ class Worker:
         self.warmup_error: str | None = None
         self._stopping = False
         self.resident = resident  # sleep.Resident: the model is released when idle (None: never)
+        self.variants = None  # adapter_variants.AdapterVariants: other adapter scales' engines (None: one)
         # when the last job or task ended; the clock starts when the server says it is serving
         # (`serving`), so the model is not released while startup still holds it
         self.idle_since = math.inf
@@ -291,6 +298,8 @@ class Worker:
             left = self.idle_since + self.resident.idle_seconds - time.monotonic()
             if left <= 0:
                 try:
+                    if self.variants is not None:
+                        self.variants.release()
                     self.resident.release()
                 except Exception as exc:  # the worker must outlive a failed release
                     sys.stderr.write(f"mlxcel serve: sleep failed: {type(exc).__name__}: {exc}\n")
@@ -324,12 +333,26 @@ class Worker:
             self.idle_since = time.monotonic()
         return None
 
+    def _engine_for(self, job: Job) -> tuple[Any, tuple[float, ...]]:
+        """The engine for the job's adapter scales (its own, else the server's), loading a fused
+        model for scales no kept engine has."""
+        if self.variants is None:
+            return self.engine, ()
+        scales = job.adapter_scales if job.adapter_scales is not None else self.variants.scales
+        busy = {s.scales for s in self.slots if s is not None}
+        return self.variants.engine(scales, busy), scales
+
     def _start(self, i: int, job: Job) -> None:
         spec = self.speculative_allowed and job.speculative
+        try:
+            engine, scales = self._engine_for(job)
+        except Exception as exc:  # a fused model that cannot load fails this request, not the server
+            self._emit(job, "error", f"the adapters could not be loaded at the asked scales: {exc}")
+            return
         # compiled before the job was queued: a grammar's compile (up to its time budget) on this
         # thread would stall every live request's decoding
         assert job.grammar is None or job.constraint is not None, "a job's grammar is compiled by its route"
-        gen = self.engine.generate(
+        gen = engine.generate(
             job.prompt,
             max_tokens=job.max_tokens,
             sampling=job.sampling,
@@ -346,7 +369,7 @@ class Worker:
         )
         job.generation = gen
         stream = TextStream(gen, self.tokenizer, job.stop)
-        self.slots[i] = Slot(i, job, gen, stream, iter(stream))
+        self.slots[i] = Slot(i, job, gen, stream, iter(stream), engine=engine, scales=scales)
 
     def _turn(self, slot: Slot) -> None:
         """Run one slot until it asks for a plain step, pauses or ends; its text goes out at the end
@@ -394,15 +417,21 @@ class Worker:
             out.append(("text", item))
 
     def _step(self, wanting: list[Slot]) -> None:
-        """The plain steps the live slots asked for: one batched forward (or one per sequence)."""
+        """The plain steps the live slots asked for: one batched forward (or one per sequence)
+        for each engine they decode on (requests under other adapter scales run other weights)."""
+        groups: dict[int, list[Slot]] = {}
+        for s in wanting:
+            groups.setdefault(id(s.engine), []).append(s)
+        for group in groups.values():
+            self._forward(group)
+
+    def _forward(self, wanting: list[Slot]) -> None:
         from ..engine.batch import batched_forward, solo_forward
 
-        if not wanting:
-            return
         seqs, blocks, wants, trees = (list(x) for x in zip(*(s.gen.step_request for s in wanting)))
         try:
             if len(wanting) > 1 and self.probe is not None and self.probe.batches:
-                rows = batched_forward(self.engine.model, seqs, blocks, wants, trees)
+                rows = batched_forward(wanting[0].engine.model, seqs, blocks, wants, trees)
             else:
                 rows = solo_forward(seqs, blocks, trees)
         except Exception as exc:
