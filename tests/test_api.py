@@ -185,6 +185,26 @@ def test_full_model_drafter(tiny_api, tiny_draft_dir):
     assert list(self_drafted) == want and self_drafted.stats().accepted == self_drafted.stats().drafted
 
 
+def test_prompt_lookup_beside_the_models_own_drafter_is_the_composite(tiny_dir, tiny_draft_dir, cli_env):
+    """prompt_lookup=True on a model loaded with a draft model runs what `--draft-model D
+    --prompt-lookup` runs (it raised a ValueError: the call built the model kind without its weights)."""
+    from mlxcel_py.api import _lookup_drafting, _request
+
+    m = mc.load(str(tiny_dir), draft=str(tiny_draft_dir))
+    drafter, _ = _lookup_drafting(m, _request(m, mc.GenerateOptions(), prompt_lookup=True))
+    assert drafter.kind == "prompt-lookup+full-model"
+    text = "the cat sat on the mat. " * 6
+    both = mc.generate(m, text, max_tokens=32, prompt_lookup=True, chat_template=False, ignore_eos=True)
+    assert both == mc.generate(m, text, max_tokens=32, speculative=False, chat_template=False, ignore_eos=True)
+    cli = subprocess.run(
+        [*mlxcel_cmd(), "generate", "-m", str(tiny_dir), "--draft-model", str(tiny_draft_dir), "--prompt-lookup"]
+        + ["--no-chat-template", "--ignore-eos", "-n", "32", "--temp", "0", "-p", text],
+        capture_output=True,
+        env=cli_env,
+    )
+    assert cli.returncode == 0 and cli.stdout.decode().removesuffix("\n") == both
+
+
 def test_mtp_drafter_from_a_model_loaded_with_its_head(tmp_path):
     cfg = tiny_models.QWEN35
     folder = tiny_models.build(tmp_path / "qwen", cfg, scale=0.2, extra=tiny_models.mtp_tensors(cfg, kind="echo"))

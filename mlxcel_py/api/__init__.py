@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..drafters import registry
+from ..drafters import composite, registry
 from ..drafters.base import Drafter
 from ..engine.text import TextStream
 from ..errors import MlxcelError, UsageError
@@ -198,6 +198,19 @@ def speculative_generate(
     return Generation(_start(model, run, prompt, drafter, pol))
 
 
+def _lookup_drafting(model: Model, run: RunConfig) -> tuple[Drafter, Any]:
+    """prompt_lookup=True: prompt lookup alone, or beside the model's own drafter the composite
+    drafter `--draft-model D --prompt-lookup` runs (that drafter's loaded weights, shared)."""
+    eng = model.engine
+    if run.draft.lookup_first and eng.drafters is not None:
+        src = composite.Source(eng.drafters.retarget(run.draft, model.session.target))
+    else:
+        src = registry.kind_of(run.draft.kind).source(
+            run.draft, model=eng.model, eos_ids=eng.eos_ids, vocab_size=eng.vocab_size
+        )
+    return src.make(), src.make_policy(eng.verify_cost)
+
+
 def _own_drafting(eng: Any) -> tuple[Drafter, Any]:
     """The model's drafter (shared across calls, as across the CLI's requests) and its policy."""
     return eng.drafters.make(), eng.drafters.make_policy(eng.verify_cost)
@@ -274,10 +287,7 @@ def stream(
     _check_room(eng, ids)
     drafter = policy = None
     if prompt_lookup:  # this call's drafter, as --prompt-lookup configures it
-        src = registry.kind_of(run.draft.kind).source(
-            run.draft, model=eng.model, eos_ids=eng.eos_ids, vocab_size=eng.vocab_size
-        )
-        drafter, policy = src.make(), src.make_policy(eng.verify_cost)
+        drafter, policy = _lookup_drafting(model, run)
     elif speculative and eng.drafters is not None:
         drafter, policy = _own_drafting(eng)
     gen = _start(model, run, ids, drafter, policy)
