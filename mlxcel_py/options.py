@@ -241,6 +241,7 @@ class ServerOptions:
     pooling: str = "last"  # --pooling: none, mean, cls or last (engine/embeddings.py)
     reranking: bool = False  # --reranking (or --pooling rank): /rerank scores documents (engine/rerank.py)
     image_url_fetch: bool = False  # --image-url-fetch: http(s) image URLs in requests are downloaded
+    image_url_allow: tuple[str, ...] = ()  # --image-url-allow: hosts fetched though not public addresses
     media_path: str | None = None  # --media-path: file:// image URLs name files inside this folder
     slot_save_path: str | None = None  # --slot-save-path: the folder of slot files (POST /slots/{id})
     cache_ram: int = DEFAULT_CACHE_RAM_MIB  # finished requests' caches kept, MiB; -1 no limit, 0 off

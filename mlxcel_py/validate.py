@@ -288,6 +288,8 @@ def _server(opts: CommandOptions) -> None:
     ):
         if folder is not None and not Path(folder).is_dir():
             raise UsageError(f"{flag} {folder}: no such folder; create it or pass another")
+    if srv.image_url_allow and not srv.image_url_fetch:
+        raise UsageError("--image-url-allow names hosts --image-url-fetch may download from; add --image-url-fetch")
     if srv.pooling not in POOLINGS:
         raise UsageError(f"--pooling {srv.pooling} is not one of {', '.join(POOLINGS)}, rank")
     if not 1 <= srv.parallel <= MAX_PARALLEL:

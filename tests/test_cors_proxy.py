@@ -225,25 +225,35 @@ def test_an_unreachable_allowed_target_is_a_502_and_the_server_keeps_serving(pro
 
 def test_a_name_is_checked_by_every_address_it_resolves_to(monkeypatch):
     # a public-looking name that resolves to a private address is refused before any connection
-    async def resolves_private(host, port, type=0):
+    # (the proxy's lookup on the event loop and --image-url-fetch's in a route's thread alike)
+    from mlxcel_py.server import addresses
+
+    def infos(host, port, type=0):
         return [
             (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.215.14", port)),
             (socket.AF_INET, 1, 6, "", ("10.1.2.3", port)),
         ]
 
+    async def resolves_private(host, port, type=0):
+        return infos(host, port, type)
+
+    target = addresses.parse("http://mcp.example.com/")
+    strict, allowing = addresses.Policy(), addresses.Policy.of(["MCP.example.com."])
+
     async def check():
         loop = asyncio.get_running_loop()
         monkeypatch.setattr(loop, "getaddrinfo", resolves_private)
         with pytest.raises(cors_proxy.ApiError) as e:
-            await cors_proxy.address_of(cors_proxy.parse("http://mcp.example.com/"), ())
+            await addresses.address_of(target, strict)
         assert "10.1.2.3" in e.value.message and e.value.status == 400
         # allowed by name, the same name goes through (to the first address it gave)
-        assert (
-            await cors_proxy.address_of(cors_proxy.parse("http://mcp.example.com/"), ("MCP.example.com.",))
-            == "93.184.215.14"
-        )
+        assert await addresses.address_of(target, allowing) == "93.184.215.14"
 
     asyncio.run(check())
+    monkeypatch.setattr(addresses.socket, "getaddrinfo", infos)
+    with pytest.raises(cors_proxy.ApiError, match="10.1.2.3"):
+        addresses.address_of_now(target, strict)
+    assert addresses.address_of_now(target, allowing) == "93.184.215.14"
 
 
 def test_the_flags_reach_the_options(monkeypatch, tmp_path):

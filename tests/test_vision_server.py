@@ -11,6 +11,7 @@ import base64
 import concurrent.futures as cf
 import io
 import os
+import re
 import subprocess
 
 import pytest
@@ -278,7 +279,10 @@ def test_other_families_over_http_equal_generate_image(family, tmp_path):
 
 def test_remote_images_are_fetched_only_under_the_flag_within_limits(monkeypatch):
     """--image-url-fetch: a real HTTP server on loopback serves a picture, a body over the byte
-    limit and a 404; each is an image or a one-line 400."""
+    limit, a 404 and redirects; each is an image or a one-line 400. Loopback is reached only as
+    an --image-url-allow host (public addresses only otherwise, as the MCP proxy: a request must
+    not make the server reach what its client cannot), and a redirect is followed only where the
+    same policy lets it go."""
     import http.server
     import threading
 
@@ -286,9 +290,17 @@ def test_remote_images_are_fetched_only_under_the_flag_within_limits(monkeypatch
     from mlxcel_py.server.http import ApiError
 
     png = base64.b64decode(b64(picture(1)))
+    port = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
+            moved = {"/r-ok": "/a.png", "/r-out": f"http://localhost:{port[0]}/a.png", "/loop": "/loop"}
+            if self.path in moved:
+                self.send_response(302)
+                self.send_header("Location", moved[self.path])
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             body = {"/a.png": png, "/big.png": b"\0" * 4096}.get(self.path)
             if body is None:
                 self.send_error(404)
@@ -302,18 +314,35 @@ def test_remote_images_are_fetched_only_under_the_flag_within_limits(monkeypatch
             pass
 
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    port.append(srv.server_address[1])
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{srv.server_address[1]}"
+    base = f"http://127.0.0.1:{port[0]}"
+    fetching = image_parts.ImageSources(fetch=True, allow=("127.0.0.1",))
     try:
         part = {"type": "image", "url": base + "/a.png", "where": "an image_url part"}
-        assert image_parts.decode(part, image_parts.ImageSources(fetch=True)).size == (50, 40)
+        assert image_parts.decode(part, fetching).size == (50, 40)
+        assert image_parts.decode({**part, "url": base + "/r-ok"}, fetching).size == (50, 40)
         with pytest.raises(ApiError, match="--image-url-fetch"):
             image_parts.decode(part, image_parts.ImageSources())
+        for url, message in (
+            (base + "/a.png", "does not reach 127.0.0.1: not a public address (--image-url-allow)"),
+            ("http://169.254.169.254/latest/meta-data/", "does not reach 169.254.169.254"),
+            ("http://metadata.google.internal/", "not a public name"),
+            ("http://[::ffff:127.0.0.1]/a.png", "not a public address"),
+            ("http://user:pw@example.com/a.png", "must not carry credentials"),
+            ("ftp://example.com/a.png", "an image URL must be a data: URL"),
+        ):
+            with pytest.raises(ApiError, match=re.escape(message)):
+                image_parts.decode({**part, "url": url}, image_parts.ImageSources(fetch=True))
+        with pytest.raises(ApiError, match="does not reach localhost"):  # redirected out of the allowed host
+            image_parts.decode({**part, "url": base + "/r-out"}, fetching)
+        with pytest.raises(ApiError, match="redirects more than 3 times"):
+            image_parts.decode({**part, "url": base + "/loop"}, fetching)
         monkeypatch.setattr(image_parts.vimages, "MAX_BYTES", 1024)
         with pytest.raises(ApiError, match="more than the limit"):
-            image_parts.decode({**part, "url": base + "/big.png"}, image_parts.ImageSources(fetch=True))
+            image_parts.decode({**part, "url": base + "/big.png"}, fetching)
         with pytest.raises(ApiError, match="cannot fetch the image"):
-            image_parts.decode({**part, "url": base + "/missing.png"}, image_parts.ImageSources(fetch=True))
+            image_parts.decode({**part, "url": base + "/missing.png"}, fetching)
     finally:
         srv.shutdown()
 

@@ -136,7 +136,8 @@ ServeMaxTokensOpt = Annotated[int, typer.Option("--n-predict", "-n", "--predict"
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", metavar="N", help="CPU threads for matrix products (OpenBLAS and the row-exact kernel); default: all cores.", rich_help_panel=SERVER)]
 CtxSizeOpt = Annotated[int, typer.Option("--ctx-size", "-c", metavar="N", help="Context window in tokens (0: the model's); prompt plus reply never exceed it.", rich_help_panel=GEN)]
 ContextShiftOpt = Annotated[bool, typer.Option("--context-shift/--no-context-shift", help="When a generation fills the window, drop half of the context after the first --keep tokens and go on (llama.cpp's; default off: the generation stops there).", rich_help_panel=GEN)]
-ImageUrlFetchOpt = Annotated[bool, typer.Option("--image-url-fetch", help="Download http(s) image URLs in requests (10 s, 32 MiB each); otherwise only data: URLs.", rich_help_panel=SERVER)]
+ImageUrlFetchOpt = Annotated[bool, typer.Option("--image-url-fetch", help="Download http(s) image URLs in requests (10 s, 32 MiB each), from public addresses only; otherwise only data: URLs.", rich_help_panel=SERVER)]
+ImageUrlAllowOpt = Annotated[Optional[list[str]], typer.Option("--image-url-allow", metavar="HOST", help="A host --image-url-fetch may download from although it is not public (exact, e.g. 127.0.0.1 or a LAN name); repeat it or separate hosts with commas.", rich_help_panel=SERVER)]
 MediaPathOpt = Annotated[Optional[str], typer.Option("--media-path", metavar="DIR", help="Read file:// image URLs in requests as paths inside DIR (llama-server's; nothing outside it); off by default.", rich_help_panel=SERVER)]
 RerankingOpt = Annotated[bool, typer.Option("--reranking", "--rerank", help="Serve /rerank and /v1/rerank (llama-server's): a causal-LM reranker (Qwen3-Reranker's kind) scores each document by its next-token odds of yes against no; 501 without. --pooling rank turns it on too.", rich_help_panel=SERVER)]
 EmbeddingsOpt = Annotated[bool, typer.Option("--embeddings", "--embedding", help="Serve embeddings at /v1/embeddings and /embedding (llama-server's; 501 without).", rich_help_panel=SERVER)]
@@ -300,6 +301,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             slot_save_path=g("slot_save_path"),
             embeddings=g("embeddings", False),
             image_url_fetch=g("image_url_fetch", False),
+            image_url_allow=tuple(h.strip() for v in g("image_url_allow") or () for h in v.split(",") if h.strip()),
             media_path=g("media_path"),
             # llama-server's --pooling rank is its reranking switch: the embeddings keep their default
             pooling="last" if g("pooling") == "rank" else _given(g("pooling"), "last"),
@@ -463,6 +465,7 @@ SERVER_PARAMS = [
     _kw("embeddings", EmbeddingsOpt, False),
     _kw("reranking", RerankingOpt, False),
     _kw("image_url_fetch", ImageUrlFetchOpt, False),
+    _kw("image_url_allow", ImageUrlAllowOpt, None),
     _kw("media_path", MediaPathOpt, None),
     _kw("pooling", PoolingOpt, None),
     _kw("cache_ram", CacheRamOpt, O.DEFAULT_CACHE_RAM_MIB),

@@ -3,7 +3,8 @@
 The request schemas turn OpenAI's `image_url` parts, the Responses API's `input_image`, Anthropic's
 `image` blocks (in a message or inside a `tool_result`) and llama-server's `multimodal_data` into
 one content part, `{"type": "image", "url": ...}` (a data: URL, http(s) where `serve
---image-url-fetch` allows it, or file:// inside `serve --media-path DIR`, llama-server's), in its
+--image-url-fetch` allows it, to public addresses only (server/addresses.py) unless
+`--image-url-allow` names the host, or file:// inside `serve --media-path DIR`, llama-server's), in its
 place among the turn's text parts. Here each is fetched or
 decoded and checked (vision.images: size, pixels, truncation, SVG) and the conversation becomes
 token ids through the vision model's processor (vision.prompts), which only prepares: the vision
@@ -24,6 +25,7 @@ from ..vision import images as vimages
 from .http import ApiError
 
 FETCH_SECONDS = 10.0  # a remote image's whole download (--image-url-fetch)
+MAX_REDIRECTS = 3
 MEDIA_MARKER = "<__media__>"  # llama-server's place for each multimodal_data item in a prompt string
 
 
@@ -31,8 +33,9 @@ MEDIA_MARKER = "<__media__>"  # llama-server's place for each multimodal_data it
 class ImageSources:
     """Where a request's image URLs may come from besides data: URLs (serve's flags)."""
 
-    fetch: bool = False  # --image-url-fetch: http(s) URLs are downloaded
+    fetch: bool = False  # --image-url-fetch: http(s) URLs of public addresses are downloaded
     media_path: Path | None = None  # --media-path: file:// URLs name files inside this folder
+    allow: tuple[str, ...] = ()  # --image-url-allow: hosts fetched though not public (a LAN, loopback)
 
 
 def has_images(turns: list[dict]) -> bool:
@@ -60,7 +63,7 @@ def decode(part: dict, sources: ImageSources):
                     f"{where}: this server does not fetch remote images (start it with --image-url-fetch); "
                     "send the image as a data: URL"
                 )
-            return vimages.open_image(_fetch(url, where), where)
+            return vimages.open_image(_fetch(url, where, sources.allow), where)
         if url.startswith("file://"):
             return vimages.open_image(_local(url, where, sources.media_path), where)
         raise ApiError(
@@ -91,29 +94,62 @@ def _local(url: str, where: str, root: Path | None) -> bytes:
         raise ApiError(f"{where}: cannot read {url[:200]!r} in the --media-path folder ({str(exc)[:80]})") from None
 
 
-def _fetch(url: str, where: str) -> bytes:
+def _fetch(url: str, where: str, allowed: tuple[str, ...]) -> bytes:
+    """An image URL's bytes under the address policy (server/addresses.py: public addresses
+    only, `--image-url-allow` hosts beside them), connecting to the address checked; a redirect
+    is followed only to a URL the policy lets through too (MAX_REDIRECTS at most)."""
     import time
-    import urllib.request
+    from urllib.parse import urljoin
 
+    import httpx
+
+    from . import addresses
+
+    policy = addresses.Policy.of(allowed, who="this server", url=f"{where}: the image URL", flag="--image-url-allow")
     deadline = time.monotonic() + FETCH_SECONDS
     try:
-        with urllib.request.urlopen(url, timeout=FETCH_SECONDS) as resp:  # noqa: S310 (http(s) only, checked)
-            size = resp.headers.get("Content-Length")
-            if size is not None and size.isdigit() and int(size) > vimages.MAX_BYTES:
-                raise ApiError(f"{where}: the image has {size} bytes, more than the limit ({vimages.MAX_BYTES})")
-            chunks, total = [], 0
-            while chunk := resp.read(1 << 16):
-                total += len(chunk)
-                if total > vimages.MAX_BYTES:
-                    raise ApiError(f"{where}: the image has more than {vimages.MAX_BYTES} bytes (the limit)")
-                if time.monotonic() > deadline:
-                    raise ApiError(f"{where}: the image took longer than {FETCH_SECONDS:.0f} s to download")
-                chunks.append(chunk)
-            return b"".join(chunks)
-    except ApiError:
-        raise
-    except Exception as exc:  # URLError, HTTPError, timeouts, bad hosts: the request's fault
-        raise ApiError(f"{where}: cannot fetch the image ({str(exc)[:120]})") from None
+        with httpx.Client(follow_redirects=False, trust_env=False, timeout=FETCH_SECONDS) as client:
+            for _ in range(MAX_REDIRECTS + 1):
+                target = addresses.parse(url, policy)
+                address = addresses.address_of_now(target, policy)
+                extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
+                request = client.build_request(
+                    "GET", target.url_at(address), headers={"Host": target.authority}, extensions=extensions
+                )
+                resp = client.send(request, stream=True)
+                try:
+                    if resp.is_redirect and "location" in resp.headers:
+                        url = urljoin(url, resp.headers["location"])
+                        continue
+                    if resp.status_code >= 400:
+                        raise ApiError(f"{where}: cannot fetch the image (HTTP {resp.status_code})")
+                    return _read_limited(resp, where, deadline)
+                finally:
+                    resp.close()
+            raise ApiError(f"{where}: the image URL redirects more than {MAX_REDIRECTS} times")
+    except ApiError as exc:
+        if exc.message.startswith(where):
+            raise
+        raise ApiError(f"{where}: {exc.message}", status=exc.status) from None
+    except Exception as exc:  # timeouts, refused connections, TLS failures: the request's fault
+        raise ApiError(f"{where}: cannot fetch the image ({type(exc).__name__}: {str(exc)[:120]})") from None
+
+
+def _read_limited(resp, where: str, deadline: float) -> bytes:
+    import time
+
+    size = resp.headers.get("Content-Length")
+    if size is not None and size.isdigit() and int(size) > vimages.MAX_BYTES:
+        raise ApiError(f"{where}: the image has {size} bytes, more than the limit ({vimages.MAX_BYTES})")
+    chunks, total = [], 0
+    for chunk in resp.iter_bytes(1 << 16):
+        total += len(chunk)
+        if total > vimages.MAX_BYTES:
+            raise ApiError(f"{where}: the image has more than {vimages.MAX_BYTES} bytes (the limit)")
+        if time.monotonic() > deadline:
+            raise ApiError(f"{where}: the image took longer than {FETCH_SECONDS:.0f} s to download")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def prompt_ids(vision: Any, tokenizer: Any, turns: list[dict], *, sources: ImageSources, **render: Any) -> list[int]:
