@@ -196,3 +196,29 @@ def test_kept_fused_models_never_drop_the_startup_one_or_one_in_use():
     assert v.engine((-0.0,), set()) is startup  # -0 and 0 are one set of scales
     v.release()  # falling asleep: only the startup engine stays (the resident releases it)
     assert v.kept() == [(0.0,)] and one.released and not startup.released
+
+
+def test_asleep_every_fused_model_is_released_and_loads_again(gguf_pair, texts, tmp_path_factory):  # noqa: F811
+    """--sleep-idle-seconds with adapters: the fused models for other scales go with the startup
+    one (loaded again after waking, said on stderr), and the replies stay the same."""
+    from conftest import wait_until
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path_factory.mktemp("cfg")))
+    args = ["-m", str(gguf_pair["base"]), "--lora", f"{gguf_pair['a']},{gguf_pair['b']}", "--sleep-idle-seconds", "1"]
+    proc, url, lines = start_server(env, *args, "--no-warmup")
+    log = list(lines)
+    threading.Thread(target=lambda: log.extend(iter(proc.stderr.readline, "")), daemon=True).start()
+
+    def fused_loads() -> int:
+        return sum("weights fused at scales 1, 0 for a request" in ln for ln in log)
+
+    try:
+        assert _complete(url, _lora((1, 0)))[1]["content"] == texts[(1, 0)]
+        assert fused_loads() == 1
+        assert wait_until(lambda: get(url + "/props")["is_sleeping"], 20)
+        assert _complete(url, _lora((1, 0)))[1]["content"] == texts[(1, 0)]
+        assert fused_loads() == 2  # released asleep, so loaded again
+        assert _complete(url)[1]["content"] == texts[(1, 1)]  # the startup scales: both at 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

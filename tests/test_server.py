@@ -977,7 +977,10 @@ def test_llama_server_prompt_forms_choices_counts_and_cors_over_a_socket(server)
         assert r.headers["Access-Control-Allow-Credentials"] == "true"
         # spelled as llama-server sends them, for clients that copy headers into a plain dict
         raw = dict(r.getheaders())
-        assert raw["Access-Control-Allow-Methods"] == "GET, POST" and raw["Access-Control-Allow-Headers"] == "*"
+        assert (
+            raw["Access-Control-Allow-Methods"] == "GET, POST, DELETE, OPTIONS"
+            and raw["Access-Control-Allow-Headers"] == "*"
+        )
 
 
 def test_an_assistant_prefill_is_continued_through_the_model_template(server):

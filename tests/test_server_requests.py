@@ -338,7 +338,7 @@ PREFLIGHT = {"Access-Control-Request-Method": "POST", "Access-Control-Request-He
         ("localhost", "Access-Control-Allow-Origin", "localhost"),
         ("web.mydomain.fr", "Access-Control-Allow-Origin", "web.mydomain.fr"),
         ("origin", "Access-Control-Allow-Credentials", "true"),
-        ("web.mydomain.fr", "Access-Control-Allow-Methods", "GET, POST"),
+        ("web.mydomain.fr", "Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS"),
         ("web.mydomain.fr", "Access-Control-Allow-Headers", "*"),
     ],
 )

@@ -166,13 +166,14 @@ def test_the_page_streams_counts_stops_keeps_and_explains_keys(server, browser):
 
 
 def test_no_webui_is_a_404_at_the_root_and_health_for_json_clients(tmp_path):
-    """llama-server's --no-webui: no page at / for any client (#52; llama.cpp's test_no_webui reads
-    it with Accept: */*); a client that asks for JSON still gets health there."""
+    """llama-server's --no-webui, now --no-ui there (either spelling): no page at / for any client
+    (#52; llama.cpp's test_no_ui reads it with Accept: */*); a client that asks for JSON still
+    gets health there."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path / "cfg"))
     from conftest import make_tiny_model
 
     model = make_tiny_model(tmp_path / "m")
-    proc, url, _ = start_server(env, "-m", str(model), "--no-webui")
+    proc, url, _ = start_server(env, "-m", str(model), "--no-ui")
     try:
         for path, accept in (("/", "text/html"), ("/", "*/*"), ("/bundle.js", "*/*"), ("/bundle.css", "*/*")):
             req = urllib.request.Request(url + path, headers={"Accept": accept})

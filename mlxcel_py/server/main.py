@@ -22,8 +22,10 @@ from ..errors import exit_on_signal
 from ..formats.template_vars import server_kwargs
 from ..options import SERVER_SAMPLING_DEFAULTS, RunConfig, SamplingOptions
 from ..session import describe_draft, open_session, resolved_drafter_line
+from . import vertex
 from .image_parts import ImageSources
 from .model_meta import model_meta
+from .vertex import Prediction
 
 
 def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[str], None], world: Any = None) -> None:
@@ -39,8 +41,16 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
     srv = run.options.server
     # the key file is read and the port bound before the model loads, so either fails in a second
     access, cors = policies(srv, warn)
-    sock = _bind(srv.host, srv.port)
+    prediction = Prediction.from_env(os.environ)  # Vertex AI's container protocol (AIP_MODE=PREDICTION)
+    port = srv.port
+    if prediction is not None and prediction.port is not None and prediction.port != srv.port:
+        warn(f"AIP_HTTP_PORT={prediction.port} replaces --port {srv.port} (Vertex AI's prediction protocol)")
+        port = prediction.port
+    sock = _bind(srv.host, port)
     app = create_app(access=access, cors=cors, access_log=not srv.log_disable, webui=srv.webui, slots=srv.slots)
+    if prediction is not None:
+        vertex.install(app, prediction)
+        say(f"Vertex AI prediction protocol: POST {prediction.predict_route} (AIP_MODE=PREDICTION)")
     app.state.slot_dir = Path(srv.slot_save_path) if srv.slot_save_path else None
     app.state.mcp_proxy, app.state.mcp_proxy_allow = srv.mcp_proxy, srv.mcp_proxy_allow
     # on SIGTERM/SIGINT uvicorn stops accepting, waits this long for requests in flight, then
@@ -74,8 +84,33 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
             server.should_exit = True
 
     threading.Thread(target=load, name="mlxcel-load", daemon=True).start()
-    # uvicorn shuts down on SIGTERM, then re-raises it under the handler it found: make that an
-    # exception, so the cleanup below (worker, suffix store) runs instead of the default kill
+
+    def cleanup() -> None:
+        if "worker" in loaded:
+            worker = loaded["worker"]
+            worker.stop()
+            # asleep (--sleep-idle-seconds), the store was saved as the model was released
+            session = worker.resident.session if worker.resident is not None else loaded["session"]
+            said = session.save_store() if session is not None else None  # the suffix drafter's memory
+            if said:
+                say(said)
+
+    code = serve_until_signal(server, sock, cleanup)
+    if "error" in loaded:
+        raise loaded["error"]
+    if world is not None and world.channel is not None:
+        world.channel.close(code)  # the other ranks stop too (before the exit below skips every finally)
+    _exit_now(code)
+
+
+SHUTTING_DOWN = "the server is shutting down; this reply was cut short"
+
+
+def serve_until_signal(server: Any, sock: socket.socket, cleanup: Callable[[], None]) -> int:
+    """Run uvicorn on the bound socket until it stops; `cleanup` runs whatever stopped it. Returns
+    the exit code: a SIGTERM's (uvicorn shuts down, then re-raises it under the handler it found:
+    exit_on_signal makes that an exception, so `cleanup` runs instead of the default kill), 130
+    after Ctrl-C, else 0. A model's server and a router end the same way."""
     signal.signal(signal.SIGTERM, exit_on_signal)
     code = 0
     try:
@@ -86,22 +121,8 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
         sys.stderr.write("\ninterrupted\n")
         code = 130
     finally:
-        if "worker" in loaded:
-            worker = loaded["worker"]
-            worker.stop()
-            # asleep (--sleep-idle-seconds), the store was saved as the model was released
-            session = worker.resident.session if worker.resident is not None else loaded["session"]
-            said = session.save_store() if session is not None else None  # the suffix drafter's memory
-            if said:
-                say(said)
-    if "error" in loaded:
-        raise loaded["error"]
-    if world is not None and world.channel is not None:
-        world.channel.close(code)  # the other ranks stop too (before the exit below skips every finally)
-    _exit_now(code)
-
-
-SHUTTING_DOWN = "the server is shutting down; this reply was cut short"
+        cleanup()
+    return code
 
 
 def policies(srv: Any, warn: Callable[[str], None]) -> tuple[Any, Any]:

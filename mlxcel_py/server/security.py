@@ -97,7 +97,7 @@ class CorsPolicy:
     """Which browser origins may call the server, and what a preflight answers them."""
 
     origins: tuple[str, ...] = (CORS_LOOPBACK,)  # Ollama's default; llama-server's is ("*",)
-    methods: str = "GET, POST"
+    methods: str = "GET, POST, DELETE, OPTIONS"  # llama-server's (its test_security.py)
     headers: str = "*"
     credentials: bool = True
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ...errors import MlxcelError, exit_on_signal
+from ...errors import MlxcelError
 from ...options import RunConfig
 from ..http import ApiError
 from .catalog import Entry, Preset
@@ -27,7 +26,7 @@ def run_router(
     gets `child_argv` after the preset's flags."""
     import uvicorn
 
-    from ..main import _bind, _exit_now, _url_host, policies, uvicorn_config
+    from ..main import _bind, _exit_now, _url_host, policies, serve_until_signal, uvicorn_config
     from .instances import Instances
     from .routes import create_router_app
 
@@ -63,18 +62,7 @@ def run_router(
     )
     say(f"mlxcel serve: router listening on http://{_url_host(srv.host)}:{sock.getsockname()[1]}")
     sys.stderr.flush()
-    signal.signal(signal.SIGTERM, exit_on_signal)
-    code = 0
-    try:
-        server.run(sockets=[sock])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except KeyboardInterrupt:
-        sys.stderr.write("\ninterrupted\n")
-        code = 130
-    finally:
-        instances.shutdown()
-    _exit_now(code)
+    _exit_now(serve_until_signal(server, sock, instances.shutdown))
 
 
 def _entries(models_dir: str | None, preset: Preset) -> list[Entry]:
