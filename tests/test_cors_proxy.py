@@ -1,7 +1,8 @@
 """serve --ui-mcp-proxy (llama-server's MCP CORS proxy), in llama.cpp's test_proxy.py cases that
 need no internet: off by default (403), every disallowed or malformed target a 400, exact
 --ui-mcp-proxy-allow hosts let through (and nothing near them), a 204 handed back empty, the
-request's body and headers forwarded (this server's key and cookies not), an event stream relayed
+request's body forwarded with only the headers named as x-llama-server-proxy-header-NAME (as
+llama-server's test_security.py: this server's key, cookies, Proxy-Authorization not), an event stream relayed
 as it comes, redirects handed back, never followed. Over real sockets: a local target server and
 the app under uvicorn in a thread.
 """
@@ -173,20 +174,37 @@ def test_an_allowed_host_is_reached_with_the_body_and_headers(proxies, target):
     r = requests.post(
         _via(base, target + "/mcp?x=1"),
         json={"jsonrpc": "2.0", "id": 1},
-        headers={"Mcp-Session-Id": "s1", "Cookie": "ours=1", "Authorization": "Bearer for-the-target"},
+        headers={
+            # llama-server's rule (its test_security.py): only what the client names explicitly goes on
+            "x-llama-server-proxy-header-mcp-session-id": "s1",
+            "x-llama-server-proxy-header-authorization": "Bearer for-the-target",
+            "Authorization": "Bearer for-this-server",
+            "Proxy-Authorization": "Basic secret",
+            "X-Api-Key": "sk-other",
+            "Cookie": "ours=1",
+            "x-llama-server-proxy-header-": "nameless",
+            "x-llama-server-proxy-header-host": "evil.example",
+        },
     )
     assert r.status_code == 200, r.text
     got = r.json()
     assert got == {"method": "POST", "path": "/mcp?x=1", "body": json.dumps({"jsonrpc": "2.0", "id": 1})}
     seen = SEEN[-1]["headers"]
     assert seen.get("mcp-session-id") == "s1" and seen.get("authorization") == "Bearer for-the-target"
-    assert "cookie" not in seen and seen["host"] == target.removeprefix("http://")
+    assert seen.get("content-type") == "application/json"  # the body's own type
+    for gone in ("cookie", "proxy-authorization", "x-api-key"):
+        assert gone not in seen, gone
+    assert not any(k.startswith("x-llama-server-proxy-header") for k in seen)
+    assert seen["host"] == target.removeprefix("http://")
     assert "set-cookie" not in {k.lower() for k in r.headers}
 
 
 def test_this_servers_own_key_is_not_forwarded(proxies, target):
     base = proxies(True, ("127.0.0.1",), ("sk-ours",))
     r = requests.get(_via(base, target + "/x"), headers={"Authorization": "Bearer sk-ours"})
+    assert r.status_code == 200 and "authorization" not in SEEN[-1]["headers"]
+    explicit = {"Authorization": "Bearer sk-ours", "x-llama-server-proxy-header-authorization": "Bearer sk-ours"}
+    r = requests.get(_via(base, target + "/x"), headers=explicit)  # not even when named explicitly
     assert r.status_code == 200 and "authorization" not in SEEN[-1]["headers"]
     assert requests.get(_via(base, target + "/x")).status_code == 401  # the route itself needs the key
 

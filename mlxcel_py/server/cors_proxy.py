@@ -5,7 +5,8 @@ back, so a web page can reach an MCP server that sends no CORS headers. Off by d
 A proxy on a machine's loopback reaches what a web page must not, so a target is refused (400)
 unless it is a public address (server/addresses.py: the policy, shared with --image-url-fetch);
 `--ui-mcp-proxy-allow HOST` lets exact hosts through. The connection goes to the address checked.
-Redirects are handed back, never followed. This server's own API key
+Redirects are handed back, never followed. The target gets only the headers a client names as
+`x-llama-server-proxy-header-NAME` (and the body's Content-Type), as llama-server's proxy. This server's own API key
 and cookies are not forwarded to the target.
 """
 
@@ -19,28 +20,36 @@ from .addresses import Policy, Target, address_of, parse
 from .http import HOP_BY_HOP, ApiError, read_body, relay
 
 router = APIRouter()
-# request headers kept from the target: where the request came from and what identifies it here
-NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "origin", "referer", "cookie", "accept-encoding"}
+EXPLICIT = "x-llama-server-proxy-header-"  # a header the client asks the proxy to send on
+# headers never sent on, even named explicitly: the connection's own and what the proxy sets
+NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length"}
 # response headers not handed back: this server sets its own CORS and length, and no cookies
 NOT_RETURNED = HOP_BY_HOP | {"content-length", "set-cookie"}
 CONNECT_SECONDS, READ_SECONDS = 10.0, 600.0  # an MCP server's event stream may stay open for long
 
 
 def forwarded_headers(headers: Iterable[tuple[str, str]], own_keys: Iterable[str]) -> dict[str, str]:
-    """The request's headers as the target gets them: no hop-by-hop ones, nothing naming this
-    server or its client's session here, and never this server's own API key."""
+    """The headers the target gets, as llama-server chooses them: only those the client names
+    explicitly, `x-llama-server-proxy-header-NAME: VALUE` as `NAME: VALUE` (how llama.cpp's web UI
+    sends an MCP server its own Authorization), and the body's Content-Type. Nothing else the
+    client sent (this server's key, cookies, Proxy-Authorization) goes on, no hop-by-hop header,
+    and never this server's own API key, even named explicitly."""
     keys = set(own_keys)
     out: dict[str, str] = {}
     for name, value in headers:
         low = name.lower()
-        if low in NOT_FORWARDED:
+        if low == "content-type":
+            out.setdefault("Content-Type", value)
+            continue
+        if not low.startswith(EXPLICIT) or not (named := name[len(EXPLICIT) :]) or named.lower() in NOT_FORWARDED:
             continue
         scheme, _, token = value.partition(" ")
-        if low == "authorization" and scheme.lower() == "bearer" and token.strip() in keys:
+        if named.lower() == "authorization" and scheme.lower() == "bearer" and token.strip() in keys:
             continue
-        if low == "x-api-key" and value.strip() in keys:
+        if named.lower() == "x-api-key" and value.strip() in keys:
             continue
-        out[name] = value
+        out = {k: v for k, v in out.items() if k.lower() != named.lower()}  # an explicit one wins
+        out[named] = value
     return out
 
 
