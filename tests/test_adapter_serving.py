@@ -191,7 +191,7 @@ def test_kept_fused_models_never_drop_the_startup_one_or_one_in_use():
     assert v.engine((1.0,), set()) is one and v.loads == 1  # kept, not loaded again
     v.engine((2.0,), set())
     assert KEEP == 3 and v.kept() == [(0.0,), (1.0,), (2.0,)]
-    v.engine((3.0,), busy={(1.0,)})  # (1.0,) serves a live request: (2.0,) goes instead
+    v.engine((3.0,), busy={id(one)})  # (1.0,)'s engine serves a live request: (2.0,) goes instead
     assert v.kept() == [(0.0,), (1.0,), (3.0,)] and loaded[(2.0,)].released and not one.released
     assert v.engine((-0.0,), set()) is startup  # -0 and 0 are one set of scales
     v.release()  # falling asleep: only the startup engine stays (the resident releases it)

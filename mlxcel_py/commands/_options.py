@@ -179,6 +179,11 @@ def _count_or_auto(value: str | None, default: int) -> int | str | None:
     return default if value is None else None if text == "auto" else int(text) if text.lstrip("-").isdigit() else value
 
 
+def _items(values: list[str] | None) -> tuple[str, ...]:
+    """A repeatable flag whose values may also be comma-separated (llama-server's), as one list."""
+    return tuple(item.strip() for value in values or () for item in value.split(",") if item.strip())
+
+
 def adapter_specs(
     folder: str | None, loras: list[str] | None, scaled: list[str] | None, without_apply: bool
 ) -> tuple[O.AdapterSpec, ...]:
@@ -186,15 +191,13 @@ def adapter_specs(
     a --lora-scaled item whose scale is not a number keeps the item as its path and a NaN scale,
     which validation refuses with the flag's name. --lora-init-without-apply: every scale 0."""
     specs = [O.AdapterSpec(folder, 1.0, "--adapter-path")] if folder else []
-    for text in loras or ():
-        specs += [O.AdapterSpec(p.strip(), 1.0, "--lora") for p in text.split(",") if p.strip()]
-    for text in scaled or ():
-        for item in (i.strip() for i in text.split(",") if i.strip()):
-            path, _, scale = item.rpartition(":")
-            try:
-                specs.append(O.AdapterSpec(path, float(scale), "--lora-scaled"))
-            except ValueError:
-                specs.append(O.AdapterSpec(item, math.nan, "--lora-scaled"))
+    specs += [O.AdapterSpec(path, 1.0, "--lora") for path in _items(loras)]
+    for item in _items(scaled):
+        path, _, scale = item.rpartition(":")
+        try:
+            specs.append(O.AdapterSpec(path, float(scale), "--lora-scaled"))
+        except ValueError:
+            specs.append(O.AdapterSpec(item, math.nan, "--lora-scaled"))
     if without_apply:
         specs = [replace(s, scale=0.0) for s in specs]
     return tuple(specs)
@@ -301,7 +304,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             slot_save_path=g("slot_save_path"),
             embeddings=g("embeddings", False),
             image_url_fetch=g("image_url_fetch", False),
-            image_url_allow=tuple(h.strip() for v in g("image_url_allow") or () for h in v.split(",") if h.strip()),
+            image_url_allow=_items(g("image_url_allow")),
             media_path=g("media_path"),
             # llama-server's --pooling rank is its reranking switch: the embeddings keep their default
             pooling="last" if g("pooling") == "rank" else _given(g("pooling"), "last"),
@@ -316,7 +319,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             models_preset=g("models_preset"),
             models_autoload=g("models_autoload", True),
             mcp_proxy=g("mcp_proxy", False),
-            mcp_proxy_allow=tuple(h.strip() for v in g("mcp_proxy_allow") or () for h in v.split(",") if h.strip()),
+            mcp_proxy_allow=_items(g("mcp_proxy_allow")),
             shutdown_grace=g("shutdown_grace", 5),
             sleep_idle_seconds=g("sleep_idle_seconds", -1),
             max_predict_ms=g("max_predict_ms", O.DEFAULT_MAX_PREDICT_MS),

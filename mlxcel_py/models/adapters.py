@@ -32,8 +32,6 @@ from typing import Any
 from ..errors import ModelError
 from ..options import AdapterSpec
 
-ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
-
 
 @dataclass
 class Adapter:

@@ -78,8 +78,9 @@ class AdapterVariants:
             self._scales = scales
 
     # ---- the worker thread ------------------------------------------------------------------
-    def engine(self, scales: tuple[float, ...], busy: set[tuple[float, ...]]) -> Any:
-        """The engine for `scales`, loaded if it is not kept; `busy`: scales live requests use."""
+    def engine(self, scales: tuple[float, ...], busy: set[int]) -> Any:
+        """The engine for `scales`, loaded if it is not kept; `busy`: the ids of the engines live
+        requests decode on (never dropped)."""
         if scales in self._engines:
             self._engines.move_to_end(scales)
             return self._engines[scales]
@@ -89,7 +90,7 @@ class AdapterVariants:
         for key in list(self._engines):
             if len(self._engines) <= KEEP:
                 break
-            if key != self.startup and key != scales and key not in busy:
+            if key != self.startup and key != scales and id(self._engines[key]) not in busy:
                 self._engines.pop(key).release()
         return engine
 

@@ -105,7 +105,10 @@ def _fetch(url: str, where: str, allowed: tuple[str, ...]) -> bytes:
 
     from . import addresses
 
-    policy = addresses.Policy.of(allowed, who="this server", url=f"{where}: the image URL", flag="--image-url-allow")
+    # every message of the policy starts with `where`, as this function's own do
+    policy = addresses.Policy.of(
+        allowed, who=f"{where}: this server", url=f"{where}: the image URL", flag="--image-url-allow"
+    )
     deadline = time.monotonic() + FETCH_SECONDS
     try:
         with httpx.Client(follow_redirects=False, trust_env=False, timeout=FETCH_SECONDS) as client:
@@ -127,10 +130,8 @@ def _fetch(url: str, where: str, allowed: tuple[str, ...]) -> bytes:
                 finally:
                     resp.close()
             raise ApiError(f"{where}: the image URL redirects more than {MAX_REDIRECTS} times")
-    except ApiError as exc:
-        if exc.message.startswith(where):
-            raise
-        raise ApiError(f"{where}: {exc.message}", status=exc.status) from None
+    except ApiError:
+        raise
     except Exception as exc:  # timeouts, refused connections, TLS failures: the request's fault
         raise ApiError(f"{where}: cannot fetch the image ({type(exc).__name__}: {str(exc)[:120]})") from None
 

@@ -25,7 +25,6 @@ from ..session import describe_draft, open_session, resolved_drafter_line
 from . import vertex
 from .image_parts import ImageSources
 from .model_meta import model_meta
-from .vertex import Prediction
 
 
 def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[str], None], world: Any = None) -> None:
@@ -41,7 +40,7 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
     srv = run.options.server
     # the key file is read and the port bound before the model loads, so either fails in a second
     access, cors = policies(srv, warn)
-    prediction = Prediction.from_env(os.environ)  # Vertex AI's container protocol (AIP_MODE=PREDICTION)
+    prediction = vertex.Prediction.from_env(os.environ)  # Vertex AI's container protocol (AIP_MODE=PREDICTION)
     port = srv.port
     if prediction is not None and prediction.port is not None and prediction.port != srv.port:
         warn(f"AIP_HTTP_PORT={prediction.port} replaces --port {srv.port} (Vertex AI's prediction protocol)")
@@ -204,7 +203,6 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
     if draft.enabled and not speculative:
         line += " [verify rounds off: " + ("--no-batch" if srv.no_batch else "--kv-unified") + "]"
     if srv.cache_ram != 0 and world is None:
-        session.engine.keep_prompts(None if srv.cache_ram < 0 else srv.cache_ram * 2**20)
         say(
             "prompt cache: finished requests' caches kept for prompts that share a prefix, "
             + ("no size limit" if srv.cache_ram < 0 else f"up to {srv.cache_ram} MiB")
@@ -216,7 +214,7 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
     parallel = 1 if srv.no_batch or world is not None else srv.parallel
     if world is not None and srv.parallel > 1:
         say(f"slots: 1 under {opts.parallel.flag} (-np {srv.parallel} applies to one-process servers)")
-    session.engine.private_drafters = parallel > 1
+    _set_up(session.engine, srv, parallel, world)
     if srv.split_context and world is None:
         say(
             f"context: {session.engine.context_length} tokens per slot (the {srv.ctx_size or 'model'} window "
@@ -297,6 +295,14 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
     return session, worker
 
 
+def _set_up(engine, srv, parallel: int, world) -> None:
+    """What serve sets on an engine it decodes on, the startup one and each adapter variant alike:
+    the prompt cache (--cache-ram; one process only) and a drafter per request under -np > 1."""
+    if srv.cache_ram != 0 and world is None:
+        engine.keep_prompts(None if srv.cache_ram < 0 else srv.cache_ram * 2**20)
+    engine.private_drafters = parallel > 1
+
+
 def _adapter_variants(run: RunConfig, session, parallel: int, *, say):
     """--lora / --lora-scaled / --adapter-path: the fused models for other adapter scales (POST
     /lora-adapters, a request's `lora`), each loaded as the startup one was and set up alike
@@ -312,9 +318,7 @@ def _adapter_variants(run: RunConfig, session, parallel: int, *, say):
         specs = tuple(replace(a, scale=s) for a, s in zip(model.adapters, scales))
         options = replace(run.options, model=replace(model, adapters=specs))
         engine = open_session(replace(quiet, options=options), say=lambda _: None, warn=lambda _: None).engine
-        if srv.cache_ram != 0:
-            engine.keep_prompts(None if srv.cache_ram < 0 else srv.cache_ram * 2**20)
-        engine.private_drafters = parallel > 1
+        _set_up(engine, srv, parallel, None)
         if srv.warmup:
             engine.warmup()
         say(f"adapters: weights fused at scales {', '.join(f'{s:g}' for s in scales)} for a request")

@@ -441,7 +441,8 @@ class RequestReader:
         )
 
     def adapter_scales(self, value: Any) -> tuple[float, ...] | None:
-        """A request's `lora` list as the scales it decodes under (None: the server's)."""
+        """A request's `lora` list (or POST /lora-adapters' body) as the scales it names (None:
+        the server's; also an empty list on a server without adapters); a 400 naming what is wrong."""
         if value is None:
             return None
         if self.adapters is None:

@@ -114,15 +114,9 @@ async def set_lora_adapters(request: Request):
     The fused model for them loads with the next request that needs it (adapter_variants)."""
     ctx = ctx_of(request)
     body = parse_json(await read_body(request, ctx.body_limit), array=True)
-    if ctx.adapters is None:
-        if body:
-            raise ApiError("invalid adapter id: this server has no LoRA adapters (start it with --lora)")
-        return {"success": True}
-    try:
-        scales = ctx.adapters.requested(body)
-    except ValueError as exc:
-        raise ApiError(str(exc)) from None
-    ctx.adapters.set_global(scales)
+    scales = ctx.requests.adapter_scales(body)  # read as a request's own `lora` is
+    if scales is not None:
+        ctx.adapters.set_global(scales)
     return {"success": True}
 
 

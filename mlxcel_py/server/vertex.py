@@ -22,6 +22,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from ..errors import MlxcelError
 from .http import ApiError, error_body, parse_json, read_body
 
 MAX_INSTANCES = 128
@@ -73,7 +74,9 @@ def install(app: FastAPI, settings: Prediction) -> None:
     """Add the predict route (and the health alias) to `app`, whose routes are all registered."""
     posts = [p for p in _paths(app.routes, "POST") if "{" not in p]
     if settings.predict_route in posts:
-        raise ValueError(f"AIP_PREDICT_ROUTE={settings.predict_route} is one of this server's own routes")
+        raise MlxcelError(
+            f"AIP_PREDICT_ROUTE={settings.predict_route} is one of this server's own routes", hint="name another"
+        )
     targets: dict[str, str] = {}
     for path in posts:
         targets.setdefault(alias(path), path)  # the first registered wins, as llama-server's
@@ -86,8 +89,12 @@ def install(app: FastAPI, settings: Prediction) -> None:
             raise ApiError("request body must include an array field named instances")
         if len(instances) > MAX_INSTANCES:
             raise ApiError(f"instances array exceeds maximum size of {MAX_INSTANCES}")
+        import httpx
+
         headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED}
-        predictions = await asyncio.gather(*(_one(request.app, targets, i, headers) for i in instances))
+        transport = httpx.ASGITransport(app=request.app, client=("127.0.0.1", 0))
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost", timeout=None) as client:
+            predictions = await asyncio.gather(*(_one(client, targets, i, headers) for i in instances))
         return JSONResponse({"predictions": predictions})
 
     app.add_api_route(settings.predict_route, predict, methods=["POST"])
@@ -113,10 +120,9 @@ def _endpoint(routes: list, path: str) -> Any:
     return next(r.endpoint for r in _routes(routes) if getattr(r, "path", None) == path)
 
 
-async def _one(app: FastAPI, targets: dict[str, str], instance: Any, headers: dict) -> Any:
-    """One instance through the route it names: that route's JSON (an error body included)."""
-    import httpx
-
+async def _one(client: Any, targets: dict[str, str], instance: Any, headers: dict) -> Any:
+    """One instance through the route it names (`client`: this app's own, in process): that
+    route's JSON (an error body included)."""
     if not isinstance(instance, dict):
         return error_body("each instance must be a JSON object", "invalid_request_error", 400)
     fmt = instance.get("@requestFormat")
@@ -128,11 +134,7 @@ async def _one(app: FastAPI, targets: dict[str, str], instance: Any, headers: di
     payload = {k: v for k, v in instance.items() if k != "@requestFormat"}
     if "stream" in payload:
         payload["stream"] = False  # the predict route answers whole
-    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 0))
-    async with httpx.AsyncClient(transport=transport, base_url="http://localhost", timeout=None) as client:
-        r = await client.post(
-            path, content=json.dumps(payload), headers={**headers, "content-type": "application/json"}
-        )
+    r = await client.post(path, content=json.dumps(payload), headers={**headers, "content-type": "application/json"})
     try:
         return r.json()
     except ValueError:

@@ -152,7 +152,6 @@ class Slot:
     timed_out: bool = False  # ended by its deadline: finish_reason "length"
     progress_sent: int = 0  # prompt progress reports emitted
     engine: Any = None  # the engine it decodes on (one per set of adapter scales: adapter_variants)
-    scales: tuple[float, ...] = ()  # that engine's adapter scales
 
 
 class Worker:
@@ -333,19 +332,18 @@ class Worker:
             self.idle_since = time.monotonic()
         return None
 
-    def _engine_for(self, job: Job) -> tuple[Any, tuple[float, ...]]:
+    def _engine_for(self, job: Job) -> Any:
         """The engine for the job's adapter scales (its own, else the server's), loading a fused
-        model for scales no kept engine has."""
+        model for scales no kept engine has (never dropping one a live slot decodes on)."""
         if self.variants is None:
-            return self.engine, ()
+            return self.engine
         scales = job.adapter_scales if job.adapter_scales is not None else self.variants.scales
-        busy = {s.scales for s in self.slots if s is not None}
-        return self.variants.engine(scales, busy), scales
+        return self.variants.engine(scales, busy={id(s.engine) for s in self.slots if s is not None})
 
     def _start(self, i: int, job: Job) -> None:
         spec = self.speculative_allowed and job.speculative
         try:
-            engine, scales = self._engine_for(job)
+            engine = self._engine_for(job)
         except Exception as exc:  # a fused model that cannot load fails this request, not the server
             self._emit(job, "error", f"the adapters could not be loaded at the asked scales: {exc}")
             return
@@ -369,7 +367,7 @@ class Worker:
         )
         job.generation = gen
         stream = TextStream(gen, self.tokenizer, job.stop)
-        self.slots[i] = Slot(i, job, gen, stream, iter(stream), engine=engine, scales=scales)
+        self.slots[i] = Slot(i, job, gen, stream, iter(stream), engine=engine)
 
     def _turn(self, slot: Slot) -> None:
         """Run one slot until it asks for a plain step, pauses or ends; its text goes out at the end
