@@ -340,7 +340,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l flash-attn -o fa -d
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l cont-batching -o cb -d 'llama-servers continuous batching switch (accepted; batching is on whenever -np is above 1)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l batch-size -s b -d 'llama-servers logical batch size (accepted; prompts are fed in chunks sized for the CPU kernels)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l ubatch-size -o ub -d 'llama-servers physical batch size (accepted; prompts are fed in chunks sized for the CPU kernels)'
-complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l metrics -d 'llama-servers switch for /metrics (accepted: /metrics is always served, Prometheus text)'
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l metrics -d 'Serve GET /metrics: Prometheus text, llama-servers llamacpp: series and ours (501 without it)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l ctx-size -s c -d 'Context window in tokens (0: the models); prompt plus reply never exceed it'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l context-shift -l no-context-shift -d 'When a generation fills the window, drop half of the context after the first --keep tokens and go on (llama'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l keep -d 'Tokens from the start of the prompt a context shift keeps (-1: the whole prompt); on serve a requests n_keep overrides it'

@@ -226,6 +226,7 @@ class ServerOptions:
     cors_headers: str | None = None
     cors_credentials: bool = True
     slots: bool = True  # GET /slots (--no-slots: 501, as llama-server)
+    metrics: bool = False  # GET /metrics answers (501 without --metrics, as llama-server and mlxcel)
     reasoning_format: str = "auto"  # a request's default reasoning_format (REASONING_FORMATS)
     reasoning: str = "auto"  # --reasoning: on / off tell templates enable_thinking; auto leaves it
     reasoning_budget: int = -1  # --reasoning-budget: -1 unlimited, 0 no thinking (as --reasoning off)

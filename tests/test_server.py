@@ -10,6 +10,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ROOT, mlxcel_cmd
@@ -48,7 +49,7 @@ def server(tmp_path_factory):
     import os
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path_factory.mktemp("cfg")))
-    proc, url, lines = start_server(env, "--draft-kind", "prompt-lookup")
+    proc, url, lines = start_server(env, "--draft-kind", "prompt-lookup", "--metrics")
     yield url, lines, env
     proc.terminate()
     proc.wait(timeout=30)
@@ -560,7 +561,7 @@ def test_slots_show_the_request_being_decoded(server):
     busy = [s for s in get(url + "/slots") if s["is_processing"]]
     health = get(url + "/health")
     conn.close()
-    assert len(busy) == 1 and busy[0]["next_token"]["n_decoded"] > 0 and busy[0]["n_ctx"] > 0
+    assert len(busy) == 1 and busy[0]["next_token"][0]["n_decoded"] > 0 and busy[0]["n_ctx"] > 0
     assert busy[0]["prompt"].endswith("Count upwards from one:") and idle[0]["prompt"] == ""
     assert busy[0]["speculating_now"] is True  # alone: under the gate
     assert health["slots_processing"] == 1 and health["slots_idle"] == 3
@@ -632,7 +633,7 @@ def test_a_client_that_hangs_up_mid_upload_is_a_499_not_a_500(tiny_dir, tmp_path
     from urllib.parse import urlparse
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path / "cfg"))
-    proc, url, _ = start_server(env, "-m", str(tiny_dir))
+    proc, url, _ = start_server(env, "-m", str(tiny_dir), "--metrics")
     log: list[str] = []
     reader = threading.Thread(target=lambda: log.extend(iter(proc.stderr.readline, "")), daemon=True)
     reader.start()
@@ -807,6 +808,9 @@ def test_slowloris_connections_are_closed_and_real_clients_still_served(tiny_dir
             time.sleep(0.2)
         assert fds() <= before + 5
         assert get(url + "/health")["status"] == "ok"
+        with pytest.raises(urllib.error.HTTPError) as no_metrics:  # not started with --metrics
+            urllib.request.urlopen(url + "/metrics", timeout=30)
+        assert no_metrics.value.code == 501 and "--metrics" in no_metrics.value.read().decode()
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -1014,3 +1018,76 @@ def test_return_progress_reports_each_prompt_chunk_as_llama_server(server):
     assert first[-1]["processed"] == first[-1]["total"]
     again = progress()  # the prompt cache holds the prompt now: the first report says so
     assert again[0]["cache"] > 0 and again[0]["cache"] == again[0]["processed"] and len(again) < len(first)
+
+
+def _llama_metrics(url) -> tuple[dict, str, Any]:
+    """/metrics' llamacpp: series read as llama.cpp's test_metrics.py reads them ({name: (type,
+    value)}: each must have a TYPE line of its full name), the raw text and the headers."""
+    with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
+        text, headers = r.read().decode(), r.headers
+    types, out = {}, {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            types[name] = kind
+        elif line.startswith("llamacpp:") and "{" not in line:
+            name, value = line.split(" ", 1)
+            assert name in types, f"{name} has no # TYPE line"
+            out[name] = (types[name], float(value))
+    return out, text, headers
+
+
+def test_metrics_speak_llama_servers_series_and_average_over_each_scrape(server):
+    url, _, _ = server
+    _llama_metrics(url)  # empties the throughput window
+    before, _, _ = _llama_metrics(url)
+    assert before["llamacpp:predicted_tokens_seconds"] == ("gauge", 0.0)  # nothing ran since
+    body = {"prompt": COPY_PROMPT, "n_predict": 24, "temperature": 0, "ignore_eos": True}
+    runs = [post(url + "/completion", body)[1] for _ in range(2)]
+    after, text, headers = _llama_metrics(url)
+    assert int(headers["Process-Start-Time-Unix"]) <= time.time()
+    delta = lambda k: after[f"llamacpp:{k}"][1] - before[f"llamacpp:{k}"][1]  # noqa: E731
+    total = lambda k: sum(r["timings"].get(k, 0) for r in runs)  # noqa: E731
+    for name in ("prompt_tokens_total", "prompt_tokens_cached_total", "tokens_predicted_total", "n_decode_total"):
+        assert after[f"llamacpp:{name}"][0] == "counter" and f"# HELP llamacpp:{name} " in text
+    assert delta("prompt_tokens_total") == total("prompt_n") and delta("tokens_predicted_total") == 48
+    assert delta("prompt_tokens_cached_total") == total("cache_n") > 0  # the second run reused the prompt
+    assert delta("spec_decode_num_drafts_total") == total("draft_rounds") > 0
+    assert delta("spec_decode_num_draft_tokens_total") == total("draft_n")
+    assert delta("spec_decode_num_accepted_tokens_total") == total("draft_n_accepted")
+    assert after["llamacpp:n_tokens_max"][1] >= runs[0]["tokens_evaluated"] + 24
+    # the rate over decode steps, as llama-server's (the first token comes with the prompt)
+    steps = sum(r["timings"]["predicted_n"] - 1 for r in runs)
+    secs = sum(r["timings"]["predicted_ms"] for r in runs) / 1000
+    assert after["llamacpp:predicted_tokens_seconds"] == ("gauge", pytest.approx(steps / secs, rel=1e-3))
+    again, _, _ = _llama_metrics(url)
+    assert again["llamacpp:predicted_tokens_seconds"][1] == 0.0 and again["llamacpp:requests_processing"][1] == 0
+
+
+def test_timings_per_token_on_native_and_chat_streams(server):
+    url, _, _ = server
+    body = {
+        "prompt": "the quick brown fox jumps over the lazy dog " * 30,
+        "n_predict": 6,
+        "stream": True,
+        "timings_per_token": True,
+        "return_progress": True,
+        "cache_prompt": False,
+    }
+    chunks = sse_data(url + "/completion", body)
+    progress = [c for c in chunks if "prompt_progress" in c]
+    assert len(progress) > 1 and all("timings" in c for c in chunks)
+    first = progress[0]["timings"]
+    assert first["prompt_n"] == 0 and first["prompt_ms"] == 0.0 and first["predicted_n"] == 0
+    ms = [c["timings"]["prompt_ms"] for c in progress]
+    assert ms == sorted(ms) and ms[-1] > 0
+    assert progress[-1]["timings"]["prompt_n"] == progress[-1]["prompt_progress"]["total"]
+    text = [c for c in chunks if c.get("content")]
+    counts = [c["timings"]["predicted_n"] for c in text]
+    assert counts == sorted(counts) and counts[-1] <= 6 and chunks[-1]["timings"]["predicted_n"] == 6
+    chat = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4, "stream": True}
+    plain = sse_data(url + "/v1/chat/completions", chat)
+    timed = sse_data(url + "/v1/chat/completions", {**chat, "timings_per_token": True})
+    deltas = lambda cs: [c for c in cs if c.get("choices") and c["choices"][0]["delta"].get("content")]  # noqa: E731
+    assert deltas(timed) and all("timings" in c for c in deltas(timed))
+    assert not any("timings" in c for c in deltas(plain))

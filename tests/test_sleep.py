@@ -118,6 +118,7 @@ def sleepy(tmp_path_factory):
         "--sleep-idle-seconds",
         str(IDLE),
         "--embeddings",
+        "--metrics",
         "--slot-save-path",
         str(slots),
         "--no-warmup",
@@ -266,3 +267,37 @@ def test_a_release_that_fails_midway_leaves_a_worker_that_wakes_on_the_next_job(
     finally:
         sleep_module._trim_heap = real_trim
         worker.stop()
+
+
+def _rate_and_text(url) -> tuple[float, str]:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return float(next(ln.split()[1] for ln in text.splitlines() if ln.startswith("llamacpp:predicted_tokens_s"))), text
+
+
+@pytest.mark.real
+def test_asleep_metrics_are_the_snapshot_and_token_counts_wake_it_as_llama_server(sleepy):
+    """llama.cpp's test_sleep.py rules: scrapes while asleep read the counters as they were and
+    never wake the server; the throughput window is reported once (asleep, and not again once
+    awake); routes that read the vocabulary wake it."""
+    url, _, _ = sleepy
+    assert post(url + "/completion", {**COPY, "n_predict": 8, "ignore_eos": True})[0] == 200
+    assert wait_until(lambda: _asleep(url), 15)
+    rate, first = _rate_and_text(url)
+    assert rate > 0  # the last generation's, reported by the first scrape
+    rate, second = _rate_and_text(url)
+    assert rate == 0 and _rate_and_text(url)[1] == second and _asleep(url)
+    strip = lambda t: [ln for ln in t.splitlines() if "_tokens_seconds " not in ln]  # noqa: E731
+    assert strip(first) == strip(second)  # nothing else moved
+    status, _ = post(url + "/tokenize", {"content": "Hello"})
+    assert status == 200 and not _asleep(url)
+    assert _rate_and_text(url)[0] == 0  # awake: the window reported while asleep is not reported again
+    for route, body in (
+        ("/v1/chat/completions/input_tokens", {"messages": [{"role": "user", "content": "Hello world"}]}),
+        ("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "Hello world"}]}),
+    ):
+        assert wait_until(lambda: _asleep(url), 15)
+        status, counted = post(url + route, body)
+        assert status == 200 and counted["input_tokens"] > 0 and not _asleep(url)

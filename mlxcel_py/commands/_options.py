@@ -162,7 +162,7 @@ FlashAttnOpt = Annotated[Optional[str], typer.Option("--flash-attn", "-fa", meta
 ContBatchingOpt = Annotated[bool, typer.Option("--cont-batching", "-cb", help="llama-server's continuous batching switch (accepted; batching is on whenever -np is above 1).", rich_help_panel=SERVER)]
 BatchSizeOpt = Annotated[Optional[int], typer.Option("--batch-size", "-b", metavar="N", help="llama-server's logical batch size (accepted; prompts are fed in chunks sized for the CPU kernels).", rich_help_panel=SERVER)]
 UbatchSizeOpt = Annotated[Optional[int], typer.Option("--ubatch-size", "-ub", metavar="N", help="llama-server's physical batch size (accepted; prompts are fed in chunks sized for the CPU kernels).", rich_help_panel=SERVER)]
-MetricsOpt = Annotated[bool, typer.Option("--metrics", help="llama-server's switch for /metrics (accepted: /metrics is always served, Prometheus text).", rich_help_panel=SERVER)]
+MetricsOpt = Annotated[bool, typer.Option("--metrics", help="Serve GET /metrics: Prometheus text, llama-server's llamacpp: series and ours (501 without it).", rich_help_panel=SERVER)]
 AliasOpt = Annotated[Optional[str], typer.Option("--alias", "-a", help="Model names for the API, comma-separated: /v1/models lists them as aliases, its id the first in alphabetical order (llama-server's).", rich_help_panel=SERVER)]
 TagsOpt = Annotated[Optional[str], typer.Option("--tags", help="Model tags, comma-separated, listed by /v1/models (informational, as llama-server's).", rich_help_panel=SERVER)]
 LoraInitWithoutApplyOpt = Annotated[bool, typer.Option("--lora-init-without-apply", help="Load the --lora adapters at scale 0 (the base model's replies); POST /lora-adapters or a request's 'lora' applies them (llama-server's).", rich_help_panel=SERVER)]
@@ -303,6 +303,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             keep=g("keep", 0),
             slot_save_path=g("slot_save_path"),
             embeddings=g("embeddings", False),
+            metrics=g("metrics", False),
             image_url_fetch=g("image_url_fetch", False),
             image_url_allow=_items(g("image_url_allow")),
             media_path=g("media_path"),

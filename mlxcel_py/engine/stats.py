@@ -42,6 +42,12 @@ class GenerationStats:
         return self.accepted / self.drafted_rounds if self.drafted_rounds else 0.0
 
     @property
+    def predicted_s(self) -> float:
+        """Time spent generating, llama-server's `predicted_ms`: from the prompt's end, so the
+        first token's forward counts here and not as prompt time."""
+        return max(self.decode_s - self.ttft_s + self.prefill_s, 0.0) if self.generated_tokens else 0.0
+
+    @property
     def decode_rounds(self) -> int:
         """Target forwards after the first one, which ends the prompt and yields the first token
         (mlxcel's prefill does that; here it may verify drafts too)."""

@@ -27,7 +27,7 @@ from ..options import SamplingOptions
 from .http import BODY_LIMIT, ApiError, error_body, log
 from .image_parts import ImageSources
 from .requests import RequestReader
-from .responses import ResponseShapes, sse
+from .responses import LiveTimings, ResponseShapes, sse
 from .worker import Busy, Job, Result, ShuttingDown, Worker
 
 
@@ -51,6 +51,7 @@ class ServerContext:
     model_meta: dict = field(default_factory=dict)  # /v1/models' `meta` (model_meta.py)
     context_shift: ContextShift | None = None  # --context-shift (its --keep): requests' default
     embeddings: bool = False  # --embeddings: the embedding routes answer
+    metrics_endpoint: bool = False  # --metrics: GET /metrics answers (501 without)
     reranking: bool = False  # --reranking: the rerank routes answer (routes_rerank.py)
     adapters: Any = None  # adapter_variants.AdapterVariants under --lora/--adapter-path (None: none)
     vision: Any = None  # a vision-language model's vision.prompts.Vision (None: text only)
@@ -88,6 +89,18 @@ class ServerContext:
         self.metrics = Metrics(self.worker, self.engine)
         if self.worker is not None:
             self.worker.metrics = self.metrics
+
+    async def wake(self) -> None:
+        """A sleeping server wakes for the routes that read the vocabulary or the template
+        (tokenize, detokenize, token counts, /apply-template), as llama-server's do. Here the
+        tokenizer stays loaded, so they would answer asleep; but a client counting tokens is
+        about to generate, and clients read /props' is_sleeping as llama-server's rules set it.
+        A failed load is the next request's error, not this route's."""
+        if self.worker is not None and self.worker.asleep:
+            try:
+                await self.worker.call(lambda: None)
+            except Exception:
+                pass
 
     def serves(self, on: bool, what: str, flag: str) -> None:
         """A route behind a switch (`flag`: --embeddings, --reranking) and on one process only:
@@ -223,11 +236,18 @@ class ServerContext:
         progress), each job's final frames, and `on_all`'s once every job is done; the callbacks
         get the job's index. Each returns one frame or a list; `frame` spells a frame (OpenAI's
         bare `data:` lines by default, Anthropic's `event:` + `data:`), `on_error` an error frame.
-        An error ends the whole stream with an error frame; a client leaving cancels every job."""
+        An error ends the whole stream with an error frame; a client leaving cancels every job.
+        A job that asked for `timings_per_token` gets `timings` on each of its text and progress
+        frames."""
         self.admit_all(jobs)
+        live = [LiveTimings(j) if j.timings_per_token else None for j in jobs]
 
-        def frames(objs: dict | list[dict]) -> str:
-            return "".join(frame(o) for o in (objs if isinstance(objs, list) else [objs]))
+        def frames(objs: dict | list[dict], extra: dict | None = None) -> str:
+            objs = objs if isinstance(objs, list) else [objs]
+            return "".join(frame({**o, **extra} if extra else o) for o in objs)
+
+        def timed(t: dict | None) -> dict | None:
+            return {"timings": t} if t is not None else None
 
         async def job_events():
             """(index, kind, payload) of every job's events, as they come."""
@@ -270,9 +290,11 @@ class ServerContext:
                         lps[i] = payload
                     elif kind == "progress":
                         if on_progress is not None:
-                            yield frames(on_progress(prompt_progress(payload)))
+                            t = live[i] and live[i].progress(payload)
+                            yield frames(on_progress(prompt_progress(payload)), timed(t))
                     elif kind == "text":
-                        yield frames(on_text(i, payload, lps.pop(i, [])))
+                        t = live[i] and live[i].piece(payload.tokens)
+                        yield frames(on_text(i, payload, lps.pop(i, [])), timed(t))
                     elif kind == "error":
                         shutdown = isinstance(payload, ShuttingDown)
                         why = str(payload) if shutdown else self.failed(payload)

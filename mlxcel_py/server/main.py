@@ -270,6 +270,7 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
         reasoning_budget=srv.reasoning_budget,
         context_shift=ContextShift(keep=srv.keep) if srv.context_shift else None,
         embeddings=srv.embeddings,
+        metrics_endpoint=srv.metrics,
         reranking=srv.reranking,
         adapters=worker.variants,
         pooling=srv.pooling,

@@ -437,6 +437,7 @@ class RequestReader:
             predict_ms=self.predict_ms(req),
             shift=self.shift(req, prompt),
             progress=req.stream and (req.model_extra or {}).get("return_progress") is True,
+            timings_per_token=req.stream and (req.model_extra or {}).get("timings_per_token") is True,
             adapter_scales=self.adapter_scales((req.model_extra or {}).get("lora")),
         )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -159,7 +160,7 @@ def timings(stats: Any, so_far: tuple[int, float] | None = None) -> dict:
     prompt_n = stats.prompt_tokens - stats.cached_tokens
     prompt_ms = stats.prefill_s * 1000
     pred_n = stats.generated_tokens
-    pred_ms = max(stats.decode_s - stats.ttft_s + stats.prefill_s, 0.0) * 1000 if pred_n else 0.0
+    pred_ms = stats.predicted_s * 1000
     if so_far is not None:
         pred_n, pred_ms = so_far
     t = {
@@ -183,3 +184,39 @@ def timings(stats: Any, so_far: tuple[int, float] | None = None) -> dict:
     if stats.tree_rounds > 0:  # ours: rounds that verified a draft tree, and took one of its branches
         t.update(draft_tree_rounds=stats.tree_rounds, draft_branch_accepts=stats.branch_accepts)
     return t
+
+
+class LiveTimings:
+    """llama-server's `timings_per_token`: `timings` on every chunk a stream sends, prompt
+    progress chunks included, counted as it goes (the final chunk has the finished figures)."""
+
+    def __init__(self, job: Any):
+        self.job = job
+        self.first: float | None = None  # when the first text piece came: generation time counts from it
+
+    def progress(self, p: tuple) -> dict:
+        """While the prompt is fed: (total, cache, processed, ms) as `prompt_progress` has them.
+        Before any prompt token is fed the prompt took no time (llama-server's first update)."""
+        _, cache, processed, ms = p
+        n = processed - cache
+        ms = ms if n > 0 else 0.0
+        return {
+            "cache_n": cache,
+            "prompt_n": n,
+            "prompt_ms": ms,
+            "prompt_per_token_ms": ms / n if n else 0.0,
+            "prompt_per_second": n / (ms / 1000) if n and ms else 0.0,
+            "predicted_n": 0,
+            "predicted_ms": 0.0,
+            "predicted_per_token_ms": 0.0,
+            "predicted_per_second": 0.0,
+        }
+
+    def piece(self, tokens: int) -> dict | None:
+        gen = self.job.generation
+        if gen is None:  # already finished: the final chunk carries the timings
+            return None
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        return timings(gen.stats, (tokens, (now - self.first) * 1000))

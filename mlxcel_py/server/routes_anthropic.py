@@ -182,6 +182,7 @@ def _stream(ctx, request: Request, job, mid: str, prompt_tokens: int, tools: lis
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request):
     ctx = ctx_of(request)
+    await ctx.wake()
     try:
         req = await ctx.requests.parse(request, AnthropicCountRequest)
         prompt = await asyncio.to_thread(ctx.requests.tool_prompt, req.turns(), req.tool_list())

@@ -56,7 +56,9 @@ async def _embeddings(request: Request, openai: bool):
     prompts = await asyncio.to_thread(_prompts, ctx, value)
     engine, pooling = ctx.engine, ctx.pooling
     # the model is read on the worker's thread: after a sleep (--sleep-idle-seconds) it is loaded again first
-    vectors = await ctx.worker.call(lambda: [embed(engine.model, p, pooling, normalize) for p in prompts])
+    vectors = await ctx.worker.call(
+        ctx.metrics.prompts_fed(prompts, lambda p: embed(engine.model, p, pooling, normalize))
+    )
     if not openai:
         return [{"index": i, "embedding": v} for i, v in enumerate(vectors)]
     n = sum(len(p) for p in prompts)

@@ -69,6 +69,7 @@ async def slots(request: Request):
     for i, slot in enumerate(list(w.slots)):
         gen = slot.gen if slot is not None else None
         job = slot.job if slot is not None else None
+        cached = gen.stats.cached_tokens if gen is not None else 0
         out.append(
             {
                 "id": i,
@@ -81,12 +82,18 @@ async def slots(request: Request):
                 "n_prompt_tokens": len(job.prompt) if job is not None else 0,
                 # llama-server's field: the prompt as text (a request's, so /slots takes the key)
                 "prompt": prompt_text(ctx.tokenizer, job.prompt, ctx.vision) if job is not None else "",
-                "n_cached_tokens": gen.stats.cached_tokens if gen is not None else 0,
-                "next_token": {
-                    "has_next_token": slot is not None,
-                    "n_decoded": len(gen.tokens) if gen is not None else 0,
-                    "n_remain": (job.max_tokens - len(gen.tokens)) if gen is not None else -1,
-                },
+                "n_cached_tokens": cached,
+                "n_prompt_tokens_cache": cached,  # llama-server's name for it
+                "n_prompt_tokens_processed": (len(job.prompt) - cached) if job is not None else 0,
+                # a list of one, as llama-server sends it
+                "next_token": [
+                    {
+                        "has_next_token": slot is not None,
+                        "has_new_line": slot is not None and "\n" in slot.stream.text,
+                        "n_decoded": len(gen.tokens) if gen is not None else 0,
+                        "n_remain": (job.max_tokens - len(gen.tokens)) if gen is not None else -1,
+                    }
+                ],
             }
         )
     return out
@@ -97,7 +104,17 @@ async def metrics(request: Request):
     from .metrics import CONTENT_TYPE
 
     ctx = ctx_of(request)
-    return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
+    if not ctx.metrics_endpoint:  # llama-server's answer, word for word
+        raise ApiError(
+            "This server does not support metrics endpoint. Start it with `--metrics`",
+            status=501,
+            type="not_supported_error",
+        )
+    response = Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
+    # spelled as llama-server spells it: HTTP names are case-blind, but its scrapers and test
+    # suite look this one up by exact case (Starlette would send it lowercased)
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(ctx.metrics.started).encode()))
+    return response
 
 
 @router.get("/lora-adapters")
@@ -123,6 +140,7 @@ async def set_lora_adapters(request: Request):
 @router.post("/tokenize")
 async def tokenize(request: Request):
     ctx = ctx_of(request)
+    await ctx.wake()
     req = await ctx.requests.parse(request, TokenizeRequest)
     ids = list(await asyncio.to_thread(ctx.tokenizer.encode, req.content, add_special_tokens=req.add_special))
     if not req.with_pieces:
@@ -133,6 +151,7 @@ async def tokenize(request: Request):
 @router.post("/detokenize")
 async def detokenize(request: Request):
     ctx = ctx_of(request)
+    await ctx.wake()
     req = await ctx.requests.parse(request, DetokenizeRequest)
     return {"content": ctx.tokenizer.decode(ctx.requests.token_ids(req.tokens, "tokens"))}
 

@@ -257,6 +257,7 @@ async def chat_input_tokens(request: Request):
 async def _rendered(request: Request) -> tuple:
     """(ctx, the prompt ids) of a chat request, checked and rendered as the chat route does."""
     ctx = ctx_of(request)
+    await ctx.wake()
     req = await ctx.requests.parse(request, ChatRequest)
     ctx.requests.tools(req)  # the same checks of tools and tool_choice
     rendering = ctx.requests.rendering(req)

@@ -45,7 +45,7 @@ async def rerank(request: Request):
         raise ApiError("'instruction' must be a string")
     prompts, (yes, no) = await asyncio.to_thread(_prompts, ctx, query, documents, instruction)
     engine = ctx.engine  # its model is read on the worker's thread (loaded again there after a sleep)
-    scores = await ctx.worker.call(lambda: [relevance(engine.model, p, yes, no) for p in prompts])
+    scores = await ctx.worker.call(ctx.metrics.prompts_fed(prompts, lambda p: relevance(engine.model, p, yes, no)))
     order = sorted(range(len(documents)), key=lambda i: -scores[i])[:top_n]
     if tei:
         with_text = body.get("return_text") is True

@@ -119,14 +119,14 @@ async def responses(request: Request):
     if not req.stream:
         r = await ctx.collect(job, request)
         return response("completed", _items(r, tools), r)
-    per_token = (req.model_extra or {}).get("timings_per_token") is True
-    return _stream(ctx, request, job, response, tools, per_token)
+    return _stream(ctx, request, job, response, tools)
 
 
-def _stream(ctx, request: Request, job, response, tools: list[dict], per_token: bool = False):
+def _stream(ctx, request: Request, job, response, tools: list[dict]):
     """Responses events; llama-server's telemetry where asked: `prompt_progress` on
-    `response.in_progress` events (`return_progress`), `timings` on each text delta
-    (`timings_per_token`), and `timings` on `response.completed` always."""
+    `response.in_progress` events (`return_progress`), `timings` on each text delta and
+    progress event (`timings_per_token`, added by `ctx.stream`), and `timings` on
+    `response.completed` always."""
     seq = iter(range(1 << 62))
     mid = f"msg_{uuid.uuid4().hex[:24]}"
 
@@ -152,17 +152,10 @@ def _stream(ctx, request: Request, job, response, tools: list[dict], per_token: 
             ]
         return out
 
-    started: list[float] = []  # when the first piece came (per-token timings count from it)
-
     def on_text(piece, _lps) -> list[dict]:
         if tools:
             return []
-        extra = {}
-        if per_token and job.generation is not None:
-            if not started:
-                started.append(time.perf_counter())
-            extra["timings"] = timings(job.generation.stats, (piece.tokens, (time.perf_counter() - started[0]) * 1000))
-        return [ev("output_text.delta", delta=piece.text, **where, **extra)]
+        return [ev("output_text.delta", delta=piece.text, **where)]
 
     def on_progress(p: dict) -> dict:
         return ev("in_progress", response=response("in_progress", []), prompt_progress=p)
@@ -223,6 +216,7 @@ def _stream(ctx, request: Request, job, response, tools: list[dict], per_token: 
 async def input_tokens(request: Request):
     """OpenAI's token count of a Responses input, rendered as `/v1/responses` would render it."""
     ctx = ctx_of(request)
+    await ctx.wake()
     req = await ctx.requests.parse(request, ResponsesRequest)
     tools, _ = ctx.requests.tools(req)
     prompt = await asyncio.to_thread(ctx.requests.tool_prompt, req.turns(), tools)

@@ -72,6 +72,7 @@ class Job:
     constraint: OutputRule | None = None  # `grammar` compiled (by the route, off this thread)
     shift: ContextShift | None = None  # --context-shift: what a full window drops (None: it ends the reply)
     progress: bool = False  # "progress" events while the prompt is fed (llama-server's return_progress)
+    timings_per_token: bool = False  # a stream's every chunk carries `timings` (llama-server's)
     adapter_scales: tuple[float, ...] | None = None  # its `lora` scales (None: the server's, POST /lora-adapters)
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
@@ -297,6 +298,8 @@ class Worker:
             left = self.idle_since + self.resident.idle_seconds - time.monotonic()
             if left <= 0:
                 try:
+                    if self.metrics is not None:  # scrapes read this until it wakes
+                        self.metrics.sleeping()
                     if self.variants is not None:
                         self.variants.release()
                     self.resident.release()
@@ -305,6 +308,8 @@ class Worker:
                     if self.engine.released:  # the weights went before it failed: the next job loads them
                         self.resident.asleep = True
                         break
+                    if self.metrics is not None:  # still awake: scrapes read the live counters
+                        self.metrics.woke()
                     self.idle_since = time.monotonic()
                     continue
                 break
@@ -330,6 +335,8 @@ class Worker:
             return f"the model could not be loaded again after sleeping: {exc}"
         finally:
             self.idle_since = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.woke()
         return None
 
     def _engine_for(self, job: Job) -> Any:
