@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -1091,3 +1092,43 @@ def test_timings_per_token_on_native_and_chat_streams(server):
     deltas = lambda cs: [c for c in cs if c.get("choices") and c["choices"][0]["delta"].get("content")]  # noqa: E731
     assert deltas(timed) and all("timings" in c for c in deltas(timed))
     assert not any("timings" in c for c in deltas(plain))
+
+
+def test_host_takes_several_addresses_and_each_serves_with_the_same_key(tiny_dir, tmp_path):
+    """llama-server's `--host 127.0.0.1,::1`: one port, every address served, the key checked on each."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("this machine has no IPv6 loopback")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path / "cfg"))
+    proc, url, lines = start_server(
+        env, "-m", str(tiny_dir), "--host", "127.0.0.1,::1", "--api-key", "k", "--no-warmup"
+    )
+    try:
+        port = url.rsplit(":", 1)[1]
+        assert f"(and http://[::1]:{port})" in lines[-1]
+        for base in (url, f"http://[::1]:{port}"):
+            assert get(base + "/health")["status"] == "ok"
+            assert post(base + "/v1/completions", {"prompt": "Hi", "max_tokens": 2})[0] == 401
+            req = urllib.request.Request(
+                base + "/v1/completions",
+                data=json.dumps({"prompt": "Hi", "max_tokens": 2}).encode(),
+                headers={"Content-Type": "application/json", "Authorization": "Bearer k"},
+            )
+            with urllib.request.urlopen(req, timeout=60) as r:
+                assert json.loads(r.read())["usage"]["completion_tokens"] == 2
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    bad = subprocess.run(
+        mlxcel_cmd() + ["serve", "-m", str(tiny_dir), "--port", "0", "--host", "127.0.0.1,192.0.2.1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert bad.returncode == 1 and "--host 192.0.2.1" in bad.stderr and "cannot bind" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -440,6 +440,7 @@ def test_serve_takes_llama_server_command_lines(monkeypatch, no_loading, tmp_pat
         "-ub",
         "512",
         "--metrics",
+        "--no-cache-idle-slots",
         "--draft-min",
         "3",
         "--draft-max",
@@ -451,6 +452,7 @@ def test_serve_takes_llama_server_command_lines(monkeypatch, no_loading, tmp_pat
     assert result.exit_code == 0, result.output
     srv = seen[0].options.server
     assert (srv.parallel, srv.ctx_size, srv.threads, srv.kv_unified, srv.log_disable) == (2, 256, 1, True, True)
+    assert srv.metrics  # /metrics answers (501 without)
     assert seen[0].options.generation.max_tokens == 64 and seen[0].options.sampling.temp == 0.7
     assert srv.api_keys == ("a,b", "c") and srv.cors_origins == "https://x.example, https://y.example"
     assert set(srv.ignored) == {"--n-gpu-layers", "--flash-attn", "--batch-size", "--ubatch-size"}

@@ -101,7 +101,7 @@ MaxDraftOpt = Annotated[Optional[int], typer.Option("--prompt-lookup-max-draft",
 NoAdaptiveOpt = Annotated[bool, typer.Option("--prompt-lookup-no-adaptive", help="Propose the maximum every round (for A/B measurement).", rich_help_panel=LOOKUP)]
 PolicyOpt = Annotated[Optional[str], typer.Option("--prompt-lookup-policy", metavar="auto|graded|gated|cost", help="Draft policy (default auto: gated on CUDA, graded elsewhere; cost: break-even governor from measured verify costs).", rich_help_panel=LOOKUP)]
 
-HostOpt = Annotated[str, typer.Option("--host", help="Address to bind.", rich_help_panel=SERVER)]
+HostOpt = Annotated[str, typer.Option("--host", help="Address to bind; several, comma-separated (127.0.0.1,::1), share the port.", rich_help_panel=SERVER)]
 PortOpt = Annotated[int, typer.Option("--port", help="Port; 0 picks a free one (printed at startup).", rich_help_panel=SERVER)]
 MaxBatchOpt = Annotated[Optional[str], typer.Option("--prompt-lookup-max-batch", metavar="N|auto", help="Verify rounds (any drafter) run only while at most N requests are live (default 2) and pay at the batched forward's cost measured at start; above N every request takes the batched plain step. auto: no count, the measured cost alone.", rich_help_panel=SERVER)]
 NoBatchOpt = Annotated[bool, typer.Option("--no-batch", help="Serve requests strictly one at a time, with no speculation.", rich_help_panel=SERVER)]
@@ -162,6 +162,7 @@ FlashAttnOpt = Annotated[Optional[str], typer.Option("--flash-attn", "-fa", meta
 ContBatchingOpt = Annotated[bool, typer.Option("--cont-batching", "-cb", help="llama-server's continuous batching switch (accepted; batching is on whenever -np is above 1).", rich_help_panel=SERVER)]
 BatchSizeOpt = Annotated[Optional[int], typer.Option("--batch-size", "-b", metavar="N", help="llama-server's logical batch size (accepted; prompts are fed in chunks sized for the CPU kernels).", rich_help_panel=SERVER)]
 UbatchSizeOpt = Annotated[Optional[int], typer.Option("--ubatch-size", "-ub", metavar="N", help="llama-server's physical batch size (accepted; prompts are fed in chunks sized for the CPU kernels).", rich_help_panel=SERVER)]
+CacheIdleSlotsOpt = Annotated[bool, typer.Option("--cache-idle-slots/--no-cache-idle-slots", help="llama-server's switch (accepted: a request's cache goes to the prompt cache, --cache-ram, when it ends; no slot keeps an idle one).", rich_help_panel=SERVER)]
 MetricsOpt = Annotated[bool, typer.Option("--metrics", help="Serve GET /metrics: Prometheus text, llama-server's llamacpp: series and ours (501 without it).", rich_help_panel=SERVER)]
 AliasOpt = Annotated[Optional[str], typer.Option("--alias", "-a", help="Model names for the API, comma-separated: /v1/models lists them as aliases, its id the first in alphabetical order (llama-server's).", rich_help_panel=SERVER)]
 TagsOpt = Annotated[Optional[str], typer.Option("--tags", help="Model tags, comma-separated, listed by /v1/models (informational, as llama-server's).", rich_help_panel=SERVER)]
@@ -492,6 +493,7 @@ SERVER_PARAMS = [
     _kw("batch_size", BatchSizeOpt, None),
     _kw("ubatch_size", UbatchSizeOpt, None),
     _kw("metrics", MetricsOpt, False),
+    _kw("cache_idle_slots", CacheIdleSlotsOpt, True),
 ]
 
 

@@ -45,7 +45,7 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
     if prediction is not None and prediction.port is not None and prediction.port != srv.port:
         warn(f"AIP_HTTP_PORT={prediction.port} replaces --port {srv.port} (Vertex AI's prediction protocol)")
         port = prediction.port
-    sock = _bind(srv.host, port)
+    socks = _bind(srv.host, port)
     app = create_app(access=access, cors=cors, access_log=not srv.log_disable, webui=srv.webui, slots=srv.slots)
     if prediction is not None:
         vertex.install(app, prediction)
@@ -75,7 +75,7 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
 
     def load() -> None:
         try:
-            session, loaded["worker"] = _load(run, app, sock, say=say, warn=warn, world=world)
+            session, loaded["worker"] = _load(run, app, socks, say=say, warn=warn, world=world)
             if loaded["worker"].resident is None:  # else the resident holds it (and lets go of it asleep)
                 loaded["session"] = session
         except BaseException as exc:  # reported by the main thread once uvicorn has stopped
@@ -94,7 +94,7 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
             if said:
                 say(said)
 
-    code = serve_until_signal(server, sock, cleanup)
+    code = serve_until_signal(server, socks, cleanup)
     if "error" in loaded:
         raise loaded["error"]
     if world is not None and world.channel is not None:
@@ -105,15 +105,15 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
 SHUTTING_DOWN = "the server is shutting down; this reply was cut short"
 
 
-def serve_until_signal(server: Any, sock: socket.socket, cleanup: Callable[[], None]) -> int:
-    """Run uvicorn on the bound socket until it stops; `cleanup` runs whatever stopped it. Returns
+def serve_until_signal(server: Any, socks: list[socket.socket], cleanup: Callable[[], None]) -> int:
+    """Run uvicorn on the bound sockets until it stops; `cleanup` runs whatever stopped it. Returns
     the exit code: a SIGTERM's (uvicorn shuts down, then re-raises it under the handler it found:
     exit_on_signal makes that an exception, so `cleanup` runs instead of the default kill), 130
     after Ctrl-C, else 0. A model's server and a router end the same way."""
     signal.signal(signal.SIGTERM, exit_on_signal)
     code = 0
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=socks)
     except SystemExit as exc:  # SIGTERM (see exit_on_signal)
         code = exc.code if isinstance(exc.code, int) else 1
     except KeyboardInterrupt:  # Ctrl-C: uvicorn shut down, then re-raised SIGINT
@@ -130,7 +130,8 @@ def policies(srv: Any, warn: Callable[[str], None]) -> tuple[Any, Any]:
     from .security import AccessPolicy, CorsPolicy, is_loopback, parse_keys
 
     access = AccessPolicy(
-        api_keys=parse_keys(srv.api_keys, srv.api_key_file), loopback_only_hosts=is_loopback(srv.host)
+        api_keys=parse_keys(srv.api_keys, srv.api_key_file),
+        loopback_only_hosts=all(is_loopback(h) for h in hosts(srv.host)),
     )
     cors = CorsPolicy.parse(srv.cors_origins, srv.cors_methods, srv.cors_headers, srv.cors_credentials)
     if cors.relaxed and not access.api_keys:
@@ -167,26 +168,49 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
+def listening(host: str, socks: list[socket.socket]) -> tuple[str, str]:
+    """(the first address's URL, the others as the startup line adds them: "" when there are none)."""
+    port = socks[0].getsockname()[1]
+    first, *others = (f"http://{_url_host(h)}:{port}" for h in hosts(host))
+    return first, (f" (and {', '.join(others)})" if others else "")
+
+
 def _url_host(host: str) -> str:
     """The host as a URL spells it: IPv6 in brackets."""
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        from ..errors import MlxcelError
-
-        raise MlxcelError(f"--host {host} --port {port}: cannot bind ({exc.strerror})") from None
-    sock.listen(2048)  # accept (queue) connections from the start; they get 503 while loading
-    return sock
+def hosts(host: str) -> list[str]:
+    """--host's addresses: llama-server takes a comma-separated list (`127.0.0.1,::1`)."""
+    return [h.strip().strip("[]") for h in host.split(",") if h.strip()] or [host]
 
 
-def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
+def _bind(host: str, port: int) -> list[socket.socket]:
+    """A listening socket per --host address, all on one port (with --port 0, the port the first
+    was given). Any address that cannot be bound is the error: serving on part of what was asked
+    would hide it."""
+    socks: list[socket.socket] = []
+    for h in hosts(host):
+        family = socket.AF_INET6 if ":" in h else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:  # `::` serves IPv6 only; 0.0.0.0 may be listed beside it
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            sock.bind((h, port))
+        except OSError as exc:
+            from ..errors import MlxcelError
+
+            for s in socks + [sock]:
+                s.close()
+            raise MlxcelError(f"--host {h} --port {port}: cannot bind ({exc.strerror})") from None
+        sock.listen(2048)  # accept (queue) connections from the start; they get 503 while loading
+        socks.append(sock)
+        port = sock.getsockname()[1]
+    return socks
+
+
+def _load(run: RunConfig, app, socks: list[socket.socket], *, say, warn, world=None):
     """Load and warm the model, then put it on the app (requests stop getting 503)."""
     from ..models.default_model import DEFAULT_MODEL_NAME
     from .context import ServerContext
@@ -288,8 +312,8 @@ def _load(run: RunConfig, app, sock: socket.socket, *, say, warn, world=None):
     )
     say(line)
     worker.serving()  # the idle clock (--sleep-idle-seconds) starts now, not while this still holds the session
-    url = f"http://{_url_host(srv.host)}:{sock.getsockname()[1]}"
-    say(f"mlxcel serve: model {model_id} listening on {url}")
+    url, others = listening(srv.host, socks)
+    say(f"mlxcel serve: model {model_id} listening on {url}{others}")
     if srv.webui:
         say(f"chat page: {url}/ (--no-webui turns it off)")
     sys.stderr.flush()

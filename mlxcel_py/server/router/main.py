@@ -26,7 +26,7 @@ def run_router(
     gets `child_argv` after the preset's flags."""
     import uvicorn
 
-    from ..main import _bind, _exit_now, _url_host, policies, serve_until_signal, uvicorn_config
+    from ..main import _bind, _exit_now, listening, policies, serve_until_signal, uvicorn_config
     from .instances import Instances
     from .routes import create_router_app
 
@@ -39,7 +39,7 @@ def run_router(
         warn(f"{where}: no models there (.gguf files, folders of one model each, or preset sections with model = PATH)")
     for name in sorted(set(preset.flags) - {"*"} - {e.id for e in entries}):
         warn(f"--models-preset: [{name}] names no model of the folder and gives no model = PATH; it is ignored")
-    sock = _bind(srv.host, srv.port)
+    socks = _bind(srv.host, srv.port)
     instances = Instances(
         entries, child_argv, max_instances=srv.models_max, autoload=srv.models_autoload, say=say, preset=preset
     )
@@ -60,9 +60,10 @@ def run_router(
         f"router: {len(entries)} model{'s' if len(entries) != 1 else ''} from {where} ({limit}; "
         + ("loaded on a request's first use)" if srv.models_autoload else "loaded by POST /models/load only)")
     )
-    say(f"mlxcel serve: router listening on http://{_url_host(srv.host)}:{sock.getsockname()[1]}")
+    url, others = listening(srv.host, socks)
+    say(f"mlxcel serve: router listening on {url}{others}")
     sys.stderr.flush()
-    _exit_now(serve_until_signal(server, sock, instances.shutdown))
+    _exit_now(serve_until_signal(server, socks, instances.shutdown))
 
 
 def _entries(models_dir: str | None, preset: Preset) -> list[Entry]:
