@@ -84,9 +84,34 @@ def test_native_shapes_pooling_none_and_the_normalizations(servers, tiny):
         ("mean", {"input": TEXT, "encoding_format": "int8"}, 400, "Can be either float or base64"),
         ("mean", {"nothing": 1}, 400, '"input" or "content" must be provided'),
         ("mean", {"input": TEXT, "embd_normalize": "x"}, 400, "'embd_normalize' must be an integer"),
+        ("mean", {"input": []}, 400, '"input" must not be empty'),
+        ("mean", {"input": {"content": "string"}}, 400, '"content" must be an array of parts'),
+        ("mean", {"input": {"content": [{"type": "unknown"}]}}, 400, "unsupported content[].type"),
+        (
+            "mean",
+            {"input": {"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}},
+            400,
+            "image input is not supported",
+        ),
+        ("mean", {"input": {"content": [{"type": "input_audio", "input_audio": {"data": "AAAA"}}]}}, 400, "audio"),
+        ("mean", {"input": {"some": "object"}}, 400, '"input" elements must be a string'),
+        ("mean", {"input": ["a", {"some": "object"}]}, 400, '"input" elements must be a string'),
+        ("mean", {"input": [[1, [2]]]}, 400, '"input" elements must be a string'),
     ],
 )
 def test_refusals(servers, server, body, status, message):
     got, err = post(servers[server] + "/v1/embeddings", body)
     assert got == status and message in err["error"]["message"]
     assert post(servers[server] + "/completion", {"prompt": "still serving", "n_predict": 1})[0] == 200
+
+
+def test_object_entries_embed_their_text_as_llama_server(servers):
+    """`{"prompt_string": ...}` and OpenAI `{"content": [text parts]}` entries embed their text,
+    alone or in a list beside plain strings (they embedded the object's key names before)."""
+    url = servers["mean"] + "/v1/embeddings"
+    vec = lambda body: [d["embedding"] for d in post(url, body)[1]["data"]]  # noqa: E731
+    plain = vec({"input": ["hello world", "string2"]})
+    assert vec({"input": {"prompt_string": "hello world"}}) == plain[:1]
+    parts = {"content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}
+    assert vec({"input": parts}) == plain[:1]
+    assert vec({"input": [parts, {"prompt_string": "string2"}]}) == plain

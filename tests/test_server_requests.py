@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 from fastapi.testclient import TestClient
 
+from mlxcel_py import __version__
 from mlxcel_py.engine.generation import TokenLogprob
 from mlxcel_py.engine.stats import GenerationStats
 from mlxcel_py.engine.text import TextPiece
@@ -798,7 +799,15 @@ def test_the_chat_pages_assets_are_public_and_typed_and_the_page_loads_only_them
     page = client.get("/", headers={"Accept": "text/html"})
     assert page.status_code == 200 and '<script src="/bundle.js"></script>' in page.text
     assert "script-src 'self'" in page.headers["content-security-policy"] and "<script>" not in page.text
-    for path, kind, marker in (("/bundle.js", "text/javascript", "loadProps"), ("/bundle.css", "text/css", "--accent")):
+    assert '<link rel="manifest" href="/manifest.webmanifest">' in page.text
+    for path, kind, marker in (
+        ("/bundle.js", "text/javascript", "loadProps"),
+        ("/bundle.css", "text/css", "--accent"),
+        ("/sw.js", "text/javascript", "registration.unregister()"),  # removes llama-server's cached worker
+        ("/manifest.webmanifest", "application/manifest+json", '"start_url": "/"'),
+        ("/_app/version.json", "application/json", __version__),  # llama.cpp's test_security.py lists all four
+    ):
         r = client.get(path)
         assert r.status_code == 200 and r.headers["content-type"].startswith(kind) and marker in r.text, path
+    assert json.loads(client.get("/manifest.webmanifest").text)["name"]
     assert client.post("/completion", json={"prompt": "hi"}).status_code == 401  # the key still guards the API

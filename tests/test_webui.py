@@ -175,7 +175,14 @@ def test_no_webui_is_a_404_at_the_root_and_health_for_json_clients(tmp_path):
     model = make_tiny_model(tmp_path / "m")
     proc, url, _ = start_server(env, "-m", str(model), "--no-ui")
     try:
-        for path, accept in (("/", "text/html"), ("/", "*/*"), ("/bundle.js", "*/*"), ("/bundle.css", "*/*")):
+        for path, accept in (
+            ("/", "text/html"),
+            ("/", "*/*"),
+            ("/bundle.js", "*/*"),
+            ("/bundle.css", "*/*"),
+            ("/sw.js", "*/*"),
+            ("/_app/version.json", "*/*"),
+        ):
             req = urllib.request.Request(url + path, headers={"Accept": accept})
             with pytest.raises(urllib.error.HTTPError) as err:
                 urllib.request.urlopen(req)

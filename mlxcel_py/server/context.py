@@ -96,7 +96,7 @@ class ServerContext:
         tokenizer stays loaded, so they would answer asleep; but a client counting tokens is
         about to generate, and clients read /props' is_sleeping as llama-server's rules set it.
         A failed load is the next request's error, not this route's."""
-        if self.worker is not None and self.worker.asleep:
+        if getattr(self.worker, "asleep", False):
             try:
                 await self.worker.call(lambda: None)
             except Exception:

@@ -10,12 +10,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import struct
+from typing import Any
 
 from fastapi import APIRouter, Request
+from pydantic import TypeAdapter, ValidationError
 
 from ..engine.embeddings import embed
 from .context import ServerContext, ctx_of
 from .http import ApiError, read_json
+from .requests import MAX_PROMPTS
+from .schemas.common import PromptField
 
 router = APIRouter()
 
@@ -70,13 +74,31 @@ async def _embeddings(request: Request, openai: bool):
     }
 
 
+ENTRY_FORMS = (
+    '"input" elements must be a string, a list of tokens, a list of mixed strings and tokens, '
+    'a {"prompt_string": ...} object or a {"content": [parts]} object'
+)
+
+
 def _prompts(ctx: ServerContext, value) -> list[list[int]]:
     """The request's prompts as token ids (each with the BOS the vocabulary adds), every one
-    non-empty and within the window."""
-    parts = value if isinstance(value, list) else [value]
-    if value == "" or value == [] or any(p == "" or p == [] for p in parts):
-        raise ApiError("Input content cannot be empty")
-    prompts = ctx.requests.prompts(value)
+    non-empty and within the window. llama-server's forms: a prompt (a string, token ids, ids
+    and strings mixed, a `prompt_string` object, an OpenAI `content` array of text parts) or a
+    list of them; anything else is a 400, never embedded as whatever it stringifies to."""
+    if value == []:
+        raise ApiError('"input" must not be empty')
+    several = isinstance(value, list) and not any(isinstance(p, (int, float)) for p in value)
+    if several and len(value) > MAX_PROMPTS:
+        raise ApiError(f"'input': at most {MAX_PROMPTS} prompts in one request, got {len(value)}")
+    entries = [_entry(ctx, p) for p in value] if several else [_entry(ctx, value)]
+    try:
+        value = _PROMPTS.validate_python(entries if several else entries[0])
+    except ValidationError:
+        raise ApiError(ENTRY_FORMS) from None
+    # an empty string is the vocabulary's BOS alone, as llama-server embeds it; nothing at all
+    # (a vocabulary that adds none) is refused below
+    bos = list(ctx.tokenizer.encode(""))
+    prompts = [bos if p == "" else ctx.requests.one_prompt(p) for p in (value if several else [value])]
     for p in prompts:
         if not p:
             raise ApiError("Input content cannot be empty")
@@ -87,6 +109,30 @@ def _prompts(ctx: ServerContext, value) -> list[list[int]]:
                 type="exceed_context_size_error",
             )
     return prompts
+
+
+_PROMPTS = TypeAdapter(PromptField)
+
+
+def _entry(ctx: ServerContext, p: Any) -> Any:
+    """An OpenAI `{"content": [parts]}` entry as its text (llama-server joins the text parts);
+    media parts are refused, as on a text model llama-server refuses them."""
+    if not isinstance(p, dict) or "content" not in p:
+        return p
+    content = p["content"]
+    if not isinstance(content, list):
+        raise ApiError('"content" must be an array of parts')
+    text = ""
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            text += part["text"]
+        elif kind in ("image_url", "input_audio", "input_video", "video_url"):
+            what = {"image_url": "image"}.get(kind, "audio" if kind == "input_audio" else "video")
+            raise ApiError(f"{what} input is not supported for embeddings here; send its text")
+        else:
+            raise ApiError("unsupported content[].type")
+    return text
 
 
 def _item(i: int, vector: list[float], b64: bool) -> dict:

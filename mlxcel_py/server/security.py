@@ -31,7 +31,9 @@ from urllib.parse import urlsplit
 from ..errors import UsageError
 from ..inputs.files import MIB, UnreadableFile, read_text
 
-PUBLIC_PATHS = frozenset({"/health", "/", "/bundle.js", "/bundle.css", "/models", "/v1/models"})
+# the chat page's static files (llama-server's paths: its UI's worker, manifest and version file too)
+WEBUI_FILES = frozenset({"/", "/bundle.js", "/bundle.css", "/sw.js", "/manifest.webmanifest", "/_app/version.json"})
+PUBLIC_PATHS = WEBUI_FILES | {"/health", "/models", "/v1/models"}
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 

@@ -64,16 +64,30 @@ async def root(request: Request):
     return HTMLResponse(page(), headers={"Content-Security-Policy": CSP, "Cache-Control": "no-cache"})
 
 
+KINDS = {".js": "text/javascript", ".css": "text/css", ".webmanifest": "application/manifest+json"}
+
+
 @router.get("/bundle.js")
 @router.get("/bundle.css")
+@router.get("/sw.js")
+@router.get("/manifest.webmanifest")
 async def asset(request: Request):
-    """The page's script and style, at llama-server's asset paths (public, as its are)."""
+    """The page's files at llama-server's asset paths, public as its are: script, style, the web
+    app manifest, and at /sw.js a worker that removes the one llama-server's page registers
+    there (webui/sw.js says why)."""
     off = _off(request)
     if off is not None:
         return off
     name = request.url.path.lstrip("/")
-    kind = "text/javascript" if name.endswith(".js") else "text/css"
+    kind = KINDS[Path(name).suffix]
     return Response(page(name), media_type=f"{kind}; charset=utf-8", headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/_app/version.json")
+async def version(request: Request):
+    """The version file llama-server's page polls to notice a new build: this server's version."""
+    off = _off(request)
+    return off if off is not None else JSONResponse({"version": __version__}, headers={"Cache-Control": "no-cache"})
 
 
 @router.get("/props")
