@@ -8,6 +8,7 @@ so `--help`, completion and flag checks are fast.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -74,6 +75,47 @@ DEFAULT_PORT = 8080
 DEFAULT_MAX_PREDICT_MS = 300_000  # serve: no request decodes longer than 5 minutes unless --max-predict-ms says
 MIN_TEMP = 1e-5  # temperatures below it decode greedily (SamplingOptions.greedy)
 REPETITION_PENALTY_RANGE = (0.01, 100.0)  # beyond it logits overflow or vanish: refused
+
+
+# serve --tools: llama-server's built-in agent tools, in its order (server/tools/builtin.py)
+TOOL_NAMES = (
+    "read_file", "file_glob_search", "grep_search", "exec_shell_command", "write_file", "edit_file", "get_info",
+)  # fmt: skip
+_CONTAINER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_SSH_TARGET = re.compile(r"[A-Za-z0-9._@][A-Za-z0-9._@-]*")
+
+
+@dataclass(frozen=True)
+class ToolsRuntimeSpec:
+    """Where built-in tools run, as --tools-runtime or the x-tool-runtime header names it:
+    `docker:IMAGE`/`podman:IMAGE` (a container to start), `docker-container:ID`/
+    `podman-container:ID` (a running one) or `ssh:TARGET`. A container id or ssh target that
+    starts with '-' would be read as an option by the engine or by ssh (`-oProxyCommand=...`
+    runs a command on this host), so `parse` refuses it, and any other scheme (ValueError)."""
+
+    kind: str  # "image", "container" or "ssh"
+    engine: str  # docker or podman ("" for ssh)
+    target: str  # the image, container id or ssh target
+
+    @staticmethod
+    def parse(spec: str) -> ToolsRuntimeSpec:
+        for engine in ("docker", "podman"):
+            if spec.startswith(f"{engine}-container:"):
+                cid = spec[len(engine) + len("-container:") :]
+                if not _CONTAINER_ID.fullmatch(cid):
+                    raise ValueError(f"invalid container id: {cid}")
+                return ToolsRuntimeSpec("container", engine, cid)
+            if spec.startswith(f"{engine}:"):
+                image = spec[len(engine) + 1 :]
+                if not image:
+                    raise ValueError(f"{engine}:<image> requires an image name")
+                return ToolsRuntimeSpec("image", engine, image)
+        if spec.startswith("ssh:"):
+            target = spec[len("ssh:") :]
+            if not _SSH_TARGET.fullmatch(target):
+                raise ValueError(f"invalid ssh target: {target}")
+            return ToolsRuntimeSpec("ssh", "", target)
+        raise ValueError(f"unknown tool runtime: {spec}")
 
 
 @dataclass(frozen=True)
@@ -256,6 +298,8 @@ class ServerOptions:
     models_autoload: bool = True  # --no-models-autoload: a model loads only by POST /models/load
     mcp_proxy: bool = False  # --ui-mcp-proxy: /cors-proxy forwards to public URLs (server/cors_proxy.py)
     mcp_proxy_allow: tuple[str, ...] = ()  # --ui-mcp-proxy-allow: hosts it may reach beyond that policy
+    tools: tuple[str, ...] = ()  # --tools: the built-in agent tools served at /tools ("all": every one)
+    tools_runtime: str | None = None  # --tools-runtime: the container or ssh host they run in (None: here)
     shutdown_grace: int = 5  # seconds requests in flight get after SIGTERM before they are cancelled
     sleep_idle_seconds: int = -1  # --sleep-idle-seconds: release the model after this long idle (-1: never)
     max_predict_ms: int = DEFAULT_MAX_PREDICT_MS  # a request's decoding time limit (0: none)

@@ -35,10 +35,12 @@ from .options import (
     POOLINGS,
     REASONING_FORMATS,
     REPETITION_PENALTY_RANGE,
+    TOOL_NAMES,
     CommandOptions,
     DraftConfig,
     LookupConfig,
     RunConfig,
+    ToolsRuntimeSpec,
 )
 from .validate_cache import cache_types
 
@@ -309,6 +311,21 @@ def _server(opts: CommandOptions) -> None:
         raise UsageError(f"--max-predict-ms must be 0 (no limit) or more milliseconds, got {srv.max_predict_ms}")
     if srv.threads is not None and srv.threads < 1:
         raise UsageError(f"--threads (-t) must be at least 1, got {srv.threads}")
+    _tools(srv)
+
+
+def _tools(srv) -> None:
+    """--tools names and --tools-runtime's spec, checked before anything loads or starts."""
+    if bad := [n for n in srv.tools if n != "all" and n not in TOOL_NAMES]:
+        raise UsageError(f"--tools: unknown tool {bad[0]!r}; available tools: {', '.join(TOOL_NAMES)} (or all)")
+    if srv.tools_runtime is None:
+        return
+    if not srv.tools:
+        raise UsageError("--tools-runtime says where --tools run; add --tools")
+    try:
+        ToolsRuntimeSpec.parse(srv.tools_runtime)
+    except ValueError as exc:
+        raise UsageError(f"--tools-runtime: {exc}") from None
 
 
 def _server_notes(opts: CommandOptions) -> tuple[str, ...]:

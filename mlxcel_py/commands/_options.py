@@ -153,6 +153,8 @@ ModelsDirOpt = Annotated[Optional[str], typer.Option("--models-dir", metavar="DI
 ModelsPresetOpt = Annotated[Optional[str], typer.Option("--models-preset", metavar="FILE", help="Router mode (llama-server's): an INI file of models and their serve flags ([*] for every model, [ID] for one, model = PATH to add one, load-on-startup, stop-timeout).", rich_help_panel=SERVER)]
 ModelsMaxOpt = Annotated[int, typer.Option("--models-max", metavar="N", help="Router mode: models loaded at once; the least recently used idle one is stopped for another (default 4; 0: no limit).", rich_help_panel=SERVER)]
 ModelsAutoloadOpt = Annotated[bool, typer.Option("--models-autoload/--no-models-autoload", help="Router mode: load a model when a request names it (default), or only by POST /models/load.", rich_help_panel=SERVER)]
+ToolsOpt = Annotated[Optional[str], typer.Option("--tools", metavar="TOOL1,TOOL2|all", help="Serve llama-server's built-in agent tools at /tools (read_file, file_glob_search, grep_search, exec_shell_command, write_file, edit_file, get_info, or all): they run commands and write files as this user; experimental, never for untrusted clients (403 without).", rich_help_panel=SERVER)]
+ToolsRuntimeOpt = Annotated[Optional[str], typer.Option("--tools-runtime", metavar="SPEC", help="Where --tools run: docker:IMAGE or podman:IMAGE (a container started for this server), docker-container:ID, podman-container:ID or ssh:TARGET (default: this host).", rich_help_panel=SERVER)]
 McpProxyOpt = Annotated[bool, typer.Option("--ui-mcp-proxy", "--webui-mcp-proxy", help="Serve llama-server's MCP CORS proxy: /cors-proxy?url=URL forwards to URL, public addresses only (403 without).", rich_help_panel=SERVER)]
 McpProxyAllowOpt = Annotated[Optional[list[str]], typer.Option("--ui-mcp-proxy-allow", metavar="HOST", envvar="LLAMA_ARG_UI_MCP_PROXY_ALLOW", help="A host the MCP CORS proxy may reach although it is not public (exact, e.g. 127.0.0.1); repeat it or separate hosts with commas.", rich_help_panel=SERVER)]
 WebuiOpt = Annotated[bool, typer.Option("--webui/--no-webui", "--ui/--no-ui", help="Serve the chat page at / (--no-webui or --no-ui: / is a 404, as llama-server's).", rich_help_panel=SERVER)]
@@ -321,6 +323,8 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             models_preset=g("models_preset"),
             models_autoload=g("models_autoload", True),
             mcp_proxy=g("mcp_proxy", False),
+            tools=_items([g("tools")] if g("tools") else None),
+            tools_runtime=g("tools_runtime"),
             mcp_proxy_allow=_items(g("mcp_proxy_allow")),
             shutdown_grace=g("shutdown_grace", 5),
             sleep_idle_seconds=g("sleep_idle_seconds", -1),
@@ -482,6 +486,8 @@ SERVER_PARAMS = [
     _kw("models_preset", ModelsPresetOpt, None),
     _kw("models_autoload", ModelsAutoloadOpt, True),
     _kw("mcp_proxy", McpProxyOpt, False),
+    _kw("tools", ToolsOpt, None),
+    _kw("tools_runtime", ToolsRuntimeOpt, None),
     _kw("mcp_proxy_allow", McpProxyAllowOpt, None),
     _kw("shutdown_grace", ShutdownGraceOpt, 5),
     _kw("sleep_idle_seconds", SleepIdleOpt, -1),

@@ -41,6 +41,8 @@ ROUTER_ONLY = {
     "--ui-mcp-proxy",
     "--webui-mcp-proxy",
     "--ui-mcp-proxy-allow",
+    "--tools",  # the router serves /tools itself (where the web UI calls them)
+    "--tools-runtime",
     "--model",
     "-m",
 }

@@ -52,6 +52,7 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
         say(f"Vertex AI prediction protocol: POST {prediction.predict_route} (AIP_MODE=PREDICTION)")
     app.state.slot_dir = Path(srv.slot_save_path) if srv.slot_save_path else None
     app.state.mcp_proxy, app.state.mcp_proxy_allow = srv.mcp_proxy, srv.mcp_proxy_allow
+    app.state.tools = server_tools(srv, say, warn, cors.relaxed and not access.api_keys)
     # on SIGTERM/SIGINT uvicorn stops accepting, waits this long for requests in flight, then
     # cancels them (their streams end, the finally below stops the worker's job)
     config = uvicorn_config(app, srv)
@@ -85,6 +86,8 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
     threading.Thread(target=load, name="mlxcel-load", daemon=True).start()
 
     def cleanup() -> None:
+        if app.state.tools is not None:
+            app.state.tools.close()  # a container started for --tools-runtime stops with the server
         if "worker" in loaded:
             worker = loaded["worker"]
             worker.stop()
@@ -122,6 +125,26 @@ def serve_until_signal(server: Any, socks: list[socket.socket], cleanup: Callabl
     finally:
         cleanup()
     return code
+
+
+def server_tools(srv: Any, say: Callable[[str], None], warn: Callable[[str], None], exposed: bool) -> Any:
+    """--tools as a tools.ServerTools (None without), its --tools-runtime started; said at startup.
+    `exposed`: any web page may call this server and no key guards it (then said loudly)."""
+    if not srv.tools:
+        return None
+    if exposed:
+        warn("--tools with --cors-origins '*' and no --api-key: any web page you open can run commands here")
+    from .tools import ServerTools, select
+    from .tools.runtime import ToolsRuntime
+
+    runtime = ToolsRuntime(srv.tools_runtime) if srv.tools_runtime else None
+    tools = ServerTools(select(srv.tools), runtime)
+    where = f"in {runtime.spec()}" if runtime is not None else "on this host, as this user"
+    say(
+        f"tools (experimental): {', '.join(t.name for t in tools.tools)} at /tools, run {where}; "
+        "never let untrusted clients reach this server"
+    )
+    return tools
 
 
 def policies(srv: Any, warn: Callable[[str], None]) -> tuple[Any, Any]:

@@ -26,7 +26,7 @@ def run_router(
     gets `child_argv` after the preset's flags."""
     import uvicorn
 
-    from ..main import _bind, _exit_now, listening, policies, serve_until_signal, uvicorn_config
+    from ..main import _bind, _exit_now, listening, policies, serve_until_signal, server_tools, uvicorn_config
     from .instances import Instances
     from .routes import create_router_app
 
@@ -54,6 +54,7 @@ def run_router(
     app = create_router_app(
         instances, access=access, cors=cors, access_log=not srv.log_disable, reload=reread, webui=srv.webui
     )
+    tools = app.state.tools = server_tools(srv, say, warn, cors.relaxed and not access.api_keys)
     server = uvicorn.Server(uvicorn_config(app, srv))
     limit = f"at most {srv.models_max} loaded at once" if srv.models_max else "no limit on how many are loaded"
     say(
@@ -63,7 +64,13 @@ def run_router(
     url, others = listening(srv.host, socks)
     say(f"mlxcel serve: router listening on {url}{others}")
     sys.stderr.flush()
-    _exit_now(serve_until_signal(server, socks, instances.shutdown))
+
+    def shutdown() -> None:
+        if tools is not None:
+            tools.close()
+        instances.shutdown()
+
+    _exit_now(serve_until_signal(server, socks, shutdown))
 
 
 def _entries(models_dir: str | None, preset: Preset) -> list[Entry]:

@@ -23,12 +23,14 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, StreamingResponse
 
 from ... import __version__
+from .. import webui as webui_routes
 from ..app import install_error_handlers
 from ..http import BODY_LIMIT, HOP_BY_HOP, ApiError, Cors, Guard, parse_json, read_body, read_json, relay
 from ..security import AccessPolicy, CorsPolicy
+from ..tools import routes as tools_routes
 from ..webui import CSP, page, wants_json
 from .catalog import Preset
 from .instances import Instances
@@ -57,6 +59,8 @@ def create_router_app(
 
     app = FastAPI(title="mlxcel-py router", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.instances = instances
+    app.state.webui, app.state.body_limit = webui, body_limit
+    app.state.tools = None  # --tools: a tools.ServerTools (router/main.py sets it)
     created = int(time.time())
     install_error_handlers(app)
 
@@ -73,14 +77,11 @@ def create_router_app(
             raise ApiError("the chat page is off (--no-webui)", status=404, type="not_found_error")
         return HTMLResponse(page(), headers={"Content-Security-Policy": CSP, "Cache-Control": "no-cache"})
 
-    @app.get("/bundle.js")
-    @app.get("/bundle.css")
-    async def asset(request: Request):
-        if not webui:
-            raise ApiError("the chat page is off (--no-webui)", status=404, type="not_found_error")
-        name = request.url.path.lstrip("/")
-        kind = "text/javascript" if name.endswith(".js") else "text/css"
-        return Response(page(name), media_type=f"{kind}; charset=utf-8", headers={"Cache-Control": "no-cache"})
+    # the page's files, as a model's server serves them (webui.py); /tools is served here, where the page is
+    for path in ("/bundle.js", "/bundle.css", "/sw.js", "/manifest.webmanifest"):
+        app.add_api_route(path, webui_routes.asset, methods=["GET"])
+    app.add_api_route("/_app/version.json", webui_routes.version, methods=["GET"])
+    app.include_router(tools_routes.router)
 
     @app.get("/models")
     @app.get("/v1/models")

@@ -1,0 +1,32 @@
+"""llama-server's built-in agent tools (`serve --tools NAMES|all`, experimental there too): a
+client, such as its web UI in agent mode, lists them (GET /tools), hands their definitions to
+the model, and runs the calls the model makes through POST /tools.
+
+- builtin.py: the seven tools (read, search, grep, run a command, write, edit, system info);
+- io.py: where they run: this host or an isolate (a container, an ssh host);
+- runtime.py: `--tools-runtime`, the isolate every call uses unless its request names one;
+- routes.py: the two routes.
+
+These run commands and write files as the server's user. They are off unless named; the server
+binds loopback and lets only loopback pages call it by default, and an API key guards /tools
+like every other route. Do not turn them on where untrusted clients can reach the server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .builtin import TOOLS, Tool, select
+from .runtime import ToolsRuntime
+
+__all__ = ["TOOLS", "ServerTools", "Tool", "select"]
+
+
+@dataclass
+class ServerTools:
+    tools: list[Tool]
+    runtime: ToolsRuntime | None = None
+
+    def close(self) -> None:
+        if self.runtime is not None:
+            self.runtime.close()
