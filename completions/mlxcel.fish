@@ -332,6 +332,8 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l models-autoload -l 
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l ui-mcp-proxy -l webui-mcp-proxy -d 'Serve llama-servers MCP CORS proxy: /cors-proxy?url=URL forwards to URL, public addresses only (403 without)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l tools -d 'Serve llama-servers built-in agent tools at /tools (read_file, file_glob_search, grep_search, exec_shell_command, write_file, edit_file, get_info, or all): they run commands and write files as this user; experimental, never for untrusted clients (403 without)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l tools-runtime -d 'Where --tools run: docker:IMAGE or podman:IMAGE (a container started for this server), docker-container:ID, podman-container:ID or ssh:TARGET (default: this host)'
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l mcp-servers-config -d 'MCP servers whose tools /tools lists as SERVER_TOOL: a JSON file in Cursors {"mcpServers": {'
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l mcp-servers-json -d 'The same MCP servers layout, inline'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l ui-mcp-proxy-allow -d 'A host the MCP CORS proxy may reach although it is not public (exact, e'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l shutdown-grace -d 'On SIGTERM/Ctrl-C, how long requests in flight may finish before they are cancelled'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l sleep-idle-seconds -d 'After this many seconds with no request, release the models weights and caches; the next request that needs the model loads it again (llama-servers; -1, the default: never)'

@@ -300,6 +300,8 @@ class ServerOptions:
     mcp_proxy_allow: tuple[str, ...] = ()  # --ui-mcp-proxy-allow: hosts it may reach beyond that policy
     tools: tuple[str, ...] = ()  # --tools: the built-in agent tools served at /tools ("all": every one)
     tools_runtime: str | None = None  # --tools-runtime: the container or ssh host they run in (None: here)
+    mcp_servers_config: str | None = None  # --mcp-servers-config: a JSON file of MCP servers whose tools /tools lists
+    mcp_servers_json: str | None = None  # --mcp-servers-json: the same, inline
     shutdown_grace: int = 5  # seconds requests in flight get after SIGTERM before they are cancelled
     sleep_idle_seconds: int = -1  # --sleep-idle-seconds: release the model after this long idle (-1: never)
     max_predict_ms: int = DEFAULT_MAX_PREDICT_MS  # a request's decoding time limit (0: none)

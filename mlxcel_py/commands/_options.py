@@ -155,6 +155,8 @@ ModelsMaxOpt = Annotated[int, typer.Option("--models-max", metavar="N", help="Ro
 ModelsAutoloadOpt = Annotated[bool, typer.Option("--models-autoload/--no-models-autoload", help="Router mode: load a model when a request names it (default), or only by POST /models/load.", rich_help_panel=SERVER)]
 ToolsOpt = Annotated[Optional[str], typer.Option("--tools", metavar="TOOL1,TOOL2|all", help="Serve llama-server's built-in agent tools at /tools (read_file, file_glob_search, grep_search, exec_shell_command, write_file, edit_file, get_info, or all): they run commands and write files as this user; experimental, never for untrusted clients (403 without).", rich_help_panel=SERVER)]
 ToolsRuntimeOpt = Annotated[Optional[str], typer.Option("--tools-runtime", metavar="SPEC", help="Where --tools run: docker:IMAGE or podman:IMAGE (a container started for this server), docker-container:ID, podman-container:ID or ssh:TARGET (default: this host).", rich_help_panel=SERVER)]
+McpServersConfigOpt = Annotated[Optional[str], typer.Option("--mcp-servers-config", metavar="FILE", help="MCP servers whose tools /tools lists as SERVER_TOOL: a JSON file in Cursor's {\"mcpServers\": {...}} layout (experimental; they run as this user).", rich_help_panel=SERVER)]
+McpServersJsonOpt = Annotated[Optional[str], typer.Option("--mcp-servers-json", metavar="JSON", help="The same MCP servers' layout, inline.", rich_help_panel=SERVER)]
 McpProxyOpt = Annotated[bool, typer.Option("--ui-mcp-proxy", "--webui-mcp-proxy", help="Serve llama-server's MCP CORS proxy: /cors-proxy?url=URL forwards to URL, public addresses only (403 without).", rich_help_panel=SERVER)]
 McpProxyAllowOpt = Annotated[Optional[list[str]], typer.Option("--ui-mcp-proxy-allow", metavar="HOST", envvar="LLAMA_ARG_UI_MCP_PROXY_ALLOW", help="A host the MCP CORS proxy may reach although it is not public (exact, e.g. 127.0.0.1); repeat it or separate hosts with commas.", rich_help_panel=SERVER)]
 WebuiOpt = Annotated[bool, typer.Option("--webui/--no-webui", "--ui/--no-ui", help="Serve the chat page at / (--no-webui or --no-ui: / is a 404, as llama-server's).", rich_help_panel=SERVER)]
@@ -325,6 +327,8 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             mcp_proxy=g("mcp_proxy", False),
             tools=_items([g("tools")] if g("tools") else None),
             tools_runtime=g("tools_runtime"),
+            mcp_servers_config=g("mcp_servers_config"),
+            mcp_servers_json=g("mcp_servers_json"),
             mcp_proxy_allow=_items(g("mcp_proxy_allow")),
             shutdown_grace=g("shutdown_grace", 5),
             sleep_idle_seconds=g("sleep_idle_seconds", -1),
@@ -488,6 +492,8 @@ SERVER_PARAMS = [
     _kw("mcp_proxy", McpProxyOpt, False),
     _kw("tools", ToolsOpt, None),
     _kw("tools_runtime", ToolsRuntimeOpt, None),
+    _kw("mcp_servers_config", McpServersConfigOpt, None),
+    _kw("mcp_servers_json", McpServersJsonOpt, None),
     _kw("mcp_proxy_allow", McpProxyAllowOpt, None),
     _kw("shutdown_grace", ShutdownGraceOpt, 5),
     _kw("sleep_idle_seconds", SleepIdleOpt, -1),

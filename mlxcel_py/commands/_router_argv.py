@@ -43,6 +43,8 @@ ROUTER_ONLY = {
     "--ui-mcp-proxy-allow",
     "--tools",  # the router serves /tools itself (where the web UI calls them)
     "--tools-runtime",
+    "--mcp-servers-config",
+    "--mcp-servers-json",
     "--model",
     "-m",
 }

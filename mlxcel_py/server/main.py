@@ -62,6 +62,8 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
         def handle_exit(self, sig, frame) -> None:
             first = not self.should_exit
             super().handle_exit(sig, frame)
+            if first and app.state.tools is not None:
+                app.state.tools.shutting_down()  # MCP calls in flight end now, not at their timeout
             if first and "worker" in loaded:
                 # a second before the grace runs out (when uvicorn would cancel them mid-write),
                 # stop every request: a stream ends with an error chunk and [DONE], a plain
@@ -130,18 +132,24 @@ def serve_until_signal(server: Any, socks: list[socket.socket], cleanup: Callabl
 def server_tools(srv: Any, say: Callable[[str], None], warn: Callable[[str], None], exposed: bool) -> Any:
     """--tools as a tools.ServerTools (None without), its --tools-runtime started; said at startup.
     `exposed`: any web page may call this server and no key guards it (then said loudly)."""
-    if not srv.tools:
+    if not srv.tools and not srv.mcp_servers_config and not srv.mcp_servers_json:
         return None
-    if exposed:
-        warn("--tools with --cors-origins '*' and no --api-key: any web page you open can run commands here")
-    from .tools import ServerTools, select
+    from .tools import McpServers, ServerTools, select
+    from .tools.mcp import read_configs
     from .tools.runtime import ToolsRuntime
 
+    configs = read_configs(srv.mcp_servers_config, srv.mcp_servers_json, say)  # a bad file: exit 2, now
+    if exposed:
+        warn("/tools with --cors-origins '*' and no --api-key: any web page you open can run these tools")
     runtime = ToolsRuntime(srv.tools_runtime) if srv.tools_runtime else None
-    tools = ServerTools(select(srv.tools), runtime)
+    tools = ServerTools(select(srv.tools) if srv.tools else [], runtime)
+    if configs:
+        tools.mcp = McpServers(configs, say)
+        tools.mcp.warm_up()
+        tools.tools += tools.mcp.as_tools({t.name for t in tools.tools})
     where = f"in {runtime.spec()}" if runtime is not None else "on this host, as this user"
     say(
-        f"tools (experimental): {', '.join(t.name for t in tools.tools)} at /tools, run {where}; "
+        f"tools (experimental): {', '.join(t.name for t in tools.tools) or 'none'} at /tools, run {where}; "
         "never let untrusted clients reach this server"
     )
     return tools

@@ -5,6 +5,7 @@ the model, and runs the calls the model makes through POST /tools.
 - builtin.py: the seven tools (read, search, grep, run a command, write, edit, system info);
 - io.py: where they run: this host or an isolate (a container, an ssh host);
 - runtime.py: `--tools-runtime`, the isolate every call uses unless its request names one;
+- mcp.py: MCP servers' tools (`--mcp-servers-config`, `--mcp-servers-json`), listed beside them;
 - routes.py: the two routes.
 
 These run commands and write files as the server's user. They are off unless named; the server
@@ -17,16 +18,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .builtin import TOOLS, Tool, select
+from .mcp import McpServers
 from .runtime import ToolsRuntime
 
-__all__ = ["TOOLS", "ServerTools", "Tool", "select"]
+__all__ = ["TOOLS", "McpServers", "ServerTools", "Tool", "select"]
 
 
 @dataclass
 class ServerTools:
     tools: list[Tool]
     runtime: ToolsRuntime | None = None
+    mcp: McpServers | None = None
+
+    def shutting_down(self) -> None:
+        """SIGTERM: MCP calls in flight end now, so requests waiting on them let the server stop."""
+        if self.mcp is not None:
+            self.mcp.stop()
 
     def close(self) -> None:
+        self.shutting_down()
         if self.runtime is not None:
             self.runtime.close()

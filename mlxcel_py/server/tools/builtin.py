@@ -67,13 +67,14 @@ class Tool:
     write: bool = False  # it changes files or runs commands
     stream: bool = False  # `stream: true` gets its output as it comes
     uses_cwd: bool = True
+    kind: str = "server"  # or "mcp": an MCP server's tool (mcp.py)
 
     def describe(self) -> dict:
         """GET /tools' entry, llama-server's shape."""
         return {
             "display_name": self.display_name,
             "tool": self.name,
-            "type": "server",
+            "type": self.kind,
             "permissions": {"write": self.write},
             "uses_cwd": self.uses_cwd,
             "definition": self.definition,
