@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 
 from mlxcel_py.server.tools import ServerTools, select
 from mlxcel_py.server.tools.builtin import (
+    FILE_MAX,
     READ_MAX,
     ParamError,
     edit_file,
@@ -60,6 +61,10 @@ def test_read_file_ranges_numbers_limits_and_base64(tree):
     raw = read_file({"path": "big.txt", "resp_type": "base64"}, io)
     assert base64.b64decode(raw["base64"]) == (tree / "big.txt").read_bytes()
     assert read_file({"path": "missing.txt"}, io) == {"error": "cannot stat file: missing.txt"}
+    with open(tree / "huge.log", "wb") as f:  # sparse: no disk used; never loaded into memory whole
+        f.truncate(FILE_MAX + 1)
+    assert "max 67108864 for a line range" in read_file({"path": "huge.log", "end_line": 2}, io)["error"]
+    assert "Total matches: 0" in grep_search({"path": "huge.log", "pattern": "x"}, io)["plain_text_response"]
     with pytest.raises(ParamError, match="'path' is required"):
         read_file({}, io)
     with pytest.raises(ParamError, match="'start_line' must be an integer"):

@@ -85,9 +85,17 @@ def _streamed(tool: Tool, params: dict, io: Any) -> StreamingResponse:
     queue: asyncio.Queue = asyncio.Queue()
     gone = threading.Event()  # the client left: the next chunk stops the command
 
+    def hand_over(item: dict) -> bool:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the event loop closed (shutdown): nobody reads any more
+            gone.set()
+            return False
+        return True
+
     def push(chunk: str) -> bool:
-        if chunk:
-            loop.call_soon_threadsafe(queue.put_nowait, {"chunk": chunk})
+        if chunk and not hand_over({"chunk": chunk}):
+            return False
         return not gone.is_set()
 
     def work() -> None:
@@ -98,7 +106,7 @@ def _streamed(tool: Tool, params: dict, io: Any) -> StreamingResponse:
             end["error"] = f"{tool.name}: {exc}"
         except Exception as exc:  # reported in the stream's last event; the server goes on
             end["error"] = f"{type(exc).__name__}: {exc}"
-        loop.call_soon_threadsafe(queue.put_nowait, end)
+        hand_over(end)
 
     async def events():
         thread = threading.Thread(target=work, name=f"tool-{tool.name}", daemon=True)
