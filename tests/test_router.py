@@ -84,7 +84,7 @@ def env(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def router(models, env):
-    proc, url, lines = _start(models, env, "--models-max", "2", "--temp", "0", "-n", "8")
+    proc, url, lines = _start(models, env, "--models-max", "2", "--temp", "0", "-n", "8", "--tools", "get_info")
     yield url, lines, proc.pid
     proc.terminate()
     proc.wait(timeout=30)
@@ -120,7 +120,8 @@ def test_a_model_gets_the_routers_flags_but_not_its_address_or_keys():
     from mlxcel_py.commands.serve import serve
 
     argv = ["--models-dir", "/m", "--port", "9", "--temp", "0", "-n", "8", "--api-key", "k", "--draft-max=4",
-            "--no-models-autoload", "--host=0.0.0.0", "--prompt-lookup", "--models-max", "1", "-np", "2"]  # fmt: skip
+            "--no-models-autoload", "--host=0.0.0.0", "--prompt-lookup", "--models-max", "1", "-np", "2",
+            "--tools", "all", "--tools-runtime", "ssh:h", "--mcp-servers-json", "{}"]  # fmt: skip
     assert child_argv(argv, serve) == ["--temp", "0", "-n", "8", "--draft-max=4", "--prompt-lookup", "-np", "2"]
     assert serve_arguments(["mlxcel", "serve", "--port", "1"]) == ["--port", "1"]
     assert serve_arguments(["mlxcel-server", "--port", "1"]) == ["--port", "1"]
@@ -443,3 +444,19 @@ def test_a_body_over_the_limit_is_refused_from_its_length(router):
         head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
         sock.sendall((head + f"Content-Length: {9 * 2**20}\r\n\r\n").encode())
         assert b" 413 " in sock.recv(4096).split(b"\r\n")[0] + b" "
+
+
+def test_the_router_serves_tools_and_the_pages_files_itself(router):
+    """--tools belongs to the router (where the page is), not to its models' servers."""
+    import urllib.request
+
+    url, lines, _ = router
+    assert any("tools (experimental): get_info at /tools" in ln for ln in lines)
+    status, listed = _call("GET", url + "/tools")
+    assert status == 200 and [t["tool"] for t in listed] == ["get_info"]
+    status, info = _call("POST", url + "/tools", {"tool": "get_info", "params": {}})
+    assert status == 200 and info["os"] and info["cwd"]
+    with urllib.request.urlopen(url + "/sw.js", timeout=30) as r:
+        assert b"registration.unregister()" in r.read()
+    with urllib.request.urlopen(url + "/_app/version.json", timeout=30) as r:
+        assert json.loads(r.read())["version"]
