@@ -343,6 +343,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l n-gpu-layers -o ngl
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l flash-attn -o fa -d 'llama-servers flash attention switch (accepted; MLX picks its own attention kernel)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l cont-batching -o cb -d 'llama-servers continuous batching switch (accepted; batching is on whenever -np is above 1)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l batch-size -s b -d 'llama-servers logical batch size (accepted; prompts are fed in chunks sized for the CPU kernels)'
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l backend-sampling -o bs -d 'llama-servers GPU-side sampling (accepted; sampling here runs beside the model on every device)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l ubatch-size -o ub -d 'llama-servers physical batch size (accepted; prompts are fed in chunks sized for the CPU kernels)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l metrics -d 'Serve GET /metrics: Prometheus text, llama-servers llamacpp: series and ours (501 without it)'
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l cache-idle-slots -l no-cache-idle-slots -d 'llama-servers switch (accepted: a requests cache goes to the prompt cache, --cache-ram, when it ends; no slot keeps an idle one)'

@@ -105,6 +105,11 @@ app.add_typer(draft.app, name="draft")
 
 def main() -> None:
     std_streams()
+    command = typer.main.get_command(app).commands.get(sys.argv[1]) if len(sys.argv) > 1 else None  # type: ignore[attr-defined]
+    if command is not None and hasattr(command, "params"):  # llama.cpp's --ctx_size spelling too
+        from .commands._spelling import long_flags, respell
+
+        sys.argv[2:] = respell(sys.argv[2:], long_flags(command))
     try:
         app()
     except KeyboardInterrupt:

@@ -405,3 +405,22 @@ def test_a_fifo_or_a_looping_link_as_the_model_is_named_for_what_it_is(cli_env, 
         )
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
         assert fragment in r.stderr and "Hugging Face" not in r.stderr, r.stderr
+
+
+def test_llama_cpp_underscore_spellings_of_a_commands_flags(tiny_dir, cli_env):
+    """llama.cpp reads `--max_tokens` as `--max-tokens`; so does every command here (and
+    mlxcel-server), for its own flags only: an unknown underscored flag is still an error."""
+    from mlxcel_py.commands._spelling import respell
+
+    flags = {"--max-tokens", "--prompt-lookup", "--temp"}
+    assert respell(["--max_tokens", "3", "--prompt_lookup", "--temp=0.5", "-p", "--x_y", "--a_b=c"], flags) == [
+        "--max-tokens", "3", "--prompt-lookup", "--temp=0.5", "-p", "--x_y", "--a_b=c",
+    ]  # fmt: skip
+    base = mlxcel_cmd() + ["generate", "-m", str(tiny_dir), "-p", "Hi"]
+    dashed = subprocess.run(
+        base + ["--max-tokens", "3", "--prompt-lookup"], capture_output=True, text=True, env=cli_env
+    )
+    under = subprocess.run(base + ["--max_tokens", "3", "--prompt_lookup"], capture_output=True, text=True, env=cli_env)
+    assert under.returncode == 0 and under.stdout == dashed.stdout and dashed.stdout
+    bad = subprocess.run(base + ["--no_such_flag"], capture_output=True, text=True, env=cli_env)
+    assert bad.returncode == 2 and "--no_such_flag" in bad.stderr

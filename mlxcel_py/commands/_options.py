@@ -164,6 +164,7 @@ LogDisableOpt = Annotated[bool, typer.Option("--log-disable", help="No per-reque
 GpuLayersOpt = Annotated[Optional[str], typer.Option("--n-gpu-layers", "-ngl", "--gpu-layers", metavar="N", help="llama-server's GPU offload (accepted; MLX places the whole model on its device).", rich_help_panel=SERVER)]
 FlashAttnOpt = Annotated[Optional[str], typer.Option("--flash-attn", "-fa", metavar="on|off|auto", help="llama-server's flash attention switch (accepted; MLX picks its own attention kernel).", rich_help_panel=SERVER)]
 ContBatchingOpt = Annotated[bool, typer.Option("--cont-batching", "-cb", help="llama-server's continuous batching switch (accepted; batching is on whenever -np is above 1).", rich_help_panel=SERVER)]
+BackendSamplingOpt = Annotated[bool, typer.Option("--backend-sampling", "-bs", help="llama-server's GPU-side sampling (accepted; sampling here runs beside the model on every device).", rich_help_panel=SERVER)]
 BatchSizeOpt = Annotated[Optional[int], typer.Option("--batch-size", "-b", metavar="N", help="llama-server's logical batch size (accepted; prompts are fed in chunks sized for the CPU kernels).", rich_help_panel=SERVER)]
 UbatchSizeOpt = Annotated[Optional[int], typer.Option("--ubatch-size", "-ub", metavar="N", help="llama-server's physical batch size (accepted; prompts are fed in chunks sized for the CPU kernels).", rich_help_panel=SERVER)]
 CacheIdleSlotsOpt = Annotated[bool, typer.Option("--cache-idle-slots/--no-cache-idle-slots", help="llama-server's switch (accepted: a request's cache goes to the prompt cache, --cache-ram, when it ends; no slot keeps an idle one).", rich_help_panel=SERVER)]
@@ -341,6 +342,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
                     ("--n-gpu-layers", "n_gpu_layers"),
                     ("--flash-attn", "flash_attn"),
                     ("--batch-size", "batch_size"),
+                    ("--backend-sampling", "backend_sampling"),
                     ("--ubatch-size", "ubatch_size"),
                 )
                 if g(name)
@@ -503,6 +505,7 @@ SERVER_PARAMS = [
     _kw("flash_attn", FlashAttnOpt, None),
     _kw("cont_batching", ContBatchingOpt, False),
     _kw("batch_size", BatchSizeOpt, None),
+    _kw("backend_sampling", BackendSamplingOpt, False),
     _kw("ubatch_size", UbatchSizeOpt, None),
     _kw("metrics", MetricsOpt, False),
     _kw("cache_idle_slots", CacheIdleSlotsOpt, True),

@@ -82,8 +82,12 @@ def server_main() -> None:
 
     std_streams()
 
+    import sys
+
     from ._help import GroupedHelpCommand
+    from ._spelling import long_flags, respell
 
     app = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help", "--usage"]})
     app.command(help=serve.__doc__, cls=GroupedHelpCommand)(serve)
+    sys.argv[1:] = respell(sys.argv[1:], long_flags(typer.main.get_command(app)))  # llama.cpp's --ctx_size spelling
     app()

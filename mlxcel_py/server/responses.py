@@ -67,14 +67,19 @@ class ResponseShapes:
 
     def native_probs(self, entries: list, post_sampling: bool = False) -> list:
         """llama-server's `completion_probabilities`: logprobs of the model's distribution, or with
-        `post_sampling` probabilities of the sampler's (`prob`, `top_probs`)."""
+        `post_sampling` probabilities of the sampler's (`prob`, `top_probs`). Those leave out the
+        tokens the sampler ruled out (probability 0), as llama-server does: fewer than `n_probs`
+        entries then sum to 1."""
         key, top = ("prob", "top_probs") if post_sampling else ("logprob", "top_logprobs")
 
         def one(t: int, lp: float) -> dict:
             value = math.exp(lp) if post_sampling else lp
             return {"id": t, "token": self.tokenizer.decode([t]), "bytes": self.token_bytes(t), key: value}
 
-        return [{**one(e.token, e.logprob), top: [one(t, v) for t, v in e.top]} for e in entries]
+        def tops(e) -> list[dict]:
+            return [one(t, v) for t, v in e.top if not post_sampling or math.exp(v) > 0]
+
+        return [{**one(e.token, e.logprob), top: tops(e)} for e in entries]
 
 
 def sse(obj: Any) -> str:
