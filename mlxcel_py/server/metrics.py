@@ -66,6 +66,15 @@ class _LlamaTotals:
     accepted: int = 0
     verify_steps: int = 0
 
+    def add_prompt(self, tokens: int, seconds: float) -> None:
+        self.prompt.add(tokens, tokens, seconds)
+        self.prompt_window.add(tokens, tokens, seconds)
+
+    def add_predicted(self, tokens: int, seconds: float) -> None:
+        """A generation's tokens; its decode steps are one fewer (the first comes with the prompt)."""
+        self.predict.add(tokens, max(tokens - 1, 0), seconds)
+        self.predict_window.add(tokens, max(tokens - 1, 0), seconds)
+
     def empty_windows(self) -> None:
         self.prompt_window = _Bucket()
         self.predict_window = _Bucket()
@@ -160,14 +169,10 @@ class Metrics:
         self.accepted.inc(stats.accepted)
         with self._lock:
             t = self._llama
-            prefill_s = max(stats.prefill_s, 0.0)
-            t.prompt.add(prompt, prompt, prefill_s)
-            t.prompt_window.add(prompt, prompt, prefill_s)
-            n = stats.generated_tokens
-            t.predict.add(n, max(n - 1, 0), stats.predicted_s)
-            t.predict_window.add(n, max(n - 1, 0), stats.predicted_s)
+            t.add_prompt(prompt, max(stats.prefill_s, 0.0))
+            t.add_predicted(stats.generated_tokens, stats.predicted_s)
             t.cached += stats.cached_tokens
-            t.tokens_max = max(t.tokens_max, stats.prompt_tokens + n)
+            t.tokens_max = max(t.tokens_max, stats.prompt_tokens + stats.generated_tokens)
             t.drafted += stats.proposed
             t.accepted += stats.accepted
             t.verify_steps += stats.drafted_rounds
@@ -188,8 +193,7 @@ class Metrics:
         self.prompt_tokens.inc(tokens)
         with self._lock:
             t = self._llama
-            t.prompt.add(tokens, tokens, seconds)
-            t.prompt_window.add(tokens, tokens, seconds)
+            t.add_prompt(tokens, seconds)
             t.decodes += forwards
             t.busy += forwards
 

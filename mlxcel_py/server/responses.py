@@ -158,6 +158,22 @@ def usage(r: Result) -> dict:
     }
 
 
+def _figures(cache_n: int, prompt_n: int, prompt_ms: float, pred_n: int, pred_ms: float) -> dict:
+    """llama-server's nine `timings` figures from counts and times; the rates count decode steps
+    (the first token comes with the prompt's last forward)."""
+    return {
+        "cache_n": cache_n,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": prompt_n / (prompt_ms / 1000) if prompt_n and prompt_ms else 0.0,
+        "predicted_n": pred_n,
+        "predicted_ms": pred_ms,
+        "predicted_per_token_ms": pred_ms / (pred_n - 1) if pred_n > 1 else 0.0,
+        "predicted_per_second": (pred_n - 1) / (pred_ms / 1000) if pred_n > 1 and pred_ms else 0.0,
+    }
+
+
 def timings(stats: Any, so_far: tuple[int, float] | None = None) -> dict:
     """llama-server's `timings`, plus the drafter's counters when a round drafted. `so_far`:
     (tokens, ms) decoded until now, for a stream's per-token timings (the stats' decode time is
@@ -168,17 +184,7 @@ def timings(stats: Any, so_far: tuple[int, float] | None = None) -> dict:
     pred_ms = stats.predicted_s * 1000
     if so_far is not None:
         pred_n, pred_ms = so_far
-    t = {
-        "cache_n": stats.cached_tokens,
-        "prompt_n": prompt_n,
-        "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-        "prompt_per_second": prompt_n / (prompt_ms / 1000) if prompt_n and prompt_ms else 0.0,
-        "predicted_n": pred_n,
-        "predicted_ms": pred_ms,
-        "predicted_per_token_ms": pred_ms / (pred_n - 1) if pred_n > 1 else 0.0,
-        "predicted_per_second": (pred_n - 1) / (pred_ms / 1000) if pred_n > 1 and pred_ms else 0.0,
-    }
+    t = _figures(stats.cached_tokens, prompt_n, prompt_ms, pred_n, pred_ms)
     if stats.drafted_rounds > 0:
         t.update(
             draft_n=stats.proposed,
@@ -204,18 +210,7 @@ class LiveTimings:
         Before any prompt token is fed the prompt took no time (llama-server's first update)."""
         _, cache, processed, ms = p
         n = processed - cache
-        ms = ms if n > 0 else 0.0
-        return {
-            "cache_n": cache,
-            "prompt_n": n,
-            "prompt_ms": ms,
-            "prompt_per_token_ms": ms / n if n else 0.0,
-            "prompt_per_second": n / (ms / 1000) if n and ms else 0.0,
-            "predicted_n": 0,
-            "predicted_ms": 0.0,
-            "predicted_per_token_ms": 0.0,
-            "predicted_per_second": 0.0,
-        }
+        return _figures(cache, n, ms if n > 0 else 0.0, 0, 0.0)
 
     def piece(self, tokens: int) -> dict | None:
         gen = self.job.generation

@@ -234,7 +234,7 @@ def grep_search(params: dict, io: ToolIO, _push=None) -> dict:
         if capped:
             break
         # an isolate's read stops at its own cap; a stat per file there would cost a command each
-        size = 0 if io.isolated else _host_size(absolute)
+        size = 0 if io.isolated else io.size(absolute)
         data = io.read(absolute) if size is not None and size <= FILE_MAX else None
         if data is None:  # unreadable, or too large to search
             continue
@@ -257,13 +257,6 @@ def grep_search(params: dict, io: ToolIO, _push=None) -> dict:
     if capped:
         text += f"[{SEARCH_MAX} matches limit reached. Narrow the path/pattern/include to see more.]\n"
     return {"plain_text_response": text}
-
-
-def _host_size(path: str) -> int | None:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return None
 
 
 def exec_shell_command(params: dict, io: ToolIO, push: Callable[[str], bool] | None = None) -> dict | None:
