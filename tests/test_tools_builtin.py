@@ -336,3 +336,17 @@ def test_tools_runtime_starts_a_container_reuses_restarts_and_removes_it(tmp_pat
     finally:
         runtime.close()
     assert runtime._proc is None and held.poll() is not None
+
+
+def test_an_isolate_file_over_the_read_cap_is_refused_not_cut(tree, engine, monkeypatch):
+    """A file longer than an isolate's read cap is not read at all: a cut copy would let edit_file
+    write the cut file back (and the cap bounds memory while reading)."""
+    from mlxcel_py.server.tools import io as tools_io
+
+    monkeypatch.setattr(tools_io, "ISOLATE_READ_MAX", 64)
+    io = ContainerIO(engine, "abc123", str(tree))
+    (tree / "long.txt").write_text("start " + "x" * 200 + "\n")
+    before = (tree / "long.txt").read_text()
+    out = edit_file({"path": "long.txt", "edits": [{"old_text": "start", "new_text": "begin"}]}, io)
+    assert out == {"error": "failed to open file: long.txt"} and (tree / "long.txt").read_text() == before
+    assert io.read("notes.txt") == (tree / "notes.txt").read_bytes()  # under the cap: whole

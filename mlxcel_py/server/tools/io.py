@@ -49,6 +49,8 @@ class Ran:
     output: str
     exit_code: int = -1
     timed_out: bool = False
+    data: bytes = b""  # the bytes kept, undecoded
+    truncated: bool = False  # there was more than max_output
 
 
 @dataclass
@@ -148,7 +150,7 @@ def run_process(
     output = kept.decode("utf-8", errors="replace")
     if truncated:
         output += "\n[output truncated]"
-    return Ran(output, code, timed_out.is_set())
+    return Ran(output, code, timed_out.is_set(), bytes(kept), truncated)
 
 
 class ToolIO:
@@ -328,13 +330,10 @@ class IsolateIO(ToolIO):
             return None
 
     def read(self, path: str) -> bytes | None:
-        # stderr is kept out: it must not be spliced into the file's bytes
-        argv = self.argv(["cat", "--", self.resolve(path)], False)
-        try:
-            r = subprocess.run(argv, capture_output=True, timeout=ISOLATE_TIMEOUT, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return r.stdout[:ISOLATE_READ_MAX] if r.returncode == 0 else None
+        """The file's bytes; None if it cannot be read or is longer than ISOLATE_READ_MAX (a cut
+        copy would let edit_file write the cut file back). stderr is kept out of the bytes."""
+        r = self._exec(["cat", "--", self.resolve(path)], ISOLATE_READ_MAX, combine_stderr=False)
+        return r.data if r.exit_code == 0 and not r.timed_out and not r.truncated else None
 
     def write(self, path: str, content: bytes) -> bool:
         # the content goes on stdin: no command line for the far side to parse, no temporary file here
