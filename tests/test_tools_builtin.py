@@ -19,7 +19,6 @@ from fastapi.testclient import TestClient
 
 from mlxcel_py.server.tools import ServerTools, select
 from mlxcel_py.server.tools.builtin import (
-    FILE_MAX,
     READ_MAX,
     ParamError,
     edit_file,
@@ -31,7 +30,7 @@ from mlxcel_py.server.tools.builtin import (
     read_file,
     write_file,
 )
-from mlxcel_py.server.tools.io import ContainerIO, HostIO, ToolRuntimeError, make_io
+from mlxcel_py.server.tools.io import READ_LIMIT, ContainerIO, HostIO, ToolRuntimeError, make_io
 
 
 @pytest.fixture
@@ -62,9 +61,13 @@ def test_read_file_ranges_numbers_limits_and_base64(tree):
     assert base64.b64decode(raw["base64"]) == (tree / "big.txt").read_bytes()
     assert read_file({"path": "missing.txt"}, io) == {"error": "cannot stat file: missing.txt"}
     with open(tree / "huge.log", "wb") as f:  # sparse: no disk used; never loaded into memory whole
-        f.truncate(FILE_MAX + 1)
+        f.truncate(READ_LIMIT + 1)
     assert "max 67108864 for a line range" in read_file({"path": "huge.log", "end_line": 2}, io)["error"]
     assert "Total matches: 0" in grep_search({"path": "huge.log", "pattern": "x"}, io)["plain_text_response"]
+    assert io.read("huge.log") is None  # never a cut copy
+    # a device reports 0 bytes and never ends: it is no file to read
+    assert io.size("/dev/zero") is None and io.read("/dev/zero") is None
+    assert read_file({"path": "/dev/zero"}, io) == {"error": "cannot stat file: /dev/zero"}
     with pytest.raises(ParamError, match="'path' is required"):
         read_file({}, io)
     with pytest.raises(ParamError, match="'start_line' must be an integer"):
@@ -338,15 +341,17 @@ def test_tools_runtime_starts_a_container_reuses_restarts_and_removes_it(tmp_pat
     assert runtime._proc is None and held.poll() is not None
 
 
-def test_an_isolate_file_over_the_read_cap_is_refused_not_cut(tree, engine, monkeypatch):
-    """A file longer than an isolate's read cap is not read at all: a cut copy would let edit_file
-    write the cut file back (and the cap bounds memory while reading)."""
+def test_a_file_over_the_read_cap_is_refused_not_cut(tree, engine, monkeypatch):
+    """A file longer than the read cap is not read at all, in an isolate or here: a cut copy would
+    let edit_file write the cut file back (and the cap bounds memory while reading)."""
     from mlxcel_py.server.tools import io as tools_io
 
-    monkeypatch.setattr(tools_io, "ISOLATE_READ_MAX", 64)
+    monkeypatch.setattr(tools_io, "READ_LIMIT", 64)
     io = ContainerIO(engine, "abc123", str(tree))
     (tree / "long.txt").write_text("start " + "x" * 200 + "\n")
     before = (tree / "long.txt").read_text()
     out = edit_file({"path": "long.txt", "edits": [{"old_text": "start", "new_text": "begin"}]}, io)
     assert out == {"error": "failed to open file: long.txt"} and (tree / "long.txt").read_text() == before
     assert io.read("notes.txt") == (tree / "notes.txt").read_bytes()  # under the cap: whole
+    host = edit_file({"path": "long.txt", "edits": [{"old_text": "start", "new_text": "begin"}]}, HostIO(str(tree)))
+    assert host == {"error": "failed to open file: long.txt"} and (tree / "long.txt").read_text() == before

@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...options import TOOL_NAMES
-from .io import ToolIO
+from .io import READ_LIMIT, ToolIO
 
 READ_MAX = 16 * 1024
 READ_MAX_BASE64 = 32 << 20
-FILE_MAX = 64 << 20  # a file read for a line range or searched by grep_search (a larger one is not loaded)
 SEARCH_MAX = 100
 EXEC_MAX_OUTPUT = 16 * 1024
 EXEC_MAX_TIMEOUT = 60
@@ -143,8 +142,8 @@ def read_file(params: dict, io: ToolIO, _push=None) -> dict:
         return {"base64": base64.b64encode(data).decode(), "size_bytes": len(data)}
     if size > READ_MAX and end == -1:
         return {"error": f"file too large ({size} bytes, max {READ_MAX}). Use start_line/end_line to read a portion."}
-    if size > FILE_MAX:  # llama-server reads any size for a range; a huge file must not fill memory
-        return {"error": f"file too large ({size} bytes, max {FILE_MAX} for a line range)"}
+    if size > READ_LIMIT:  # llama-server reads any size for a range; a huge file must not fill memory
+        return {"error": f"file too large ({size} bytes, max {READ_LIMIT} for a line range)"}
     data = io.read(path)
     if data is None:
         return {"error": f"failed to open file: {path}"}
@@ -233,10 +232,12 @@ def grep_search(params: dict, io: ToolIO, _push=None) -> dict:
     for absolute, shown_as in files:
         if capped:
             break
-        # an isolate's read stops at its own cap; a stat per file there would cost a command each
-        size = 0 if io.isolated else io.size(absolute)
-        data = io.read(absolute) if size is not None and size <= FILE_MAX else None
-        if data is None:  # unreadable, or too large to search
+        # an isolate's read stops at its own cap; a stat per file there would cost a command each.
+        # Here a file larger than that is not read, nor an empty one: /proc's files say 0 bytes,
+        # and some (kmsg) block a reader for good
+        size = 1 if io.isolated else io.size(absolute)
+        data = io.read(absolute) if size is not None and 0 < size <= READ_LIMIT else None
+        if data is None:  # unreadable, empty, or too large to search
             continue
         lines = data.decode("utf-8", errors="replace").split("\n")
         if lines and lines[-1] == "":

@@ -37,7 +37,7 @@ JUNK_DIRS = frozenset(
 LIST_TIMEOUT = 15  # seconds one listing may take (git, or the walk)
 LIST_MAX_OUTPUT = 8 << 20
 ISOLATE_TIMEOUT = 15  # an isolate's helper commands (stat, cat, mkdir...)
-ISOLATE_READ_MAX = 64 << 20
+READ_LIMIT = 64 << 20  # no tool loads a longer file (a cut copy could be written back by edit_file)
 
 
 class ToolRuntimeError(Exception):
@@ -218,17 +218,24 @@ class HostIO(ToolIO):
         return os.path.isfile(self.resolve(path))
 
     def size(self, path: str) -> int | None:
+        """A regular file's size (a device such as /dev/zero says 0 and never ends: None)."""
+        full = self.resolve(path)
         try:
-            return os.path.getsize(self.resolve(path))
+            return os.path.getsize(full) if os.path.isfile(full) else None
         except OSError:
             return None
 
     def read(self, path: str) -> bytes | None:
+        """A regular file's bytes; None for anything else or a file longer than READ_LIMIT."""
+        full = self.resolve(path)
+        if not os.path.isfile(full):
+            return None
         try:
-            with open(self.resolve(path), "rb") as f:
-                return f.read()
+            with open(full, "rb") as f:
+                data = f.read(READ_LIMIT + 1)
         except OSError:
             return None
+        return data if len(data) <= READ_LIMIT else None
 
     def write(self, path: str, content: bytes) -> bool:
         full = self.resolve(path)
@@ -330,9 +337,9 @@ class IsolateIO(ToolIO):
             return None
 
     def read(self, path: str) -> bytes | None:
-        """The file's bytes; None if it cannot be read or is longer than ISOLATE_READ_MAX (a cut
-        copy would let edit_file write the cut file back). stderr is kept out of the bytes."""
-        r = self._exec(["cat", "--", self.resolve(path)], ISOLATE_READ_MAX, combine_stderr=False)
+        """The file's bytes; None if it cannot be read or is longer than READ_LIMIT (a cut copy
+        would let edit_file write the cut file back). stderr is kept out of the bytes."""
+        r = self._exec(["cat", "--", self.resolve(path)], READ_LIMIT, combine_stderr=False)
         return r.data if r.exit_code == 0 and not r.timed_out and not r.truncated else None
 
     def write(self, path: str, content: bytes) -> bool:
