@@ -355,3 +355,39 @@ def test_a_file_over_the_read_cap_is_refused_not_cut(tree, engine, monkeypatch):
     assert io.read("notes.txt") == (tree / "notes.txt").read_bytes()  # under the cap: whole
     host = edit_file({"path": "long.txt", "edits": [{"old_text": "start", "new_text": "begin"}]}, HostIO(str(tree)))
     assert host == {"error": "failed to open file: long.txt"} and (tree / "long.txt").read_text() == before
+
+
+def test_sigterm_ends_a_running_tool_command_with_the_server(tiny_dir, tmp_path):
+    """A command runs in a session of its own, so nothing else would end it: SIGTERM kills it at
+    once (the stream then ends and the server does not wait out its grace for it)."""
+    import signal as signals
+
+    from test_server import start_server
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path / "cfg"))
+    proc, url, _ = start_server(env, "-m", str(tiny_dir), "--no-warmup", "--tools", "exec_shell_command")
+    pause = f"{40 + os.getpid() % 1000 / 1000:.3f}"  # a sleep no other process runs
+    try:
+        body = json.dumps(
+            {"tool": "exec_shell_command", "params": {"command": f"echo go; sleep {pause}"}, "stream": True}
+        )
+        s = socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=30)
+        s.sendall(
+            f"POST /tools HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
+        )
+        got = b""
+        while b"go" not in got:
+            got += s.recv(4096)
+        assert subprocess.run(["pgrep", "-f", f"sleep {pause}"], capture_output=True).returncode == 0
+        start = time.monotonic()
+        proc.send_signal(signals.SIGTERM)
+        proc.wait(timeout=30)
+        assert time.monotonic() - start < 4  # not the 5 s grace: the stream ended with its command
+        s.close()
+        time.sleep(0.3)
+        assert subprocess.run(["pgrep", "-f", f"sleep {pause}"], capture_output=True).returncode == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .builtin import TOOLS, Tool, select
+from .io import stop_all
 from .mcp import McpServers
 from .runtime import ToolsRuntime
 
@@ -31,9 +32,11 @@ class ServerTools:
     mcp: McpServers | None = None
 
     def shutting_down(self) -> None:
-        """SIGTERM: MCP calls in flight end now, so requests waiting on them let the server stop."""
+        """SIGTERM: MCP calls and tool commands in flight end now, so the requests waiting on them
+        let the server stop, and no command outlives it."""
         if self.mcp is not None:
             self.mcp.stop()
+        stop_all()
 
     def close(self) -> None:
         self.shutting_down()

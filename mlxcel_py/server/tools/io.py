@@ -40,6 +40,22 @@ ISOLATE_TIMEOUT = 15  # an isolate's helper commands (stat, cat, mkdir...)
 READ_LIMIT = 64 << 20  # no tool loads a longer file (a cut copy could be written back by edit_file)
 
 
+_running: set[int] = set()  # process groups of the commands running now (stop_all ends them)
+_running_lock = threading.Lock()
+
+
+def stop_all() -> None:
+    """The server is shutting down: every tool command still running is killed with its group
+    (they run in sessions of their own, so nothing else would end them after the server exits)."""
+    with _running_lock:
+        groups = list(_running)
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 class ToolRuntimeError(Exception):
     """A runtime that cannot be used (a 500 naming it, as llama-server answers)."""
 
@@ -72,8 +88,9 @@ def run_process(
 ) -> Ran:
     """Run `argv` (no shell of ours), reading raw output as it comes: at most `max_output` bytes
     are kept (the pipe is drained past that, or the child would block), `on_chunk` gets each
-    piece as it arrives and stops the process by returning False. The whole process group is
-    killed at `timeout`, so a shell's children go too."""
+    piece as it arrives (and "" every quarter second without one) and stops the process by
+    returning False. The whole process group is killed at `timeout`, so a shell's children go
+    too, and by `stop_all` at shutdown."""
     try:
         proc = subprocess.Popen(
             list(argv),
@@ -85,6 +102,18 @@ def run_process(
         )
     except OSError:
         return Ran("failed to spawn process")
+    with _running_lock:
+        _running.add(proc.pid)
+    try:
+        return _collect(proc, max_output, timeout, on_chunk, stdin)
+    finally:
+        with _running_lock:
+            _running.discard(proc.pid)
+
+
+def _collect(
+    proc: subprocess.Popen, max_output: int, timeout: float, on_chunk: Callable[[str], bool] | None, stdin
+) -> Ran:
     timed_out = threading.Event()
     done = threading.Event()
 
