@@ -16,6 +16,11 @@ this project's: install them in the interpreter given by --python (default: this
 network the suite's presets cannot download their models, which this stand-in never needs.
 
 Prints pytest's summary and a table of failures by test file; --json writes every test's outcome.
+Started with no model at all, llama-server is a router over its Hugging Face cache: the stand-in
+then runs `mlxcel serve --models-dir EMPTY`, over a cache made here whose ggml-org repos (the
+router tests' models) link to the stand-in model, and a hub on loopback (tests/fake_hub.py,
+HF_ENDPOINT) serves the repo the download tests fetch. Remote presets (a hub repo's preset.ini)
+are not built, so that test fails.
 test_infill needs a model with FIM tokens, which the default model lacks (501, as llama-server answers).
 Many tests compare against the reference models' exact text (stories260K's "Suddenly"...): those
 fail on any other model and are counted, not fixed.
@@ -43,9 +48,26 @@ DROPPED = {
 }  # fmt: skip
 
 
+# flags that name a model: without one llama-server is a router over the Hugging Face cache
+MODEL_FLAGS = {"-m", "--model", "-hf", "-hfr", "--hf-repo", "--models-dir", "--models-preset", "-mu", "--model-url"}
+# the router tests' models (ggml-org's, in the cache llama-server's router lists), standing in as
+# the default model: a llama.cpp cache entry each, `OWNER/NAME:TAG` from the file name
+ROUTER_MODELS = {
+    "ggml-org/tinygemma3-GGUF": "tinygemma3-Q8_0.gguf",
+    "ggml-org/test-model-stories260K": "stories260K-F32.gguf",
+    "ggml-org/test-model-stories260K-infill": "stories260K-infill-F32.gguf",
+}
+# what the router's download tests fetch (POST /models), served by a hub on loopback (HF_ENDPOINT)
+HUB_MODELS = {"ggml-org/test-model-router-download": "test-model-router-download-F16.gguf"}
+
+
 def server_argv(flags: list[str], mlxcel: str) -> list[str]:
-    """`mlxcel serve` argv for llama-server's: reference-model and missing-feature flags dropped."""
+    """`mlxcel serve` argv for llama-server's: reference-model and missing-feature flags dropped.
+    With no model named, llama-server is a router over its cache: `mlxcel serve` becomes one with an
+    empty --models-dir (its cache is listed beside it), since alone it serves the default model."""
     out, i = [mlxcel, "serve"], 0
+    if not MODEL_FLAGS & set(flags):
+        return out + ["--models-dir", os.environ["MLXCEL_SUITE_EMPTY_DIR"], *flags]
     model = os.environ.get("MLXCEL_SUITE_MODEL")
     if model:
         out += ["-m", model]
@@ -72,9 +94,23 @@ def run_suite(args: argparse.Namespace) -> int:
         )
         stand_in.chmod(0o755)
         report = Path(tmp) / "junit.xml"
-        env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(stand_in), "LLAMA_CACHE": str(Path(tmp) / "cache")}
+        empty = Path(tmp) / "no-models"
+        empty.mkdir()
+        env = {
+            **os.environ,
+            "LLAMA_SERVER_BIN_PATH": str(stand_in),
+            "LLAMA_CACHE": str(fake_cache(Path(tmp) / "cache")),
+            "MLXCEL_SUITE_EMPTY_DIR": str(empty),
+        }
+        (tests / "tmp").mkdir(exist_ok=True)  # the suite's own scratch folder (its downloads made it)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from fake_hub import FakeHub
+
+        hub = FakeHub({repo: {name: stand_in_model()} for repo, name in HUB_MODELS.items()})
+        env["HF_ENDPOINT"] = hub.url
         cmd = [args.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *args.pytest]
         rc = subprocess.call(cmd, cwd=tests, env=env)
+        hub.close()
         outcomes = read_junit(report) if report.is_file() else {}
     by_file = Counter(name.split("::")[0] for name, outcome in outcomes.items() if outcome == "failed")
     totals = Counter(outcomes.values())
@@ -84,6 +120,29 @@ def run_suite(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(outcomes, indent=1, sort_keys=True))
     return rc
+
+
+def stand_in_model() -> Path:
+    """$MLXCEL_SUITE_MODEL where it is a .gguf file, else the default model's GGUF."""
+    model = os.environ.get("MLXCEL_SUITE_MODEL")
+    if model is None or not model.endswith(".gguf"):
+        from mlxcel_py.models.default_model import default_gguf
+
+        model = str(default_gguf())
+    return Path(model)
+
+
+def fake_cache(root: Path) -> Path:
+    """A Hugging Face cache (llama.cpp's layout) whose ROUTER_MODELS link to the stand-in model."""
+    model = stand_in_model()
+    commit = "0" * 40
+    for repo, name in ROUTER_MODELS.items():
+        folder = root / ("models--" + repo.replace("/", "--"))
+        (folder / "refs").mkdir(parents=True)
+        (folder / "refs" / "main").write_text(commit)
+        (folder / "snapshots" / commit).mkdir(parents=True)
+        (folder / "snapshots" / commit / name).symlink_to(Path(model).resolve())
+    return root
 
 
 def read_junit(path: Path) -> dict[str, str]:

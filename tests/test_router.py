@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import make_tiny_model, mlxcel_cmd, wait_until
 
+import mlxcel_py
 from mlxcel_py.server.router.catalog import discover
 
 
@@ -79,7 +80,10 @@ def models(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> dict:
-    return dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path_factory.mktemp("cfg")))
+    # an empty Hugging Face cache: the router lists the cache's models too, and this machine's own
+    # must not show up in the lists these tests compare
+    cache = str(tmp_path_factory.mktemp("hub-cache"))
+    return dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path_factory.mktemp("cfg")), LLAMA_CACHE=cache)
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +146,7 @@ def test_models_are_listed_loaded_on_first_use_and_reply_as_the_model_itself(rou
         "role": "router",
         "max_instances": 2,
         "models_autoload": True,
-        "build_info": _call("GET", url + "/props")[1]["build_info"],
+        "build_info": f"b10621-mlxcel-py-{mlxcel_py.__version__}",  # llama-server's b<build>-... form
     }
     status, body = _call("POST", url + "/completion", {"model": "alpha", "prompt": "hello there", "n_predict": 8})
     assert status == 200, body
@@ -460,3 +464,248 @@ def test_the_router_serves_tools_and_the_pages_files_itself(router):
         assert b"registration.unregister()" in r.read()
     with urllib.request.urlopen(url + "/_app/version.json", timeout=30) as r:
         assert json.loads(r.read())["version"]
+
+
+# -- the Hugging Face cache: listed, named by presets, downloaded into, removed from ----------------
+
+COMMIT = "ab" * 20
+
+
+def _cache_repo(root: Path, repo: str, files: dict[str, bytes | Path], ref: str = "main") -> Path:
+    """One repo in the hub's cache layout: blobs, a snapshot of links to them, refs/REF."""
+    import hashlib
+
+    folder = root / ("models--" + repo.replace("/", "--"))
+    snap = folder / "snapshots" / COMMIT
+    (folder / "refs").mkdir(parents=True, exist_ok=True)
+    (folder / "refs" / ref).write_text(COMMIT)
+    for name, content in files.items():
+        data = content.read_bytes() if isinstance(content, Path) else content
+        blob = folder / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        (snap / name).parent.mkdir(parents=True, exist_ok=True)
+        (snap / name).symlink_to(os.path.relpath(blob, (snap / name).parent))
+    return snap
+
+
+def test_the_cache_lists_tags_shards_projectors_and_mlx_folders_as_llama_cpp_does(tmp_path):
+    from mlxcel_py.server.router import hub_cache
+
+    g = b"GGUF"
+    _cache_repo(
+        tmp_path,
+        "org/Small-GGUF",
+        {
+            "small-Q4_K_M.gguf": g,
+            "small-Q8_0.gguf": g + b"8",
+            "mmproj-small-F16.gguf": g + b"p",
+            "imatrix.gguf": g + b"i",
+        },
+    )
+    _cache_repo(tmp_path, "org/Big-GGUF", {f"Q4_0/big-Q4_0-0000{k}-of-00002.gguf": g + bytes([k]) for k in (1, 2)})
+    _cache_repo(tmp_path, "org/NoTag", {"model.gguf": g})  # no tag in the name: llama.cpp lists none
+    _cache_repo(tmp_path, "org/Drafter-GGUF", {"eagle3-x-Q8_0.gguf": g})  # a drafter's file is no model
+    mlx = _cache_repo(
+        tmp_path, "mlx-community/tiny-4bit", {"config.json": b'{"model_type": "llama"}', "model.safetensors": b"w"}
+    )
+    _cache_repo(tmp_path, "org/bert", {"config.json": b'{"model_type": "no_such_family"}', "model.safetensors": b"w"})
+    _cache_repo(tmp_path, "org/Other-GGUF", {"o-Q8_0.gguf": g}, ref="v1")  # no main: the other ref is read
+    (tmp_path / "models--org--Bad" / "refs").mkdir(parents=True)  # no valid commit anywhere
+    (tmp_path / "models--org--Bad" / "refs" / "main").write_text("not a commit")
+    got = {m.id: (m.path.name, m.mmproj.name if m.mmproj else None) for m in hub_cache.models(tmp_path)}
+    assert got == {
+        "org/Big-GGUF:Q4_0": ("big-Q4_0-00001-of-00002.gguf", None),
+        "org/Other-GGUF:Q8_0": ("o-Q8_0.gguf", None),
+        "org/Small-GGUF:Q4_K_M": ("small-Q4_K_M.gguf", "mmproj-small-F16.gguf"),
+        "org/Small-GGUF:Q8_0": ("small-Q8_0.gguf", "mmproj-small-F16.gguf"),
+        "mlx-community/tiny-4bit": ("tiny-4bit" if False else mlx.name, None),
+    }
+    # OWNER/NAME[:QUANT] as llama.cpp resolves it: the tag's file; no tag: Q4_K_M, then Q8_0, then the first
+    assert hub_cache.resolve(tmp_path, "org/Small-GGUF:q8_0").name == "small-Q8_0.gguf"
+    assert hub_cache.resolve(tmp_path, "org/Small-GGUF").name == "small-Q4_K_M.gguf"
+    assert hub_cache.resolve(tmp_path, "org/NoTag").name == "model.gguf"
+    assert hub_cache.resolve(tmp_path, "org/Small-GGUF:Q2_K") is None
+    assert hub_cache.resolve(tmp_path, "org/Small-GGUF", "small-Q8_0.gguf").name == "small-Q8_0.gguf"
+    assert hub_cache.resolve(tmp_path, "mlx-community/tiny-4bit") == mlx
+    for bad in ("no-slash", "a/b/c", "a/-b", "a/b:Q4 K", "../x/y", "a/b:"[:0] or "/b"):
+        with pytest.raises(ValueError, match="not a Hugging Face repo"):
+            hub_cache.split_spec(bad)
+    # removing a tag deletes its links and the blobs no other link uses; the repo's other tag stays
+    small = tmp_path / "models--org--Small-GGUF"
+    assert hub_cache.remove(tmp_path, "org/Small-GGUF:Q8_0")
+    assert sorted(m.id for m in hub_cache.models(tmp_path) if m.id.startswith("org/Small")) == ["org/Small-GGUF:Q4_K_M"]
+    assert len(list((small / "blobs").iterdir())) == 3  # Q4_K_M, the projector, imatrix
+    assert not hub_cache.remove(tmp_path, "org/Small-GGUF:Q8_0")  # nothing left of it
+    assert hub_cache.remove(tmp_path, "org/Big-GGUF") and not (tmp_path / "models--org--Big-GGUF").exists()
+
+
+def test_a_preset_names_cache_models_and_their_drafters_by_repo(tmp_path):
+    from mlxcel_py.commands._router_argv import read_preset
+    from mlxcel_py.commands.serve import serve
+    from mlxcel_py.errors import UsageError
+
+    ini = tmp_path / "models.ini"
+    ini.write_text("[*]\ndedup-cache-models = false\n[m]\nhf-repo = org/M-GGUF:Q8_0\nspec-draft-hf = org/D-GGUF\n"
+                   "dedup-cache-models = 1\n[f]\nhf = org/F\nhf-file = sub/f-Q4_0.gguf\n")  # fmt: skip
+    preset = read_preset(str(ini), serve)
+    assert preset.hf == {"m": "org/M-GGUF:Q8_0", "f": "org/F"} and preset.hf_file == {"f": "sub/f-Q4_0.gguf"}
+    assert preset.draft_hf == {"m": "org/D-GGUF"} and preset.dedup == {"m"} and preset.flags["m"] == []
+    for body, message in (
+        ("[*]\nhf-repo = org/x\n", "[*] hf-repo: a repo names one model"),
+        ("[m]\nhf-repo = not-a-repo\n", "[m] hf-repo: 'not-a-repo' is not a Hugging Face repo"),
+        ("[m]\nmodel = /m\nhf-repo = org/x\n", "[m] gives both model and hf-repo"),
+        ("[m]\nhf-file = x.gguf\n", "[m] hf-file names a file of hf-repo"),
+        ("[m]\ndedup-cache-models = perhaps\n", "dedup-cache-models is a switch"),
+    ):
+        ini.write_text(body)
+        with pytest.raises(UsageError, match=re.escape(message)):
+            read_preset(str(ini), serve)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    import gguf_files
+    from gguf import GGMLQuantizationType as Q
+
+    path = tmp_path_factory.mktemp("gguf") / "tiny-Q8_0.gguf"
+    gguf_files.write(path, "llama", [Q.Q8_0])
+    return path
+
+
+def _events(url: str) -> list[dict]:
+    import urllib.request
+
+    events: list[dict] = []
+
+    def listen():
+        with urllib.request.urlopen(url + "/models/sse", timeout=300) as r:
+            for raw in r:
+                if raw.startswith(b"data: "):
+                    events.append(json.loads(raw[6:]))
+
+    threading.Thread(target=listen, daemon=True).start()
+    time.sleep(0.5)
+    return events
+
+
+def test_cache_models_are_served_hidden_by_a_dedup_preset_and_removed(tiny_gguf, models, env, tmp_path):
+    cache = tmp_path / "cache"
+    _cache_repo(cache, "org/Tiny-GGUF", {"tiny-Q8_0.gguf": tiny_gguf})
+    _cache_repo(cache, "org/Draft-GGUF", {"draft-Q8_0.gguf": tiny_gguf})
+    ini = tmp_path / "models.ini"
+    ini.write_text("[mine]\nhf-repo = org/Tiny-GGUF:Q8_0\nspec-draft-hf = org/Draft-GGUF\ntemp = 0\n")
+    proc, url, lines = _start(models, dict(env, LLAMA_CACHE=str(cache)), "--models-preset", str(ini), "-n", "4")
+    try:
+        listed = {m["id"]: m for m in _call("GET", url + "/models")[1]["data"]}
+        assert {"org/Tiny-GGUF:Q8_0", "org/Draft-GGUF:Q8_0", "mine", "alpha"} <= set(listed)
+        assert listed["org/Tiny-GGUF:Q8_0"]["source"] == "cache" and listed["org/Tiny-GGUF:Q8_0"]["can_remove"]
+        assert listed["alpha"]["source"] == "models_dir" and listed["mine"]["source"] == "preset"
+        # the preset's model is the cached file, drafted by the cached drafter
+        status, body = _call("POST", url + "/completion", {"model": "mine", "prompt": "ab", "n_predict": 3})
+        assert status == 200 and body["tokens_predicted"] == 3, body
+        args = _status(url, "mine")["args"]
+        assert args[args.index("-m") + 1].endswith("tiny-Q8_0.gguf")
+        assert args[args.index("--draft-model") + 1].endswith("draft-Q8_0.gguf")
+        # dedup-cache-models: the entries the preset stands for leave the list, and still answer
+        ini.write_text(ini.read_text() + "dedup-cache-models = true\n")
+        ids = {m["id"] for m in _call("GET", url + "/models?reload=1")[1]["data"]}
+        assert "mine" in ids and not {"org/Tiny-GGUF:Q8_0", "org/Draft-GGUF:Q8_0"} & ids
+        assert _call("POST", url + "/tokenize", {"model": "org/Tiny-GGUF:Q8_0", "content": "ab"})[0] == 200
+        # DELETE /models: a cache model is stopped and its files deleted; others are not removable
+        events = _events(url)
+        assert _call("DELETE", url + "/models?model=org/Tiny-GGUF:Q8_0") == (200, {"success": True})
+        assert any("router: org/Tiny-GGUF:Q8_0 unloaded" in ln for ln in lines)  # it was running: stopped first
+        assert not (cache / "models--org--Tiny-GGUF" / "blobs").exists() or not any(
+            (cache / "models--org--Tiny-GGUF" / "blobs").iterdir()
+        )
+        assert "org/Tiny-GGUF:Q8_0" not in {m["id"] for m in _call("GET", url + "/models")[1]["data"]}
+        assert wait_until(lambda: {"model": "org/Tiny-GGUF:Q8_0", "event": "model_remove"} in events, 10)
+        status, err = _call("DELETE", url + "/models?model=alpha")
+        assert status == 400 and "not removable" in err["error"]["message"]
+        status, err = _call("DELETE", url + "/models?model=org/Nothing:Q8_0")
+        assert status == 400 and "not found" in err["error"]["message"]
+        # the preset's file is gone: its section is left out with one line saying how to get it back
+        ids = {m["id"] for m in _call("GET", url + "/models?reload=1")[1]["data"]}
+        assert "mine" not in ids
+        assert wait_until(lambda: any("[mine] hf-repo org/Tiny-GGUF:Q8_0: not in the Hugging Face cache" in ln
+                                      for ln in lines), 5)  # fmt: skip
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_post_models_downloads_from_the_hub_and_delete_cancels_a_download(tiny_gguf, models, env, tmp_path):
+    from fake_hub import FakeHub
+
+    big = tmp_path / "big-Q4_0.gguf"
+    big.write_bytes(tiny_gguf.read_bytes() * 8)  # slow to send (below): caught in flight
+    hub = FakeHub({"org/Tiny-GGUF": {"tiny-Q8_0.gguf": tiny_gguf, "README.md": tmp_path / "big-Q4_0.gguf"},
+                   "org/Big-GGUF": {"big-Q4_0.gguf": big}}, delay=0.0)  # fmt: skip
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    # --offline, as llama.cpp's suite starts its router: a download asked for still goes ahead
+    run_env = dict(env, LLAMA_CACHE=str(cache), HF_ENDPOINT=hub.url)
+    proc, url, lines = _start(models, run_env, "--offline", "-n", "3", "--temp", "0")
+    try:
+        events = _events(url)
+        assert _call("POST", url + "/models", {"model": "org/Tiny-GGUF:Q8_0"}) == (200, {"success": True})
+        assert wait_until(lambda: any(e["event"] == "download_finished" for e in events), 60)
+        assert any(e["event"] == "download_progress" and e["model"] == "org/Tiny-GGUF:Q8_0" for e in events)
+        assert "README.md" not in str(hub.requests)  # only the model's file is fetched
+        listed = {m["id"]: m for m in _call("GET", url + "/models")[1]["data"]}
+        assert listed["org/Tiny-GGUF:Q8_0"]["source"] == "cache"
+        snap = Path(listed["org/Tiny-GGUF:Q8_0"]["path"])
+        assert snap.is_relative_to(cache) and snap.read_bytes() == tiny_gguf.read_bytes()
+        status, body = _call("POST", url + "/completion", {"model": "org/Tiny-GGUF:Q8_0", "prompt": "ab"})
+        assert status == 200 and body["tokens_predicted"] == 3  # the downloaded model serves
+        status, err = _call("POST", url + "/models", {"model": "org/Tiny-GGUF:Q8_0"})
+        assert status == 400 and "already exists" in err["error"]["message"]
+        for spec, fragment in (("org/Missing", "cannot download org/Missing"), ("org/Tiny-GGUF:Q2_K", "no a Q2_K"[3:]),
+                               ("org", "not a Hugging Face repo"), (7, "non-empty string")):  # fmt: skip
+            status, err = _call("POST", url + "/models", {"model": spec})
+            assert status == 400 and fragment in err["error"]["message"], (spec, err)
+        # a download in flight is listed as downloading; DELETE cancels it and leaves nothing behind
+        hub.delay = 0.2
+        assert _call("POST", url + "/models", {"model": "org/Big-GGUF:Q4_0"})[0] == 200
+        assert wait_until(lambda: _status(url, "org/Big-GGUF:Q4_0")["value"] == "downloading", 10)
+        assert _call("DELETE", url + "/models?model=org/Big-GGUF:Q4_0") == (200, {"success": True})
+        assert wait_until(lambda: {"model": "org/Big-GGUF:Q4_0", "event": "model_remove"} in events, 10)
+        time.sleep(1)
+        assert not any(e["event"].startswith("download_f") and e["model"] == "org/Big-GGUF:Q4_0" for e in events)
+        assert "org/Big-GGUF:Q4_0" not in {m["id"] for m in _call("GET", url + "/models")[1]["data"]}
+        gone = cache / "models--org--Big-GGUF"
+        assert not gone.exists() or not any(p.is_file() and p.stat().st_size > 0 for p in gone.rglob("*"))
+        out = subprocess.run(["pgrep", "-f", "mlxcel_py.server.router.downloads"], capture_output=True, text=True)
+        assert out.stdout.strip() == ""  # the download's process is gone
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        hub.close()
+
+
+def test_a_client_that_leaves_while_queued_costs_no_model_its_place(models, env):
+    """llama-server's LLAMA_SERVER_DEBUG_FAKE_TIMING (2 s before a load and in each proxied
+    request, which its suite's queue tests use) holds alpha busy while beta's client gives up."""
+    import urllib.error
+
+    proc, url, _ = _start(models, dict(env, LLAMA_SERVER_DEBUG_FAKE_TIMING="1"), "--models-max", "1")
+    try:
+        assert _call("POST", url + "/models/load", {"model": "alpha"})[0] == 200
+        assert wait_until(lambda: _status(url, "alpha")["value"] == "loaded", 60)
+        busy: dict = {}
+        worker = threading.Thread(
+            target=lambda: busy.update(r=_call("POST", url + "/tokenize", {"model": "alpha", "content": "ab"}))
+        )
+        start = time.monotonic()
+        worker.start()
+        time.sleep(0.5)
+        with pytest.raises((TimeoutError, urllib.error.URLError)):
+            _call("POST", url + "/tokenize", {"model": "beta", "content": "ab"}, timeout=1)
+        worker.join(30)
+        assert busy["r"][0] == 200 and time.monotonic() - start >= 2.0  # the knob's 2 s in flight
+        time.sleep(3)
+        assert _status(url, "alpha")["value"] == "loaded" and _status(url, "beta")["value"] == "unloaded"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

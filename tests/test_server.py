@@ -576,6 +576,7 @@ def test_props_root_and_a_plain_request_beside_the_drafter(server):
     assert p["speculative"] == {"enabled": True, "kind": "prompt-lookup", "plain_request_field": "speculative.n_max"}
     assert p["total_slots"] == 4 and p["default_generation_settings"]["n_ctx"] > 0
     assert Path(p["model_path"]).is_file() and p["model_path"].endswith(".gguf")  # the file, not its conversion (#52)
+    assert re.fullmatch(r"b\d+-mlxcel-py-\S+", p["build_info"])  # llama-server's b<build>-... form (#52)
     model = get(url + "/v1/models")["data"][0]
     assert model["id"] == "SmolLM2-135M-Instruct" and model["aliases"] == [] and model["tags"] == []
     # llama-server's meta block: SmolLM2-135M has 134,515,008 parameters, 576 wide, a GPT-2 style BPE

@@ -48,7 +48,11 @@ ROUTER_ONLY = {
     "--model",
     "-m",
 }
-PRESET_ONLY = ("load-on-startup", "stop-timeout")
+PRESET_ONLY = ("load-on-startup", "stop-timeout", "dedup-cache-models")
+# llama-server's Hugging Face keys: a model (or its drafter) from the cache, by OWNER/NAME[:QUANT]
+HF_REPO = ("hf-repo", "hf", "hfr")
+HF_FILE = ("hf-file", "hff")
+DRAFT_HF = ("spec-draft-hf", "hfd", "hfrd", "hf-repo-draft")
 
 
 class _Table:
@@ -127,6 +131,9 @@ def read_preset(path: str | None, command: Callable) -> Preset:
             if key == "model" and section != "*":
                 preset.paths[section] = value.strip()
                 continue
+            if key in HF_REPO + HF_FILE + DRAFT_HF:
+                _hf_key(preset, where, section, key, value.strip())
+                continue
             flag = table.flag_of(key)
             if flag is None:
                 raise UsageError(f"{where}: [{section}] {key}: not a serve flag (keys are flags without their dashes)")
@@ -134,7 +141,30 @@ def read_preset(path: str | None, command: Callable) -> Preset:
                 raise UsageError(f"{where}: [{section}] {key}: the router sets it for every model; drop it")
             flags += _as_flags(where, section, key, flag, value.strip(), table)
         preset.flags[section] = flags
+    for section in preset.hf:
+        if section in preset.paths:
+            raise UsageError(f"{where}: [{section}] gives both model and hf-repo; keep one")
+    for section in set(preset.hf_file) - set(preset.hf):
+        raise UsageError(f"{where}: [{section}] hf-file names a file of hf-repo, which the section lacks")
     return preset
+
+
+def _hf_key(preset: Preset, where: str, section: str, key: str, value: str) -> None:
+    from ..server.router.hub_cache import split_spec
+
+    if section == "*":
+        raise UsageError(f"{where}: [*] {key}: a repo names one model; give it in that model's section")
+    if key in HF_FILE:
+        preset.hf_file[section] = value
+        return
+    try:
+        split_spec(value)
+    except ValueError as exc:
+        raise UsageError(f"{where}: [{section}] {key}: {exc}") from None
+    if key in DRAFT_HF:
+        preset.draft_hf[section] = value
+    else:
+        preset.hf[section] = value
 
 
 def _as_flags(where: str, section: str, key: str, flag: str, value: str, table: _Table) -> list[str]:
@@ -150,9 +180,12 @@ def _as_flags(where: str, section: str, key: str, flag: str, value: str, table: 
 
 
 def _preset_only(preset: Preset, where: str, section: str, key: str, value: str) -> None:
-    if key == "load-on-startup":
-        if value.strip().lower() in ("true", "1", "yes", "on"):
-            preset.startup.add(section)
+    if key in ("load-on-startup", "dedup-cache-models"):
+        on = value.strip().lower()
+        if on not in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            raise UsageError(f"{where}: [{section}] {key} is a switch: true or false, got {value[:40]!r}")
+        if on in ("true", "1", "yes", "on"):
+            (preset.startup if key == "load-on-startup" else preset.dedup).add(section)
         return
     try:
         seconds = float(value)

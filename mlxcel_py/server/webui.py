@@ -25,6 +25,10 @@ from .context import ctx_of
 from .responses import RANDOM_SEED
 from .routes_native import health
 
+# llama-server's `b<build>-<commit>`: the llama-server build whose API this mirrors, then this
+# package's version (clients read the `b` number; llama.cpp's suite checks the form)
+BUILD_INFO = f"b10621-mlxcel-py-{__version__}"
+
 router = APIRouter()
 WEBUI = Path(__file__).with_name("webui")
 PAGE = WEBUI / "index.html"
@@ -112,7 +116,7 @@ async def props(request: Request):
         "total_slots": ctx.worker.parallel,
         "model_alias": ctx.model_id,
         "model_path": ctx.model_path,
-        "build_info": f"mlxcel-py {__version__}",
+        "build_info": BUILD_INFO,
         "modalities": {"vision": ctx.vision is not None, "audio": False},  # llama-server's (the page reads it)
         "is_sleeping": ctx.worker.asleep,  # --sleep-idle-seconds: the model is released until a request
         "speculative": {

@@ -167,7 +167,7 @@ def convert(gguf_path: Path, out_dir: Path, *, for_cpu: bool | None = None, keep
     quant: dict[str, Any] = {}
     if types <= MLX_NATIVE:
         try:
-            weights = mx.load(str(gguf_path))
+            weights = mx.load(str(gguf_path), format="gguf")  # a hub cache blob has no .gguf name
         except Exception as exc:  # mlx raises ValueError/RuntimeError with its own text
             raise ModelError(f"{gguf_path}: cannot read as GGUF ({exc})") from None
         for name, value in weights.items():

@@ -1,4 +1,5 @@
-"""What a `--models-dir` folder offers, as llama-server's router reads one: a `.gguf` file at the
+"""What a `--models-dir` folder offers, as llama-server's router reads one (the Hugging Face
+cache's models are hub_cache's): a `.gguf` file at the
 top level is a model named by its stem; a sub-folder is a model named by the folder, either a
 model folder (a `config.json`: safetensors, MLX) or GGUF files (the first shard of a split
 model, with an `mmproj*.gguf` beside it as its vision projector). Files whose names start with
@@ -19,6 +20,9 @@ class Entry:
     id: str
     path: Path  # a .gguf file or a model folder
     mmproj: Path | None = None
+    draft: Path | None = None  # a preset's `spec-draft-hf`, resolved in the cache
+    source: str = "models_dir"  # llama-server's: "models_dir", "preset" or "cache" (the Hugging Face cache: removable)
+    listed: bool = True  # False: hidden from GET /models by a preset's dedup-cache-models, still usable
 
 
 @dataclass
@@ -30,6 +34,13 @@ class Preset:
     paths: dict[str, str] = field(default_factory=dict)
     startup: set[str] = field(default_factory=set)
     stop_timeout: dict[str, float] = field(default_factory=dict)
+    hf: dict[str, str] = field(default_factory=dict)  # `hf-repo` per section: OWNER/NAME[:QUANT]
+    hf_file: dict[str, str] = field(default_factory=dict)  # `hf-file`: that file of the repo
+    draft_hf: dict[str, str] = field(default_factory=dict)  # `spec-draft-hf` per section
+    dedup: set[str] = field(default_factory=set)  # sections (`*`: all) with dedup-cache-models on
+
+    def dedups(self, model_id: str) -> bool:
+        return model_id in self.dedup or "*" in self.dedup
 
     def flags_for(self, model_id: str) -> list[str]:
         """`[*]`'s flags, then the model's own (the later spelling of a flag counts)."""

@@ -18,6 +18,7 @@ relayed line by line with the model's name in front, and its last lines say why 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import secrets
@@ -95,6 +96,8 @@ class Instances:
         self.say = say
         self.python = python
         self.listeners: list[asyncio.Queue] = []  # GET /models/sse streams
+        self.downloads: dict[str, Download] = {}  # POST /models in progress, by the id asked for
+        self.fake_timing = bool(os.environ.get("LLAMA_SERVER_DEBUG_FAKE_TIMING"))  # llama-server's test knob
         self._start_lock: asyncio.Lock | None = None
         self._changed: asyncio.Condition | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -163,6 +166,8 @@ class Instances:
             if inst.status == "loaded" and not inst.stopping:
                 inst.in_flight += 1
                 inst.last_used = time.monotonic()
+                if self.fake_timing:  # counted busy while it waits, as llama-server's router does
+                    await asyncio.sleep(2)
                 return inst
             if inst.status == "loading" or inst.stopping:
                 stopping = inst.stopping  # a model being stopped: wait for it to be gone, then start it again
@@ -186,6 +191,8 @@ class Instances:
     async def start(self, inst: Instance, gone: Callable[[], Awaitable[bool]] | None = None) -> None:
         """Start `inst` if it is unloaded, making room first (FIFO with other starts)."""
         self._bind()
+        if self.fake_timing:  # before the queue, as llama-server's load
+            await asyncio.sleep(2)
         async with self._start_lock:
             if inst.status != "unloaded":
                 return
@@ -194,6 +201,8 @@ class Instances:
 
     async def _make_room(self, gone: Callable[[], Awaitable[bool]] | None) -> None:
         while self.max_instances and len(self.running()) >= self.max_instances:
+            if gone is not None and await gone():  # a client that left gives its place up before it costs one
+                raise ApiError("the client left while its model waited for a free place", status=499)
             idle = [i for i in self.running() if i.status == "loaded" and i.in_flight == 0 and not i.stopping]
             if idle:
                 await self.stop(min(idle, key=lambda i: i.last_used))
@@ -210,6 +219,7 @@ class Instances:
         e = inst.entry
         inst.key = secrets.token_urlsafe(24)
         flags = ["-m", str(e.path)] + (["--mmproj", str(e.mmproj)] if e.mmproj else [])
+        flags += ["--draft-model", str(e.draft)] if e.draft else []
         # a preset's [*] and [ID] flags, then the command line's: the last spelling of a flag counts
         flags += ["--host", "127.0.0.1", "--port", "0", "--alias", e.id, *self.preset.flags_for(e.id), *self.child_argv]
         inst.args = ["mlxcel", "serve", *flags]
@@ -306,8 +316,92 @@ class Instances:
             raise ApiError(f"model {inst.entry.id} is already running")
         await self.start(inst)
 
+    # -- the Hugging Face cache: POST /models downloads, DELETE /models removes ----------------
+    async def download(self, spec: str, finished: Callable[[], Awaitable[None]]) -> None:
+        """Start downloading `spec`, once its process has found it on the hub (else the ApiError
+        saying why); its progress and end are /models/sse events, and `finished` (the list read
+        again) runs before download_finished."""
+        self._bind()
+        if spec in self.by_id or spec in self.downloads:
+            raise ApiError(f"model '{spec[:200]}' already exists")
+        env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+        proc = await asyncio.create_subprocess_exec(
+            self.python,
+            "-m",
+            "mlxcel_py.server.router.downloads",
+            spec,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            limit=1 << 20,
+        )
+        assert proc.stdout is not None
+        try:
+            first = json.loads(await asyncio.wait_for(proc.stdout.readline(), 120) or b"{}")
+        except (asyncio.TimeoutError, ValueError):
+            first = {"error": "the hub did not answer in 120 s"}
+        if "files" not in first:
+            _kill_group(proc.pid)
+            await proc.wait()
+            raise ApiError(f"cannot download {spec[:200]}: {first.get('error') or 'no answer from the hub'}")
+        job = self.downloads[spec] = Download(spec, proc)
+        self.say(f"router: downloading {spec} ({', '.join(first['files'])[:300]})")
+        job.task = asyncio.ensure_future(self._follow(job, finished))
+
+    async def _follow(self, job: Download, finished: Callable[[], Awaitable[None]]) -> None:
+        result, error = "download_failed", "the download process ended without a result"
+        assert job.proc.stdout is not None
+        async for raw in job.proc.stdout:
+            try:
+                item = json.loads(raw)
+            except ValueError:
+                continue
+            if "result" in item:
+                result, error = item["result"], item.get("error", "")
+                continue
+            job.progress[item.get("url", "")] = {"done": item.get("downloaded", 0), "total": item.get("total", 0)}
+            self.emit(job.spec, "download_progress", {"progress": dict(job.progress)})
+        await job.proc.wait()
+        if self.downloads.get(job.spec) is not job:  # cancelled by DELETE /models
+            return
+        del self.downloads[job.spec]
+        if result == "download_finished":
+            await finished()
+            self.say(f"router: downloaded {job.spec}")
+        else:
+            self.say(f"router: download of {job.spec} failed: {error}")
+        self.emit(job.spec, result, {"error": error} if error and result != "download_finished" else None)
+
+    async def remove(self, model_id: object, root, finished: Callable[[], Awaitable[None]]) -> None:
+        """DELETE /models: a cache model stopped and its files deleted, or a download cancelled."""
+        from . import hub_cache
+
+        self._bind()
+        job = self.downloads.pop(model_id, None) if isinstance(model_id, str) else None
+        if job is not None:
+            _kill_group(job.proc.pid)
+            await job.proc.wait()
+            repo, tag = hub_cache.split_spec(job.spec)
+            if tag:  # files of it that had arrived (a split model's first shards)
+                await asyncio.get_running_loop().run_in_executor(None, hub_cache.remove, root, job.spec)
+            if not any(hub_cache.split_spec(other)[0] == repo for other in self.downloads):  # none still writing
+                await asyncio.get_running_loop().run_in_executor(None, hub_cache.discard_partial, root, repo)
+            self.emit(job.spec, "model_remove")
+            return
+        inst = self.get(model_id)
+        if inst.entry.source != "cache":
+            raise ApiError(f"model {inst.entry.id} is not removable (not from the Hugging Face cache)")
+        if inst.running:
+            await self.stop(inst)
+        await asyncio.get_running_loop().run_in_executor(None, hub_cache.remove, root, inst.entry.id)
+        await finished()  # the list read again: the model is gone from it (reconcile says model_remove)
+
     def shutdown(self) -> None:
         """Stop every process (the router is exiting): SIGTERM, then SIGKILL after STOP_SECONDS."""
+        for job in list(self.downloads.values()):
+            _kill_group(job.proc.pid)
         procs = [i.proc for i in self.by_id.values() if i.proc is not None]
         for p in procs:
             for i in self.by_id.values():
@@ -324,6 +418,20 @@ class Instances:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+class Download:
+    def __init__(self, spec: str, proc: asyncio.subprocess.Process):
+        self.spec, self.proc = spec, proc
+        self.progress: dict[str, dict] = {}  # url -> {"done", "total"} bytes, llama-server's
+        self.task: asyncio.Future | None = None
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the download and anything it started
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _die_with_parent() -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from ...errors import MlxcelError
 from ...options import RunConfig
 from ..http import ApiError
 from .catalog import Entry, Preset
+from .hub_cache import cache_root
 
 
 def run_router(
@@ -33,11 +35,12 @@ def run_router(
     srv = run.options.server
     access, cors = policies(srv, warn)
     preset = preset or Preset()
-    entries = _entries(srv.models_dir, preset)
-    where = " and ".join(f for f in (srv.models_dir, srv.models_preset) if f)
+    root = cache_root()
+    entries = entries_of(srv.models_dir, preset, root, warn)
+    where = " and ".join(f for f in (srv.models_dir, srv.models_preset, f"the Hugging Face cache ({root})") if f)
     if not entries:
         warn(f"{where}: no models there (.gguf files, folders of one model each, or preset sections with model = PATH)")
-    for name in sorted(set(preset.flags) - {"*"} - {e.id for e in entries}):
+    for name in sorted(set(preset.flags) - {"*"} - {e.id for e in entries} - set(preset.hf)):
         warn(f"--models-preset: [{name}] names no model of the folder and gives no model = PATH; it is ignored")
     socks = _bind(srv.host, srv.port)
     instances = Instances(
@@ -49,10 +52,16 @@ def run_router(
             again = read_preset() if read_preset is not None else preset
         except MlxcelError as exc:  # the file was edited into something wrong: the list stays
             raise ApiError(exc.message) from None
-        return _entries(srv.models_dir, again), again
+        return entries_of(srv.models_dir, again, root, warn), again
 
     app = create_router_app(
-        instances, access=access, cors=cors, access_log=not srv.log_disable, reload=reread, webui=srv.webui
+        instances,
+        access=access,
+        cors=cors,
+        access_log=not srv.log_disable,
+        reload=reread,
+        webui=srv.webui,
+        cache=root,
     )
     tools = app.state.tools = server_tools(srv, say, warn, cors.relaxed and not access.api_keys)
     server = uvicorn.Server(uvicorn_config(app, srv))
@@ -73,10 +82,43 @@ def run_router(
     _exit_now(serve_until_signal(server, socks, shutdown))
 
 
-def _entries(models_dir: str | None, preset: Preset) -> list[Entry]:
-    """The folder's models, then the preset's own (`model = PATH` sections naming no folder model)."""
+def entries_of(models_dir: str | None, preset: Preset, root: Path, warn: Callable[[str], None]) -> list[Entry]:
+    """The folder's models, the preset's own (`model = PATH`, or `hf-repo` found in the cache), then
+    the cache's (llama-server lists all three). A preset's `spec-draft-hf` becomes its model's
+    drafter; with `dedup-cache-models` the cache entries it uses are left out of the list."""
+    from . import hub_cache
     from .catalog import discover
 
     found = discover(Path(models_dir)) if models_dir else []
     known = {e.id for e in found}
-    return found + [Entry(name, Path(path)) for name, path in preset.paths.items() if name not in known]
+    out = found + [Entry(n, Path(p), source="preset") for n, p in preset.paths.items() if n not in known]
+    used: set[Path] = set()  # cache files a dedup-cache-models preset stands for
+    for name, spec in preset.hf.items():
+        path = hub_cache.resolve(root, spec, preset.hf_file.get(name))
+        if path is None:
+            warn(
+                f"--models-preset: [{name}] hf-repo {spec}: not in the Hugging Face cache ({root}); download it "
+                f'(POST /models {{"model": "{spec}"}}), then GET /models?reload=1'
+            )
+            continue
+        if name not in known:
+            out.append(Entry(name, path, source="preset"))
+        if preset.dedups(name):
+            used.add(path)
+    drafts: dict[str, Path] = {}
+    for name, spec in preset.draft_hf.items():
+        path = hub_cache.resolve(root, spec)
+        if path is None:
+            warn(
+                f"--models-preset: [{name}] spec-draft-hf {spec}: not in the Hugging Face cache ({root}); not drafting"
+            )
+            continue
+        drafts[name] = path
+        if preset.dedups(name):
+            used.add(path)
+    out = [replace(e, draft=drafts[e.id]) if e.id in drafts else e for e in out]
+    taken = {e.id for e in out}
+    for m in hub_cache.models(root):
+        if m.id not in taken:
+            out.append(Entry(m.id, m.path, m.mmproj, source="cache", listed=m.path not in used))
+    return out

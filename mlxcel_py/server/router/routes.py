@@ -21,17 +21,17 @@ import json
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, StreamingResponse
 
-from ... import __version__
 from .. import webui as webui_routes
 from ..app import install_error_handlers
 from ..http import BODY_LIMIT, HOP_BY_HOP, ApiError, Cors, Guard, parse_json, read_body, read_json, relay
 from ..security import AccessPolicy, CorsPolicy
 from ..tools import routes as tools_routes
-from ..webui import CSP, page, wants_json
+from ..webui import BUILD_INFO, CSP, page, wants_json
 from .catalog import Preset
 from .instances import Instances
 
@@ -48,8 +48,10 @@ def create_router_app(
     access_log: bool = False,
     reload: Callable[[], tuple[list, Preset]] | None = None,
     webui: bool = True,
+    cache: Path | None = None,
 ) -> FastAPI:
-    """`reload`: the folder and preset read again, for GET /models?reload=1."""
+    """`reload`: the folder, preset and cache read again, for GET /models?reload=1 (and after a
+    download or a removal); `cache`: the Hugging Face cache POST and DELETE /models work in."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -83,14 +85,18 @@ def create_router_app(
     app.add_api_route("/_app/version.json", webui_routes.version, methods=["GET"])
     app.include_router(tools_routes.router)
 
+    async def read_again() -> None:
+        if reload is not None:
+            await instances.reconcile(*await asyncio.get_running_loop().run_in_executor(None, reload))
+
     @app.get("/models")
     @app.get("/v1/models")
     async def models(request: Request):
-        if request.query_params.get("reload") in ("1", "true") and reload is not None:
-            await instances.reconcile(*reload())
+        if request.query_params.get("reload") in ("1", "true"):
+            await read_again()
         asleep = await _asleep(list(instances.by_id.values()))
         data = []
-        for i in list(instances.by_id.values()):
+        for i in [i for i in instances.by_id.values() if i.entry.listed]:
             status = i.describe()
             if i.entry.id in asleep:
                 status["value"] = "sleeping"
@@ -102,9 +108,42 @@ def create_router_app(
                     "created": created,
                     "path": str(i.entry.path),
                     "status": status,
+                    "source": i.entry.source,
+                    "can_remove": i.entry.source == "cache",
                 }
             )
+        for spec, job in list(instances.downloads.items()):
+            status = {"value": "downloading", "progress": dict(job.progress)}
+            data.append(
+                {"id": spec, "object": "model", "owned_by": "mlxcel-py", "created": created, "status": status}
+                | {"source": "cache", "can_remove": True}
+            )
         return {"object": "list", "data": data}
+
+    @app.post("/models")
+    async def download(request: Request):
+        """llama-server's download into the Hugging Face cache: checked on the hub before the
+        answer, then fetched in the background (/models/sse: download_progress, download_finished)."""
+        from .hub_cache import split_spec
+
+        spec = (await read_json(request, body_limit)).get("model")
+        if not isinstance(spec, str) or not spec:
+            raise ApiError("model must be a non-empty string (OWNER/NAME[:QUANT])")
+        try:
+            split_spec(spec)
+        except ValueError as exc:
+            raise ApiError(str(exc)) from None
+        await instances.download(spec, read_again)
+        return {"success": True}
+
+    @app.delete("/models")
+    async def remove(request: Request):
+        """A cache model's files deleted (stopped first), or its download cancelled."""
+        model = request.query_params.get("model")
+        if not model:
+            raise ApiError("model must be a non-empty string: DELETE /models?model=ID")
+        await instances.remove(model, cache, read_again)
+        return {"success": True}
 
     @app.get("/models/sse")
     async def events(request: Request):
@@ -165,7 +204,7 @@ def create_router_app(
             "role": "router",
             "max_instances": instances.max_instances,
             "models_autoload": instances.autoload,
-            "build_info": f"mlxcel-py {__version__}",
+            "build_info": BUILD_INFO,
         }
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
