@@ -709,3 +709,54 @@ def test_a_client_that_leaves_while_queued_costs_no_model_its_place(models, env)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_resumable_streams_through_the_router_and_a_stop_during_the_models_load(models, env):
+    """X-Conversation-Id through the router: the session's model is remembered from the POST, so
+    GET/DELETE /v1/stream reach it (503 while it loads); a Stop while the model loads cancels the
+    waiting request; a client that leaves during the load still gets its session filled."""
+    import http.client
+
+    proc, url, _ = _start(models, env, "--temp", "0")
+    host, port = url.removeprefix("http://").split(":")
+
+    def post(conv: str, n: int) -> http.client.HTTPConnection:
+        c = http.client.HTTPConnection(host, int(port), timeout=120)
+        body = {"model": "slow", "prompt": "abc", "n_predict": n, "ignore_eos": True, "stream": True}
+        c.request(
+            "POST", "/completion", json.dumps(body), {"Content-Type": "application/json", "X-Conversation-Id": conv}
+        )
+        return c
+
+    def stream(conv: str, method: str = "GET") -> tuple[int, bytes]:
+        c = http.client.HTTPConnection(host, int(port), timeout=120)
+        c.request(method, f"/v1/stream?conv_id={conv}" + ("&from=0" if method == "GET" else ""))
+        r = c.getresponse()
+        return r.status, r.read()
+
+    try:
+        # the client leaves while "slow" loads; the session is filled all the same
+        c = post("ggml/x::slow", 600)
+        assert wait_until(lambda: _status(url, "slow")["value"] == "loading", 10)
+        assert stream("ggml/x::slow")[0] == 503  # retry later: its model loads
+        c.sock.close()
+        c.close()
+        assert wait_until(lambda: stream("ggml/x::slow")[0] == 200, 120)
+        status, raw = stream("ggml/x::slow")
+        assert status == 200 and json.loads(raw.decode().strip().splitlines()[-1][6:])["tokens_predicted"] == 600
+        found = _call("POST", url + "/v1/streams/lookup", {"conversation_ids": ["ggml/x"]})[1]
+        assert [d["conversation_id"] for d in found] == ["ggml/x::slow"]
+        assert stream("ggml/x::slow", "DELETE")[0] == 204
+        assert stream("ggml/x::slow")[0] == 404
+        # a Stop while the model loads: the waiting request is answered 400, nothing is generated
+        assert _call("POST", url + "/models/unload", {"model": "slow"})[0] == 200
+        assert wait_until(lambda: _status(url, "slow")["value"] == "unloaded", 30)
+        c = post("conv-stop", 600)
+        assert wait_until(lambda: _status(url, "slow")["value"] == "loading", 10)
+        assert stream("conv-stop", "DELETE")[0] == 204
+        r = c.getresponse()
+        assert r.status == 400 and b"cancelled by a stop" in r.read()
+        assert stream("conv-stop")[0] == 404
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -25,11 +25,13 @@ from . import (
     routes_rerank,
     routes_responses,
     routes_slots,
+    routes_streams,
 )
 from . import webui as webui_routes
 from .context import ServerContext
 from .http import BODY_LIMIT, ApiError, Cors, Guard, error_body
 from .security import AccessPolicy, CorsPolicy
+from .stream_sessions import Sessions
 from .tools import routes as tools_routes
 from .worker import Worker
 
@@ -57,6 +59,7 @@ def create_app(
     app.state.api_keys = access.api_keys  # never forwarded by the MCP CORS proxy
     app.state.mcp_proxy, app.state.mcp_proxy_allow = False, ()  # --ui-mcp-proxy (main sets them)
     app.state.tools = None  # --tools: a tools.ServerTools (main sets it)
+    app.state.streams = Sessions()  # resumable streams (X-Conversation-Id), the model's or not
     app.state.ctx = (
         None
         if session is None
@@ -74,6 +77,7 @@ def create_app(
     app.include_router(routes_rerank.router)  # /rerank, /v1/rerank (--reranking)
     app.include_router(cors_proxy.router)  # /cors-proxy (--ui-mcp-proxy)
     app.include_router(routes_slots.router)  # POST /slots/{id}: slot files (--slot-save-path)
+    app.include_router(routes_streams.router)  # /v1/stream, /v1/streams/lookup (X-Conversation-Id)
     app.include_router(tools_routes.router)  # GET/POST /tools (--tools)
     app.include_router(webui_routes.router)  # / (the chat page, or health) and /props
     app.add_middleware(Guard, access=access, body_limit=body_limit, access_log=access_log, cors=cors)

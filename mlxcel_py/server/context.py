@@ -24,6 +24,7 @@ from .. import __version__
 from ..engine.context_shift import ContextShift
 from ..engine.text import TextPiece
 from ..options import SamplingOptions
+from . import stream_sessions
 from .http import BODY_LIMIT, ApiError, error_body, log
 from .image_parts import ImageSources
 from .requests import RequestReader
@@ -313,6 +314,12 @@ class ServerContext:
             if done_sentinel:
                 yield "data: [DONE]\n\n"
 
+        conv_id = request.headers.get(stream_sessions.HEADER, "")
+        streams = getattr(request.app.state, "streams", None)
+        if conv_id and streams is not None:  # resumable: generated on whether or not the client stays
+            from .routes_streams import replay
+
+            return replay(streams.start(conv_id, events()), 0)
         return StreamingResponse(events(), media_type="text/event-stream")
 
 

@@ -24,12 +24,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
 
 from .. import webui as webui_routes
 from ..app import install_error_handlers
 from ..http import BODY_LIMIT, HOP_BY_HOP, ApiError, Cors, Guard, parse_json, read_body, read_json, relay
 from ..security import AccessPolicy, CorsPolicy
+from ..stream_sessions import HEADER, MAX_SESSIONS
 from ..tools import routes as tools_routes
 from ..webui import BUILD_INFO, CSP, page, wants_json
 from .catalog import Preset
@@ -207,6 +208,54 @@ def create_router_app(
             "build_info": BUILD_INFO,
         }
 
+    # resumable streams (a model's stream_sessions): which model holds each conversation's session,
+    # noted as its POST passes (a ticket per POST, so a Stop during the model's load cancels it)
+    owners: dict[str, tuple[str, int]] = {}
+    tickets = iter(range(1, 1 << 62))
+
+    def _owner(request: Request) -> tuple[str, object]:
+        conv_id = request.query_params.get("conv_id", "")
+        if not conv_id:
+            raise ApiError("Missing conversation id in path")
+        model = owners.get(conv_id, ("", 0))[0]
+        return conv_id, instances.by_id.get(model)
+
+    @app.get("/v1/stream")
+    async def read_stream(request: Request):
+        _, inst = _owner(request)
+        if inst is not None and inst.status == "loading":
+            raise ApiError("Stream owner model is loading, retry later", status=503, type="unavailable_error")
+        if inst is None or inst.status != "loaded":
+            raise ApiError("Stream not found or expired", status=404, type="not_found_error")
+        return await _proxy(request, inst.entry.id, b"", autoload=False)
+
+    @app.delete("/v1/stream")
+    async def stop_stream(request: Request):
+        conv_id, inst = _owner(request)
+        owners.pop(conv_id, None)  # a POST still waiting for its model's load sees this and stops
+        if inst is not None and inst.status == "loaded":
+            return await _proxy(request, inst.entry.id, b"", autoload=False)
+        return Response(status_code=204)
+
+    @app.post("/v1/streams/lookup")
+    async def lookup_streams(request: Request):
+        """Every loaded model's sessions of those ids."""
+        body = await read_body(request, body_limit)
+        parse_json(body)
+        found: list = []
+        for inst in [i for i in instances.by_id.values() if i.status == "loaded"]:
+            try:
+                r = await _client(app).post(
+                    f"http://127.0.0.1:{inst.port}/v1/streams/lookup",
+                    content=body,
+                    headers={"Authorization": f"Bearer {inst.key}", "Content-Type": "application/json"},
+                    timeout=5.0,
+                )
+                found += r.json() if r.status_code == 200 and isinstance(r.json(), list) else []
+            except Exception:  # noqa: BLE001 - a model busy or gone has nothing to add
+                pass
+        return found
+
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
     async def forward(request: Request, path: str):
         if request.method == "GET" or request.method == "DELETE":
@@ -216,11 +265,24 @@ def create_router_app(
             return await _proxy(request, model, b"")
         body = await read_body(request, body_limit)
         parsed = parse_json(body)  # strictly, as a model's server reads it: a bad body is the router's 400
-        return await _proxy(request, parsed.get("model"), body)
+        return await _proxy(request, parsed.get("model"), body, conv_id=request.headers.get(HEADER, ""))
 
-    async def _proxy(request: Request, model, body: bytes):
-        autoload = _autoload(request.query_params.get("autoload"))
-        inst = await instances.acquire(model, autoload, gone=request.is_disconnected)
+    async def _proxy(request: Request, model, body: bytes, *, autoload: bool | None = None, conv_id: str = ""):
+        autoload = _autoload(request.query_params.get("autoload")) if autoload is None else autoload
+        ticket = 0
+        if conv_id and isinstance(model, str) and model in instances.by_id:
+            ticket = next(tickets)
+            owners.pop(conv_id, None)
+            owners[conv_id] = (model, ticket)
+            while len(owners) > MAX_SESSIONS:  # the oldest conversations' go first, as their sessions do
+                owners.pop(next(iter(owners)))
+        # a resumable request goes on when its client leaves during the load (a page reload): its
+        # model's session gets the generation for the client's next GET /v1/stream
+        gone = None if ticket else request.is_disconnected
+        inst = await instances.acquire(model, autoload, gone=gone)
+        if ticket and owners.get(conv_id, ("", 0))[1] != ticket:
+            instances.release(inst)
+            raise ApiError("request cancelled by a stop while the model was loading")
         try:
             return await _send(request, inst, body)
         except BaseException:
