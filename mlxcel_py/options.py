@@ -133,7 +133,9 @@ class AdapterSpec:
 
 @dataclass(frozen=True)
 class ModelOptions:
-    model: str | None = None  # None: the embedded default model
+    model: str | None = None  # None: the embedded default model (or --hf-repo's)
+    hf_repo: str | None = None  # llama.cpp's -hf OWNER/NAME[:QUANT] (models/hub.py fetches it at load)
+    hf_file: str | None = None  # -hff: that file of the repo
     revision: str | None = None
     draft_model: str | None = None
     blas: bool = True
@@ -421,3 +423,21 @@ class BenchPlan:
     widths: tuple[int, ...]  # the sweep, or () for each drafter's configured width
     bench: BenchOptions
     weights: tuple[str, ...] = (DEFAULT_CPU_WEIGHTS,)  # --cpu-weights modes, each benchmarked (first: the session's)
+
+
+_HUB_REPO = re.compile(r"^[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*/[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*$")
+
+
+def valid_hub_repo(repo: str) -> bool:
+    """llama.cpp's rule for a Hugging Face repo id: one `/`, and `.`/`-` only between letters,
+    digits or `_` (so no `..`, no leading dash)."""
+    return len(repo) <= 256 and _HUB_REPO.match(repo) is not None
+
+
+def split_hub_spec(spec: str) -> tuple[str, str]:
+    """`OWNER/NAME[:QUANT]` (-hf, POST /models, presets' hf-repo) -> (repo, upper-case quant or '');
+    ValueError when it is malformed."""
+    repo, _, tag = spec.partition(":")
+    if not valid_hub_repo(repo) or (tag and not re.fullmatch(r"[A-Za-z0-9_]+", tag)):
+        raise ValueError(f"{spec[:200]!r} is not a Hugging Face repo: OWNER/NAME[:QUANT]")
+    return repo, tag.upper()

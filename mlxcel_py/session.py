@@ -60,12 +60,19 @@ def _resolve_target(run: RunConfig, world: Any) -> loading.ResolvedModel:
     mopts = run.options.model
     if world is not None and not world.leader:
         distributed.barrier(world)
-    resolved = loading.resolve(mopts.model, revision=mopts.revision, mmproj=None if world else mopts.mmproj)
+    spec = mopts.model
+    if mopts.hf_repo is not None:  # llama.cpp's -hf: the cache's copy, or downloaded now
+        from .models import hub
+
+        spec = hub.fetch(mopts.hf_repo, mopts.hf_file)
+    resolved = loading.resolve(spec, revision=mopts.revision, mmproj=None if world else mopts.mmproj)
     if world is not None and world.leader:
         distributed.barrier(world)
     preflight.check_target(resolved)
     if world is not None and (why := distributed.why_not_model(resolved.config, world.layout)):
-        raise ModelError(f"{world.layout.flag}: {mopts.model or 'the default model'} cannot run split this way: {why}")
+        raise ModelError(
+            f"{world.layout.flag}: {mopts.model or mopts.hf_repo or 'the default model'} cannot run split this way: {why}"
+        )
     return resolved
 
 

@@ -186,6 +186,7 @@ def _spec_type(opts: CommandOptions, kind: str | None, draft_model: str | None) 
 def validate(opts: CommandOptions) -> RunConfig:
     """Check one command's options; return the resolved run configuration."""
     _window(opts.server)
+    validate_loading.hub_model(opts)
     validate_loading.adapter(opts)
     if opts.command == "serve":
         _server(opts)

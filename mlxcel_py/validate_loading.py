@@ -1,4 +1,4 @@
-"""Validation of the flags that decide what loads and for how long: --adapter-path / --lora /
+"""Validation of the flags that decide what loads and for how long: -hf/--hf-repo, --adapter-path / --lora /
 --lora-scaled (adapters fused into the model), serve's --sleep-idle-seconds (release the model when idle)
 and router mode (--models-dir, --models-max). Called by validate before anything loads
 (docs/validation.md)."""
@@ -9,9 +9,26 @@ import math
 from pathlib import Path
 
 from .errors import UsageError
-from .options import CommandOptions
+from .options import CommandOptions, split_hub_spec
 
 ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
+
+
+def hub_model(opts: CommandOptions) -> None:
+    """-hf/--hf-repo OWNER/NAME[:QUANT] (and -hff): well formed, and the only name of the model."""
+    m = opts.model
+    if m.hf_file is not None and m.hf_repo is None:
+        raise UsageError(f"--hf-file {m.hf_file}: names a file of --hf-repo's repo; give --hf-repo too")
+    if m.hf_repo is None:
+        return
+    try:
+        split_hub_spec(m.hf_repo)
+    except ValueError as exc:
+        raise UsageError(f"--hf-repo: {exc}") from None
+    if m.model is not None:
+        raise UsageError(f"-m {m.model} and --hf-repo {m.hf_repo} both name the model; give one")
+    if m.revision is not None:
+        raise UsageError("--revision applies to -m OWNER/NAME; --hf-repo reads the repo's main revision")
 
 
 def adapter(opts: CommandOptions) -> None:
@@ -62,7 +79,7 @@ def _router(opts: CommandOptions) -> None:
     flag = "--models-dir" if srv.models_dir is not None else "--models-preset"
     if srv.models_preset is not None and not Path(srv.models_preset).is_file():
         raise UsageError(f"--models-preset {srv.models_preset}: no such file")
-    if opts.model.model is not None:
-        raise UsageError(f"{flag} runs a router that starts one server per model found there; drop -m/--model")
+    if opts.model.model is not None or opts.model.hf_repo is not None:
+        raise UsageError(f"{flag} runs a router that starts one server per model found there; drop -m/--model/-hf")
     if opts.parallel.active:
         raise UsageError(f"{flag} does not run under {opts.parallel.flag}; drop one of them")

@@ -19,8 +19,8 @@ Prints pytest's summary and a table of failures by test file; --json writes ever
 Started with no model at all, llama-server is a router over its Hugging Face cache: the stand-in
 then runs `mlxcel serve --models-dir EMPTY`, over a cache made here whose ggml-org repos (the
 router tests' models) link to the stand-in model, and a hub on loopback (tests/fake_hub.py,
-HF_ENDPOINT) serves the repo the download tests fetch. Remote presets (a hub repo's preset.ini)
-are not built, so that test fails.
+HF_ENDPOINT) serves the repo the download tests fetch and a preset repo (its preset.ini written
+here, naming the cache's stand-ins) for the remote-preset test.
 test_infill needs a model with FIM tokens, which the default model lacks (501, as llama-server answers).
 Many tests compare against the reference models' exact text (stories260K's "Suddenly"...): those
 fail on any other model and are counted, not fixed.
@@ -59,6 +59,12 @@ ROUTER_MODELS = {
 }
 # what the router's download tests fetch (POST /models), served by a hub on loopback (HF_ENDPOINT)
 HUB_MODELS = {"ggml-org/test-model-router-download": "test-model-router-download-F16.gguf"}
+# a preset repo (`-hf REPO` with a preset.ini: llama-server's remote preset), on the same hub; its
+# sections are the ones the remote-preset test asks for, over the stand-in cache's repos
+HUB_PRESETS = {
+    "ggml-org/test-preset-ci": "[tinygemma3-preset]\nhf-repo = ggml-org/tinygemma3-GGUF:Q8_0\n\n"
+    "[stories260K-test]\nhf-repo = ggml-org/test-model-stories260K\n"
+}
 
 
 def server_argv(flags: list[str], mlxcel: str) -> list[str]:
@@ -68,6 +74,9 @@ def server_argv(flags: list[str], mlxcel: str) -> list[str]:
     out, i = [mlxcel, "serve"], 0
     if not MODEL_FLAGS & set(flags):
         return out + ["--models-dir", os.environ["MLXCEL_SUITE_EMPTY_DIR"], *flags]
+    for n, flag in enumerate(flags[:-1]):
+        if flag in ("-hf", "-hfr", "--hf-repo") and flags[n + 1] in HUB_PRESETS:  # a preset repo: kept
+            return out + flags
     model = os.environ.get("MLXCEL_SUITE_MODEL")
     if model:
         out += ["-m", model]
@@ -106,7 +115,12 @@ def run_suite(args: argparse.Namespace) -> int:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
         from fake_hub import FakeHub
 
-        hub = FakeHub({repo: {name: stand_in_model()} for repo, name in HUB_MODELS.items()})
+        repos = {repo: {name: stand_in_model()} for repo, name in HUB_MODELS.items()}
+        for repo, text in HUB_PRESETS.items():
+            ini = Path(tmp) / f"{repo.replace('/', '--')}.ini"
+            ini.write_text(text)
+            repos[repo] = {"preset.ini": ini}
+        hub = FakeHub(repos)
         env["HF_ENDPOINT"] = hub.url
         cmd = [args.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *args.pytest]
         rc = subprocess.call(cmd, cwd=tests, env=env)

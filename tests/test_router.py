@@ -490,7 +490,7 @@ def _cache_repo(root: Path, repo: str, files: dict[str, bytes | Path], ref: str 
 
 
 def test_the_cache_lists_tags_shards_projectors_and_mlx_folders_as_llama_cpp_does(tmp_path):
-    from mlxcel_py.server.router import hub_cache
+    from mlxcel_py.models import hub_cache
 
     g = b"GGUF"
     _cache_repo(
@@ -661,7 +661,7 @@ def test_post_models_downloads_from_the_hub_and_delete_cancels_a_download(tiny_g
         assert status == 200 and body["tokens_predicted"] == 3  # the downloaded model serves
         status, err = _call("POST", url + "/models", {"model": "org/Tiny-GGUF:Q8_0"})
         assert status == 400 and "already exists" in err["error"]["message"]
-        for spec, fragment in (("org/Missing", "cannot download org/Missing"), ("org/Tiny-GGUF:Q2_K", "no a Q2_K"[3:]),
+        for spec, fragment in (("org/Missing", "cannot download org/Missing"), ("org/Tiny-GGUF:Q2_K", "has no Q2_K GGUF"),
                                ("org", "not a Hugging Face repo"), (7, "non-empty string")):  # fmt: skip
             status, err = _call("POST", url + "/models", {"model": spec})
             assert status == 400 and fragment in err["error"]["message"], (spec, err)

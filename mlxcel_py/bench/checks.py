@@ -56,7 +56,11 @@ def validate_bench(opts: CommandOptions, bench: BenchOptions) -> BenchPlan:
         raise UsageError(f"--vs {bench.vs}: the peer to compare against must be one of {', '.join(PEERS)}")
     if bench.vs == "llama.cpp":
         spec = opts.model.model
-        if spec is not None and not (spec.endswith(".gguf") and Path(spec).expanduser().is_file()):
+        if (
+            opts.model.hf_repo is not None
+            or spec is not None
+            and not (spec.endswith(".gguf") and Path(spec).expanduser().is_file())
+        ):
             raise UsageError(
                 "--vs llama.cpp runs llama.cpp on the same GGUF file: pass -m FILE.gguf "
                 "(or omit -m for the default model)"

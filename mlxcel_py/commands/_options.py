@@ -30,6 +30,8 @@ RUNTIME = "Runtime (Linux CPU fast path)"
 # fmt: off
 ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Model: an mlx-lm folder, a .gguf file, or an owner/name repo id. Default: the embedded SmolLM2-135M-Instruct.", rich_help_panel=MODEL)]
 ModelArg = Annotated[Optional[str], typer.Argument(metavar="[MODEL]", help="Model folder, .gguf file or owner/name (default: the embedded SmolLM2-135M-Instruct).", show_default=False)]
+HfRepoOpt = Annotated[Optional[str], typer.Option("--hf-repo", "-hf", "-hfr", metavar="OWNER/NAME[:QUANT]", help="Model from the Hugging Face hub, llama.cpp's way: a GGUF repo's QUANT file (default Q4_K_M, then Q8_0, then the first), or an mlx-lm repo; from the cache, else downloaded. On serve, a repo holding a preset.ini runs a router over it.", rich_help_panel=MODEL)]
+HfFileOpt = Annotated[Optional[str], typer.Option("--hf-file", "-hff", metavar="FILE", help="With --hf-repo: this file of the repo instead of the QUANT's.", rich_help_panel=MODEL)]
 RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hugging Face revision (repo ids only).", rich_help_panel=MODEL)]
 DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", "--model-draft", "-md", help="Smaller causal LM sharing the target's tokenizer, used as a full-model drafter.", rich_help_panel=MODEL)]
 MmprojOpt = Annotated[Optional[str], typer.Option("--mmproj", "-mm", metavar="FILE", help="llama.cpp's vision projector GGUF beside a .gguf model (SmolVLM / Idefics3 projectors are converted).", rich_help_panel=MODEL)]
@@ -218,6 +220,8 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
         command=command,
         model=O.ModelOptions(
             model=g("model"),
+            hf_repo=g("hf_repo"),
+            hf_file=g("hf_file"),
             revision=g("revision"),
             draft_model=g("draft_model"),
             blas=not g("no_blas", False),
@@ -381,6 +385,8 @@ def _kw(name: str, annotation: Any, default: Any) -> inspect.Parameter:
 
 MODEL_PARAMS = [
     _kw("model", ModelOpt, None),
+    _kw("hf_repo", HfRepoOpt, None),
+    _kw("hf_file", HfFileOpt, None),
     _kw("revision", RevisionOpt, None),
     _kw("draft_model", DraftModelOpt, None),
     _kw("chat_template", ChatTemplateOpt, None),

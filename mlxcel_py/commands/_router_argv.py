@@ -47,6 +47,8 @@ ROUTER_ONLY = {
     "--mcp-servers-json",
     "--model",
     "-m",
+    "--hf-repo",  # a preset repo's own name (its preset names the models)
+    "--hf-file",
 }
 PRESET_ONLY = ("load-on-startup", "stop-timeout", "dedup-cache-models")
 # llama-server's Hugging Face keys: a model (or its drafter) from the cache, by OWNER/NAME[:QUANT]
@@ -150,7 +152,7 @@ def read_preset(path: str | None, command: Callable) -> Preset:
 
 
 def _hf_key(preset: Preset, where: str, section: str, key: str, value: str) -> None:
-    from ..server.router.hub_cache import split_spec
+    from ..models.hub_cache import split_spec
 
     if section == "*":
         raise UsageError(f"{where}: [*] {key}: a repo names one model; give it in that model's section")

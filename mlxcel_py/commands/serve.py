@@ -49,6 +49,8 @@ def serve(**params) -> None:
         if cfg.options.server.threads:  # read by OpenBLAS when it loads, so set before prepare()
             os.environ["OPENBLAS_NUM_THREADS"] = str(cfg.options.server.threads)
             os.environ["MLXCEL_KERNEL_THREADS"] = str(cfg.options.server.threads)  # the row-exact kernel's
+        if cfg.options.model.hf_repo and not cfg.options.server.router:
+            cfg = _preset_repo(cfg)  # an -hf repo holding a preset.ini is served as a router over it
         if cfg.options.server.router:  # router mode: no model in this process
             import sys
 
@@ -72,6 +74,22 @@ def serve(**params) -> None:
 
         with ranks(cfg) as world:
             run_server(cfg, say=ui.info, warn=ui.warn, world=world)
+
+
+def _preset_repo(cfg):
+    """llama-server's remote presets: `-hf OWNER/NAME` of a repo with a preset.ini (and no model
+    file) runs the router over that preset; any other repo is a model, fetched at load."""
+    from dataclasses import replace
+
+    from ..models import hub
+
+    preset = hub.preset_file(cfg.options.model.hf_repo)
+    if preset is None:
+        return cfg
+    ui.info(f"--hf-repo {cfg.options.model.hf_repo} is a preset repo: serving its models ({preset})")
+    opts = cfg.options
+    server = replace(opts.server, models_preset=str(preset))
+    return replace(cfg, options=replace(opts, server=server, model=replace(opts.model, hf_repo=None)))
 
 
 def server_main() -> None:

@@ -303,6 +303,8 @@ def _load(run: RunConfig, app, socks: list[socket.socket], *, say, warn, world=N
     model_id = (
         aliases[0]
         if aliases
+        else opts.model.hf_repo  # llama-server names an -hf model by its repo
+        if opts.model.hf_repo
         else (DEFAULT_MODEL_NAME if opts.model.model is None else session.target.resolved.named.name)
     )
     defaults = server_sampling(opts.sampling, srv.sampling_given, session.target.resolved.path)

@@ -20,38 +20,16 @@ import os
 import sys
 import time
 
-from . import hub_cache
+from ...models import hub, hub_cache
 
 
 def check(spec: str) -> list[str]:
     """The repo files `spec` names on the hub (ValueError with the reason when there are none)."""
     repo, tag = hub_cache.split_spec(spec)
-    try:
-        from huggingface_hub import HfApi
-
-        names = HfApi().list_repo_files(repo)
-    except Exception as exc:  # noqa: BLE001 - missing repo, no network, offline: all a 400 with the reason
-        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"cannot list {repo} on the Hugging Face hub: {reason}") from None
-    return pick(names, repo, tag)
-
-
-def pick(names: list[str], repo: str, tag: str) -> list[str]:
-    found = [hub_cache.CachedFile(repo, n, hub_cache.Path(n)) for n in sorted(names)]
-    best = hub_cache.best_model(found, tag)
-    if best is None:
-        what = f"a {tag} GGUF" if tag else "a GGUF model file"
-        raise ValueError(f"{repo} has no {what} on the Hugging Face hub")
-    split = hub_cache.split_info(best.rel)
-    out = [best.rel]
-    if split is not None and split.count > 1:
-        out = [
-            f.rel
-            for f in found
-            if (s := hub_cache.split_info(f.rel)) is not None and s.prefix == split.prefix and s.count == split.count
-        ]
-    projector = hub_cache.projector(found, best)
-    return out + ([projector.as_posix()] if projector is not None else [])
+    names = hub.gguf_files(hub.repo_files(repo), repo, tag)
+    if not names:
+        raise ValueError(f"{repo} has no GGUF model file on the Hugging Face hub")
+    return names
 
 
 def main(argv: list[str]) -> int:

@@ -376,7 +376,7 @@ class Instances:
 
     async def remove(self, model_id: object, root, finished: Callable[[], Awaitable[None]]) -> None:
         """DELETE /models: a cache model stopped and its files deleted, or a download cancelled."""
-        from . import hub_cache
+        from ...models import hub_cache
 
         self._bind()
         job = self.downloads.pop(model_id, None) if isinstance(model_id, str) else None

@@ -8,10 +8,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from ...errors import MlxcelError
+from ...models.hub_cache import cache_root
 from ...options import RunConfig
 from ..http import ApiError
 from .catalog import Entry, Preset
-from .hub_cache import cache_root
 
 
 def run_router(
@@ -86,7 +86,7 @@ def entries_of(models_dir: str | None, preset: Preset, root: Path, warn: Callabl
     """The folder's models, the preset's own (`model = PATH`, or `hf-repo` found in the cache), then
     the cache's (llama-server lists all three). A preset's `spec-draft-hf` becomes its model's
     drafter; with `dedup-cache-models` the cache entries it uses are left out of the list."""
-    from . import hub_cache
+    from ...models import hub_cache
     from .catalog import discover
 
     found = discover(Path(models_dir)) if models_dir else []

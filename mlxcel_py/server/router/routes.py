@@ -125,7 +125,7 @@ def create_router_app(
     async def download(request: Request):
         """llama-server's download into the Hugging Face cache: checked on the hub before the
         answer, then fetched in the background (/models/sse: download_progress, download_finished)."""
-        from .hub_cache import split_spec
+        from ...models.hub_cache import split_spec
 
         spec = (await read_json(request, body_limit)).get("model")
         if not isinstance(spec, str) or not spec:

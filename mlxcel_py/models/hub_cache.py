@@ -24,10 +24,12 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..options import split_hub_spec as split_spec
+from ..options import valid_hub_repo as valid_repo
+
 _SPLIT = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.IGNORECASE)
 _TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
 _COMMIT = re.compile(r"^[0-9a-fA-F]{40}$")
-_REPO = re.compile(r"^[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*/[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*$")
 NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
 DEFAULT_TAGS = ("Q4_K_M", "Q8_0")
 
@@ -44,19 +46,6 @@ def cache_root() -> Path:
         if base:
             return Path(base) / below if below else Path(base)
     return Path.home() / ".cache" / "huggingface" / "hub"
-
-
-def valid_repo(repo: str) -> bool:
-    """llama.cpp's rule: one `/`, and `.`/`-`/`/` only between letters, digits or `_`."""
-    return len(repo) <= 256 and _REPO.match(repo) is not None
-
-
-def split_spec(spec: str) -> tuple[str, str]:
-    """`OWNER/NAME[:TAG]` -> (repo, upper-case tag or ''); ValueError when the repo is malformed."""
-    repo, _, tag = spec.partition(":")
-    if not valid_repo(repo) or (tag and not re.fullmatch(r"[A-Za-z0-9_]+", tag)):
-        raise ValueError(f"{spec[:200]!r} is not a Hugging Face repo: OWNER/NAME[:QUANT]")
-    return repo, tag.upper()
 
 
 @dataclass(frozen=True)
