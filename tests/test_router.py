@@ -66,6 +66,22 @@ def _status(url: str, model: str) -> dict:
     return next(m["status"] for m in _call("GET", url + "/models")[1]["data"] if m["id"] == model)
 
 
+def _events(url: str) -> list[dict]:
+    import urllib.request
+
+    events: list[dict] = []
+
+    def listen():
+        with urllib.request.urlopen(url + "/models/sse", timeout=300) as r:
+            for raw in r:
+                if raw.startswith(b"data: "):
+                    events.append(json.loads(raw[6:]))
+
+    threading.Thread(target=listen, daemon=True).start()
+    time.sleep(0.5)
+    return events
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("models")
@@ -369,22 +385,11 @@ def test_a_router_from_a_preset_alone_with_its_precedence_and_startup_load(model
 
 
 def test_reload_events_and_a_sleeping_model(models, env, tmp_path):
-    import urllib.request
-
     ini = tmp_path / "models.ini"
     ini.write_text(f"[a]\nmodel = {models / 'alpha'}\n\n[b]\nmodel = {models / 'beta'}\n")
     proc, url, _ = _start(None, env, "--models-preset", str(ini), "--sleep-idle-seconds", "1")
     try:
-        events: list[dict] = []
-
-        def listen():
-            with urllib.request.urlopen(url + "/models/sse", timeout=120) as r:
-                for raw in r:
-                    if raw.startswith(b"data: "):
-                        events.append(json.loads(raw[6:]))
-
-        threading.Thread(target=listen, daemon=True).start()
-        time.sleep(0.5)
+        events = _events(url)
         assert _call("POST", url + "/v1/completions", {"model": "a", "prompt": "x", "max_tokens": 2})[0] == 200
         # --sleep-idle-seconds reaches the model's server: asleep, the router lists it so
         assert wait_until(lambda: _status(url, "a")["value"] == "sleeping", 30)
@@ -571,22 +576,6 @@ def tiny_gguf(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("gguf") / "tiny-Q8_0.gguf"
     gguf_files.write(path, "llama", [Q.Q8_0])
     return path
-
-
-def _events(url: str) -> list[dict]:
-    import urllib.request
-
-    events: list[dict] = []
-
-    def listen():
-        with urllib.request.urlopen(url + "/models/sse", timeout=300) as r:
-            for raw in r:
-                if raw.startswith(b"data: "):
-                    events.append(json.loads(raw[6:]))
-
-    threading.Thread(target=listen, daemon=True).start()
-    time.sleep(0.5)
-    return events
 
 
 def test_cache_models_are_served_hidden_by_a_dedup_preset_and_removed(tiny_gguf, models, env, tmp_path):
