@@ -165,6 +165,36 @@ def test_the_page_streams_counts_stops_keeps_and_explains_keys(server, browser):
     assert "stopped" in _replies(d)[-1].find_element(By.CLASS_NAME, "stats").text
 
 
+def test_a_reply_streaming_through_a_reload_is_read_again_whole(server, browser):
+    """The page sends each reply as a resumable stream: reloaded mid-reply, it reads the reply
+    again from the server (which went on generating it), to the same text a direct request gets."""
+    url, _ = server
+    d = browser
+    d.get(url + "/")
+    _set(d, "api-key", KEY)
+    d.find_element(By.ID, "new-chat").click()
+    d.find_element(By.TAG_NAME, "summary").click()
+    _set(d, "temperature", 0)
+    _set(d, "max-tokens", 300)
+    d.find_element(By.TAG_NAME, "summary").click()
+    prompt = "Write a long story about a lighthouse keeper and a storm."
+    _send(d, prompt)
+    _wait(d, lambda d: _replies(d) and len(_replies(d)[-1].find_element(By.CLASS_NAME, "content").text) > 20)
+    d.refresh()  # mid-reply
+    _wait(d, lambda d: _replies(d) and _idle(d) and "tok/s" in _replies(d)[-1].text, 120)
+    got = d.execute_script("const c = conversation(); return c.messages[c.messages.length - 1];")
+    assert "stream" not in got and not got.get("stopped")
+    body = {"messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": 300}
+    req = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+    )
+    with urllib.request.urlopen(req, timeout=300) as r:
+        direct = json.loads(r.read())["choices"][0]["message"]["content"]
+    assert got["content"] == direct and len(direct) > 100
+
+
 def test_no_webui_is_a_404_at_the_root_and_health_for_json_clients(tmp_path):
     """llama-server's --no-webui, now --no-ui there (either spelling): no page at / for any client
     (#52; llama.cpp's test_no_ui reads it with Accept: */*); a client that asks for JSON still

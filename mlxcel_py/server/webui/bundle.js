@@ -11,6 +11,7 @@ let settings = Object.assign({ temperature: null, top_p: null, max_tokens: 512, 
 let props = null;
 let routed = null;  // a router's model this page talks to (mlxcel serve --models-dir): the request's "model"
 let controller = null;
+let streaming = null;  // the reply being read (its stream id lets Stop end the server's generation too)
 let attached = [];  // data: URLs of the images for the next message
 
 // ---- markdown: escape everything, then code fences, inline code, emphasis, headings, lists, links ----
@@ -73,7 +74,7 @@ function renderList() {
     del.title = "Delete";
     del.onclick = (e) => { e.stopPropagation(); conversations = conversations.filter((x) => x.id !== c.id); if (current === c.id) current = conversations.length ? conversations[0].id : null; save(); render(); };
     li.append(span, del);
-    li.onclick = () => { current = c.id; save(); render(); };
+    li.onclick = () => { if (controller) return; current = c.id; save(); render(); resume(); };
     ul.append(li);
   }
 }
@@ -221,9 +222,6 @@ async function send(text) {
   c.messages.push(reply);
   save();
   render();
-  const node = $("messages").lastChild;
-  const contentNode = node.querySelector(".content");
-  const statsNode = node.querySelector(".stats");
   const history = c.messages.slice(0, -1).filter((m) => m.content !== "" || m.role === "user").map((m) => ({ role: m.role, content: contentOf(m) }));
   if (settings.system) history.unshift({ role: "system", content: settings.system });
   const body = { messages: history, stream: true, max_tokens: settings.max_tokens };
@@ -231,14 +229,46 @@ async function send(text) {
   if (settings.top_p !== null) body.top_p = settings.top_p;
   if (plain) body["speculative.n_max"] = 0;
   if (routed) body.model = routed;
+  reply.stream = c.id + "." + (c.messages.length - 1);  // llama-server's resumable stream id (a reload reads it again)
+  save();
+  await run(reply, () => fetch("/v1/chat/completions", { method: "POST", headers: { ...headers(), "X-Conversation-Id": reply.stream }, body: JSON.stringify(body), signal: controller.signal }));
+}
+
+// a reply streaming when the page went away (a reload, a closed tab): the server went on
+// generating it, so read it again from its first byte; a server that no longer has it (restarted,
+// expired) leaves what was saved, marked stopped
+async function resume() {
+  const c = conversation();
+  const reply = c && c.messages[c.messages.length - 1];
+  if (!reply || reply.role !== "assistant" || !reply.stream || controller) return;
+  await run(reply, async () => {
+    const resp = await fetch("/v1/stream?conv_id=" + encodeURIComponent(reply.stream) + "&from=0", { headers: headers(), signal: controller.signal });
+    if (resp.ok) { reply.content = ""; reply.pieces = 0; }
+    return resp;
+  }, true);
+}
+
+function nodesOf(reply) {  // the reply's content and stats, while it is the last one shown
+  const c = conversation();
+  if (!c || c.messages[c.messages.length - 1] !== reply) return null;
+  const node = $("messages").lastChild;
+  return { content: node.querySelector(".content"), stats: node.querySelector(".stats") };
+}
+
+async function run(reply, request, resuming = false) {
   controller = new AbortController();
+  streaming = reply;
   const started = performance.now();
-  reply.pieces = 0;
+  if (!resuming) reply.pieces = 0;
+  let saved = started;
   busy(true);
   showError("");
   try {
-    const resp = await fetch("/v1/chat/completions", { method: "POST", headers: headers(), body: JSON.stringify(body), signal: controller.signal });
-    if (!resp.ok) throw new Error(await explain(resp));
+    const resp = await request();
+    if (!resp.ok) {
+      if (resuming) { reply.stopped = true; return; }
+      throw new Error(await explain(resp));
+    }
     const reader = resp.body.getReader();
     const decoder = new TextDecoder();
     let buffer = "";
@@ -257,25 +287,30 @@ async function send(text) {
           const chunk = JSON.parse(data);
           if (chunk.error) throw new Error(chunk.error.message || "the server stopped this reply");
           const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
+          const nodes = nodesOf(reply);
           if (delta && delta.content) {
             reply.content += delta.content;
             reply.pieces += 1;
             reply.ms = performance.now() - started;
-            contentNode.innerHTML = markdown(reply.content);
+            if (nodes) nodes.content.innerHTML = markdown(reply.content);
           }
-          if (chunk.timings) { reply.timings = chunk.timings; statsNode.textContent = statsText(reply); }
+          if (chunk.timings) { reply.timings = chunk.timings; if (nodes) nodes.stats.textContent = statsText(reply); }
           $("messages").scrollTop = $("messages").scrollHeight;
         }
       }
+      if (performance.now() - saved > 2000) { saved = performance.now(); save(); }  // what arrived survives a reload
     }
   } catch (e) {
-    if (e.name === "AbortError") { reply.stopped = true; statsNode.textContent = statsText(reply); }
-    else { showError(e.message || String(e)); if (!reply.content) c.messages.pop(); }
+    const c = conversation();
+    if (e.name === "AbortError") { reply.stopped = true; }
+    else { showError(e.message || String(e)); if (!reply.content && c && c.messages[c.messages.length - 1] === reply) c.messages.pop(); }
   } finally {
+    delete reply.stream;
     controller = null;
+    streaming = null;
     busy(false);
     save();
-    renderList();
+    render();
     $("input").focus();
     if (routed) loadProps();  // the router's model is loaded now: its drafter and settings
   }
@@ -283,7 +318,11 @@ async function send(text) {
 
 $("composer").addEventListener("submit", (e) => { e.preventDefault(); const text = $("input").value.trim(); if (!text || controller) return; $("input").value = ""; send(text); });
 $("input").addEventListener("keydown", (e) => { if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("composer").requestSubmit(); } });
-$("stop").addEventListener("click", () => { if (controller) controller.abort(); });
+$("stop").addEventListener("click", () => {
+  if (!controller) return;
+  if (streaming && streaming.stream) fetch("/v1/stream?conv_id=" + encodeURIComponent(streaming.stream), { method: "DELETE", headers: headers() });  // the server stops generating it
+  controller.abort();
+});
 $("attach").addEventListener("change", async () => {
   for (const f of $("attach").files) attached.push(await readImage(f));
   $("attach").value = "";
@@ -297,3 +336,4 @@ for (const id of ["temperature", "top-p", "max-tokens", "system"]) $(id).addEven
 fillSettings();
 render();
 loadProps();
+resume();
