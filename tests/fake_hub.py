@@ -2,7 +2,7 @@
 huggingface_hub's `list_repo_files` and `hf_hub_download` use (the repo tree; a file's HEAD and GET
 under /resolve/, with the commit, ETag and size headers), over a real socket. Point HF_ENDPOINT at
 `FakeHub.url`. `delay` slows each file's body (seconds per 64 KiB), so a download can be caught in
-flight.
+flight; `tree_delay` the file lists.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ COMMIT = "1234567890abcdef1234567890abcdef12345678"
 class FakeHub:
     def __init__(self, repos: dict[str, dict[str, Path]], delay: float = 0.0):
         self.repos, self.delay = repos, delay
+        self.tree_delay = 0.0  # seconds before a repo's file list is answered
         self.requests: list[str] = []
         hub = self
 
@@ -47,6 +48,7 @@ class FakeHub:
         self.requests.append(f"{h.command} {path}")
         tree = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/[^/]+", path)
         if tree:
+            time.sleep(self.tree_delay)
             files = self.repos.get(tree.group(1))
             if files is None:
                 return self._error(h, 404, "RepoNotFound", "Repository not found")

@@ -654,6 +654,24 @@ def test_post_models_downloads_from_the_hub_and_delete_cancels_a_download(tiny_g
                                ("org", "not a Hugging Face repo"), (7, "non-empty string")):  # fmt: skip
             status, err = _call("POST", url + "/models", {"model": spec})
             assert status == 400 and fragment in err["error"]["message"], (spec, err)
+        # two POSTs of one model while the hub is asked: one download, the other refused
+        hub.tree_delay = 1.0
+        both: list = []
+        posts = [
+            threading.Thread(target=lambda: both.append(_call("POST", url + "/models", {"model": "org/Big-GGUF:Q4_0"})))
+            for _ in range(2)
+        ]
+        for t in posts:
+            t.start()
+        for t in posts:
+            t.join(60)
+        assert sorted(status for status, _ in both) == [200, 400]
+        assert "already exists" in next(body for status, body in both if status == 400)["error"]["message"]
+        assert wait_until(lambda: any(e["event"] == "download_finished" and e["model"] == "org/Big-GGUF:Q4_0"
+                                      for e in events), 60)  # fmt: skip
+        assert _call("DELETE", url + "/models?model=org/Big-GGUF:Q4_0") == (200, {"success": True})
+        hub.tree_delay = 0.0
+        events.clear()
         # a download in flight is listed as downloading; DELETE cancels it and leaves nothing behind
         hub.delay = 0.2
         assert _call("POST", url + "/models", {"model": "org/Big-GGUF:Q4_0"})[0] == 200

@@ -97,6 +97,7 @@ class Instances:
         self.python = python
         self.listeners: list[asyncio.Queue] = []  # GET /models/sse streams
         self.downloads: dict[str, Download] = {}  # POST /models in progress, by the id asked for
+        self.checking: set[str] = set()  # POST /models whose repo the hub is still being asked about
         self.fake_timing = bool(os.environ.get("LLAMA_SERVER_DEBUG_FAKE_TIMING"))  # llama-server's test knob
         self._start_lock: asyncio.Lock | None = None
         self._changed: asyncio.Condition | None = None
@@ -322,8 +323,15 @@ class Instances:
         saying why); its progress and end are /models/sse events, and `finished` (the list read
         again) runs before download_finished."""
         self._bind()
-        if spec in self.by_id or spec in self.downloads:
+        if spec in self.by_id or spec in self.downloads or spec in self.checking:
             raise ApiError(f"model '{spec[:200]}' already exists")
+        self.checking.add(spec)  # a second POST of it while the hub is asked is refused too
+        try:
+            await self._start_download(spec, finished)
+        finally:
+            self.checking.discard(spec)
+
+    async def _start_download(self, spec: str, finished: Callable[[], Awaitable[None]]) -> None:
         env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
         proc = await asyncio.create_subprocess_exec(
             self.python,
