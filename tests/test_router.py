@@ -494,7 +494,7 @@ def _cache_repo(root: Path, repo: str, files: dict[str, bytes | Path], ref: str 
     return snap
 
 
-def test_the_cache_lists_tags_shards_projectors_and_mlx_folders_as_llama_cpp_does(tmp_path):
+def test_the_cache_lists_tags_shards_projectors_and_mlx_folders_as_llama_cpp_does(tmp_path, monkeypatch):
     from mlxcel_py.models import hub_cache
 
     g = b"GGUF"
@@ -543,6 +543,11 @@ def test_the_cache_lists_tags_shards_projectors_and_mlx_folders_as_llama_cpp_doe
     assert len(list((small / "blobs").iterdir())) == 3  # Q4_K_M, the projector, imatrix
     assert not hub_cache.remove(tmp_path, "org/Small-GGUF:Q8_0")  # nothing left of it
     assert hub_cache.remove(tmp_path, "org/Big-GGUF") and not (tmp_path / "models--org--Big-GGUF").exists()
+    # a cache named by a relative path (LLAMA_CACHE=tmp, as llama.cpp's suite sets it): blobs go too
+    _cache_repo(tmp_path, "org/Rel-GGUF", {"r-Q8_0.gguf": g + b"r", "r-Q4_0.gguf": g + b"s"})
+    monkeypatch.chdir(tmp_path.parent)
+    assert hub_cache.remove(Path(tmp_path.name), "org/Rel-GGUF:Q8_0")
+    assert len(list((tmp_path / "models--org--Rel-GGUF" / "blobs").iterdir())) == 1
 
 
 def test_a_preset_names_cache_models_and_their_drafters_by_repo(tmp_path):

@@ -255,7 +255,7 @@ def remove(root: Path, spec: str) -> bool:
         f.local.unlink(missing_ok=True)
     still_used = {p.resolve() for p in (repo_dir / "snapshots").rglob("*") if p.is_symlink()}
     for blob in blobs:
-        if blob not in still_used and blob.is_relative_to(repo_dir / "blobs"):
+        if blob not in still_used and blob.is_relative_to((repo_dir / "blobs").resolve()):
             blob.unlink(missing_ok=True)
     return True
 
