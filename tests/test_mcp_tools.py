@@ -217,12 +217,18 @@ def _marked(mark: str) -> list[str]:
     return found
 
 
-def test_the_real_server_lists_and_runs_mcp_tools_and_stops_promptly_with_a_call_in_flight(tiny_dir, tmp_path, script):
+@pytest.mark.parametrize("router", [False, True], ids=["server", "router"])
+def test_the_real_server_lists_and_runs_mcp_tools_and_stops_promptly_with_a_call_in_flight(
+    tiny_dir, tmp_path, script, router
+):
+    """A model's server and a router (which serves /tools itself) alike: SIGTERM ends the MCP call
+    in flight at once (the router used to wait for it, then be killed)."""
     from test_server import post, start_server
 
-    env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path / "cfg"))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path / "cfg"), LLAMA_CACHE=str(tmp_path))
     config = json.dumps({"mcpServers": {"t": {"command": sys.executable, "args": [script]}}})
-    proc, url, lines = start_server(env, "-m", str(tiny_dir), "--no-warmup", "--mcp-servers-json", config)
+    model = ["--models-dir", str(tmp_path)] if router else ["-m", str(tiny_dir), "--no-warmup"]
+    proc, url, lines = start_server(env, *model, "--mcp-servers-json", config)
     try:
         assert any("MCP: t: 5 tools" in ln for ln in lines)
         import urllib.request

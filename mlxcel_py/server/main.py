@@ -33,8 +33,6 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
     printed once requests can be served."""
     import threading
 
-    import uvicorn
-
     from .app import create_app
 
     srv = run.options.server
@@ -58,23 +56,16 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
     config = uvicorn_config(app, srv)
     loaded: dict = {}
 
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame) -> None:
-            first = not self.should_exit
-            super().handle_exit(sig, frame)
-            if first and app.state.tools is not None:
-                app.state.tools.shutting_down()  # MCP calls in flight end now, not at their timeout
-            if first and "worker" in loaded:
-                # a second before the grace runs out (when uvicorn would cancel them mid-write),
-                # stop every request: a stream ends with an error chunk and [DONE], a plain
-                # request gets a 503, instead of a cut connection
-                t = threading.Timer(
-                    max(srv.shutdown_grace - 1.0, 0.0), loaded["worker"].shut_down, args=(SHUTTING_DOWN,)
-                )
-                t.daemon = True
-                t.start()
+    def first_signal() -> None:
+        if "worker" in loaded:
+            # a second before the grace runs out (when uvicorn would cancel them mid-write),
+            # stop every request: a stream ends with an error chunk and [DONE], a plain
+            # request gets a 503, instead of a cut connection
+            t = threading.Timer(max(srv.shutdown_grace - 1.0, 0.0), loaded["worker"].shut_down, args=(SHUTTING_DOWN,))
+            t.daemon = True
+            t.start()
 
-    server = Server(config)
+    server = stopping_server(config, app, first_signal)
 
     def load() -> None:
         try:
@@ -108,6 +99,24 @@ def run_server(run: RunConfig, *, say: Callable[[str], None], warn: Callable[[st
 
 
 SHUTTING_DOWN = "the server is shutting down; this reply was cut short"
+
+
+def stopping_server(config: Any, app: Any, first_signal: Callable[[], None] = lambda: None) -> Any:
+    """uvicorn's server for a model's server or a router: at the first SIGTERM/SIGINT the agent
+    tools' MCP calls and commands in flight end at once (the requests waiting on them then let
+    the server stop within its grace), and `first_signal` runs."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            first = not self.should_exit
+            super().handle_exit(sig, frame)
+            if first and getattr(app.state, "tools", None) is not None:
+                app.state.tools.shutting_down()  # MCP calls in flight end now, not at their timeout
+            if first:
+                first_signal()
+
+    return Server(config)
 
 
 def serve_until_signal(server: Any, socks: list[socket.socket], cleanup: Callable[[], None]) -> int:

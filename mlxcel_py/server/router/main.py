@@ -26,9 +26,17 @@ def run_router(
     """Serve the models of --models-dir and --models-preset (`preset`, read by the command;
     `read_preset` reads it again for GET /models?reload=1) until a signal; every model's server
     gets `child_argv` after the preset's flags."""
-    import uvicorn
 
-    from ..main import _bind, _exit_now, listening, policies, serve_until_signal, server_tools, uvicorn_config
+    from ..main import (
+        _bind,
+        _exit_now,
+        listening,
+        policies,
+        serve_until_signal,
+        server_tools,
+        stopping_server,
+        uvicorn_config,
+    )
     from .instances import Instances
     from .routes import create_router_app
 
@@ -64,7 +72,7 @@ def run_router(
         cache=root,
     )
     tools = app.state.tools = server_tools(srv, say, warn, cors.relaxed and not access.api_keys)
-    server = uvicorn.Server(uvicorn_config(app, srv))
+    server = stopping_server(uvicorn_config(app, srv), app)  # MCP calls in flight end at SIGTERM
     limit = f"at most {srv.models_max} loaded at once" if srv.models_max else "no limit on how many are loaded"
     say(
         f"router: {len(entries)} model{'s' if len(entries) != 1 else ''} from {where} ({limit}; "
