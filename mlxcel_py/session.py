@@ -64,7 +64,7 @@ def _resolve_target(run: RunConfig, world: Any) -> loading.ResolvedModel:
     if mopts.hf_repo is not None:  # llama.cpp's -hf: the cache's copy, or downloaded now
         from .models import hub
 
-        spec, _projector = hub.fetch(mopts.hf_repo, mopts.hf_file)  # the projector loads with --mmproj only
+        spec = hub.fetch(mopts.hf_repo, mopts.hf_file)
     resolved = loading.resolve(spec, revision=mopts.revision, mmproj=None if world else mopts.mmproj)
     if world is not None and world.leader:
         distributed.barrier(world)

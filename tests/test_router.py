@@ -332,10 +332,21 @@ def test_a_model_process_that_dies_is_marked_failed_and_started_again_on_the_nex
     assert _status(url, "alpha")["value"] == "loaded"
 
 
-def test_a_preset_file_reads_into_flags_per_model(tmp_path):
+def _refused(ini: Path, *cases: tuple[str, str]) -> None:
+    """Each preset text is exit 2 (a UsageError) with its message."""
     from mlxcel_py.commands._router_argv import read_preset
     from mlxcel_py.commands.serve import serve
     from mlxcel_py.errors import UsageError
+
+    for body, message in cases:
+        ini.write_text(body)
+        with pytest.raises(UsageError, match=re.escape(message)):
+            read_preset(str(ini), serve)
+
+
+def test_a_preset_file_reads_into_flags_per_model(tmp_path):
+    from mlxcel_py.commands._router_argv import read_preset
+    from mlxcel_py.commands.serve import serve
 
     ini = tmp_path / "models.ini"
     ini.write_text(
@@ -349,16 +360,14 @@ def test_a_preset_file_reads_into_flags_per_model(tmp_path):
     assert (
         preset.paths == {"alpha": "/m/alpha"} and preset.startup == {"alpha"} and preset.stop_timeout == {"alpha": 4.0}
     )
-    for body, message in (
+    _refused(
+        ini,
         ("[*]\nno-such-flag = 1\n", "[*] no-such-flag: not a serve flag"),
         ("[*]\nport = 9\n", "[*] port: the router sets it for every model"),
         ("[*]\nprompt-lookup = maybe\n", "prompt-lookup is a switch: true or false"),
         ("[a]\nstop-timeout = soon\n", "stop-timeout must be a number of seconds"),
         ("[*\n", "not an INI file"),
-    ):
-        ini.write_text(body)
-        with pytest.raises(UsageError, match=re.escape(message)):
-            read_preset(str(ini), serve)
+    )
 
 
 def test_a_router_from_a_preset_alone_with_its_precedence_and_startup_load(models, env, tmp_path):
@@ -553,7 +562,6 @@ def test_the_cache_lists_tags_shards_projectors_and_mlx_folders_as_llama_cpp_doe
 def test_a_preset_names_cache_models_and_their_drafters_by_repo(tmp_path):
     from mlxcel_py.commands._router_argv import read_preset
     from mlxcel_py.commands.serve import serve
-    from mlxcel_py.errors import UsageError
 
     ini = tmp_path / "models.ini"
     ini.write_text("[*]\ndedup-cache-models = false\n[m]\nhf-repo = org/M-GGUF:Q8_0\nspec-draft-hf = org/D-GGUF\n"
@@ -561,16 +569,14 @@ def test_a_preset_names_cache_models_and_their_drafters_by_repo(tmp_path):
     preset = read_preset(str(ini), serve)
     assert preset.hf == {"m": "org/M-GGUF:Q8_0", "f": "org/F"} and preset.hf_file == {"f": "sub/f-Q4_0.gguf"}
     assert preset.draft_hf == {"m": "org/D-GGUF"} and preset.dedup == {"m"} and preset.flags["m"] == []
-    for body, message in (
+    _refused(
+        ini,
         ("[*]\nhf-repo = org/x\n", "[*] hf-repo: a repo names one model"),
         ("[m]\nhf-repo = not-a-repo\n", "[m] hf-repo: 'not-a-repo' is not a Hugging Face repo"),
         ("[m]\nmodel = /m\nhf-repo = org/x\n", "[m] gives both model and hf-repo"),
         ("[m]\nhf-file = x.gguf\n", "[m] hf-file names a file of hf-repo"),
         ("[m]\ndedup-cache-models = perhaps\n", "dedup-cache-models is a switch"),
-    ):
-        ini.write_text(body)
-        with pytest.raises(UsageError, match=re.escape(message)):
-            read_preset(str(ini), serve)
+    )
 
 
 @pytest.fixture(scope="module")

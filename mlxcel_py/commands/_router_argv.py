@@ -51,6 +51,7 @@ ROUTER_ONLY = {
     "--hf-file",
 }
 PRESET_ONLY = ("load-on-startup", "stop-timeout", "dedup-cache-models")
+ON, OFF = ("true", "1", "yes", "on"), ("false", "0", "no", "off")  # a switch's values in a preset
 # llama-server's Hugging Face keys: a model (or its drafter) from the cache, by OWNER/NAME[:QUANT]
 HF_REPO = ("hf-repo", "hf", "hfr")
 HF_FILE = ("hf-file", "hff")
@@ -173,9 +174,9 @@ def _as_flags(where: str, section: str, key: str, flag: str, value: str, table: 
     if table.arity[flag] > 0:
         return [flag, value]
     on = value.lower()
-    if on in ("true", "1", "yes", "on", ""):
+    if on in (*ON, ""):
         return [flag]
-    if on in ("false", "0", "no", "off"):
+    if on in OFF:
         negation = table.negation.get(flag)
         return [negation] if negation else []
     raise UsageError(f"{where}: [{section}] {key} is a switch: true or false, got {value[:40]!r}")
@@ -184,9 +185,9 @@ def _as_flags(where: str, section: str, key: str, flag: str, value: str, table: 
 def _preset_only(preset: Preset, where: str, section: str, key: str, value: str) -> None:
     if key in ("load-on-startup", "dedup-cache-models"):
         on = value.strip().lower()
-        if on not in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+        if on not in ON + OFF:
             raise UsageError(f"{where}: [{section}] {key} is a switch: true or false, got {value[:40]!r}")
-        if on in ("true", "1", "yes", "on"):
+        if on in ON:
             (preset.startup if key == "load-on-startup" else preset.dedup).add(section)
         return
     try:

@@ -6,7 +6,7 @@ hub_cache reads (llama.cpp, huggingface_hub and mlx-lm share it).
 - `gguf_files(names, repo, tag)`: what a spec stands for among them: the quant's model file
   (without a quant Q4_K_M, then Q8_0, then the first), every shard of a split model, and a
   projector of the repo; [] when the repo has no GGUF model (an MLX or safetensors repo).
-- `fetch(spec, file)`: the local path of `-hf SPEC [-hff FILE]` and its projector: the cache's copy, else downloaded
+- `fetch(spec, file)`: the local path of `-hf SPEC [-hff FILE]`: the cache's copy, else downloaded
   with huggingface_hub's progress bars on stderr (HF_ENDPOINT, HF_TOKEN; never under
   HF_HUB_OFFLINE). A repo without GGUF files is an mlx-lm repo: its id is returned for
   loading.resolve, which fetches its snapshot.
@@ -57,14 +57,14 @@ def gguf_files(names: list[str], repo: str, tag: str) -> list[str]:
     return out + ([projector.as_posix()] if projector is not None else [])
 
 
-def fetch(spec: str, file: str | None = None, what: str = "--hf-repo") -> tuple[str, str | None]:
-    """(a local .gguf path, or a repo id for loading.resolve; the repo's projector for it or None)
-    for `-hf SPEC [-hff FILE]`."""
+def fetch(spec: str, file: str | None = None, what: str = "--hf-repo") -> str:
+    """A local .gguf path (or a repo id for loading.resolve) for `-hf SPEC [-hff FILE]`. The repo's
+    projector is downloaded with its model but loads only with --mmproj (few kinds convert here)."""
     repo, tag = hub_cache.split_spec(spec)
     root = hub_cache.cache_root()
     cached = hub_cache.resolve(root, spec, file)
     if cached is not None:
-        return str(cached), _projector(root, repo, cached)
+        return str(cached)
     if offline():
         raise ModelError(
             f"{what} {spec}: not in the Hugging Face cache ({root}), and --offline (HF_HUB_OFFLINE) forbids downloading it",
@@ -78,24 +78,14 @@ def fetch(spec: str, file: str | None = None, what: str = "--hf-repo") -> tuple[
     if file and file not in names:
         raise ModelError(f"--hf-file {file}: no such file in {repo} on the Hugging Face hub")
     if not wanted:
-        return repo, None  # an mlx-lm repo: loading.resolve fetches its snapshot
+        return repo  # an mlx-lm repo: loading.resolve fetches its snapshot
     from huggingface_hub import hf_hub_download
 
     try:
         paths = [hf_hub_download(repo, name, cache_dir=str(root)) for name in wanted]
     except Exception as exc:  # noqa: BLE001 - network, disk: one line
         raise ModelError(f"{what} {spec}: download failed ({str(exc).strip()[:200] or type(exc).__name__})") from None
-    return paths[0], _projector(root, repo, Path(paths[0]))
-
-
-def _projector(root: Path, repo: str, model: Path) -> str | None:
-    """The cached projector that goes with a cached GGUF model (as the router pairs them)."""
-    if model.suffix != ".gguf":
-        return None
-    found = hub_cache.files(root, repo)
-    entry = next((f for f in found if f.local == model), None)
-    p = hub_cache.projector(found, entry) if entry is not None and hub_cache.is_model_file(entry.rel) else None
-    return str(p) if p is not None else None
+    return paths[0]
 
 
 def preset_file(spec: str) -> Path | None:

@@ -137,31 +137,31 @@ def files(root: Path, repo: str) -> list[CachedFile]:
 def best_model(found: list[CachedFile], tag: str) -> CachedFile | None:
     """llama.cpp's `find_best_model`: the tag's model file (a split model's first shard); with no
     tag Q4_K_M, then Q8_0, then the first model file."""
+    starts = [f for f in found if is_model_file(f.rel) and (s := split_info(f.rel)) and (s.count == 1 or s.index == 1)]
     for t in [tag] if tag else list(DEFAULT_TAGS):
         pattern = re.compile(re.escape(t) + r"[.-]", re.IGNORECASE)
-        for f in found:
-            s = split_info(f.rel)
-            if is_model_file(f.rel) and pattern.search(f.rel) and s is not None and (s.count == 1 or s.index == 1):
-                return f
-    if not tag:
-        for f in found:
-            s = split_info(f.rel)
-            if is_model_file(f.rel) and s is not None and (s.count == 1 or s.index == 1):
-                return f
-    return None
+        match = next((f for f in starts if pattern.search(f.rel)), None)
+        if match is not None:
+            return match
+    return None if tag or not starts else starts[0]
+
+
+def tag_of(rel: str) -> str:
+    """The quant tag a GGUF file's name carries ('' for none, or for a file that is no GGUF)."""
+    s = split_info(rel)
+    return s.tag if s is not None else ""
 
 
 def projector(found: list[CachedFile], model: CachedFile) -> Path | None:
     """A vision projector of the repo for `model`: in its folder first, its tag first."""
     folder = model.rel.rpartition("/")[0]
-    tag = (split_info(model.rel) or Split("", "", 1, 1)).tag
+    tag = tag_of(model.rel)
     cands = [f for f in found if f.rel.rsplit("/", 1)[-1].startswith("mmproj") and f.rel.endswith(".gguf")]
     if not cands:
         return None
 
     def rank(f: CachedFile) -> tuple[int, int, str]:
-        s = split_info(f.rel)
-        return (f.rel.rpartition("/")[0] != folder, (s.tag if s else "") != tag, f.rel)
+        return (f.rel.rpartition("/")[0] != folder, tag_of(f.rel) != tag, f.rel)
 
     return min(cands, key=rank).local
 
@@ -247,7 +247,7 @@ def remove(root: Path, spec: str) -> bool:
             return False
         shutil.rmtree(repo_dir, ignore_errors=True)
         return not repo_dir.exists()
-    doomed = [f for f in files(root, repo) if (split_info(f.rel) or Split("", "", 1, 1)).tag == tag]
+    doomed = [f for f in files(root, repo) if tag_of(f.rel) == tag]
     if not doomed:
         return False
     blobs = [f.local.resolve() for f in doomed if f.local.is_symlink()]

@@ -170,7 +170,9 @@ def _hub_snapshot(repo_id: str, revision: str | None, what: str = "--model", ask
     except Exception:
         pass
     named = f"{asked} (read as {repo_id}; set MLXCEL_DEFAULT_ORG for another organisation)" if asked else repo_id
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+    from .hub import offline
+
+    if offline():
         raise ModelError(
             f"{what} {named}: not in the local Hugging Face cache, and --offline (HF_HUB_OFFLINE) forbids downloading it",
             hint="drop --offline where the hub is reachable, or pass a local folder or .gguf file",

@@ -101,29 +101,25 @@ def entries_of(models_dir: str | None, preset: Preset, root: Path, warn: Callabl
     known = {e.id for e in found}
     out = found + [Entry(n, Path(p), source="preset") for n, p in preset.paths.items() if n not in known]
     used: set[Path] = set()  # cache files a dedup-cache-models preset stands for
+
+    def cached(name: str, key: str, spec: str, file: str | None, missing: str) -> Path | None:
+        path = hub_cache.resolve(root, spec, file)
+        if path is None:
+            warn(f"--models-preset: [{name}] {key} {spec}: not in the Hugging Face cache ({root}); {missing}")
+        elif preset.dedups(name):
+            used.add(path)
+        return path
+
     for name, spec in preset.hf.items():
-        path = hub_cache.resolve(root, spec, preset.hf_file.get(name))
-        if path is None:
-            warn(
-                f"--models-preset: [{name}] hf-repo {spec}: not in the Hugging Face cache ({root}); download it "
-                f'(POST /models {{"model": "{spec}"}}), then GET /models?reload=1'
-            )
-            continue
-        if name not in known:
+        get_it = f'download it (POST /models {{"model": "{spec}"}}), then GET /models?reload=1'
+        path = cached(name, "hf-repo", spec, preset.hf_file.get(name), get_it)
+        if path is not None and name not in known:
             out.append(Entry(name, path, source="preset"))
-        if preset.dedups(name):
-            used.add(path)
-    drafts: dict[str, Path] = {}
-    for name, spec in preset.draft_hf.items():
-        path = hub_cache.resolve(root, spec)
-        if path is None:
-            warn(
-                f"--models-preset: [{name}] spec-draft-hf {spec}: not in the Hugging Face cache ({root}); not drafting"
-            )
-            continue
-        drafts[name] = path
-        if preset.dedups(name):
-            used.add(path)
+    drafts = {
+        name: path
+        for name, spec in preset.draft_hf.items()
+        if (path := cached(name, "spec-draft-hf", spec, None, "not drafting")) is not None
+    }
     out = [replace(e, draft=drafts[e.id]) if e.id in drafts else e for e in out]
     taken = {e.id for e in out}
     for m in hub_cache.models(root):

@@ -251,7 +251,8 @@ def create_router_app(
                     headers={"Authorization": f"Bearer {inst.key}", "Content-Type": "application/json"},
                     timeout=5.0,
                 )
-                found += r.json() if r.status_code == 200 and isinstance(r.json(), list) else []
+                sessions = r.json() if r.status_code == 200 else []
+                found += sessions if isinstance(sessions, list) else []
             except Exception:  # noqa: BLE001 - a model busy or gone has nothing to add
                 pass
         return found
