@@ -137,7 +137,8 @@ class ModelOptions:
     hf_repo: str | None = None  # llama.cpp's -hf OWNER/NAME[:QUANT] (models/hub.py fetches it at load)
     hf_file: str | None = None  # -hff: that file of the repo
     revision: str | None = None
-    draft_model: str | None = None
+    draft_model: str | None = None  # with draft_hf: the file of that repo (llama.cpp's -md beside -hfd)
+    draft_hf: str | None = None  # llama.cpp's -hfd OWNER/NAME[:QUANT]: the drafter from the hub (session fetches it)
     blas: bool = True
     dequantize: bool = True
     fast_kernels: bool = True
@@ -357,6 +358,10 @@ class DraftConfig:
     kind: str | None = None  # None (plain decoding) or a drafters.registry kind
     lookup: LookupConfig = field(default_factory=LookupConfig)
     draft_model: str | None = None  # full-model: the drafter; mtp: a separate head checkpoint (optional)
+    # -hfd OWNER/NAME[:QUANT]: draft_model is fetched from this repo at load (session.py); until
+    # then draft_model holds the spec, and draft_hub_file the file -md named in that repo
+    draft_hub: str | None = None
+    draft_hub_file: str | None = None
     block_size: int = DEFAULT_FULL_MODEL_BLOCK
     block_explicit: bool = False  # --draft-block-size given (else an MTP checkpoint's own width wins)
     kind_explicit: bool = False  # --draft-kind given (else an MTP checkpoint as --draft-model means mtp)

@@ -12,7 +12,7 @@ needs is its kind's business (drafters/registry.py), never an if-chain here. Pro
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .cpu import blas
@@ -76,6 +76,17 @@ def _resolve_target(run: RunConfig, world: Any) -> loading.ResolvedModel:
     return resolved
 
 
+def _hub_drafter(run: RunConfig) -> RunConfig:
+    """-hfd OWNER/NAME[:QUANT]: the drafter from the cache, or downloaded now, as -hf fetches a model."""
+    draft = run.draft
+    if draft.draft_hub is None:
+        return run
+    from .models import hub
+
+    path = hub.fetch(draft.draft_hub, draft.draft_hub_file, what="--spec-draft-hf", file_what="-md")
+    return replace(run, draft=replace(draft, draft_model=path, draft_hub=None, draft_hub_file=None))
+
+
 def open_follower(run: RunConfig, world: Any) -> Session:
     """A follower rank's part of the target model, ready to mirror rank 0's forwards."""
     from .models.taps import hidden_tap
@@ -105,6 +116,7 @@ def open_session(
 ) -> Session:
     for line in run.warnings:
         (warn or say)(line)
+    run = _hub_drafter(run)
     state = blas.prepare(run.options.model.blas)
     mopts = run.options.model
     resolved = _resolve_target(run, world)

@@ -376,7 +376,9 @@ def _validate(opts: CommandOptions) -> RunConfig:
     lk = spec.lookup
     tuning = lookup_tuning_flags(opts)
     kind = spec.draft_kind
-    draft_model = opts.model.draft_model
+    # the drafter's name, whichever flag gave it (-hfd's repo; -md beside it names a file of the repo)
+    draft_hub = opts.model.draft_hf
+    draft_model = draft_hub or opts.model.draft_model
 
     if kind is not None and kind not in registry.KINDS:
         raise UsageError(f'--draft-kind="{kind}" is not recognised; accepted values: {", ".join(registry.KINDS)}')
@@ -427,8 +429,8 @@ def _validate(opts: CommandOptions) -> RunConfig:
     kind, draft_model, spec_off = _spec_type(opts, kind, draft_model)
     if spec_off:
         dropped = (
-            (f"--spec-type none: the drafter {opts.model.draft_model} is dropped; decoding plainly",)
-            if opts.model.draft_model
+            (f"--spec-type none: the drafter {draft_hub or opts.model.draft_model} is dropped; decoding plainly",)
+            if draft_hub or opts.model.draft_model
             else ()
         )
         return RunConfig(opts, DraftConfig(), warnings=dropped)
@@ -485,6 +487,8 @@ def _validate(opts: CommandOptions) -> RunConfig:
             kind=entry.name,
             lookup=lookup,
             draft_model=draft_model or None,
+            draft_hub=draft_hub,
+            draft_hub_file=opts.model.draft_model if draft_hub else None,
             block_size=block,
             block_explicit=explicit_block,
             kind_explicit=kind is not None,

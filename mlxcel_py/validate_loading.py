@@ -15,8 +15,14 @@ ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
 
 
 def hub_model(opts: CommandOptions) -> None:
-    """-hf/--hf-repo OWNER/NAME[:QUANT] (and -hff): well formed, and the only name of the model."""
+    """-hf/--hf-repo OWNER/NAME[:QUANT] (and -hff): well formed, and the only name of the model;
+    -hfd (the drafter's repo) well formed."""
     m = opts.model
+    if m.draft_hf is not None:
+        try:
+            split_hub_spec(m.draft_hf)
+        except ValueError as exc:
+            raise UsageError(f"--spec-draft-hf: {exc}") from None
     if m.hf_file is not None and m.hf_repo is None:
         raise UsageError(f"--hf-file {m.hf_file}: names a file of --hf-repo's repo; give --hf-repo too")
     if m.hf_repo is None:

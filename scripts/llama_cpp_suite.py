@@ -5,8 +5,8 @@
 llama.cpp's tools/server/tests start `llama-server` from $LLAMA_SERVER_BIN_PATH with llama-server's
 own flags, on small reference models they download. This script points that variable at itself:
 called as the server (`--as-llama-server FLAGS...`), it drops what names or fetches a reference
-model or an adapter made for one (`--hf-repo`, `--hf-file`, `--model-url`, `--model`,
-`--model-draft`, `--lora`: its adapter is its MoE reference model's) and the flags of features
+model or an adapter made for one (`--hf-repo`, `--hf-file`, `--model-url`, `--model`, `--lora`: its
+adapter is its MoE reference model's) and the flags of features
 mlxcel-py does not have (each listed in DROPPED), then runs `mlxcel serve` with the rest, on the
 default model (or $MLXCEL_SUITE_MODEL). Every other llama-server flag is passed on unchanged, so a
 flag `mlxcel serve` lacks shows up as a failing test, not as a silent pass.
@@ -43,7 +43,7 @@ from pathlib import Path
 # with their value (the number says how many values follow the flag).
 DROPPED = {
     "--hf-repo": 1, "-hfr": 1, "--hf-file": 1, "-hff": 1, "--model-url": 1, "-mu": 1, "--model": 1,
-    "--model-draft": 1, "--lora": 1, "--grp-attn-n": 1,
+    "--lora": 1, "--grp-attn-n": 1,
     "--grp-attn-w": 1, "--mmproj-url": 1,
 }  # fmt: skip
 
@@ -57,6 +57,9 @@ ROUTER_MODELS = {
     "ggml-org/test-model-stories260K": "stories260K-F32.gguf",
     "ggml-org/test-model-stories260K-infill": "stories260K-infill-F32.gguf",
 }
+# the draft models the suite downloads into its tmp folder (test_speculative's), standing in as the
+# default model too: drafting with the target itself, its drafts are accepted and the output is its own
+DRAFT_FILES = ("stories15M-q4_0.gguf",)
 # what the router's download tests fetch (POST /models), served by a hub on loopback (HF_ENDPOINT)
 HUB_MODELS = {"ggml-org/test-model-router-download": "test-model-router-download-F16.gguf"}
 # a preset repo (`-hf REPO` with a preset.ini: llama-server's remote preset), on the same hub; its
@@ -112,6 +115,10 @@ def run_suite(args: argparse.Namespace) -> int:
             "MLXCEL_SUITE_EMPTY_DIR": str(empty),
         }
         (tests / "tmp").mkdir(exist_ok=True)  # the suite's own scratch folder (its downloads made it)
+        for name in DRAFT_FILES:
+            link = tests / "tmp" / name
+            if not link.exists():
+                link.symlink_to(stand_in_model())
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
         from fake_hub import FakeHub
 

@@ -45,6 +45,7 @@ def _generate(env: dict, *model: str) -> subprocess.CompletedProcess:
         (["-m", "x.gguf", "-hf", "a/b"], "-m x.gguf and --hf-repo a/b both name the model; give one"),
         (["-hff", "f.gguf"], "--hf-file f.gguf: names a file of --hf-repo's repo; give --hf-repo too"),
         (["-hf", "a/b", "--revision", "v1"], "--revision applies to -m OWNER/NAME"),
+        (["-hfd", "nope"], "--spec-draft-hf: 'nope' is not a Hugging Face repo: OWNER/NAME[:QUANT]"),
     ],
 )
 def test_bad_hub_specs_are_usage_errors_before_anything_loads(tmp_path, args, message):
@@ -77,6 +78,27 @@ def test_hf_loads_the_cached_or_downloaded_quant_as_its_file_would(tmp_path, tin
     assert again.returncode == 0 and again.stdout == plain.stdout
     gone = _generate(offline, "-hf", "org/Tiny-GGUF:Q4_0", "--offline")
     assert gone.returncode == 1 and "not in the Hugging Face cache" in gone.stderr and "--offline" in gone.stderr
+
+
+def test_hfd_fetches_the_drafter_and_md_names_its_file(tmp_path, tiny_gguf):
+    """llama-server's -hfd: the drafter's repo, resolved as -hf resolves a model; -md beside it is a
+    file of that repo. The output is the target's own (equal to plain decoding)."""
+    plain = _generate(_env(tmp_path), "-m", str(tiny_gguf))
+    hub = FakeHub({"org/Draft-GGUF": {"tiny-Q4_0.gguf": tiny_gguf, "tiny-Q8_0.gguf": tiny_gguf}})
+    try:
+        env = _env(tmp_path, HF_ENDPOINT=hub.url)
+        got = _generate(env, "-m", str(tiny_gguf), "-hfd", "org/Draft-GGUF:Q8_0", "--verbose")
+        assert got.returncode == 0, got.stderr
+        assert got.stdout == plain.stdout
+        assert "speculative=full-model (draft_model=" in got.stderr and "models--org--Draft-GGUF" in got.stderr
+        assert [r for r in hub.requests if "/resolve/" in r and "tiny-Q8_0.gguf" in r]
+        named = _generate(env, "-m", str(tiny_gguf), "--hf-repo-draft", "org/Draft-GGUF", "-md", "tiny-Q4_0.gguf")
+        assert named.returncode == 0 and named.stdout == plain.stdout, named.stderr
+        assert [r for r in hub.requests if "/resolve/" in r and "tiny-Q4_0.gguf" in r]
+        wrong = _generate(env, "-m", str(tiny_gguf), "-hfd", "org/Draft-GGUF", "-md", "other.gguf")
+        assert wrong.returncode == 1 and "-md other.gguf: no such file in org/Draft-GGUF" in wrong.stderr
+    finally:
+        hub.close()
 
 
 def test_serve_names_an_hf_model_by_its_repo_and_a_preset_repo_is_a_router(tmp_path, tiny_gguf):

@@ -32,9 +32,11 @@ SUITE_FLAGS = [
     "--slot-save-path", "/tmp", "--grp-attn-n", "2", "--grp-attn-w", "16", "--verbose", "--lora", "l.gguf",
     "--context-shift", "--api-key", "k", "--draft-max", "8", "--draft-min", "2", "--no-webui", "--jinja",
     "--reasoning-format", "deepseek", "--reasoning", "off", "--chat-template", "chatml",
-    "--sleep-idle-seconds", "5", "--webui-mcp-proxy",
+    "--sleep-idle-seconds", "5", "--webui-mcp-proxy", "--spec-type", "draft-simple", "--spec-draft-n-max", "8",
+    "--spec-draft-n-min", "2",
 ]  # fmt: skip
-DROPPED_HERE = {"--model", "--model-draft", "--hf-repo", "--hf-file",
+# --model-draft is kept: the script links the suite's draft file to the stand-in model
+DROPPED_HERE = {"--model", "--hf-repo", "--hf-file",
                 "--grp-attn-n", "--grp-attn-w", "--lora"}  # fmt: skip
 
 
@@ -51,6 +53,9 @@ def test_reference_model_flags_are_dropped_with_their_values_and_the_rest_passed
         "--ubatch-size",
         "--draft-min",
         "--draft",
+        "--model-draft",
+        "--spec-draft-n-max",
+        "--spec-draft-n-min",
         "--no-webui",
         "--context-shift",
         "--slot-save-path",

@@ -33,7 +33,8 @@ ModelArg = Annotated[Optional[str], typer.Argument(metavar="[MODEL]", help="Mode
 HfRepoOpt = Annotated[Optional[str], typer.Option("--hf-repo", "-hf", "-hfr", metavar="OWNER/NAME[:QUANT]", help="Model from the Hugging Face hub, llama.cpp's way: a GGUF repo's QUANT file (default Q4_K_M, then Q8_0, then the first), or an mlx-lm repo; from the cache, else downloaded. On serve, a repo holding a preset.ini runs a router over it.", rich_help_panel=MODEL)]
 HfFileOpt = Annotated[Optional[str], typer.Option("--hf-file", "-hff", metavar="FILE", help="With --hf-repo: this file of the repo instead of the QUANT's.", rich_help_panel=MODEL)]
 RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hugging Face revision (repo ids only).", rich_help_panel=MODEL)]
-DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", "--model-draft", "-md", help="Smaller causal LM sharing the target's tokenizer, used as a full-model drafter.", rich_help_panel=MODEL)]
+DraftModelOpt = Annotated[Optional[str], typer.Option("--draft-model", "--model-draft", "--spec-draft-model", "-md", help="Smaller causal LM sharing the target's tokenizer, used as a full-model drafter.", rich_help_panel=MODEL)]
+DraftHfOpt = Annotated[Optional[str], typer.Option("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft", metavar="OWNER/NAME[:QUANT]", help="The drafter from the Hugging Face hub, as --hf-repo fetches a model (llama-server's); -md then names a file of that repo.", rich_help_panel=MODEL)]
 MmprojOpt = Annotated[Optional[str], typer.Option("--mmproj", "-mm", metavar="FILE", help="llama.cpp's vision projector GGUF beside a .gguf model (SmolVLM / Idefics3 projectors are converted).", rich_help_panel=MODEL)]
 AdapterOpt = Annotated[Optional[str], typer.Option("--adapter-path", metavar="DIR", help="A LoRA, DoRA or full fine-tune adapter folder from mlx_lm.lora (adapter_config.json, adapters.safetensors), fused into the weights at load as mlx_lm.fuse does (mlx-lm's name).", rich_help_panel=MODEL)]
 LoraOpt = Annotated[Optional[list[str]], typer.Option("--lora", metavar="FNAME", help="A LoRA adapter at scale 1: a GGUF file from llama.cpp's convert_lora_to_gguf.py or an mlx_lm.lora folder; repeat it or separate several with commas (llama-server's). Adapters are fused into the weights at load.", rich_help_panel=MODEL)]
@@ -81,8 +82,8 @@ RepeatLastNOpt = Annotated[int, typer.Option("--repeat-last-n", metavar="N", hel
 
 # each drafter kind's row (drafters/registry.py) says what these two helps say of it
 DraftKindOpt = Annotated[Optional[str], typer.Option("--draft-kind", envvar="MLXCEL_DRAFT_KIND", metavar="KIND", help=registry.kind_help(), rich_help_panel=SPEC)]
-DraftBlockSizeOpt = Annotated[Optional[int], typer.Option("--draft-block-size", "--draft-max", "--draft", metavar="N", help=registry.width_help(), rich_help_panel=SPEC)]
-DraftMinOpt = Annotated[Optional[int], typer.Option("--draft-min", "--draft-n-min", metavar="N", help="Verify a draft only when it has at least N tokens; a shorter one is dropped and the round decodes plainly (llama-server's; default 0: every draft).", rich_help_panel=SPEC)]
+DraftBlockSizeOpt = Annotated[Optional[int], typer.Option("--draft-block-size", "--draft-max", "--draft", "--draft-n", "--spec-draft-n-max", metavar="N", help=registry.width_help(), rich_help_panel=SPEC)]
+DraftMinOpt = Annotated[Optional[int], typer.Option("--draft-min", "--draft-n-min", "--spec-draft-n-min", metavar="N", help="Verify a draft only when it has at least N tokens; a shorter one is dropped and the round decodes plainly (llama-server's; default 0: every draft).", rich_help_panel=SPEC)]
 SpecTypeOpt = Annotated[Optional[str], typer.Option("--spec-type", metavar="TYPE", help="llama-server selector: none turns speculation off; draft-simple = full-model; draft-mtp = mtp.", rich_help_panel=SPEC)]
 SuffixCacheTokensOpt = Annotated[Optional[int], typer.Option("--suffix-cache-tokens", metavar="N", help=f"Suffix drafter: tokens of earlier sequences kept (default {O.DEFAULT_SUFFIX_CACHE_TOKENS}), least recently used first out.", rich_help_panel=SPEC)]
 DraftTreeBudgetOpt = Annotated[Optional[int], typer.Option("--draft-tree-budget", metavar="N", help="Draft trees: up to N more nodes a round beside the drafter's chain (other earlier matches' continuations, runner-up tokens), verified in the same forward; 0 (default) verifies chains. Greedy only; plain KV-cache models on the row-exact CPU kernel.", rich_help_panel=SPEC)]
@@ -224,6 +225,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             hf_file=g("hf_file"),
             revision=g("revision"),
             draft_model=g("draft_model"),
+            draft_hf=g("draft_hf"),
             blas=not g("no_blas", False),
             dequantize=not g("no_dequantize", False),
             fast_kernels=not g("no_fast_kernels", False),
@@ -389,6 +391,7 @@ MODEL_PARAMS = [
     _kw("hf_file", HfFileOpt, None),
     _kw("revision", RevisionOpt, None),
     _kw("draft_model", DraftModelOpt, None),
+    _kw("draft_hf", DraftHfOpt, None),
     _kw("chat_template", ChatTemplateOpt, None),
     _kw("chat_template_file", ChatTemplateFileOpt, None),
     _kw("jinja", JinjaOpt, False),

@@ -105,6 +105,11 @@ def _apply_template(tokenizer: Any, messages: list[dict], **kwargs: Any) -> list
     wrapper would add (a template of the tokenizer's, no renderer of mlx-lm's own), render through
     the wrapped tokenizer."""
     inner = getattr(tokenizer, "_tokenizer", None)
+    if not messages:
+        # transformers refuses an empty conversation, where llama-server renders it (the template's
+        # default system turn, its generation prompt); one empty conversation in a batch renders
+        target = inner if inner is not None else tokenizer
+        return list(target.apply_chat_template([[]], tokenize=True, return_dict=False, **kwargs)[0])
     if (
         inner is not None
         and "enable_thinking" not in kwargs

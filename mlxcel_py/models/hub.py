@@ -57,7 +57,7 @@ def gguf_files(names: list[str], repo: str, tag: str) -> list[str]:
     return out + ([projector.as_posix()] if projector is not None else [])
 
 
-def fetch(spec: str, file: str | None = None, what: str = "--hf-repo") -> str:
+def fetch(spec: str, file: str | None = None, what: str = "--hf-repo", file_what: str = "--hf-file") -> str:
     """A local .gguf path (or a repo id for loading.resolve) for `-hf SPEC [-hff FILE]`. The repo's
     projector is downloaded with its model but loads only with --mmproj (few kinds convert here)."""
     repo, tag = hub_cache.split_spec(spec)
@@ -76,7 +76,7 @@ def fetch(spec: str, file: str | None = None, what: str = "--hf-repo") -> str:
     except ValueError as exc:
         raise ModelError(f"{what} {spec}: {exc}") from None
     if file and file not in names:
-        raise ModelError(f"--hf-file {file}: no such file in {repo} on the Hugging Face hub")
+        raise ModelError(f"{file_what} {file}: no such file in {repo} on the Hugging Face hub")
     if not wanted:
         return repo  # an mlx-lm repo: loading.resolve fetches its snapshot
     from huggingface_hub import hf_hub_download

@@ -155,8 +155,10 @@ async def relay(upstream: Any, headers: dict, after: Callable[[], Awaitable[None
 
 class Cors:
     """CORS outermost, as llama-server answers it: every OPTIONS gets a 200 before any key or Host
-    check (a browser's preflight carries no key); an allowed Origin is reflected on every response
-    (with credentials unless --no-cors-credentials), and a refused one simply gets no header."""
+    check (a browser's preflight carries no key) with the allowed methods, headers and credentials;
+    an allowed Origin is reflected on every response (with credentials unless
+    --no-cors-credentials), and a refused one simply gets no Access-Control-Allow-Origin, so the
+    browser refuses the call."""
 
     def __init__(self, app, *, policy: CorsPolicy):
         self.app, self.policy = app, policy
@@ -169,6 +171,19 @@ class Cors:
             out.append((b"Access-Control-Allow-Credentials", b"true"))
         return out
 
+    def preflight_headers(self, origin: str | None, allowed: bool) -> list[tuple[bytes, bytes]]:
+        out = [
+            (b"Content-Length", b"0"),
+            (b"Allow", b"GET, POST, OPTIONS"),
+            (b"Access-Control-Allow-Credentials", b"true" if self.policy.credentials else b"false"),
+            (b"Access-Control-Allow-Methods", self.policy.methods.encode("latin-1")),
+            (b"Access-Control-Allow-Headers", self.policy.headers.encode("latin-1")),
+            (b"Access-Control-Max-Age", b"600"),
+        ]
+        if allowed and origin:
+            out += [(b"Access-Control-Allow-Origin", origin.encode("latin-1")), (b"Vary", b"Origin")]
+        return out
+
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
@@ -178,15 +193,9 @@ class Cors:
         origin = headers.get("origin")
         allowed = self.policy.allows(origin, headers.get("host"))
         if scope["method"] == "OPTIONS":
-            headers = [(b"Content-Length", b"0"), (b"Allow", b"GET, POST, OPTIONS")]
-            if allowed:
-                headers += self.allow_headers(origin)
-                headers += [
-                    (b"Access-Control-Allow-Methods", self.policy.methods.encode("latin-1")),
-                    (b"Access-Control-Allow-Headers", self.policy.headers.encode("latin-1")),
-                    (b"Access-Control-Max-Age", b"600"),
-                ]
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": self.preflight_headers(origin, allowed)}
+            )
             await send({"type": "http.response.body", "body": b""})
             return
         if not allowed:

@@ -60,12 +60,9 @@ def _blocks(r, tools: list[dict]) -> list[dict]:
 
 
 def turns(req) -> list[dict]:
-    """The request's chat turns. No messages is taken beside a system prompt, as llama-server
-    takes it (Anthropic's API refuses it); with neither there is nothing a template can render."""
-    out = req.turns()
-    if not out:
-        raise ApiError("'messages' is empty and there is no 'system': give at least one of them")
-    return out
+    """The request's chat turns. No messages is taken, with or without a system prompt, as
+    llama-server takes it (Anthropic's API refuses it): the template renders what it has."""
+    return req.turns()
 
 
 @router.post("/v1/messages")
