@@ -34,6 +34,11 @@ NGRAM_MAX_LIMIT = 16
 MAX_DRAFT_LIMIT = 64
 DEFAULT_FULL_MODEL_BLOCK = 4
 DEFAULT_SUFFIX_CACHE_TOKENS = 50_000
+# --draft-acceptance: sampler-match (a model drafter draws with the target's own randomness at each
+# position and a draft stands when it equals the target's draw: sampled output is plain decoding's,
+# token for token, under a seed) or p-q (the drafter samples its own q, judged by min(1, p/q)
+# (Leviathan/Chen): the same distribution, a few percent more accepted, other tokens than plain's)
+DRAFT_ACCEPTANCE = ("sampler-match", "p-q")
 # serve: verify rounds while at most this many requests are live (the seed's default), and only
 # while they pay at the batch's measured cost (engine.gate); "auto" drops the count
 DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 2
@@ -221,6 +226,7 @@ class SpecOptions:
     draft_kind: str | None = None
     draft_block_size: int | None = None
     draft_min: int | None = None  # --draft-min: drafts shorter than this are not verified
+    draft_acceptance: str | None = None  # --draft-acceptance: one of DRAFT_ACCEPTANCE
     spec_type: str | None = None
     lookup: PromptLookupOptions = field(default_factory=PromptLookupOptions)
     suffix_cache_tokens: int | None = None
@@ -373,6 +379,8 @@ class DraftConfig:
     tree_margin: float = DEFAULT_TREE_MARGIN  # model drafters: branch to tokens this close to the best logit
     # llama-server's --draft-min: a round whose draft is shorter than this decodes plainly instead
     min_draft: int = 0
+    # how a sampled round judges a model drafter's draft (DRAFT_ACCEPTANCE; drafters/base.draw)
+    acceptance: str = "sampler-match"
     # generate --prompt-lookup --draft-model: prompt lookup where the context has a match, this
     # model drafter elsewhere, in one round loop (drafters/composite.py); `lookup` configures it
     lookup_first: bool = False

@@ -28,6 +28,7 @@ from .options import (
     DEFAULT_POLICY,
     DEFAULT_SUFFIX_CACHE_TOKENS,
     DEFAULT_TREE_MARGIN,
+    DRAFT_ACCEPTANCE,
     MAX_DRAFT_LIMIT,
     MAX_PARALLEL,
     NGRAM_MAX_LIMIT,
@@ -386,6 +387,8 @@ def _validate(opts: CommandOptions) -> RunConfig:
         raise UsageError(f"--draft-block-size must be at least 1, got {spec.draft_block_size}")
     if spec.draft_block_size is not None and spec.draft_block_size > MAX_DRAFT_LIMIT:
         raise UsageError(f"--draft-block-size ({spec.draft_block_size}) must be at most {MAX_DRAFT_LIMIT}")
+    if spec.draft_acceptance is not None and spec.draft_acceptance not in DRAFT_ACCEPTANCE:
+        raise UsageError(f"--draft-acceptance {spec.draft_acceptance!r} is not one of: {', '.join(DRAFT_ACCEPTANCE)}")
     if spec.draft_min is not None and not 0 <= spec.draft_min <= MAX_DRAFT_LIMIT:
         raise UsageError(f"--draft-min must be between 0 and {MAX_DRAFT_LIMIT}, got {spec.draft_min}")
     par = opts.parallel
@@ -495,6 +498,7 @@ def _validate(opts: CommandOptions) -> RunConfig:
             suffix_cache_tokens=spec.suffix_cache_tokens or DEFAULT_SUFFIX_CACHE_TOKENS,
             suffix_store=spec.suffix_store,
             lookup_first=lk.enabled,
+            acceptance=spec.draft_acceptance or DRAFT_ACCEPTANCE[0],
         ),
     )
 

@@ -93,17 +93,16 @@ def dirs(tmp_path_factory):
 
 
 def equal_to_plain(s, prompts, max_tokens, *, sampled=True, kind="dflash") -> tuple[int, int]:
-    """Greedy output equals plain decoding's; seeded sampling runs the p/q rule to full length."""
+    """Greedy and seeded sampled output equal plain decoding's (sampled: the default sampler-match)."""
     plain = plain_engine(s)
     proposed = accepted = 0
     for i, p in enumerate(prompts):
         for sampling in (SamplingOptions(), SamplingOptions(temp=0.8, seed=i))[: 2 if sampled else 1]:
             a, _ = run(plain, p, max_tokens=max_tokens, sampling=sampling, ignore_eos=True)
             b, g = run(s.engine, p, max_tokens=max_tokens, sampling=sampling, ignore_eos=True)
-            if sampling.greedy:
-                assert a == b, i
-            else:
-                assert g.stats.acceptance_rule == "lossless-p/q" and len(b) == max_tokens
+            assert a == b, i  # sampled too: drafts drawn with the target's keys (sampler-match)
+            if not sampling.greedy:
+                assert g.stats.acceptance_rule == "sampler-match" and len(b) == max_tokens
             assert g.stats.draft_kind == kind and g.stats.drafted_rounds > 0
             proposed, accepted = proposed + g.stats.proposed, accepted + g.stats.accepted
     return proposed, accepted
@@ -191,7 +190,7 @@ def test_lossless_pq_keeps_the_target_distribution(dirs):
     prefix = start + run(plain.engine, start, max_tokens=20, ignore_eos=True)[0]
     settled = Counter(prefix[-8:]).most_common(1)[0][0]
     draft = self_mask_checkpoint(dirs["hybrid"].parent / "pq", QWEN35, settled, layers=1, block=3)
-    s = session(dirs["hybrid"], draft_model=draft)
+    s = session(dirs["hybrid"], draft_model=draft, draft_acceptance="p-q")
     samp = dict(temp=1.0, top_k=5)
     n = 500
     got, want, acc, prop = Counter(), Counter(), 0, 0
@@ -296,7 +295,7 @@ def test_trained_drafter_incremental_forward_equals_its_training_form(trained):
 
     cache = SequenceCache(eng.model)
     cache.keep_hidden(drafter.hidden_tap)
-    decider = Decider(SamplingOptions(temp=1.0), prompt_len=10, vocab_size=eng.vocab_size)
+    decider = Decider(SamplingOptions(temp=1.0), prompt_len=10, vocab_size=eng.vocab_size, pq_drafts=True)
     got = []
     cache.prefill(x[:9])
     drafter.begin(x[:10], cache)

@@ -111,7 +111,7 @@ def test_drafts_stay_inside_the_mapped_vocabulary_and_pq_keeps_the_distribution(
     draft = tiny_models.eagle3_checkpoint(
         dirs["hybrid"].parent / "likely", tiny_models.eagle3_config(QWEN35, draft_vocab=6), draft_ids=likely[:6]
     )
-    s = session(dirs["hybrid"], draft_model=draft)
+    s = session(dirs["hybrid"], draft_model=draft, draft_acceptance="p-q")
     drafter = s.engine.make_drafter()
     mapped = set(drafter.mapped.tolist())
     samp = dict(temp=1.0, top_k=5)
@@ -138,7 +138,7 @@ def test_drafts_stay_inside_the_mapped_vocabulary_and_pq_keeps_the_distribution(
         cache.keep_hidden(drafter.hidden_tap)
         cache.prefill(prefix[:-1])
         drafter.begin(prefix, cache)
-        dec = Decider(SamplingOptions(temp=1.5, seed=seed), prompt_len=len(prefix), vocab_size=260)
+        dec = Decider(SamplingOptions(temp=1.5, seed=seed), prompt_len=len(prefix), vocab_size=260, pq_drafts=True)
         proposal = drafter.propose(prefix, 3, dec)
         assert set(proposal.tokens) <= mapped
         off = [t for t in range(260) if t not in mapped]

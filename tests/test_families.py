@@ -8,6 +8,7 @@ plain decoding's after every rollback), never acceptance rates.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import mlx.core as mx
 import pytest
@@ -259,7 +260,7 @@ def test_lossless_pq_on_a_hybrid_pair_keeps_the_target_distribution(family_model
     t, d = family_models("qwen3_5"), family_models("qwen3_5", seed=0, scale=0.9)  # close, not equal
     s = SamplingOptions(temp=1.0, top_k=6)  # few enough (first, second) pairs to count
     prefix = copy_prompts(1, seed=4)[0][:12]
-    spec, plain = engine_for(t, full(2), draft_model=d.model), engine_for(t)
+    spec, plain = engine_for(t, replace(full(2), acceptance="p-q"), draft_model=d.model), engine_for(t)
     n = 700
     got, want, rules, acc, prop = Counter(), Counter(), set(), 0, 0
     for seed in range(n):

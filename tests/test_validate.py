@@ -511,6 +511,15 @@ def test_draft_min_out_of_range_is_refused_before_loading(value, no_loading):
     assert no_loading == []
 
 
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_draft_acceptance_names_a_rule_before_loading(command, no_loading):
+    args = [command, "--draft-model", "d", "--draft-acceptance", "p/q"] + (["-p", "x"] if command == "generate" else [])
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert "--draft-acceptance 'p/q' is not one of: sampler-match, p-q" in result.output
+    assert no_loading == []
+
+
 def test_offline_refuses_a_repo_id_not_in_the_cache_without_the_network(tmp_path, monkeypatch):
     """llama.cpp's --offline: a repo id not in the Hugging Face cache is a one-line error (exit 1),
     with no download tried (the hub's address is unreachable here: a try would fail otherwise)."""

@@ -318,7 +318,7 @@ def test_full_model_drafter_samples_with_p_q_beside_an_image(vlm, tmp_path_facto
     drafter sees token 0 at the image's positions) and no image id is ever emitted."""
     d = make_tiny_model(tmp_path_factory.mktemp("vq") / "m", seed=4, hidden=32, layers=1, vocab=264, scale=3.0)
     assets = loading.load(loading.resolve(str(d))).model
-    draft = DraftConfig(kind="full-model", draft_model=str(d), block_size=3)
+    draft = DraftConfig(kind="full-model", draft_model=str(d), block_size=3, acceptance="p-q")
     ids = ids_for(vlm, COPY, [picture(1)])
     s = SamplingOptions(temp=1.0, seed=5, top_k=0, top_p=1.0)
     toks, g = run(engine_for(vlm, draft, draft_model=assets), ids, max_tokens=40, sampling=s, ignore_eos=True)

@@ -83,6 +83,7 @@ RepeatLastNOpt = Annotated[int, typer.Option("--repeat-last-n", metavar="N", hel
 # each drafter kind's row (drafters/registry.py) says what these two helps say of it
 DraftKindOpt = Annotated[Optional[str], typer.Option("--draft-kind", envvar="MLXCEL_DRAFT_KIND", metavar="KIND", help=registry.kind_help(), rich_help_panel=SPEC)]
 DraftBlockSizeOpt = Annotated[Optional[int], typer.Option("--draft-block-size", "--draft-max", "--draft", "--draft-n", "--spec-draft-n-max", metavar="N", help=registry.width_help(), rich_help_panel=SPEC)]
+DraftAcceptanceOpt = Annotated[Optional[str], typer.Option("--draft-acceptance", metavar="RULE", help="How a sampled round judges a model drafter's draft: sampler-match (default: the drafter draws with the target's own randomness at each position, and a draft stands when it equals the target's draw, so a seeded reply is plain decoding's, token for token, as llama-server's) or p-q (the drafter samples its own distribution q, accepted with min(1, p/q): the same distribution, a few percent more drafts accepted, other tokens than plain's).", rich_help_panel=SPEC)]
 DraftMinOpt = Annotated[Optional[int], typer.Option("--draft-min", "--draft-n-min", "--spec-draft-n-min", metavar="N", help="Verify a draft only when it has at least N tokens; a shorter one is dropped and the round decodes plainly (llama-server's; default 0: every draft).", rich_help_panel=SPEC)]
 SpecTypeOpt = Annotated[Optional[str], typer.Option("--spec-type", metavar="TYPE", help="llama-server selector: none turns speculation off; draft-simple = full-model; draft-mtp = mtp.", rich_help_panel=SPEC)]
 SuffixCacheTokensOpt = Annotated[Optional[int], typer.Option("--suffix-cache-tokens", metavar="N", help=f"Suffix drafter: tokens of earlier sequences kept (default {O.DEFAULT_SUFFIX_CACHE_TOKENS}), least recently used first out.", rich_help_panel=SPEC)]
@@ -272,6 +273,7 @@ def build_options(command: str, params: dict[str, Any]) -> O.CommandOptions:
             draft_kind=g("draft_kind"),
             draft_block_size=g("draft_block_size"),
             draft_min=g("draft_min"),
+            draft_acceptance=g("draft_acceptance"),
             spec_type=g("spec_type"),
             suffix_cache_tokens=g("suffix_cache_tokens"),
             suffix_store=g("suffix_store"),
@@ -445,6 +447,7 @@ SPEC_PARAMS = [
     _kw("draft_kind", DraftKindOpt, None),
     _kw("draft_block_size", DraftBlockSizeOpt, None),
     _kw("draft_min", DraftMinOpt, None),
+    _kw("draft_acceptance", DraftAcceptanceOpt, None),
     _kw("spec_type", SpecTypeOpt, None),
     _kw("verify_exact", VerifyExactOpt, False),
     _kw("suffix_cache_tokens", SuffixCacheTokensOpt, None),

@@ -100,12 +100,24 @@ def stop_at_eos(tokens: list[int], eos_ids: frozenset[int], decider: Decider) ->
 
 
 def draw(logits: mx.array, decider: Decider, index: int) -> tuple[mx.array, mx.array | None]:
-    """A model drafter's pick from one logits row (1, V): argmax when greedy, else a sample from
-    the filtered distribution q (returned, for the lossless p/q rule). Stays lazy."""
+    """A model drafter's pick from one logits row (1, V): argmax when greedy. Sampled, by default
+    (--draft-acceptance sampler-match) the token the target's own draw at this position would be
+    if its distribution were the drafter's: the same filters, temperature and key, so the same
+    Gumbel noise over a row as wide as the target's (Gumbel-max coupling). Where the two
+    distributions agree the draft equals the target's draw and stands; verification compares it
+    with that draw (q None: sampler-match), so every token is the one plain sampling picks under
+    the same seed. With p-q, a sample from the filtered q under a key of its own, returned for the
+    lossless p/q rule. Stays lazy."""
     if decider.greedy:
         return mx.argmax(logits, axis=-1), None
-    q = decider.probs(logits)
-    return mx.random.categorical(mx.log(q), key=decider.key(index, salt=3)), q
+    if decider.pq_drafts:
+        q = decider.probs(logits)
+        return mx.random.categorical(mx.log(q), key=decider.key(index, salt=3)), q
+    row = decider.tempered(decider.filtered_logprobs(logits.astype(mx.float32)))[0]
+    width = decider.vocab_size or row.shape[0]
+    if row.shape[0] != width:  # the target's row width: the noise of token i is then the target's
+        row = row[:width] if row.shape[0] > width else mx.pad(row, [(0, width - row.shape[0])], constant_values=-mx.inf)
+    return mx.random.categorical(row, key=decider.key(index)).reshape(1), None
 
 
 def chain_proposal(picks: list[mx.array], rows: list[mx.array], target_vocab: int | None) -> Proposal:

@@ -275,6 +275,7 @@ class RoundLoop:
             min_tokens=req.min_tokens,
             ignore_eos=req.ignore_eos,
             vocab_size=eng.vocab_size,
+            pq_drafts=eng.drafters is not None and eng.drafters.config.acceptance == "p-q",
         )
         mx.reset_peak_memory()
         t0 = time.perf_counter()

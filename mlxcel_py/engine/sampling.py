@@ -5,7 +5,8 @@ A `Decider` is built once per request from SamplingOptions. It applies the logit
 decoding would, then picks a token per row. Randomness is keyed by the generated-token index
 (seed, index), not by a global stream, so a seeded speculative run draws exactly the numbers the
 plain run draws at each position: with sampler-match acceptance the outputs are identical.
-It also exposes the filtered target distribution p, which lossless p/q acceptance needs.
+It also exposes the filtered target distribution p, which lossless p/q acceptance needs, and the
+key of each position, which a model drafter draws with under sampler-match (drafters/base.draw).
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ class Decider:
         min_tokens: int = 0,
         ignore_eos: bool = False,
         vocab_size: int | None = None,
+        pq_drafts: bool = False,
     ):
         self.sampling = sampling
+        # --draft-acceptance p-q: model drafters sample their own q, judged by p/q (drafters/base.draw)
+        self.pq_drafts = pq_drafts
         self.greedy = sampling.greedy
         self.prompt_len = prompt_len
         self.min_tokens = min_tokens
