@@ -234,6 +234,11 @@ def cli_error(cli_env, *argv) -> str:
 def test_bad_arguments_raise_the_clis_errors(tiny_api, tiny_dir, cli_env):
     cases = [
         (lambda: mc.load(draft_kind="eagle"), mc.UsageError, ("generate", "-p", "x", "--draft-kind", "eagle")),
+        (
+            lambda: mc.load(draft="d", draft_acceptance="pq"),
+            mc.UsageError,
+            ("generate", "-p", "x", "--draft-model", "d", "--draft-acceptance", "pq"),
+        ),
         (lambda: mc.load("/nonexistent/model"), mc.ModelError, ("generate", "-p", "x", "-m", "/nonexistent/model")),
         (
             lambda: mc.load(str(tiny_dir), draft_kind="full-model"),

@@ -98,6 +98,7 @@ def load(
     suffix_cache_tokens: int | None = None,
     suffix_store: str | None = None,
     draft_tree_budget: int | None = None,
+    draft_acceptance: str | None = None,
     adapter: str | None = None,
     adapters: Sequence[tuple[str, float]] = (),
     warmup: bool = True,
@@ -108,7 +109,9 @@ def load(
     pass prompt_lookup=True per call). `draft_tree_budget`: the drafter's rounds verify draft trees
     of up to that many more nodes (--draft-tree-budget; greedy calls only, sampled calls verify
     chains). `cache_type_k` / `cache_type_v`: the KV cache type (--cache-type-k/-v: auto, f32,
-    f16, bf16, q8_0). `adapter`: an mlx-lm adapter folder fused into the weights
+    f16, bf16, q8_0). `draft_acceptance`: how sampled calls judge a model drafter's drafts
+    (--draft-acceptance: sampler-match, the default, gives plain sampling's tokens under a seed; or
+    p-q). `adapter`: an mlx-lm adapter folder fused into the weights
     (--adapter-path); `adapters`: (path, scale) pairs of GGUF LoRA files or folders fused beside it
     (--lora-scaled). Refusals are the CLI's, as MlxcelError subclasses."""
     opts = CommandOptions(
@@ -131,6 +134,7 @@ def load(
             suffix_cache_tokens=suffix_cache_tokens,
             suffix_store=suffix_store,
             tree_budget=draft_tree_budget,
+            draft_acceptance=draft_acceptance,
         ),
     )
     run = validate(opts)
