@@ -163,10 +163,14 @@ class Cors:
     def __init__(self, app, *, policy: CorsPolicy):
         self.app, self.policy = app, policy
 
-    def allow_headers(self, origin: str) -> list[tuple[bytes, bytes]]:
+    @staticmethod
+    def origin_headers(origin: str) -> list[tuple[bytes, bytes]]:
         # spelled as llama-server sends them: names are case-insensitive, but clients that copy
         # headers into a plain dict (llama.cpp's own test suite) look them up by this spelling
-        out = [(b"Access-Control-Allow-Origin", origin.encode("latin-1")), (b"Vary", b"Origin")]
+        return [(b"Access-Control-Allow-Origin", origin.encode("latin-1")), (b"Vary", b"Origin")]
+
+    def allow_headers(self, origin: str) -> list[tuple[bytes, bytes]]:
+        out = self.origin_headers(origin)
         if self.policy.credentials:
             out.append((b"Access-Control-Allow-Credentials", b"true"))
         return out
@@ -180,9 +184,7 @@ class Cors:
             (b"Access-Control-Allow-Headers", self.policy.headers.encode("latin-1")),
             (b"Access-Control-Max-Age", b"600"),
         ]
-        if allowed and origin:
-            out += [(b"Access-Control-Allow-Origin", origin.encode("latin-1")), (b"Vary", b"Origin")]
-        return out
+        return out + (self.origin_headers(origin) if allowed and origin else [])
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

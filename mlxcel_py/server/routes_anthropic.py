@@ -59,12 +59,6 @@ def _blocks(r, tools: list[dict]) -> list[dict]:
     ]
 
 
-def turns(req) -> list[dict]:
-    """The request's chat turns. No messages is taken, with or without a system prompt, as
-    llama-server takes it (Anthropic's API refuses it): the template renders what it has."""
-    return req.turns()
-
-
 @router.post("/v1/messages")
 async def messages(request: Request):
     ctx = ctx_of(request)
@@ -73,7 +67,7 @@ async def messages(request: Request):
         if req.max_tokens < 1:
             raise ApiError(f"'max_tokens' must be at least 1, got {req.max_tokens}")
         tools, grammar = ctx.requests.tools(req)
-        prompt = await asyncio.to_thread(ctx.requests.tool_prompt, turns(req), tools)  # templating off the loop
+        prompt = await asyncio.to_thread(ctx.requests.tool_prompt, req.turns(), tools)  # templating off the loop
         job = await ctx.requests.job(req, prompt, grammar=grammar)
         mid = f"msg_{uuid.uuid4().hex[:24]}"
         if req.stream:
@@ -191,7 +185,7 @@ async def count_tokens(request: Request):
     await ctx.wake()
     try:
         req = await ctx.requests.parse(request, AnthropicCountRequest)
-        prompt = await asyncio.to_thread(ctx.requests.tool_prompt, turns(req), req.tool_list())
+        prompt = await asyncio.to_thread(ctx.requests.tool_prompt, req.turns(), req.tool_list())
     except ApiError as exc:
         return _error(exc)
     return {"input_tokens": len(prompt)}

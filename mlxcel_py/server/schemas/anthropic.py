@@ -154,7 +154,7 @@ class AnthropicRequest(Sampling):
     are `stop_sequences`; `tools` with `tool_choice` (auto, any, tool, none)."""
 
     max_tokens: int
-    messages: list[AnthropicMessage]  # empty is taken beside a system prompt (routes_anthropic.turns)
+    messages: list[AnthropicMessage]  # empty is taken, as llama-server takes it (prompting renders it)
     system: Union[str, list[AnthropicBlock], None] = None
     stop_sequences: list[str] | None = None
     tools: Annotated[list[AnthropicTool], Field(max_length=128)] | None = None
@@ -220,7 +220,7 @@ class AnthropicRequest(Sampling):
 
 class AnthropicCountRequest(_Body):
     model: str | None = None
-    messages: list[AnthropicMessage]  # empty is taken beside a system prompt (routes_anthropic.turns)
+    messages: list[AnthropicMessage]  # empty is taken, as llama-server takes it (prompting renders it)
     system: Union[str, list[AnthropicBlock], None] = None
     tools: Annotated[list[AnthropicTool], Field(max_length=128)] | None = None
 
