@@ -481,6 +481,65 @@ void run_items(const AttentionArgs& a, std::vector<Item>& items, double work, in
       for (auto& q : it.queries) merge(q, parts, a.D);
 }
 
+// q8_0 and q4_0 rows are stored rotated (store_kv_row): rotate(x) is the Hadamard transform
+// (butterflies of adds and subtracts, in one fixed order) times c = 2^-floor(log2(D)/2), so the
+// rows keep about their scale. An orthogonal rotation spreads a key's few large channels over
+// all of them, and a block of 32 then rounds its values to a finer step (the default model's
+// keys: 1.65x less q8_0 error; greedy agreement with float32 on a float copy of it went from
+// 99.44% to 99.89% of positions). Scores and outputs are the same sums in the rotated basis:
+// q.k = rotate(q).rotate(k) / (c^2 D) and out = rotate(sum p_j rotate(v_j)) / (c^2 D), where
+// c^2 D is 1 or 2 (head dims 32, 64, 128), so those divisions are exact.
+inline void rotate(float* x, int n) {
+  for (int len = 1; len < n; len <<= 1)
+    for (int i = 0; i < n; i += 2 * len)
+      for (int j = i; j < i + len; ++j) {
+        const float u = x[j], w = x[j + len];
+        x[j] = u + w;
+        x[j + len] = u - w;
+      }
+  const float c = n == 32 ? 0.25f : 0.125f;  // 2^-floor(log2(n)/2) for n = 32, 64, 128
+  for (int j = 0; j < n; ++j) x[j] *= c;
+}
+// 1 / (c^2 D): what a score or an output read in the rotated basis is divided by
+inline float rotated_gain(int D) { return D == 64 ? 1.0f : 0.5f; }
+
+// Queries of a q8_0/q4_0 key cache go in rotated, as copies in `buf`; run_items then reads them.
+void rotate_queries(std::vector<Item>& items, int D, std::vector<float>& buf) {
+  size_t n = 0;
+  for (const auto& it : items) n += it.queries.size();
+  buf.resize(n * D);
+  float* p = buf.data();
+  for (auto& it : items)
+    for (auto& q : it.queries) {
+      std::copy(q.q, q.q + D, p);
+      rotate(p, D);
+      q.q = p;
+      p += D;
+    }
+}
+// A q8_0/q4_0 value cache gives outputs in the rotated basis: back to the model's.
+void unrotate_outputs(const std::vector<Item>& items, int D) {
+  const float g = rotated_gain(D);
+  for (const auto& it : items)
+    for (const auto& q : it.queries) {
+      rotate(q.out, D);
+      for (int j = 0; j < D; ++j) q.out[j] *= g;
+    }
+}
+
+// run_items over rows whose q8_0/q4_0 sides are stored rotated (rotate())
+void run_rotated(const AttentionArgs& a, std::vector<Item>& items, double work, int threads) {
+  std::vector<float> qs;
+  if (!kv_blocks(a.kt) && !kv_blocks(a.vt)) return run_items(a, items, work, threads);
+  AttentionArgs r = a;
+  if (kv_blocks(a.kt)) {
+    rotate_queries(items, a.D, qs);
+    r.scale = a.scale * rotated_gain(a.D);
+  }
+  run_items(r, items, work, threads);
+  if (kv_blocks(a.vt)) unrotate_outputs(items, a.D);
+}
+
 }  // namespace
 
 void attention(const AttentionArgs& a, int threads) {
@@ -499,7 +558,7 @@ void attention(const AttentionArgs& a, int threads) {
         }
       items.push_back(std::move(it));
     }
-  run_items(a, items, static_cast<double>(a.B) * a.Hq * a.L * a.S * a.D, threads);
+  run_rotated(a, items, static_cast<double>(a.B) * a.Hq * a.L * a.S * a.D, threads);
 }
 
 void attention_rows(const RowsAttentionArgs& r, int threads) {
@@ -544,10 +603,16 @@ void attention_rows(const RowsAttentionArgs& r, int threads) {
           }
       items.push_back(std::move(it));
     }
-  run_items(a, items, work, threads);
+  run_rotated(a, items, work, threads);
 }
 
 void store_kv_row(void* dst, KvType t, const float* src, int n) {
+  float rotated[128];
+  if (kv_blocks(t) && kv_block_head_dim(n)) {  // the widths attention reads q8_0/q4_0 rows at
+    std::copy(src, src + n, rotated);
+    rotate(rotated, n);
+    src = rotated;
+  }
   switch (t) {
     case KvType::f16: return store_kv(static_cast<uint16_t*>(dst), src, n);
     case KvType::bf16: return store_kv(static_cast<bf16_bits*>(dst), src, n);

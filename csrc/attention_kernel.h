@@ -75,7 +75,9 @@ struct RowsAttentionArgs {
 // One build per ISA (isa_begin.h), and the dispatchers under the same names (isa.cpp).
 // store_kv_row: n float32 values into a KV row of type t at dst (float16, bfloat16: rounded to
 // nearest even, as MLX's astype rounds; q8_0, q4_0: llama.cpp's quantize_row_q8_0 / _q4_0, n a
-// multiple of 32), the one place a key or value is rounded to the cache's type.
+// multiple of 32, of the row rotated first where n is a head dim attention reads them at, and
+// attention() / attention_rows() read such rows in that basis: attention_kernel.cpp, rotate()),
+// the one place a key or value is rounded to the cache's type.
 #define MLXCEL_ATTENTION_KERNELS                                \
   void attention(const AttentionArgs& a, int threads);          \
   void attention_rows(const RowsAttentionArgs& a, int threads); \

@@ -13,6 +13,10 @@ runs the same token ids on the same GGUF file at its `f16` and `q8_0` caches in 
 (`--llama-types` to change; q8_0 needs its flash attention, which is turned on for every llama.cpp
 row so they compare alike).
 
+`-m DIR` runs another model (llama.cpp reads the default GGUF only: pass `--llama-types ''`); a
+float copy of the default model (scripts/float_checkpoint.py) runs on the float kernel, whose
+activations stay float32, so its quality rows show what the cache type alone changes.
+
 Quality: for each held-out public prompt (mlxcel_py/data/bench_default.jsonl), f32 decodes
 `--quality-tokens` greedy tokens; each other type then (a) decodes its own and we count the tokens
 until the first difference, and (b) is fed the f32 tokens (teacher forcing) and we count how often
@@ -161,6 +165,7 @@ def forced_logits(model, ids: list[int], reply: list[int]) -> mx.array:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", help="a model folder or .gguf (default: the default model)")
     ap.add_argument("--context", type=int, default=6000)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
@@ -179,7 +184,7 @@ def main() -> None:
     if qmm is not None:
         qmm.set_threads(2)
     types = a.types.split(",")
-    models = {t: mc.load(cache_type_k=t, cache_type_v=t, warmup=False) for t in types}
+    models = {t: mc.load(a.model, cache_type_k=t, cache_type_v=t, warmup=False) for t in types}
     ids = prompt_ids(models[types[0]], a.context)
     runners = {t: (lambda ids_, n, m=models[t]: speed(m, ids_, n)) for t in types}
     try:

@@ -2,7 +2,8 @@
 
 A float16, bfloat16 or q8_0 row is rounded once, when it is written, and widened exactly when it
 is read, so the kernels over such buffers must give exactly what they give over float32 buffers
-holding the same rounded values; speculative output must equal plain output at each type; the
+holding the same rounded values (q8_0 and q4_0 rows are of the rotated row, and read with the
+query rotated alike); speculative output must equal plain output at each type; the
 flags (and mlx-lm's --kv-bits) are checked before any model loads, and a model that cannot keep
 the type says so and runs.
 """
@@ -33,9 +34,42 @@ def _stored(x: mx.array, t: str) -> mx.array:
     return QMM.kv_rows(x, DTYPES[t]) if t in BLOCKS else x.astype(DTYPES[t])
 
 
+def _rotate(x: np.ndarray) -> np.ndarray:
+    """csrc attention_kernel.cpp's rotate() over the last axis, the same float32 operations in
+    the same order: the Hadamard butterflies (u + w, u - w), then times 2^-floor(log2(D)/2)."""
+    x = np.array(x, dtype=np.float32, copy=True)
+    n = x.shape[-1]
+    length = 1
+    while length < n:
+        y = x.reshape(*x.shape[:-1], n // (2 * length), 2, length)
+        u, w = y[..., 0, :].copy(), y[..., 1, :].copy()
+        y[..., 0, :], y[..., 1, :] = u + w, u - w
+        x = y.reshape(x.shape)
+        length *= 2
+    return x * np.float32(0.25 if n == 32 else 0.125)
+
+
+def _gain(dim: int) -> float:
+    """1 / (c^2 D): rotating twice multiplies by c^2 D (1 at head dim 64, 2 at 32 and 128)."""
+    return 1.0 if dim == 64 else 0.5
+
+
+def _unrotate(x: np.ndarray) -> np.ndarray:
+    return _rotate(x) * np.float32(_gain(x.shape[-1]))
+
+
 def _values(buf: mx.array, dim: int) -> mx.array:
+    """What a buffer's rows stand for, as float32 (`_block_values` taken back from the rotated
+    basis for q8_0 and q4_0)."""
+    if buf.dtype not in (mx.int8, mx.uint8):
+        return buf.astype(mx.float32)
+    return mx.array(_unrotate(np.array(_block_values(buf, dim))))
+
+
+def _block_values(buf: mx.array, dim: int) -> mx.array:
     """What a buffer's rows hold, as float32: q8_0 rows are q * d per block of 32, q4_0 rows
-    (q - 8) * d with byte j of a block holding values j (low nibble) and j + 16 (high)."""
+    (q - 8) * d with byte j of a block holding values j (low nibble) and j + 16 (high); both of
+    the row rotated (csrc store_kv_row)."""
     if buf.dtype not in (mx.int8, mx.uint8):
         return buf.astype(mx.float32)
     lead, n = buf.shape[:-1], dim // 32
@@ -95,11 +129,21 @@ def test_attention_over_rounded_rows_is_attention_over_their_float32_values(dim,
             _stored(kbuf, next(t for t in types if t in BLOCKS))
         return
     ks, vs = (_stored(b, t) for b, t in zip((kbuf, vbuf), types))
-    k32, v32 = _values(ks, dim), _values(vs, dim)
+    # q8_0/q4_0 rows are read in their rotated basis: the query goes in rotated and the output
+    # comes back, exactly as the kernel does it (the same float32 operations)
+    k32, v32 = (_block_values(b, dim) if b.dtype in (mx.int8, mx.uint8) else b.astype(mx.float32) for b in (ks, vs))
+    k_rot, v_rot = (t in BLOCKS for t in types)
+    q_in = mx.array(_rotate(np.array(q))) if k_rot else q
+    scale = 0.125 * _gain(dim) if k_rot else 0.125
     for causal in (True, False):
         got = QMM.row_exact_attention(q, ks[:, :, :80], vs[:, :, :80], 0.125, causal)  # strided views
-        want = QMM.row_exact_attention(q, k32[:, :, :80], v32[:, :, :80], 0.125, causal)
+        want = QMM.row_exact_attention(q_in, k32[:, :, :80], v32[:, :, :80], scale, causal)
+        if v_rot:
+            want = mx.array(_unrotate(np.array(want)))
         assert mx.array_equal(got, want).item(), (dim, types, causal)
+        # and it is attention over what the rows stand for, up to float32 rounding
+        plain = QMM.row_exact_attention(q, _values(ks, dim)[:, :, :80], _values(vs, dim)[:, :, :80], 0.125, causal)
+        assert mx.allclose(got, plain, atol=1e-5, rtol=1e-4).item()
         one = QMM.row_exact_attention(q[:, :, -1:], ks[:, :, :80], vs[:, :, :80], 0.125, causal)  # a decode row
         assert mx.array_equal(one, got[:, :, -1:]).item()
 
@@ -110,20 +154,27 @@ def test_q8_0_rows_are_llama_cpps_blocks_and_bfloat16_rows_mlxs_rounding():
     x = mx.random.normal((3, 4, 128)) * mx.array([0.01, 1.0, 30.0, 0.0])[None, :, None]  # a zero row too
     rows = QMM.kv_rows(x, mx.int8)
     assert rows.shape == (3, 4, 136) and rows.dtype == mx.int8
-    q, d = _q8_reference(np.array(x).reshape(-1, 128))
+    rotated = _rotate(np.array(x)).reshape(-1, 128)  # the blocks are of the rotated row
+    q, d = _q8_reference(rotated)
     got = np.array(rows).reshape(-1, 136)
     assert np.array_equal(got[:, :128].reshape(-1, 32), q)
     assert np.array_equal(got[:, 128:].copy().view(np.float16).reshape(-1), d)
-    err = mx.abs(_values(rows, 128) - x).max().item()
-    assert 0 < err <= 30.0 * 4 / 127 / 2 * 1.01  # half a step of the largest block's scale
+    step = np.abs(rotated).max() / 127
+    err = np.abs(np.array(_block_values(rows, 128)).reshape(-1, 128) - rotated).max()
+    assert 0 < err <= step / 2 * 1.01  # half a step of the largest block's scale
+    # the rows stand for x: the rotation spreads the error over the row (RMS, per scale of row)
+    rms = float(mx.sqrt(mx.mean((_values(rows, 128) - x) ** 2, axis=-1)).max().item())
+    assert rms <= 30.0 * 4 / 127 / 2
     rows4 = QMM.kv_rows(x, mx.uint8)
     assert rows4.shape == (3, 4, 72) and rows4.dtype == mx.uint8
-    q4, d4 = _q4_reference(np.array(x).reshape(-1, 128))
+    q4, d4 = _q4_reference(rotated)
     got4 = np.array(rows4).reshape(-1, 72)
     nibbles = got4[:, :64].reshape(-1, 16)
     assert np.array_equal(np.concatenate([nibbles & 15, nibbles >> 4], axis=1), q4)
     assert np.array_equal(got4[:, 64:].copy().view(np.float16).reshape(-1), d4)
-    assert mx.abs(_values(rows4, 128) - x).max().item() <= 30.0 * 4 / 8 * 1.01  # a step of the largest scale
+    assert np.abs(np.array(_block_values(rows4, 128)).reshape(-1, 128) - rotated).max() <= step * 127 / 8 * 1.01
+    zero = np.array(_values(rows, 128))[:, 3]  # the zero row stays zero
+    assert not zero.any()
     assert mx.array_equal(QMM.kv_rows(x, mx.bfloat16), x.astype(mx.bfloat16)).item()
     assert mx.array_equal(QMM.kv_rows(x, mx.float16), x.astype(mx.float16)).item()
 

@@ -86,3 +86,43 @@ def test_without_a_slot_folder_the_actions_are_not_supported(tiny_dir, tmp_path)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_q8_0_rows_round_trip_and_a_file_from_before_their_rotation_is_refused(tmp_path):
+    """A q8_0 cache's rows are stored rotated (csrc rotate()); its slot file says so, restores to
+    the same reply, and a file without the mark (an earlier version's unrotated rows) is refused."""
+    import os
+
+    from conftest import make_tiny_model
+    from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+
+    model = make_tiny_model(tmp_path / "m", seed=3, hidden=128, scale=2.5)  # head dim 32: q8_0 runs
+    folder = tmp_path / "slots"
+    folder.mkdir()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path / "cfg"))
+    proc, url, _ = start_server(
+        env, "-m", str(model), "--slot-save-path", str(folder), "--no-warmup", "-ctk", "q8_0", "-ctv", "q8_0"
+    )
+    try:
+        status, first = post(url + "/completion", PROMPT)
+        assert status == 200
+        status, saved = post(url + "/slots/0?action=save", {"filename": "q8.bin"})
+        assert status == 200
+        link = tmp_path / "q8.safetensors"
+        link.symlink_to(folder / "q8.bin")
+        layers, meta = load_prompt_cache(str(link), return_metadata=True)
+        assert meta["kv_block_rows"] == "rotated" and layers[0].keys.dtype.size == 1  # int8 rows
+        post(url + "/slots/0?action=erase", {})
+        status, restored = post(url + "/slots/0?action=restore", {"filename": "q8.bin"})
+        assert status == 200 and restored["n_restored"] == saved["n_saved"]
+        status, again = post(url + "/completion", PROMPT)
+        assert status == 200 and again["timings"]["cache_n"] > 0 and again["content"] == first["content"]
+        del meta["kv_block_rows"]
+        save_prompt_cache(str(folder / "old.safetensors"), layers, meta)
+        status, err = post(url + "/slots/0?action=restore", {"filename": "old.safetensors"})
+        assert status == 400 and "stored them unrotated" in err["error"]["message"]
+        status, _ = post(url + "/completion", {**PROMPT, "n_predict": 2})
+        assert status == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

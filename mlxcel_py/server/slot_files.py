@@ -23,6 +23,10 @@ from typing import Any
 from .http import ApiError
 
 MAX_NAME = 255
+# q8_0 and q4_0 KV rows are stored rotated (csrc attention_kernel.cpp, rotate()); a file holding
+# such rows says so, and one that does not was written before the rotation: its rows would read
+# as other values, so it is refused
+BLOCK_ROWS = ("kv_block_rows", "rotated")
 _FORBIDDEN = set('/\\:*?"<>|')
 
 
@@ -54,7 +58,7 @@ def save(engine: Any, path: Path) -> tuple[int, int]:
         raise ApiError("the cached prompt holds an image; slot files keep text prompts only")
     try:
         tmp = path.with_name(path.name + ".partial.safetensors")  # mlx names by extension
-        save_prompt_cache(str(tmp), cache.layers, {"tokens": json.dumps(cache.tokens)})
+        save_prompt_cache(str(tmp), cache.layers, {"tokens": json.dumps(cache.tokens), BLOCK_ROWS[0]: BLOCK_ROWS[1]})
         os.replace(tmp, path)  # whole or absent: a reader never sees half a file
         return len(cache.tokens), path.stat().st_size
     except OSError as exc:
@@ -87,6 +91,10 @@ def restore(engine: Any, path: Path) -> tuple[int, int]:
     cache = SequenceCache(engine.model, engine.channel)
     if not (isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) and _fits(engine, layers, tokens)):
         raise ApiError(invalid)
+    if meta.get(BLOCK_ROWS[0]) != BLOCK_ROWS[1] and _holds_blocks(layers):
+        raise ApiError(
+            f"{invalid}: its q8_0/q4_0 rows were written by an earlier version, which stored them unrotated; save it again"
+        )
     kv_cache.store_caches(engine.model, layers)  # later writes keep the file's f16/bf16 rows at their type
     cache.layers, cache.tokens = layers, tokens
     pool.give(cache)
@@ -124,6 +132,15 @@ def _fits(engine: Any, layers: list, tokens: list[int]) -> bool:
         if getattr(got, "offset", len(tokens)) != len(tokens):
             return False
     return all(0 <= t < (engine.vocab_size or 2**31) for t in tokens)
+
+
+def _holds_blocks(layers: list) -> bool:
+    """Whether any cache holds q8_0 or q4_0 rows (int8, uint8 buffers)."""
+    import mlx.core as mx
+
+    from ..engine.cache import _arrays
+
+    return any(x.dtype in (mx.int8, mx.uint8) for c in layers for x in _arrays(c.state))
 
 
 def _shape(a: Any) -> tuple:
