@@ -32,6 +32,15 @@ namespace {
 // verify block of up to 8 rows (3 query heads a KV head) in one pass over its keys.
 constexpr int QUERY_GROUP = 24;
 
+// AVX2 has 16 vector registers and a vf is two of them: kv_unit's loops that keep 16 or more vf
+// live at once (fine in AVX-512's 32) spilled to the stack around every FMA (44% of the kernel's
+// samples were moves). Under kFewRegisters they take their keys or dimensions in smaller groups:
+// loop orders only, each lane's arithmetic unchanged, so both builds still give the same bits.
+// 5-15% faster at every cache type, one row or 64 (scripts/attention_kernel_bench.py, two
+// interleaved runs on a Zen 4 without AVX-512); the AVX2 build stays compute-bound, so f16 and
+// q8_0 rows gain little over float32 there (1.0-1.1x at 6k keys, against 2x on AVX-512).
+constexpr bool kFewRegisters = !MLXCEL_ISA_AVX512;
+
 // exp(x) for x <= 0 (scores minus their max); below -88 the result is 0, as MLX's is
 inline vf exp_le0(vf x) {
   x = max(x, set1(-88.0f));
@@ -217,17 +226,22 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
         vf qv[NC], acc[16];
 #pragma GCC unroll 8
         for (int cc = 0; cc < NC; ++cc) qv[cc] = load(qs[t].q + 16 * cc);
-#pragma GCC unroll 16
-        for (int jj = 0; jj < 16; ++jj) {
-          if (jj < cnt) {
-            const auto* kr = key_row(t, jj);
-            vf x = mul(qv[0], row16<D>(kr, 0));
+        const auto key_sum = [&](int jj) {
+          const auto* kr = key_row(t, jj);
+          vf x = mul(qv[0], row16<D>(kr, 0));
 #pragma GCC unroll 8
-            for (int cc = 1; cc < NC; ++cc) x = fmadd(qv[cc], row16<D>(kr, cc), x);
-            acc[jj] = x;
-          } else {
-            acc[jj] = zero();
-          }
+          for (int cc = 1; cc < NC; ++cc) x = fmadd(qv[cc], row16<D>(kr, cc), x);
+          return x;
+        };
+        if constexpr (kFewRegisters) {
+          // 16 keys' sums do not fit 16 registers beside the query: four keys at a time, their
+          // sums parked in L1 (the same sums; hsum16 reads them from there)
+          for (int jj = 0; jj < 16; jj += 4)
+#pragma GCC unroll 4
+            for (int e = 0; e < 4; ++e) acc[jj + e] = jj + e < cnt ? key_sum(jj + e) : zero();
+        } else {
+#pragma GCC unroll 16
+          for (int jj = 0; jj < 16; ++jj) acc[jj] = jj < cnt ? key_sum(jj) : zero();
         }
         store_n(sc.s.data() + stride * t + j0, mul(hsum16(acc), scl), cnt);
       }
@@ -251,6 +265,28 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
         const int cnt = std::min(16, left);
         const float* sp = sc.s.data() + stride * t + j0;
         float* ap = sc.acc.data() + static_cast<size_t>(ACC) * t;
+        if constexpr (kFewRegisters) {
+          // SETS x NC accumulators (32 of AVX2's 16 registers at D = 64) would live on the
+          // stack, a load and a store around every FMA: one 16-dim slice of them at a time
+          // instead, the keys passing once per slice (each accumulator sees the same FMAs in the
+          // same key order)
+          for (int cc = 0; cc < NC; ++cc) {
+            vf acc[SETS];
+#pragma GCC unroll 4
+            for (int e = 0; e < SETS; ++e) acc[e] = load(ap + (e * NC + cc) * 16);
+            if (cnt == 16) {
+#pragma GCC unroll 16
+              for (int jj = 0; jj < 16; ++jj)
+                acc[jj % SETS] = fmadd(set1(sp[jj]), row16<D>(value_row(t, jj), cc), acc[jj % SETS]);
+            } else {
+              for (int jj = 0; jj < cnt; ++jj)
+                acc[jj % SETS] = fmadd(set1(sp[jj]), row16<D>(value_row(t, jj), cc), acc[jj % SETS]);
+            }
+#pragma GCC unroll 4
+            for (int e = 0; e < SETS; ++e) store(ap + (e * NC + cc) * 16, acc[e]);
+          }
+          continue;
+        }
         vf acc[SETS][NC];
 #pragma GCC unroll 4
         for (int e = 0; e < SETS; ++e)
