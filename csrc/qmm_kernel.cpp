@@ -174,7 +174,8 @@ inline vi block_dot(const BlockWeights& bw, const int8_t* xq) {
 #else
 // AVX2: the block's runs stay where they are (one 64-byte run is two 32-byte halves, rows 0-7
 // and 8-15; a partial group reads only its own 4r bytes) and each activation row reads them
-// from L1: 16 ymm registers cannot hold a block's weights beside the accumulators.
+// from L1: 16 ymm registers cannot hold a block's weights beside the accumulators (a tile of
+// several rows reads them split into nibbles once, Unpacked below).
 struct BlockWeights {
   const uint8_t* wb;
   size_t run;
@@ -274,7 +275,69 @@ inline vi block_dot(const BlockWeights& bw, const int8_t* xq) {
   }
   return {out[0], out[1]};
 }
+
+// A tile of several activation rows: block_dot above splits every weight byte into its nibbles
+// again for each row (3 of the 8 vector ops a 4-bit run takes). Split once per block into an L1
+// buffer instead, each row then reading the operands vpmaddubsw takes: the same integers, summed
+// in the same order, so the same bits. 8 and 16 rows of a 4-bit matmul 15-25% faster (one thread,
+// two interleaved runs on a Zen 4 without AVX-512); tiles of 4 rows instead of 8, so that the
+// accumulators too fit the registers, measured no better.
+constexpr bool kUnpackOnce = true;
+template <int BITS>
+struct Unpacked {
+  __m256i w[BITS == 4 ? 16 : 32];  // [half][run][nibble]: 8 (4-bit) or 16 (8-bit) operands a half
+};
+
+template <int BITS>
+inline void unpack_block(const BlockWeights& bw, Unpacked<BITS>& u) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  constexpr int RUNS = BITS == 4 ? 4 : 8;
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 8
+    for (int j = 0; j < RUNS; ++j) {
+      const __m256i p = run_half(bw, j, h);
+      _mm256_store_si256(&u.w[h * 2 * RUNS + 2 * j], _mm256_and_si256(p, low));
+      _mm256_store_si256(&u.w[h * 2 * RUNS + 2 * j + 1], _mm256_and_si256(_mm256_srli_epi16(p, 4), low));
+    }
+}
+
+template <int BITS>
+inline vi block_dot(const Unpacked<BITS>& u, const int8_t* xq) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i x[8];
+  broadcast_runs(xq, x);
+  __m256i out[2];
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    if (BITS == 4) {
+      const __m256i* w = u.w + 8 * h;
+      __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(_mm256_load_si256(w + 2 * j), x[2 * j]));
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(_mm256_load_si256(w + 2 * j + 1), x[2 * j + 1]));
+      }
+      out[h] = _mm256_madd_epi16(s, ones);
+    } else {
+      const __m256i* w = u.w + 16 * h;
+      __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(_mm256_load_si256(w + 2 * c), x[c]));
+        hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(_mm256_load_si256(w + 2 * c + 1), x[c]));
+      }
+      out[h] = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_slli_epi32(_mm256_madd_epi16(hi, ones), 4));
+    }
+  }
+  return {out[0], out[1]};
+}
 #endif  // MLXCEL_ISA_AVXVNNI
+#endif
+#if MLXCEL_ISA_AVX512 || MLXCEL_ISA_AVXVNNI
+constexpr bool kUnpackOnce = false;
+template <int BITS>
+struct Unpacked {};
 #endif
 
 // activation rows m0..m0+NR-1 against one group of r weight rows
@@ -297,13 +360,18 @@ inline void tile(const Act& a, int m0, int K, const uint8_t* wg, const S* sg, co
     if (bg != nullptr) _mm_prefetch(reinterpret_cast<const char*>(bg + static_cast<size_t>(b + kPrefetch) * r), _MM_HINT_T0);
     BlockWeights bw;
     load_block<BITS>(wb, run, r, bw);
+    constexpr bool unpack = kUnpackOnce && NR > 1;
+    alignas(32) Unpacked<BITS> u;
+    if constexpr (unpack) unpack_block<BITS>(bw, u);
     const vf sv = load_scales(sg + static_cast<size_t>(b) * r, r);
     const vf bv = block_biases(bg, static_cast<size_t>(b) * r, r, sv, symmetric_bias(BITS));
 #pragma GCC unroll 8
     for (int i = 0; i < NR; ++i) {
       const int m = m0 + i;
       const int8_t* xq = a.q.data() + static_cast<size_t>(m) * K + static_cast<size_t>(b) * kBlock;
-      const vi dot = block_dot<BITS, CH>(bw, xq);
+      vi dot;
+      if constexpr (unpack) dot = block_dot<BITS>(u, xq);
+      else dot = block_dot<BITS, CH>(bw, xq);
       const size_t f = static_cast<size_t>(m) * nb + b;
       acc[i] = add(acc[i], block_term(dot, sv, bv, a.d[f], a.ds[f]));
     }
