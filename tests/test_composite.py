@@ -282,3 +282,64 @@ def test_rounds_without_a_match_go_to_the_side_that_gives_more_tokens_a_second(m
     late = sides[40:]
     assert late.count("fallback") > 0.85 * len(late) and "model" in late, late
     assert d.rates["fallback"].rate > d.rates["model"].rate and not d.gate.paused
+
+
+def test_the_model_side_is_priced_by_timed_verify_forwards_kept_across_sequences(monkeypatch):
+    """The engine times only its own (fixed) policy: the composite times the forward after each
+    of its proposals itself (a verify of len(draft) + 1 rows, or a plain step) into prices its
+    gate reads and that outlive a sequence. With a 2-row verify at 1.9 plain steps and half its
+    one-token drafts kept, drafting loses (1.5 tokens for 2 steps' time): the gate stops, where
+    the default shape (1.07 a 2-row verify) kept it drafting."""
+    from mlxcel_py.drafters import composite
+    from mlxcel_py.drafters.base import Proposal
+    from mlxcel_py.engine.policy import FixedPolicy, VerifyCost
+
+    class Lookup:
+        def begin(self, context, target=None): ...
+
+        def commit(self, context): ...
+
+        def propose(self, context, limit, decider, fallback=True):
+            return Proposal([])  # never a match, never a fallback: the model side or a plain step
+
+    class Model:
+        kind = "stub"
+        tree_margin = 0.0
+
+        def begin(self, context, target=None): ...
+
+        def commit(self, context): ...
+
+        def propose(self, context, limit, decider):
+            return Proposal([9])
+
+    now = [0.0]
+    monkeypatch.setattr(composite.time, "perf_counter", lambda: now[0])
+    prices = VerifyCost(7)
+    d = composite.CompositeDrafter(Lookup(), Model(), 1, lambda: FixedPolicy(7), prices)
+    assert d.gate.cost(2) < 1.1  # the default shape until timed
+    context = [1, 2, 3]
+    d.begin(context)
+    drafted = []
+    for i in range(200):
+        p = d.propose(context, 7, None)
+        drafted.append(bool(p.tokens))
+        now[0] += 0.019 if p.tokens else 0.010  # the forward the engine runs on the proposal
+        context = context + ([9, 5] if p.tokens and i % 2 else [5])
+    assert prices.seconds.keys() >= {1, 2} and abs(d.gate.cost(2) - 1.9) < 1e-6
+    assert sum(drafted[-100:]) < 15, drafted[-100:]  # probes only
+    d.begin([4, 5, 6])  # a new sequence: its rounds start afresh, the prices do not
+    assert d.gate.cost is prices and abs(d.gate.cost(2) - 1.9) < 1e-6
+
+
+def test_a_composite_calibrates_its_verify_widths_at_warmup(dirs):
+    """registry.calibrates: warmup times every verify width for a composite too, and its Source
+    hands the calibration to its drafters' shared prices."""
+    from mlxcel_py.drafters import registry
+
+    s = session(dirs["target"], draft_model=dirs["eagle3"], prompt_lookup=True)
+    assert registry.calibrates(s.engine.drafters.config)
+    s.engine.warmup([1, 2, 3, 4], calibrate=True)
+    s.engine.make_policy()
+    measured = s.engine.verify_cost
+    assert measured and s.engine.drafters.prices.shape[3] == max(measured[1:4])

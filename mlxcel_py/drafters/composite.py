@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..engine.policy import BreakEvenPolicy, FixedPolicy, make_policy, on_cuda
+from ..engine.policy import BreakEvenPolicy, FixedPolicy, VerifyCost, make_policy, on_cuda
 from . import registry
 from .base import Drafter, DrafterSource, Proposal
 from .prompt_lookup import PromptLookupDrafter, drafter_for
@@ -65,8 +65,19 @@ class CompositeDrafter(Drafter):
 
     PROBE_EVERY = 16  # rounds one side wins before the other drafts once more anyway
 
-    def __init__(self, lookup: PromptLookupDrafter, model: Drafter, model_width: int, lookup_policy: Callable[[], Any]):
+    def __init__(
+        self,
+        lookup: PromptLookupDrafter,
+        model: Drafter,
+        model_width: int,
+        lookup_policy: Callable[[], Any],
+        prices: VerifyCost | None = None,
+    ):
         self.lookup, self.model, self.model_width = lookup, model, model_width
+        # what a verify of each width costs: the machine's, so it outlives a sequence's rounds
+        # (the warmup's calibration, then this drafter's timings; shared by its Source's drafters)
+        self.prices = prices if prices is not None else VerifyCost(model_width)
+        self.gate: BreakEvenPolicy | None = None
         self.kind = f"prompt-lookup+{model.kind}"
         self.hidden_tap = getattr(model, "hidden_tap", None)  # the engine keeps the rows it reads
         self.hidden_window = getattr(model, "hidden_window", None)
@@ -77,10 +88,13 @@ class CompositeDrafter(Drafter):
     def _start_rounds(self) -> None:
         """What one sequence's rounds learn starts afresh: each side's policy, the sides' rates."""
         self.lookup_policy: Any = self.new_lookup_policy()
-        self.gate = BreakEvenPolicy(self.model_width)
+        drafting = self.gate.draft_seconds if self.gate is not None else None  # one model draft step
+        self.gate = BreakEvenPolicy(self.model_width, prices=self.prices)
+        self.gate.draft_seconds = drafting
         self.rates, self.no_match = {"model": Rate(), "fallback": Rate()}, 0
         self.last: tuple[str, int, list[int]] | None = None  # (side, position, tokens) of the last proposal
         self._t = 0.0  # when the last proposal was asked for
+        self._t_out: float | None = None  # when it was handed out (the round's forward follows)
 
     @property
     def tree_margin(self) -> float:
@@ -106,7 +120,16 @@ class CompositeDrafter(Drafter):
         now = time.perf_counter()
         if side in self.rates and now > self._t:  # what the round gave, per second of it
             self.rates[side].add(len(context) - at, now - self._t)
-        self._t = now
+        if self._t_out is not None and now > self._t_out:
+            # the forward that followed the proposal: a verify of len(tokens) + 1 rows, or a plain
+            # step. The engine times its own policy, which for a composite is a fixed one; each
+            # side's policy gets the timings here (without them, or the warmup's calibration, the
+            # break-even gate priced a verify row at a default measured on AVX-512, 0.07 of a
+            # step, where the AVX2 build pays 0.3-0.4, and its model side drafted on edits at
+            # 100 tokens a second against plain decoding's 140)
+            self.gate.timed(len(tokens) + 1, now - self._t_out)
+            self.lookup_policy.timed(len(tokens) + 1, now - self._t_out)
+        self._t, self._t_out = now, None
         kept = 0
         while kept < len(tokens) and at + kept < len(context) and context[at + kept] == tokens[kept]:
             kept += 1
@@ -160,10 +183,14 @@ class CompositeDrafter(Drafter):
         return p
 
     def propose(self, context: Sequence[int], limit: int, decider) -> Proposal:
-        return self._propose(context, limit, decider, None)
+        p = self._propose(context, limit, decider, None)
+        self._t_out = time.perf_counter()
+        return p
 
     def propose_tree(self, context: Sequence[int], limit: int, decider, nodes: int) -> Proposal:
-        return self._propose(context, limit, decider, nodes)
+        p = self._propose(context, limit, decider, nodes)
+        self._t_out = time.perf_counter()
+        return p
 
 
 class Source(DrafterSource):
@@ -177,6 +204,7 @@ class Source(DrafterSource):
         )
         self.inner = inner
         self.shares_drafter = inner.shares_drafter
+        self.prices = VerifyCost(max(config.lookup.max_draft, registry.model_width(config)))
 
     @property
     def kind(self) -> str:
@@ -188,10 +216,15 @@ class Source(DrafterSource):
             drafter_for(lk, self.eos_ids),
             self.inner.new_drafter(),
             registry.model_width(self.config),
-            lambda: make_policy(lk.policy, lk.max_draft, adaptive=lk.adaptive, on_cuda=on_cuda()),
+            lambda: make_policy(
+                lk.policy, lk.max_draft, adaptive=lk.adaptive, on_cuda=on_cuda(), verify_cost=self.prices.shape
+            ),
+            self.prices,
         )
 
     def make_policy(self, verify_cost: Sequence[float] | None = None):
+        if verify_cost:  # the warmup's calibration (registry.calibrates): the model side's prices
+            self.prices.calibrate(verify_cost)
         return FixedPolicy(self.width)  # each side's own policy runs inside the drafter
 
     def retarget(self, draft, loaded: Any) -> DrafterSource:

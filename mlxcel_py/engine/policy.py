@@ -227,8 +227,13 @@ class VerifyCost:
     TIME_EMA = 0.3  # weight of the newest timing of a width
 
     def __init__(self, max_draft: int, verify_cost: Sequence[float] | None = None):
+        self.max_draft = max_draft
         self.shape = _verify_shape(max_draft, verify_cost)
         self.seconds: dict[int, float] = {}  # verify forward of w rows (1: a plain step)
+
+    def calibrate(self, verify_cost: Sequence[float]) -> None:
+        """Take a warmup's calibration as the shape (timings in this run still come first)."""
+        self.shape = _verify_shape(self.max_draft, verify_cost)
 
     def __call__(self, width: int) -> float:
         one = self.seconds.get(1)
@@ -271,10 +276,11 @@ class BreakEvenPolicy(_TakesWholeProposals):
     PRIOR_WEIGHT = 2.0  # light: a drafter that misses stops within a few rounds
     DRAFT_COST = 0.1  # a draft step relative to a plain step, until both are timed
 
-    def __init__(self, max_draft: int, verify_cost: Sequence[float] | None = None):
+    def __init__(self, max_draft: int, verify_cost: Sequence[float] | None = None, *, prices: VerifyCost | None = None):
         self.max_draft = max_draft
         self.acceptance = Acceptance(self.PRIOR_ALPHA, self.PRIOR_WEIGHT)
-        self.cost = VerifyCost(max_draft, verify_cost)
+        # `prices`: verify costs kept beyond one sequence (a composite's, drafters/composite.py)
+        self.cost = prices if prices is not None else VerifyCost(max_draft, verify_cost)
         self.draft_seconds: float | None = None  # one draft step
         self.backoff = Backoff(4, 64)
         self._probe = False  # a pause just ended: draft once whatever the estimate says
