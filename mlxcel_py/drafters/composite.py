@@ -94,7 +94,8 @@ class CompositeDrafter(Drafter):
         self.rates, self.no_match = {"model": Rate(), "fallback": Rate()}, 0
         self.last: tuple[str, int, list[int]] | None = None  # (side, position, tokens) of the last proposal
         self._t = 0.0  # when the last proposal was asked for
-        self._t_out: float | None = None  # when it was handed out (the round's forward follows)
+        # when the last proposal was handed out and the rows of the forward that follows it
+        self._out: tuple[float, int] | None = None
 
     @property
     def tree_margin(self) -> float:
@@ -120,16 +121,17 @@ class CompositeDrafter(Drafter):
         now = time.perf_counter()
         if side in self.rates and now > self._t:  # what the round gave, per second of it
             self.rates[side].add(len(context) - at, now - self._t)
-        if self._t_out is not None and now > self._t_out:
-            # the forward that followed the proposal: a verify of len(tokens) + 1 rows, or a plain
-            # step. The engine times its own policy, which for a composite is a fixed one; each
+        if self._out is not None and now > self._out[0]:
+            # the forward that followed the proposal: a verify of its rows (a chain's len + 1, a
+            # tree's nodes + 1), or a plain step. The engine times its own policy, which for a composite is a fixed one; each
             # side's policy gets the timings here (without them, or the warmup's calibration, the
             # break-even gate priced a verify row at a default measured on AVX-512, 0.07 of a
             # step, where the AVX2 build pays 0.3-0.4, and its model side drafted on edits at
             # 100 tokens a second against plain decoding's 140)
-            self.gate.timed(len(tokens) + 1, now - self._t_out)
-            self.lookup_policy.timed(len(tokens) + 1, now - self._t_out)
-        self._t, self._t_out = now, None
+            t_out, rows = self._out
+            self.gate.timed(rows, now - t_out)
+            self.lookup_policy.timed(rows, now - t_out)
+        self._t, self._out = now, None
         kept = 0
         while kept < len(tokens) and at + kept < len(context) and context[at + kept] == tokens[kept]:
             kept += 1
@@ -183,13 +185,13 @@ class CompositeDrafter(Drafter):
         return p
 
     def propose(self, context: Sequence[int], limit: int, decider) -> Proposal:
-        p = self._propose(context, limit, decider, None)
-        self._t_out = time.perf_counter()
-        return p
+        return self._handed_out(self._propose(context, limit, decider, None))
 
     def propose_tree(self, context: Sequence[int], limit: int, decider, nodes: int) -> Proposal:
-        p = self._propose(context, limit, decider, nodes)
-        self._t_out = time.perf_counter()
+        return self._handed_out(self._propose(context, limit, decider, nodes))
+
+    def _handed_out(self, p: Proposal) -> Proposal:
+        self._out = (time.perf_counter(), 1 + (len(p.tree) if p.tree is not None else len(p.tokens)))
         return p
 
 
