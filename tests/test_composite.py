@@ -19,6 +19,7 @@ from test_engine import run
 from test_families import copy_prompts
 
 from mlxcel_py.commands._options import build_options
+from mlxcel_py.drafters.base import Proposal
 from mlxcel_py.errors import UsageError
 from mlxcel_py.options import SamplingOptions
 from mlxcel_py.validate import validate
@@ -219,6 +220,34 @@ def test_bench_plans_the_composite_beside_each_drafter_alone(dirs):
     ]
 
 
+class _StubLookup:
+    """A lookup side with no n-gram match ever; its fallback drafts `fallback` (none: [])."""
+
+    def __init__(self, fallback: list[int]):
+        self.fallback = fallback
+
+    def begin(self, context, target=None): ...
+
+    def commit(self, context): ...
+
+    def propose(self, context, limit, decider, fallback=True):
+        return Proposal(self.fallback, match_len=1) if fallback and self.fallback else Proposal([])
+
+
+class _StubModel:
+    """A model side that drafts one token, 9, every round it is asked."""
+
+    kind = "stub"
+    tree_margin = 0.0
+
+    def begin(self, context, target=None): ...
+
+    def commit(self, context): ...
+
+    def propose(self, context, limit, decider):
+        return Proposal([9])
+
+
 def test_the_side_with_more_tokens_a_second_takes_the_rounds_without_a_match():
     """Rate: a side's recent rounds' tokens over their seconds, trusted after KNOWN rounds; the
     newest rounds weigh most, so a change of text turns the choice."""
@@ -243,31 +272,11 @@ def test_rounds_without_a_match_go_to_the_side_that_gives_more_tokens_a_second(m
     fallback round 2.7 ms. Each side is tried, then the fallback takes the rounds without a
     match, the model drafting again only every PROBE_EVERY of them."""
     from mlxcel_py.drafters import composite
-    from mlxcel_py.drafters.base import Proposal
     from mlxcel_py.engine.policy import FixedPolicy
-
-    class Lookup:
-        def begin(self, context, target=None): ...
-
-        def commit(self, context): ...
-
-        def propose(self, context, limit, decider, fallback=True):
-            return Proposal([7], match_len=1) if fallback else Proposal([])
-
-    class Model:
-        kind = "stub"
-        tree_margin = 0.0
-
-        def begin(self, context, target=None): ...
-
-        def commit(self, context): ...
-
-        def propose(self, context, limit, decider):
-            return Proposal([9])
 
     now = [0.0]
     monkeypatch.setattr(composite.time, "perf_counter", lambda: now[0])
-    d = composite.CompositeDrafter(Lookup(), Model(), 2, lambda: FixedPolicy(7))
+    d = composite.CompositeDrafter(_StubLookup(fallback=[7]), _StubModel(), 2, lambda: FixedPolicy(7))
     context = [1, 2, 3]
     d.begin(context)
     sides = []
@@ -291,32 +300,12 @@ def test_the_model_side_is_priced_by_timed_verify_forwards_kept_across_sequences
     one-token drafts kept, drafting loses (1.5 tokens for 2 steps' time): the gate stops, where
     the default shape (1.07 a 2-row verify) kept it drafting."""
     from mlxcel_py.drafters import composite
-    from mlxcel_py.drafters.base import Proposal
     from mlxcel_py.engine.policy import FixedPolicy, VerifyCost
-
-    class Lookup:
-        def begin(self, context, target=None): ...
-
-        def commit(self, context): ...
-
-        def propose(self, context, limit, decider, fallback=True):
-            return Proposal([])  # never a match, never a fallback: the model side or a plain step
-
-    class Model:
-        kind = "stub"
-        tree_margin = 0.0
-
-        def begin(self, context, target=None): ...
-
-        def commit(self, context): ...
-
-        def propose(self, context, limit, decider):
-            return Proposal([9])
 
     now = [0.0]
     monkeypatch.setattr(composite.time, "perf_counter", lambda: now[0])
     prices = VerifyCost(7)
-    d = composite.CompositeDrafter(Lookup(), Model(), 1, lambda: FixedPolicy(7), prices)
+    d = composite.CompositeDrafter(_StubLookup(fallback=[]), _StubModel(), 1, lambda: FixedPolicy(7), prices)
     assert d.gate.cost(2) < 1.1  # the default shape until timed
     context = [1, 2, 3]
     d.begin(context)

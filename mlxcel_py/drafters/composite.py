@@ -206,7 +206,7 @@ class Source(DrafterSource):
         )
         self.inner = inner
         self.shares_drafter = inner.shares_drafter
-        self.prices = VerifyCost(max(config.lookup.max_draft, registry.model_width(config)))
+        self.prices = VerifyCost(self.width)  # verify widths up to the widest proposal of either side
 
     @property
     def kind(self) -> str:
