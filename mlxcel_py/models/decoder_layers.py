@@ -236,8 +236,6 @@ def _call(self, inputs, cache=None, input_embeddings=None, **kwargs):
     # input embeddings: a vision prompt's rows (vision.target), one row per input position
     h = self.embed_tokens(inputs) if input_embeddings is None else input_embeddings
     recorder = layer_recorder(self)  # drafters that read layer outputs (taps.layer_tap)
-    if type(cache[0]) is KVCache:  # one sequence (_plan checked every layer's cache): each decode step
-        return self.norm(_one_sequence(ops, cache, h, seq, pos, rows, recorder))
     for i, (layer, c) in enumerate(zip(ops, cache)):
         groups, ends = _sequences(c, len(seq))
         for kv, end in zip(groups, ends):
@@ -250,21 +248,6 @@ def _call(self, inputs, cache=None, input_embeddings=None, **kwargs):
         for s, (kv, end) in enumerate(zip(groups, ends)):
             kv.keys, kv.values, kv.offset = out[1 + s], out[1 + n + s], end
     return self.norm(h)
-
-
-def _one_sequence(ops, cache, h, seq, pos, rows, recorder):
-    """`_call`'s layer loop for one sequence's plain caches, without the per-layer grouping (a
-    decode step's Python between ops was about a tenth of the step)."""
-    n = len(seq)
-    for i, (layer, kv) in enumerate(zip(ops, cache)):
-        end = kv.offset + n
-        if kv.keys is None or end > kv.keys.shape[2]:  # cache_kinds.reserve's own test, skipped when it passes
-            cache_kinds.reserve(kv, n, layer.kv_heads, layer.head_dim, layer.kv_dtypes)
-        h, kv.keys, kv.values = layer.op(h, [kv.keys], [kv.values], seq, pos, **rows)
-        kv.offset = end
-        if recorder is not None:
-            recorder.record(i, h)
-    return h
 
 
 def _too_wide(inputs) -> bool:
