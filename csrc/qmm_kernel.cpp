@@ -19,9 +19,9 @@
 // nearest even; it depends on that row alone), each block's dot product is an exact int32, and
 // then, block after block in order, t = float(dot) * (scale * act_scale), t = fma(bias,
 // act_scale * act_sum, t), acc += t. The lanes are weight rows, so no step mixes rows; tiling the
-// activation rows (up to 8 share each weight load), splitting N over threads and the number of
-// rows never change that sequence, so row i of an M-row product is bit-identical to the one-row
-// product of row i.
+// activation rows (up to 8 share each weight load; 4 in the AVX2 build), splitting N over
+// threads and the number of rows never change that sequence, so row i of an M-row product is
+// bit-identical to the one-row product of row i.
 // AVX2. A 64-byte run is two 32-byte halves (rows 0-7, 8-15). Without vpdpbusd, vpmaddubsw
 // multiplies unsigned weight bytes by signed activation bytes and adds neighbours into int16: a
 // 4-bit value (0..15) times an int8 (|q| <= 127), two at a time, is at most 3,810, so a block's 8

@@ -123,11 +123,11 @@ class CompositeDrafter(Drafter):
             self.rates[side].add(len(context) - at, now - self._t)
         if self._out is not None and now > self._out[0]:
             # the forward that followed the proposal: a verify of its rows (a chain's len + 1, a
-            # tree's nodes + 1), or a plain step. The engine times its own policy, which for a composite is a fixed one; each
-            # side's policy gets the timings here (without them, or the warmup's calibration, the
-            # break-even gate priced a verify row at a default measured on AVX-512, 0.07 of a
-            # step, where the AVX2 build pays 0.3-0.4, and its model side drafted on edits at
-            # 100 tokens a second against plain decoding's 140)
+            # tree's nodes + 1), or a plain step. The engine times its own policy, which for a
+            # composite is a fixed one; each side's policy gets the timings here (without them,
+            # or the warmup's calibration, the break-even gate priced a verify row at a default
+            # measured on AVX-512, 0.07 of a step, where the AVX2 build pays 0.3-0.4, and its
+            # model side drafted on edits at 100 tokens a second against plain decoding's 140)
             t_out, rows = self._out
             self.gate.timed(rows, now - t_out)
             self.lookup_policy.timed(rows, now - t_out)
