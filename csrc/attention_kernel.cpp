@@ -165,6 +165,66 @@ inline void prefetch_rows(const T* base, int64_t stride, int j0, int j1) {
       _mm_prefetch(reinterpret_cast<const char*>(base + j * stride) + off, _MM_HINT_T0);
 }
 
+// Scores of up to 16 shared key rows (row(jj), jj < maxcnt) for G queries at once, AVX2
+// (kFewRegisters): each key's 16-dim slice is loaded (and widened) once for the G queries, whose
+// own values come from L1. A query's sum for key jj is kv_unit's (q . k over the slices in order,
+// then hsum16's tree), folded to 4 lanes as it is made (fold16), so only 16 bytes of it wait in
+// L1 for the rest of the tree (hsum16_folded) instead of 64: the same bits.
+template <int G, int NC, typename Row>
+inline void score_group(Row row, const float* const* q, float* const* out, const int* cnt, int maxcnt, vf scl) {
+  constexpr int D = 16 * NC;
+  __m128 p[G][16];
+  for (int jj = 0; jj < maxcnt; ++jj) {
+    vf x[G];
+    const auto* kr = row(jj);
+    const vf k0 = row16<D>(kr, 0);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) x[g] = mul(load(q[g]), k0);
+#pragma GCC unroll 8
+    for (int cc = 1; cc < NC; ++cc) {
+      const vf k = row16<D>(kr, cc);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) x[g] = fmadd(load(q[g] + 16 * cc), k, x[g]);
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) p[g][jj] = jj < cnt[g] ? fold16(x[g]) : _mm_setzero_ps();
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    if (cnt[g] <= 0) continue;
+    for (int jj = maxcnt; jj < 16; ++jj) p[g][jj] = _mm_setzero_ps();
+    store_n(out[g], mul(hsum16_folded(p[g]), scl), cnt[g]);
+  }
+}
+
+// Weighted values of up to 16 shared rows (row(jj), jj < maxcnt) for G queries at once, AVX2
+// (kFewRegisters): one 16-dim slice and one accumulator set at a time, so G queries' accumulators
+// (2G registers), the row's slice (2) and a broadcast fit 16 registers. Each row slice is loaded
+// (and widened) once for the G queries instead of once per query: the value pass was bound by
+// loads (two a cycle), a row slice and a broadcast per two FMAs. Accumulator (query, set e, slice)
+// still sees keys e, e + SETS, ... in key order, the FMAs kv_unit's own loop gives it: the same
+// bits. On the staged rows only: float32 rows read in place from a cache bigger than L3 (a
+// 6k-token context) ran 5-12% slower in this order, which visits a block's rows four times a slice.
+template <int G, int NC, int SETS, typename Row>
+inline void weigh_group(Row row, const float* const* sp, float* const* ap, const int* cnt, int maxcnt) {
+  constexpr int D = 16 * NC;
+  for (int cc = 0; cc < NC; ++cc) {
+    for (int e = 0; e < SETS; ++e) {
+      vf acc[G];
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) acc[g] = load(ap[g] + (e * NC + cc) * 16);
+      for (int jj = e; jj < maxcnt; jj += SETS) {
+        const vf x = row16<D>(row(jj), cc);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g)
+          if (jj < cnt[g]) acc[g] = fmadd(set1(sp[g][jj]), x, acc[g]);
+      }
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) store(ap[g] + (e * NC + cc) * 16, acc[g]);
+    }
+  }
+}
+
 // Every query of one KV head at once (the heads that share it, the rows of a block), over the keys
 // of chunk c: keys and values pass through 16 at a time for all the queries while they sit in L1,
 // instead of once per query from L2. Each query's arithmetic is fixed by its own keys (the same
@@ -216,9 +276,37 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
       });
     }
   };
+  // AVX2's passes over shared rows (score_group, weigh_group): the queries three at a time, with
+  // each one's count of keys among j0..j0+15, f(G, first query, counts, their max)
+  const auto by_threes = [&](int j0, auto f) {
+    for (int t0 = 0; t0 < n; t0 += 3) {
+      const int G = std::min(3, n - t0);
+      int cnt[3], maxcnt = 0;
+      for (int g = 0; g < G; ++g) {
+        cnt[g] = std::max(0, std::min(16, count(t0 + g) - j0));
+        maxcnt = std::max(maxcnt, cnt[g]);
+      }
+      f(G, t0, cnt, maxcnt);
+    }
+  };
   for (int j0 = 0; j0 < maxvis; j0 += 16) {  // scores
     if (j0 + KEYS_AHEAD < maxvis) prefetch_rows(k, ks, lo + j0 + KEYS_AHEAD, lo + std::min(maxvis, j0 + KEYS_AHEAD + 16));
     const auto scores = [&](auto key_row) {
+      if constexpr (kFewRegisters && !GATHER) {  // every query reads the same keys: three a pass
+        by_threes(j0, [&](int G, int t0, const int* cnt, int maxcnt) {
+          const float* qg[3];
+          float* out[3];
+          for (int g = 0; g < G; ++g) {
+            qg[g] = qs[t0 + g].q;
+            out[g] = sc.s.data() + stride * (t0 + g) + j0;
+          }
+          const auto row = [&](int jj) { return key_row(0, jj); };
+          if (G == 3) score_group<3, NC>(row, qg, out, cnt, maxcnt, scl);
+          else if (G == 2) score_group<2, NC>(row, qg, out, cnt, maxcnt, scl);
+          else score_group<1, NC>(row, qg, out, cnt, maxcnt, scl);
+        });
+        return;
+      }
       for (int t = 0; t < n; ++t) {
         const int left = count(t) - j0;
         if (left <= 0) continue;
@@ -259,6 +347,23 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
   for (int j0 = 0; j0 < maxvis; j0 += 16) {  // weighted values
     if (j0 + KEYS_AHEAD < maxvis) prefetch_rows(v, vs, lo + j0 + KEYS_AHEAD, lo + std::min(maxvis, j0 + KEYS_AHEAD + 16));
     const auto weigh = [&](auto value_row) {
+      if constexpr (kFewRegisters && STAGE_V) {
+        if (n >= kStageQueries) {  // every query reads the same staged rows: three a pass (weigh_group)
+          by_threes(j0, [&](int G, int t0, const int* cnt, int maxcnt) {
+            const float* sp[3];
+            float* ap[3];
+            for (int g = 0; g < G; ++g) {
+              sp[g] = sc.s.data() + stride * (t0 + g) + j0;
+              ap[g] = sc.acc.data() + static_cast<size_t>(ACC) * (t0 + g);
+            }
+            const auto row = [&](int jj) { return value_row(0, jj); };
+            if (G == 3) weigh_group<3, NC, SETS>(row, sp, ap, cnt, maxcnt);
+            else if (G == 2) weigh_group<2, NC, SETS>(row, sp, ap, cnt, maxcnt);
+            else weigh_group<1, NC, SETS>(row, sp, ap, cnt, maxcnt);
+          });
+          return;
+        }
+      }
       for (int t = 0; t < n; ++t) {
         const int left = count(t) - j0;
         if (left <= 0) continue;

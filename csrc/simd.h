@@ -317,13 +317,14 @@ inline float reduce_add(vf a) {
 // 16 vectors -> one whose lane j is the sum of v[j]'s 16 lanes, each in the same tree:
 // p_u = (v_u + v_(u+8)) + (v_(u+4) + v_(u+12)) for u < 4, then (p0 + p1) + (p2 + p3). So a key's
 // score does not depend on which 16 keys it was summed beside.
-inline vf hsum16(const vf* v) {
-  __m128 p[16];
-#pragma GCC unroll 16
-  for (int j = 0; j < 16; ++j) {
-    const __m256 h = _mm256_add_ps(lo8(v[j]), hi8(v[j]));
-    p[j] = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  }
+// hsum16's first step for one vector: its 16 lanes folded to 4 (v_u + v_(u+8)) + (v_(u+4) + v_(u+12))
+inline __m128 fold16(vf v) {
+  const __m256 h = _mm256_add_ps(lo8(v), hi8(v));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+// the rest of hsum16, from the 16 vectors' folds (a kernel can fold each vector as it is made
+// and keep 16 bytes of it instead of 64)
+inline vf hsum16_folded(const __m128* p) {
   __m256 out[2];
 #pragma GCC unroll 2
   for (int half = 0; half < 2; ++half) {
@@ -341,6 +342,12 @@ inline vf hsum16(const vf* v) {
 #else
   return {out[0], out[1]};
 #endif
+}
+inline vf hsum16(const vf* v) {
+  __m128 p[16];
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) p[j] = fold16(v[j]);
+  return hsum16_folded(p);
 }
 
 // exp(x) for x already in [-88, 88]: x*log2(e) = n + f with |f| <= 1/2, 2^n * P(f) with MLX's
