@@ -167,7 +167,7 @@ inline void prefetch_rows(const T* base, int64_t stride, int j0, int j1) {
 
 // Scores of up to 16 shared key rows (row(jj), jj < maxcnt) for G queries at once, AVX2
 // (kFewRegisters): each key's 16-dim slice is loaded (and widened) once for the G queries, whose
-// own values come from L1. A query's sum for key jj is kv_unit's (q . k over the slices in order,
+// own values come from L1 (a tree query, whose rows are its own, goes alone: G = 1). A query's sum for key jj is kv_unit's (q . k over the slices in order,
 // then hsum16's tree), folded to 4 lanes as it is made (fold16), so only 16 bytes of it wait in
 // L1 for the rest of the tree (hsum16_folded) instead of 64: the same bits.
 template <int G, int NC, typename Row>
@@ -276,62 +276,56 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
       });
     }
   };
-  // AVX2's passes over shared rows (score_group, weigh_group): the queries three at a time, with
-  // each one's count of keys among j0..j0+15, f(G, first query, counts, their max)
-  const auto by_threes = [&](int j0, auto f) {
-    for (int t0 = 0; t0 < n; t0 += 3) {
-      const int G = std::min(3, n - t0);
+  // AVX2's passes (score_group, weigh_group): the queries in groups of three where they read the
+  // same rows, one at a time where tree rows make a query's keys its own (GATHER), with each one's
+  // count of keys among j0..j0+15: f(G as a compile-time constant, first query, counts, their max)
+  constexpr int kGroup = GATHER ? 1 : 3;
+  const auto in_groups = [&](int j0, auto f) {
+    for (int t0 = 0; t0 < n; t0 += kGroup) {
+      const int G = std::min(kGroup, n - t0);
       int cnt[3], maxcnt = 0;
       for (int g = 0; g < G; ++g) {
         cnt[g] = std::max(0, std::min(16, count(t0 + g) - j0));
         maxcnt = std::max(maxcnt, cnt[g]);
       }
-      f(G, t0, cnt, maxcnt);
+      if (G == 3) f(std::integral_constant<int, 3>{}, t0, cnt, maxcnt);
+      else if (G == 2) f(std::integral_constant<int, 2>{}, t0, cnt, maxcnt);
+      else f(std::integral_constant<int, 1>{}, t0, cnt, maxcnt);
     }
   };
   for (int j0 = 0; j0 < maxvis; j0 += 16) {  // scores
     if (j0 + KEYS_AHEAD < maxvis) prefetch_rows(k, ks, lo + j0 + KEYS_AHEAD, lo + std::min(maxvis, j0 + KEYS_AHEAD + 16));
     const auto scores = [&](auto key_row) {
-      if constexpr (kFewRegisters && !GATHER) {  // every query reads the same keys: three a pass
-        by_threes(j0, [&](int G, int t0, const int* cnt, int maxcnt) {
+      if constexpr (kFewRegisters) {
+        in_groups(j0, [&](auto G, int t0, const int* cnt, int maxcnt) {
           const float* qg[3];
           float* out[3];
           for (int g = 0; g < G; ++g) {
             qg[g] = qs[t0 + g].q;
             out[g] = sc.s.data() + stride * (t0 + g) + j0;
           }
-          const auto row = [&](int jj) { return key_row(0, jj); };
-          if (G == 3) score_group<3, NC>(row, qg, out, cnt, maxcnt, scl);
-          else if (G == 2) score_group<2, NC>(row, qg, out, cnt, maxcnt, scl);
-          else score_group<1, NC>(row, qg, out, cnt, maxcnt, scl);
+          // key_row(t0, .): every query's rows in a group (they share them), a tree query's own
+          score_group<G, NC>([&](int jj) { return key_row(t0, jj); }, qg, out, cnt, maxcnt, scl);
         });
-        return;
-      }
-      for (int t = 0; t < n; ++t) {
-        const int left = count(t) - j0;
-        if (left <= 0) continue;
-        const int cnt = std::min(16, left);
-        vf qv[NC], acc[16];
+      } else {
+        for (int t = 0; t < n; ++t) {
+          const int left = count(t) - j0;
+          if (left <= 0) continue;
+          const int cnt = std::min(16, left);
+          vf qv[NC], acc[16];
 #pragma GCC unroll 8
-        for (int cc = 0; cc < NC; ++cc) qv[cc] = load(qs[t].q + 16 * cc);
-        const auto key_sum = [&](int jj) {
-          const auto* kr = key_row(t, jj);
-          vf x = mul(qv[0], row16<D>(kr, 0));
+          for (int cc = 0; cc < NC; ++cc) qv[cc] = load(qs[t].q + 16 * cc);
+          const auto key_sum = [&](int jj) {
+            const auto* kr = key_row(t, jj);
+            vf x = mul(qv[0], row16<D>(kr, 0));
 #pragma GCC unroll 8
-          for (int cc = 1; cc < NC; ++cc) x = fmadd(qv[cc], row16<D>(kr, cc), x);
-          return x;
-        };
-        if constexpr (kFewRegisters) {
-          // 16 keys' sums do not fit 16 registers beside the query: four keys at a time, their
-          // sums parked in L1 (the same sums; hsum16 reads them from there)
-          for (int jj = 0; jj < 16; jj += 4)
-#pragma GCC unroll 4
-            for (int e = 0; e < 4; ++e) acc[jj + e] = jj + e < cnt ? key_sum(jj + e) : zero();
-        } else {
+            for (int cc = 1; cc < NC; ++cc) x = fmadd(qv[cc], row16<D>(kr, cc), x);
+            return x;
+          };
 #pragma GCC unroll 16
           for (int jj = 0; jj < 16; ++jj) acc[jj] = jj < cnt ? key_sum(jj) : zero();
+          store_n(sc.s.data() + stride * t + j0, mul(hsum16(acc), scl), cnt);
         }
-        store_n(sc.s.data() + stride * t + j0, mul(hsum16(acc), scl), cnt);
       }
     };
     with_rows(std::bool_constant<STAGE_K>{}, k, ks, j0, scores);
@@ -349,17 +343,14 @@ void kv_unit(const Query* qs, int n, const TK* k, const TV* v, int64_t ks, int64
     const auto weigh = [&](auto value_row) {
       if constexpr (kFewRegisters && STAGE_V) {
         if (n >= kStageQueries) {  // every query reads the same staged rows: three a pass (weigh_group)
-          by_threes(j0, [&](int G, int t0, const int* cnt, int maxcnt) {
+          in_groups(j0, [&](auto G, int t0, const int* cnt, int maxcnt) {
             const float* sp[3];
             float* ap[3];
             for (int g = 0; g < G; ++g) {
               sp[g] = sc.s.data() + stride * (t0 + g) + j0;
               ap[g] = sc.acc.data() + static_cast<size_t>(ACC) * (t0 + g);
             }
-            const auto row = [&](int jj) { return value_row(0, jj); };
-            if (G == 3) weigh_group<3, NC, SETS>(row, sp, ap, cnt, maxcnt);
-            else if (G == 2) weigh_group<2, NC, SETS>(row, sp, ap, cnt, maxcnt);
-            else weigh_group<1, NC, SETS>(row, sp, ap, cnt, maxcnt);
+            weigh_group<G, NC, SETS>([&](int jj) { return value_row(0, jj); }, sp, ap, cnt, maxcnt);
           });
           return;
         }
